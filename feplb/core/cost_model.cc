@@ -1,0 +1,57 @@
+#include "feplb/core/cost_model.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+namespace feplb {
+namespace {
+
+struct Tile {
+  int64_t m, n;
+};
+// Output tiles a Hopper bf16 GEMM library picks from; the model takes the fastest for each shape,
+// as a heuristic-driven library would.
+constexpr std::array<Tile, 5> kTiles{{{128, 256}, {256, 128}, {128, 128}, {64, 256}, {64, 128}}};
+constexpr int64_t kCachedRows = 1 << 16;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+RooflineCostModel::RooflineCostModel(const ExpertShape& shape, const Knobs& knobs)
+    : shape_(shape),
+      peak_flops_(knobs.gemm_peak_tflops * 1e12),
+      hbm_bytes_per_s_(knobs.hbm_gbps * 1e9),
+      num_sms_(knobs.num_sms),
+      launch_ms_(knobs.gemm_launch_us * 1e-3),
+      cache_(kCachedRows, -1.0) {}
+
+double RooflineCostModel::gemm_ms(int64_t m, int64_t n, int64_t k) const {
+  if (m <= 0) return 0.0;
+  const double per_sm_flops = peak_flops_ / static_cast<double>(num_sms_);
+  double compute_s = INFINITY;
+  for (const Tile& t : kTiles) {
+    const int64_t tiles = ceil_div(m, t.m) * ceil_div(n, t.n);
+    const int64_t waves = ceil_div(tiles, num_sms_);
+    const double tile_s = 2.0 * static_cast<double>(t.m * t.n) * static_cast<double>(k) / per_sm_flops;
+    compute_s = std::min(compute_s, static_cast<double>(waves) * tile_s);
+  }
+  const double bytes = static_cast<double>((m * k + k * n + m * n) * shape_.dtype_bytes);
+  const double memory_s = bytes / hbm_bytes_per_s_;
+  return std::max(compute_s, memory_s) * 1e3 + launch_ms_;
+}
+
+double RooflineCostModel::expert_ms(int64_t rows) const {
+  if (rows <= 0) return 0.0;
+  if (rows < kCachedRows && cache_[rows] >= 0) return cache_[rows];
+  const int64_t H = shape_.hidden, F = shape_.ffn;
+  // SwiGLU reads [rows, 2F] and writes [rows, F]: memory-bound elementwise kernel.
+  const double act_ms =
+      static_cast<double>(rows * 3 * F * shape_.dtype_bytes) / hbm_bytes_per_s_ * 1e3 + launch_ms_;
+  const double ms = gemm_ms(rows, 2 * F, H) + act_ms + gemm_ms(rows, H, F);
+  if (rows < kCachedRows) cache_[rows] = ms;
+  return ms;
+}
+
+}  // namespace feplb

@@ -1,0 +1,37 @@
+#include "feplb/core/knobs.h"
+
+#include <algorithm>
+
+#include "feplb/core/error.h"
+
+namespace feplb {
+namespace {
+
+std::string flag_of(std::string_view name) {
+  std::string flag = "--" + std::string(name);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+}  // namespace
+
+std::vector<KnobInfo> list_knobs(Knobs& knobs) {
+  std::vector<KnobInfo> out;
+#define FEPLB_KNOB(type, name, def, min, unit, help)                                   \
+  out.push_back(KnobInfo{#name, flag_of(#name), &knobs.name, static_cast<double>(def), \
+                         static_cast<double>(min), unit, help});
+#include "feplb/core/knobs.def"
+#undef FEPLB_KNOB
+  return out;
+}
+
+void validate_knobs(const Knobs& knobs) {
+  Knobs copy = knobs;
+  for (const KnobInfo& k : list_knobs(copy)) {
+    const double v = std::visit([](auto* p) { return static_cast<double>(*p); }, k.value);
+    FEPLB_REQUIRE_INPUT(v >= k.minimum, "{}: {} is below its minimum {} {}", k.flag, v, k.minimum,
+                        k.unit);
+  }
+}
+
+}  // namespace feplb

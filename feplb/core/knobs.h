@@ -1,0 +1,36 @@
+// Knobs: the tunables of feplb as one plain struct, built from knobs.def (declared once there).
+// Also a visitor so the CLI and the docs can list every knob without repeating it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace feplb {
+
+struct Knobs {
+#define FEPLB_KNOB(type, name, def, min, unit, help) type name = def;
+#include "feplb/core/knobs.def"
+#undef FEPLB_KNOB
+};
+
+// One knob, described for listing and binding: `value` points into a Knobs object.
+struct KnobInfo {
+  std::string_view name;   // e.g. "max_num_dyn"
+  std::string flag;        // e.g. "--max-num-dyn"
+  std::variant<int64_t*, double*> value;
+  double default_value;
+  double minimum;
+  std::string_view unit;
+  std::string_view help;
+};
+
+// Every knob of `knobs`, in declaration order.
+std::vector<KnobInfo> list_knobs(Knobs& knobs);
+
+// Throws InputError naming the flag if a knob is below its minimum.
+void validate_knobs(const Knobs& knobs);
+
+}  // namespace feplb

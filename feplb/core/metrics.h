@@ -1,0 +1,48 @@
+// Metrics of one plan (FEPLB.md §3): token straggler, GEMM straggler, bytes moved, whether the
+// phase-2 copies land inside each receiving GPU's static-GEMM window.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "feplb/core/cost_model.h"
+#include "feplb/core/knobs.h"
+#include "feplb/core/plan.h"
+#include "feplb/core/topology.h"
+
+namespace feplb {
+
+struct StepMetrics {
+  double mean_rows = 0;              // mean token-expert rows per GPU
+  double token_straggler = 0;        // S_T = max_d T_d - mean_d T_d (rows)
+  double token_max_over_mean = 0;    // max_d T_d / mean_d T_d
+  double oracle_straggler = 0;       // the floor for in-domain balancing, same step
+  double gemm_straggler_ms = 0;      // S_G = max_d G_d - mean_d G_d (modelled)
+  double gemm_max_ms = 0;
+  int64_t weight_bytes = 0;          // phase-2 weight copies
+  int64_t token_bytes = 0;           // phase-2 token rows to helpers + outputs back
+  int64_t guest_experts = 0;         // (expert, helper) pairs holding copied weights
+  // Every receiving GPU got its copies (after the counts round trip and the planner) before it
+  // ran out of its own work: the GEMMs of its own experts' rows that stay on it.
+  bool fits_static_window = true;
+  double window_slack_ms = 0;        // min over receiving GPUs of window - needed (0 if none)
+  double planner_us = 0;
+};
+
+// Per-GPU view of a plan, for plots.
+struct GpuLoads {
+  std::vector<int64_t> home_rows;   // [num_ranks] rows of the GPU's own experts computed there
+  std::vector<int64_t> guest_rows;  // [num_ranks] rows of other GPUs' experts computed there
+  std::vector<double> gemm_ms;      // [num_ranks] modelled GEMM time
+};
+
+// `planner_us` is the measured planning time; it delays every copy (with counts_to_host_us).
+StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
+                         const Knobs& knobs, double planner_us,
+                         GpuLoads* loads = nullptr);
+
+// max over domains of ceil(T_domain / GPUs) - mean rows per GPU: the best any plan can do when
+// rows move only inside NVLink domains.
+double oracle_token_straggler(const Topology& topo, const std::vector<int64_t>& expert_counts);
+
+}  // namespace feplb

@@ -1,0 +1,103 @@
+// feplb-paper: the scheduler of the FEPLB paper (arXiv 2604.19654), as FEPLB.md §2 describes it.
+//
+// Each GPU has `dyn` dynamic experts. The paper does not say how they are chosen; here they are
+// the `dyn` local experts with the most rows in the steps this planner has observed so far for the
+// same layer (a walk-forward stand-in for the paper's history-based "Router Predictor"; the
+// lowest-numbered local experts before any history). Per NVLink domain, greedily:
+//   d_max = most loaded GPU; e = its busiest dynamic expert not yet moved;
+//   stop if rows(e) < tau;  d_min = least loaded GPU with a free guest slot;
+//   move all of e (weights + rows) d_max -> d_min if that lowers the pair's max, else skip e;
+// until d_max has no movable dynamic expert. Each expert moves at most once; at most max_num_dyn
+// guests per helper; ties go to the lower index.
+#include <algorithm>
+#include <map>
+
+#include "feplb/core/planners/policies.h"
+
+namespace feplb {
+namespace {
+
+class FeplbPaperPlanner final : public Planner {
+ public:
+  using Planner::Planner;
+  std::string_view name() const override { return "feplb-paper"; }
+
+  void observe(const RoutingStep& routing) override {
+    auto& h = history_[routing.layer];
+    h.resize(routing.expert_counts.size(), 0);
+    for (size_t e = 0; e < h.size(); ++e) h[e] += routing.expert_counts[e];
+  }
+
+  void plan(const RoutingStep& routing, Plan& out) override {
+    const Topology& topo = ctx_.topo;
+    const int E = topo.num_experts(), R = topo.num_ranks();
+    const auto& c = routing.expert_counts;
+    out.clear(E);
+    choose_dynamic_sets(routing.layer, out.dynamic);
+    home_loads(topo, routing, load_);
+    moved_.assign(static_cast<size_t>(E), 0);
+    guests_.assign(static_cast<size_t>(R), 0);
+
+    for (int dom = 0; dom < topo.num_domains(); ++dom) {
+      const int first = topo.first_gpu_of_domain(dom), last = first + topo.domain_size();
+      for (;;) {
+        int d_max = first;
+        for (int d = first; d < last; ++d) d_max = load_[d] > load_[d_max] ? d : d_max;
+        // d_max's dynamic experts still at home, busiest first.
+        movable_.clear();
+        for (int e : topo.local_experts(d_max)) {
+          if (out.dynamic[e] && moved_[e] == 0) movable_.push_back(e);
+        }
+        std::stable_sort(movable_.begin(), movable_.end(), [&](int a, int b) { return c[a] > c[b]; });
+        bool moved_one = false;
+        for (int e : movable_) {
+          if (c[e] < ctx_.knobs.tau || c[e] == 0) break;  // busier ones failed; smaller are below tau
+          int d_min = -1;
+          for (int d = first; d < last; ++d) {
+            if (d == d_max || guests_[d] >= ctx_.knobs.max_num_dyn) continue;
+            if (d_min < 0 || load_[d] < load_[d_min]) d_min = d;
+          }
+          if (d_min < 0) break;
+          if (load_[d_min] + c[e] >= load_[d_max]) continue;  // would not lower the max: skip e
+          load_[d_max] -= c[e];
+          load_[d_min] += c[e];
+          moved_[e] = c[e];
+          ++guests_[d_min];
+          out.add_migration(e, d_max, d_min, c[e], ctx_.shape);
+          moved_one = true;
+          break;
+        }
+        if (!moved_one) break;
+      }
+    }
+    out.add_home_slices(topo, routing, moved_);
+  }
+
+ private:
+  void choose_dynamic_sets(int64_t layer, std::vector<uint8_t>& dynamic) {
+    const Topology& topo = ctx_.topo;
+    const auto it = history_.find(layer);
+    const int dyn = static_cast<int>(std::min<int64_t>(ctx_.knobs.dyn, topo.experts_per_rank()));
+    for (int g = 0; g < topo.num_ranks(); ++g) {
+      auto local = topo.local_experts(g);
+      order_.assign(local.begin(), local.end());
+      if (it != history_.end()) {
+        const auto& h = it->second;
+        std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return h[a] > h[b]; });
+      }
+      for (int i = 0; i < dyn; ++i) dynamic[order_[i]] = 1;
+    }
+  }
+
+  std::map<int64_t, std::vector<int64_t>> history_;  // layer -> rows per expert, summed
+  std::vector<int64_t> load_, moved_, guests_;
+  std::vector<int> movable_, order_;
+};
+
+}  // namespace
+
+std::unique_ptr<Planner> make_feplb_paper_planner(const PlannerContext& ctx) {
+  return std::make_unique<FeplbPaperPlanner>(ctx);
+}
+
+}  // namespace feplb

@@ -1,0 +1,53 @@
+// Planner: turns one (micro-batch, layer)'s routing into a Plan. One file per policy; all are
+// deterministic (same inputs, same call sequence -> identical plan bytes), allocate nothing on the
+// hot path after the first call, and never see a CUDA type.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "feplb/core/cost_model.h"
+#include "feplb/core/expert_shape.h"
+#include "feplb/core/knobs.h"
+#include "feplb/core/plan.h"
+#include "feplb/core/routing.h"
+#include "feplb/core/topology.h"
+
+namespace feplb {
+
+// What every planner is built from. The cost model must outlive the planner.
+struct PlannerContext {
+  Topology topo;
+  ExpertShape shape;
+  Knobs knobs;
+  const GemmCostModel* cost = nullptr;
+};
+
+class Planner {
+ public:
+  explicit Planner(const PlannerContext& ctx) : ctx_(ctx) {}
+  virtual ~Planner() = default;
+  virtual std::string_view name() const = 0;
+  // The rules validate() holds this planner's plans to.
+  virtual PlanLimits limits() const;
+  // Plans one step. `routing.expert_counts` must be filled. Overwrites `out`. Does not change the
+  // planner's state, so it may be called repeatedly (timing) with identical results.
+  virtual void plan(const RoutingStep& routing, Plan& out) = 0;
+  // Called once per step after planning it, for planners that learn from history.
+  virtual void observe(const RoutingStep& /*routing*/) {}
+
+ protected:
+  const PlannerContext ctx_;
+};
+
+// Names of every planner, in the order `feplb simulate` lists them by default.
+const std::vector<std::string>& planner_names();
+// Throws InputError for an unknown name (listing the known ones).
+std::unique_ptr<Planner> make_planner(std::string_view name, const PlannerContext& ctx);
+
+// Shared by planners: total rows per GPU when every expert stays home.  // [num_ranks]
+void home_loads(const Topology& topo, const RoutingStep& routing, std::vector<int64_t>& loads);
+
+}  // namespace feplb

@@ -1,0 +1,56 @@
+#include <functional>
+#include <utility>
+
+#include "feplb/core/error.h"
+#include "feplb/core/planners/planner.h"
+#include "feplb/core/planners/policies.h"
+
+namespace feplb {
+namespace {
+
+using Factory = std::function<std::unique_ptr<Planner>(const PlannerContext&)>;
+
+const std::vector<std::pair<std::string, Factory>>& registry() {
+  static const std::vector<std::pair<std::string, Factory>> kRegistry = {
+      {"static", make_static_planner},
+      {"feplb-paper", make_feplb_paper_planner},
+      {"feplb", make_feplb_planner},
+      {"fastermoe", make_fastermoe_planner},
+      {"oracle", make_oracle_planner},
+  };
+  return kRegistry;
+}
+
+}  // namespace
+
+PlanLimits Planner::limits() const {
+  PlanLimits l;
+  l.intra_domain_only = true;
+  l.max_guest_experts = ctx_.knobs.max_num_dyn;
+  return l;
+}
+
+const std::vector<std::string>& planner_names() {
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> names;
+    for (const auto& [name, factory] : registry()) names.push_back(name);
+    return names;
+  }();
+  return kNames;
+}
+
+std::unique_ptr<Planner> make_planner(std::string_view name, const PlannerContext& ctx) {
+  FEPLB_CHECK(ctx.cost != nullptr, "planner context without a cost model");
+  for (const auto& [known, factory] : registry()) {
+    if (known == name) return factory(ctx);
+  }
+  throw InputError(fmt::format("policy: unknown '{}' (known: {})", name,
+                               fmt::join(planner_names(), ", ")));
+}
+
+void home_loads(const Topology& topo, const RoutingStep& routing, std::vector<int64_t>& loads) {
+  loads.assign(static_cast<size_t>(topo.num_ranks()), 0);
+  for (int e = 0; e < topo.num_experts(); ++e) loads[topo.home(e)] += routing.expert_counts[e];
+}
+
+}  // namespace feplb

@@ -1,0 +1,149 @@
+#include "feplb/core/prior.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "feplb/core/error.h"
+#include "feplb/core/file_io.h"
+#include "feplb/core/rng.h"
+
+namespace feplb {
+namespace {
+
+using json = nlohmann::json;
+
+std::vector<double> normalised(std::vector<double> w, std::string_view what) {
+  const double total = std::accumulate(w.begin(), w.end(), 0.0);
+  FEPLB_REQUIRE_INPUT(total > 0.0 && std::isfinite(total), "{}: total load must be positive", what);
+  for (double& x : w) x /= total;
+  return w;
+}
+
+}  // namespace
+
+double max_over_mean(const std::vector<double>& p) {
+  if (p.empty()) return 0.0;
+  const double mean = std::accumulate(p.begin(), p.end(), 0.0) / static_cast<double>(p.size());
+  return mean > 0 ? *std::max_element(p.begin(), p.end()) / mean : 0.0;
+}
+
+Prior parse_prior(const std::string& text) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+    throw InputError("malformed JSON: " + what);
+  }
+  FEPLB_REQUIRE_INPUT(doc.is_object(), "expected a JSON object at the top");
+  auto need = [&](const char* key) -> const json& {
+    auto it = doc.find(key);
+    FEPLB_REQUIRE_INPUT(it != doc.end(), "{}: missing", key);
+    return *it;
+  };
+  Prior p;
+  if (auto it = doc.find("model"); it != doc.end() && it->is_string()) p.model = it->get<std::string>();
+  if (auto it = doc.find("source"); it != doc.end() && it->is_string()) p.source = it->get<std::string>();
+  const json& experts = need("experts");
+  FEPLB_REQUIRE_INPUT(experts.is_number_integer() && experts.get<int64_t>() >= 1 &&
+                          experts.get<int64_t>() <= (1 << 16),
+                      "experts: expected an integer in [1, 65536], got {}", experts.dump());
+  const int num_experts = experts.get<int>();
+  const json& top_k = need("top_k");
+  FEPLB_REQUIRE_INPUT(top_k.is_number_integer() && top_k.get<int64_t>() >= 1 &&
+                          top_k.get<int64_t>() <= num_experts,
+                      "top_k: expected an integer in [1, experts], got {}", top_k.dump());
+  p.top_k = top_k.get<int>();
+  const json& counts = need("counts");
+  FEPLB_REQUIRE_INPUT(counts.is_array() && !counts.empty(), "counts: expected a non-empty array");
+  const json& layers = need("layers");
+  FEPLB_REQUIRE_INPUT(layers.is_array() && layers.size() == counts.size(),
+                      "layers: expected an array with one id per counts row ({})", counts.size());
+  for (size_t l = 0; l < counts.size(); ++l) {
+    FEPLB_REQUIRE_INPUT(layers[l].is_number_integer() && layers[l].get<int64_t>() >= 0,
+                        "layers[{}]: expected a non-negative integer", l);
+    p.layer_ids.push_back(layers[l].get<int64_t>());
+    const json& row = counts[l];
+    FEPLB_REQUIRE_INPUT(row.is_array() && row.size() == static_cast<size_t>(num_experts),
+                        "counts[{}]: expected {} entries", l, num_experts);
+    std::vector<double> w(static_cast<size_t>(num_experts));
+    for (int e = 0; e < num_experts; ++e) {
+      const json& c = row[static_cast<size_t>(e)];
+      FEPLB_REQUIRE_INPUT(c.is_number() && c.get<double>() >= 0 && std::isfinite(c.get<double>()),
+                          "counts[{}][{}]: expected a non-negative number, got {}", l, e, c.dump());
+      w[e] = c.get<double>();
+    }
+    p.popularity.push_back(normalised(std::move(w), fmt::format("counts[{}]", l)));
+  }
+  return p;
+}
+
+Prior read_prior(const std::string& path) {
+  const std::string text = read_file(path);
+  try {
+    Prior p = parse_prior(text);
+    if (p.source.empty()) p.source = path;
+    return p;
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+Prior lognormal_prior(int num_experts, double target, int num_layers, uint64_t seed) {
+  FEPLB_REQUIRE_INPUT(num_experts >= 2, "experts: lognormal popularity needs at least 2 experts");
+  FEPLB_REQUIRE_INPUT(num_layers >= 1, "layers: {} must be at least 1", num_layers);
+  FEPLB_REQUIRE_INPUT(target >= 1.0 && target < num_experts,
+                      "skew: max/mean {} must be in [1, {}) for {} experts", target, num_experts,
+                      num_experts);
+  Prior p;
+  p.model = "lognormal";
+  p.source = fmt::format("lognormal(max/mean={}, seed={})", target, seed);
+  for (int l = 0; l < num_layers; ++l) {
+    Rng rng(Rng::derive(seed, 0x9a1a, static_cast<uint64_t>(l)));
+    std::vector<double> z(static_cast<size_t>(num_experts));
+    for (double& x : z) x = rng.normal();
+    const double zmax = *std::max_element(z.begin(), z.end());
+    auto popularity = [&](double sigma) {
+      std::vector<double> w(z.size());
+      for (size_t e = 0; e < z.size(); ++e) w[e] = std::exp(sigma * (z[e] - zmax));
+      return w;
+    };
+    // max/mean grows monotonically with sigma (every z_e - zmax <= 0).
+    double lo = 0.0, hi = 1.0;
+    while (max_over_mean(popularity(hi)) < target && hi < 64.0) hi *= 2.0;
+    for (int it = 0; it < 100; ++it) {
+      const double mid = 0.5 * (lo + hi);
+      (max_over_mean(popularity(mid)) < target ? lo : hi) = mid;
+    }
+    p.layer_ids.push_back(l);
+    p.popularity.push_back(normalised(popularity(0.5 * (lo + hi)), "lognormal"));
+  }
+  return p;
+}
+
+Prior expand_prior(const Prior& prior, int num_experts, uint64_t seed) {
+  const int base = prior.num_experts();
+  FEPLB_REQUIRE_INPUT(num_experts >= base && num_experts % base == 0,
+                      "experts: {} must be a multiple of the prior's {} experts", num_experts, base);
+  if (num_experts == base) return prior;
+  const int copies = num_experts / base;
+  Prior out = prior;
+  out.source += fmt::format(" (each expert split in {}, seed {})", copies, seed);
+  for (size_t l = 0; l < out.popularity.size(); ++l) {
+    Rng rng(Rng::derive(seed, 0xe8a9, l));
+    const auto& row = out.popularity[l];
+    std::vector<double> wide(static_cast<size_t>(num_experts));
+    for (int i = 0; i < base; ++i) {
+      double sum = 0.0;
+      for (int j = 0; j < copies; ++j) sum += wide[i * copies + j] = rng.gamma(4.0);
+      for (int j = 0; j < copies; ++j) wide[i * copies + j] *= row[i] / sum;
+    }
+    out.popularity[l] = std::move(wide);
+  }
+  return out;
+}
+
+}  // namespace feplb

@@ -1,0 +1,222 @@
+#include "feplb/core/report.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "feplb/core/error.h"
+
+namespace feplb {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string pct(double reduction) { return fmt::format("{:+.0f}%", -reduction * 100.0); }
+
+}  // namespace
+
+size_t worst_static_step(const SimulationResult& r) {
+  const PolicyResult* base = r.find("static");
+  FEPLB_CHECK(base != nullptr && !base->steps.empty(), "no static policy in the result");
+  size_t worst = 0;
+  for (size_t i = 1; i < base->steps.size(); ++i) {
+    if (base->steps[i].token_straggler > base->steps[worst].token_straggler) worst = i;
+  }
+  return worst;
+}
+
+std::string format_table(const SimulationResult& r) {
+  const auto& first = r.policies.front().steps;
+  double mean_rows = 0;
+  for (const StepMetrics& m : first) mean_rows += m.mean_rows / static_cast<double>(first.size());
+  std::string out = fmt::format(
+      "{} | {} steps | {} | {} | top-{} x {} tokens/GPU = {:.0f} rows/GPU on average\n"
+      "copy engine {:.0f} GB/s per GPU per direction; GEMM model: roofline, {:.0f} TFLOP/s, {} SMs\n\n",
+      r.model.empty() ? "(unnamed model)" : r.model, first.size(), r.topo.describe(),
+      r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows, r.config.knobs.copy_gbps,
+      r.config.knobs.gemm_peak_tflops, r.config.knobs.num_sms);
+  out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>13}\n", "policy",
+                     "token straggler", "max/mean", "vs st.", "GEMM straggler", "vs st.",
+                     "weights", "tokens", "fits", "planner us");
+  out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>13}\n", "",
+                     "mean (p95) rows", "mean", "", "mean (p95) ms", "", "MiB/step", "MiB/step",
+                     "window", "median / p99");
+  for (const PolicyResult& p : r.policies) {
+    const PolicySummary& s = p.summary;
+    out += fmt::format("{:<12} {:>17} {:>9.3f} {:>7} {:>17} {:>7} {:>10.0f} {:>10.1f} {:>6.0f}% {:>13}\n",
+                       p.name, fmt::format("{:.0f} ({:.0f})", s.token_straggler, s.token_straggler_p95),
+                       s.token_max_over_mean, p.name == "static" ? "" : pct(s.token_straggler_reduction),
+                       fmt::format("{:.3f} ({:.3f})", s.gemm_straggler_ms, s.gemm_straggler_ms_p95),
+                       p.name == "static" ? "" : pct(s.gemm_straggler_reduction),
+                       s.weight_bytes_per_step / kMiB, s.token_bytes_per_step / kMiB,
+                       s.fits_static_window * 100.0,
+                       fmt::format("{:.1f} / {:.1f}", s.planner_us_median, s.planner_us_p99));
+  }
+  return out;
+}
+
+std::string format_json(const SimulationResult& r) {
+  using json = nlohmann::ordered_json;
+  const SimulationConfig& c = r.config;
+  json knobs = json::object();
+  Knobs k = c.knobs;
+  for (const KnobInfo& info : list_knobs(k)) {
+    std::visit([&](auto* p) { knobs[std::string(info.name)] = *p; }, info.value);
+  }
+  json doc;
+  doc["config"] = {
+      {"trace", c.trace_label},
+      {"model", r.model},
+      {"num_experts", r.topo.num_experts()},
+      {"top_k", r.top_k},
+      {"num_ranks", r.topo.num_ranks()},
+      {"tokens_per_rank", r.tokens_per_rank},
+      {"steps", r.step_ids.size()},
+      {"gpus_per_node", c.gpus_per_node},
+      {"nvlink_domains", r.topo.num_domains()},
+      {"expert_shape", {{"hidden", c.shape.hidden}, {"ffn", c.shape.ffn},
+                        {"dtype", dtype_name(c.shape.dtype_bytes)},
+                        {"weight_bytes", c.shape.weight_bytes()}}},
+      {"cost_model", "roofline"},
+      {"policies", c.policies},
+      {"knobs", knobs},
+  };
+  json policies = json::object();
+  for (const PolicyResult& p : r.policies) {
+    const PolicySummary& s = p.summary;
+    policies[p.name] = {
+        {"token_straggler", s.token_straggler},
+        {"token_straggler_p95", s.token_straggler_p95},
+        {"token_max_over_mean", s.token_max_over_mean},
+        {"token_max_over_mean_p95", s.token_max_over_mean_p95},
+        {"gemm_straggler_ms", s.gemm_straggler_ms},
+        {"gemm_straggler_ms_p95", s.gemm_straggler_ms_p95},
+        {"weight_bytes_per_step", s.weight_bytes_per_step},
+        {"token_bytes_per_step", s.token_bytes_per_step},
+        {"guest_experts_per_step", s.guest_experts_per_step},
+        {"fits_static_window", s.fits_static_window},
+        {"window_slack_ms_p5", s.window_slack_ms_p5},
+        {"planner_us_median", s.planner_us_median},
+        {"planner_us_p99", s.planner_us_p99},
+        {"token_straggler_reduction", s.token_straggler_reduction},
+        {"gemm_straggler_reduction", s.gemm_straggler_reduction},
+        {"above_oracle_pct_of_mean", s.above_oracle_pct_of_mean},
+    };
+  }
+  doc["policies"] = policies;
+  return doc.dump(2) + "\n";
+}
+
+std::string plot_svg(const SimulationResult& r) {
+  // Top: one panel per policy, per-GPU rows at the step where static is worst (own experts'
+  // rows and guest rows stacked, the mean dashed). Bottom: token straggler over the steps.
+  const size_t worst = worst_static_step(r);
+  const int R = r.topo.num_ranks();
+  const int n = static_cast<int>(r.policies.size());
+  const int cols = std::min(n, 3), rows = (n + cols - 1) / cols;
+  const double pw = 330, ph = 220, top = 70, gap = 30;
+  const double line_h = 260;
+  const double width = cols * pw + (cols + 1) * gap;
+  const double height = top + rows * (ph + gap) + line_h + 80;
+  int64_t ymax = 1;
+  for (const PolicyResult& p : r.policies) {
+    for (int g = 0; g < R; ++g) ymax = std::max(ymax, p.loads[worst].home_rows[g] + p.loads[worst].guest_rows[g]);
+  }
+  const double mean = r.policies.front().steps[worst].mean_rows;
+  const auto [step_id, layer_id] = r.step_ids[worst];
+
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" "
+      "viewBox=\"0 0 {0:.0f} {1:.0f}\" font-family=\"Helvetica,Arial,sans-serif\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+      width, height);
+  s += fmt::format(
+      "<text x=\"{:.0f}\" y=\"28\" font-size=\"18\" font-weight=\"bold\">Token-expert rows per GPU, "
+      "step {} layer {} (the step where static is worst)</text>\n",
+      gap, step_id, layer_id);
+  s += fmt::format(
+      "<text x=\"{:.0f}\" y=\"50\" font-size=\"12\" fill=\"#444\">{} | {} | top-{}, {} tokens/GPU. "
+      "Blue: rows of the GPU's own experts; orange: guest rows moved in by phase 2; dashed: mean."
+      "</text>\n",
+      gap, r.model, r.topo.describe(), r.top_k, r.tokens_per_rank);
+  for (int i = 0; i < n; ++i) {
+    const PolicyResult& p = r.policies[i];
+    const double x0 = gap + (i % cols) * (pw + gap), y0 = top + (i / cols) * (ph + gap);
+    const double plot_h = ph - 50, base_y = y0 + 30 + plot_h;
+    const double bw = (pw - 20) / R;
+    const StepMetrics& m = p.steps[worst];
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\">{}</text>\n",
+                     x0, y0 + 14, p.name);
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#444\">straggler {:.0f} rows "
+                     "(max/mean {:.3f}), {:.0f} MiB weights moved</text>\n",
+                     x0, y0 + 27, m.token_straggler, m.token_max_over_mean,
+                     static_cast<double>(m.weight_bytes) / kMiB);
+    s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#999\"/>\n",
+                     x0, base_y, x0 + pw - 10);
+    for (int g = 0; g < R; ++g) {
+      const double home_h = plot_h * static_cast<double>(p.loads[worst].home_rows[g]) / static_cast<double>(ymax);
+      const double guest_h = plot_h * static_cast<double>(p.loads[worst].guest_rows[g]) / static_cast<double>(ymax);
+      const double bx = x0 + 5 + g * bw;
+      s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#4878a8\">"
+                       "<title>GPU {}: {} own rows</title></rect>\n",
+                       bx, base_y - home_h, bw * 0.8, home_h, g, p.loads[worst].home_rows[g]);
+      if (guest_h > 0) {
+        s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#e8923a\">"
+                         "<title>GPU {}: {} guest rows</title></rect>\n",
+                         bx, base_y - home_h - guest_h, bw * 0.8, guest_h, g, p.loads[worst].guest_rows[g]);
+      }
+      if (R <= 16) {
+        s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"9\" text-anchor=\"middle\" fill=\"#666\">{}</text>\n",
+                         bx + bw * 0.4, base_y + 11, g);
+      }
+    }
+    const double mean_y = base_y - plot_h * mean / static_cast<double>(ymax);
+    s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#c00\" "
+                     "stroke-dasharray=\"5,3\"/>\n",
+                     x0, mean_y, x0 + pw - 10);
+  }
+
+  // Token straggler over the steps, one line per policy.
+  static const char* kColors[] = {"#888888", "#4878a8", "#2a9d3a", "#e8923a", "#000000", "#9b59b6",
+                                  "#c0392b", "#16a085"};
+  const double lx0 = gap + 50, ly0 = top + rows * (ph + gap) + 30;
+  const double lw = width - lx0 - gap - 130, lh = line_h - 60;
+  double smax = 1.0;
+  for (const PolicyResult& p : r.policies) {
+    for (const StepMetrics& m : p.steps) smax = std::max(smax, m.token_straggler);
+  }
+  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"14\" font-weight=\"bold\">Token straggler "
+                   "(max - mean rows per GPU) at every step</text>\n",
+                   gap, ly0 - 8);
+  s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#999\"/>\n",
+                   lx0, ly0 + 10, ly0 + 10 + lh);
+  s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#999\"/>\n",
+                   lx0, ly0 + 10 + lh, lx0 + lw);
+  for (int t = 0; t <= 4; ++t) {
+    const double v = smax * t / 4, y = ly0 + 10 + lh - lh * t / 4;
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\" fill=\"#666\">{:.0f}</text>\n",
+                     lx0 - 4, y + 3, v);
+  }
+  const size_t nsteps = r.step_ids.size();
+  for (int i = 0; i < n; ++i) {
+    const PolicyResult& p = r.policies[i];
+    std::string pts;
+    for (size_t j = 0; j < nsteps; ++j) {
+      const double x = lx0 + (nsteps > 1 ? lw * static_cast<double>(j) / static_cast<double>(nsteps - 1) : lw / 2);
+      const double y = ly0 + 10 + lh - lh * p.steps[j].token_straggler / smax;
+      pts += fmt::format("{:.1f},{:.1f} ", x, y);
+    }
+    const char* color = kColors[i % 8];
+    s += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>\n", pts, color);
+    s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"3\" fill=\"{}\"/>"
+                     "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\">{} (mean {:.0f})</text>\n",
+                     lx0 + lw + 12, ly0 + 20 + i * 16, color, lx0 + lw + 28, ly0 + 24 + i * 16, p.name,
+                     p.summary.token_straggler);
+  }
+  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" fill=\"#666\" text-anchor=\"middle\">"
+                   "trace step (micro-batch x layer)</text>\n",
+                   lx0 + lw / 2, ly0 + lh + 26);
+  s += "</svg>\n";
+  return s;
+}
+
+}  // namespace feplb

@@ -1,0 +1,64 @@
+// Trace-driven simulation: every policy plans every step of a trace; the plans are validated and
+// measured (metrics.h), the planners timed in-process. What `feplb simulate` runs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "feplb/core/cost_model.h"
+#include "feplb/core/knobs.h"
+#include "feplb/core/metrics.h"
+#include "feplb/core/routing.h"
+#include "feplb/core/topology.h"
+#include "feplb/core/workload.h"
+
+namespace feplb {
+
+struct SimulationConfig {
+  std::vector<std::string> policies;  // planner names; "static" is added first when missing
+  int gpus_per_node = 8;
+  ExpertShape shape;
+  Knobs knobs;
+  std::string trace_label;            // shown in reports (e.g. the trace path)
+};
+
+// Aggregates over steps: means, p95 (steps) and median/p99 (planner timings).
+struct PolicySummary {
+  double token_straggler = 0, token_straggler_p95 = 0;
+  double token_max_over_mean = 0, token_max_over_mean_p95 = 0;
+  double gemm_straggler_ms = 0, gemm_straggler_ms_p95 = 0;
+  double weight_bytes_per_step = 0, token_bytes_per_step = 0;
+  double guest_experts_per_step = 0;
+  double fits_static_window = 0;          // fraction of steps
+  double window_slack_ms_p5 = 0;          // 5th percentile over steps with copies
+  double planner_us_median = 0, planner_us_p99 = 0;
+  double above_oracle_pct_of_mean = 0;    // mean of (S_T - S_T oracle) / mean rows * 100
+  double token_straggler_reduction = 0;   // 1 - S_T / S_T(static), from the means
+  double gemm_straggler_reduction = 0;
+};
+
+struct PolicyResult {
+  std::string name;
+  std::vector<StepMetrics> steps;  // [trace steps]
+  std::vector<GpuLoads> loads;     // [trace steps]
+  PolicySummary summary;
+};
+
+struct SimulationResult {
+  SimulationResult(SimulationConfig c, Topology t) : config(std::move(c)), topo(std::move(t)) {}
+  SimulationConfig config;
+  Topology topo;
+  std::string model;
+  int top_k = 0;
+  int64_t tokens_per_rank = 0;
+  std::vector<std::pair<int64_t, int64_t>> step_ids;  // (step, layer) per trace step
+  std::vector<PolicyResult> policies;
+
+  const PolicyResult* find(const std::string& name) const;
+};
+
+// Throws InputError on an impossible configuration (unknown policy, topology mismatch).
+SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
+                          const Progress& progress = {});
+
+}  // namespace feplb

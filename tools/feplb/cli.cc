@@ -1,0 +1,81 @@
+#include "cli.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "feplb/core/error.h"
+
+#ifndef FEPLB_DATA_DIR
+#define FEPLB_DATA_DIR "data"
+#endif
+
+namespace feplb::cli {
+
+void add_knob_flags(CLI::App& cmd, Knobs& knobs) {
+  for (const KnobInfo& k : list_knobs(knobs)) {
+    const std::string help = fmt::format("{} [{}; default {}]", k.help, k.unit, k.default_value);
+    std::visit([&](auto* p) { cmd.add_option(k.flag, *p, help)->group("Knobs (docs/knobs.md)"); },
+               k.value);
+  }
+}
+
+void add_shape_flags(CLI::App& cmd, ShapeFlags& f) {
+  cmd.add_option("--hidden", f.hidden, "expert hidden size H (default: from the trace or model)")
+      ->group("Expert shape");
+  cmd.add_option("--ffn", f.ffn, "expert FFN size F (default: from the trace or model)")
+      ->group("Expert shape");
+  cmd.add_option("--dtype", f.dtype, "weight/activation dtype: bf16, fp16, fp8, fp32 (default bf16)")
+      ->group("Expert shape");
+}
+
+ExpertShape resolve_shape(const ShapeFlags& f, const Trace* trace, const std::string& model) {
+  ExpertShape shape;
+  if (trace && trace->expert_shape) {
+    shape = *trace->expert_shape;
+  } else if (auto preset = shape_for_model(model)) {
+    shape = *preset;
+  }
+  if (f.hidden) shape.hidden = f.hidden;
+  if (f.ffn) shape.ffn = f.ffn;
+  if (!f.dtype.empty()) shape.dtype_bytes = dtype_bytes_of(f.dtype);
+  FEPLB_REQUIRE_INPUT(f.hidden >= 0 && f.ffn >= 0, "--hidden/--ffn: must be positive");
+  return shape;
+}
+
+std::string data_dir() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(FEPLB_DATA_DIR, ec)) return FEPLB_DATA_DIR;
+  // A moved build: look next to the binary (build/bin/feplb -> ../../data).
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path guess = exe.parent_path().parent_path().parent_path() / "data";
+    if (fs::is_directory(guess, ec)) return guess.string();
+  }
+  return FEPLB_DATA_DIR;
+}
+
+std::string default_trace_path() { return data_dir() + "/traces/default.json"; }
+
+ProgressLine::~ProgressLine() {
+  if (printed_) std::fprintf(stderr, "\n");
+}
+
+void ProgressLine::operator()(int64_t done, int64_t total) {
+  if (!enabled_) return;
+  const auto now = std::chrono::steady_clock::now();
+  const bool finished = done >= total;
+  if (now - start_ < std::chrono::seconds(1) || (!finished && now - last_ < std::chrono::seconds(1))) return;
+  if (finished && !printed_) return;
+  last_ = now;
+  const bool tty = isatty(STDERR_FILENO);
+  std::fprintf(stderr, "%s%s: %lld/%lld (%.0f%%)%s", tty && printed_ ? "\r" : "", label_.c_str(),
+               static_cast<long long>(done), static_cast<long long>(total),
+               100.0 * static_cast<double>(done) / static_cast<double>(total), tty ? "" : "\n");
+  std::fflush(stderr);
+  printed_ = tty;
+}
+
+}  // namespace feplb::cli

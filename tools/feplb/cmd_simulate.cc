@@ -1,0 +1,105 @@
+// feplb simulate: every policy over a routing trace, no GPU needed.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+
+#include "cli.h"
+#include "feplb/core/error.h"
+#include "feplb/core/file_io.h"
+#include "feplb/core/planners/planner.h"
+#include "feplb/core/report.h"
+#include "feplb/core/simulate.h"
+#include "feplb/core/trace_io.h"
+
+namespace feplb::cli {
+namespace {
+
+struct SimulateOptions {
+  std::string trace;
+  int gpus_per_node = 8;
+  std::string policies = "static,feplb-paper,feplb,fastermoe,oracle";
+  std::string json_out, plot_out;
+  bool force = false, quiet = false;
+  ShapeFlags shape;
+  Knobs knobs;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    FEPLB_REQUIRE_INPUT(!item.empty(), "--policies: empty name in '{}'", s);
+    out.push_back(item);
+  }
+  return out;
+}
+
+// Refuses an output path that would overwrite the input trace, whatever --force says.
+void check_output(const std::string& out, const std::string& input) {
+  if (out.empty()) return;
+  std::error_code ec;
+  FEPLB_REQUIRE_INPUT(!std::filesystem::equivalent(out, input, ec), "{}: is the input trace", out);
+}
+
+void run_simulate(const SimulateOptions& o) {
+  const std::string path = o.trace.empty() ? default_trace_path() : o.trace;
+  FEPLB_REQUIRE_INPUT(o.gpus_per_node >= 1, "--gpus-per-node: {} must be at least 1", o.gpus_per_node);
+  check_output(o.json_out, path);
+  check_output(o.plot_out, path);
+  FEPLB_REQUIRE_INPUT(o.json_out.empty() || o.json_out != o.plot_out, "--json and --plot name the same file");
+  // Unknown policies fail before the trace is read.
+  std::vector<std::string> policies = split_list(o.policies);
+  for (const std::string& p : policies) {
+    bool known = false;
+    for (const std::string& n : planner_names()) known |= n == p;
+    FEPLB_REQUIRE_INPUT(known, "--policies: unknown policy '{}' (known: {})", p,
+                        fmt::join(planner_names(), ", "));
+  }
+  validate_knobs(o.knobs);
+  for (const std::string* out : {&o.json_out, &o.plot_out}) {
+    std::error_code ec;
+    FEPLB_REQUIRE_INPUT(out->empty() || o.force || !std::filesystem::exists(*out, ec),
+                        "{}: exists; pass --force to overwrite", *out);
+  }
+
+  const Trace trace = read_trace(path);
+  SimulationConfig cfg;
+  cfg.policies = policies;
+  cfg.gpus_per_node = o.gpus_per_node;
+  cfg.shape = resolve_shape(o.shape, &trace, trace.model);
+  cfg.knobs = o.knobs;
+  cfg.trace_label = path;
+  ProgressLine progress("simulate", !o.quiet);
+  const SimulationResult result = simulate(trace, cfg, std::ref(progress));
+  std::fputs(format_table(result).c_str(), stdout);
+  if (!o.json_out.empty()) {
+    write_file(o.json_out, format_json(result), o.force);
+    std::printf("wrote %s\n", o.json_out.c_str());
+  }
+  if (!o.plot_out.empty()) {
+    write_file(o.plot_out, plot_svg(result), o.force);
+    std::printf("wrote %s\n", o.plot_out.c_str());
+  }
+}
+
+}  // namespace
+
+void add_simulate_command(CLI::App& app) {
+  auto o = std::make_shared<SimulateOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "simulate", "Plan every step of a routing trace with each policy and compare them (no GPU)");
+  cmd->add_option("--trace", o->trace, "feplb-trace-v1 file (default: data/traces/default.json)");
+  cmd->add_option("--gpus-per-node", o->gpus_per_node, "GPUs per NVLink domain (default 8)");
+  cmd->add_option("--policies", o->policies,
+                  "comma-separated policies (default static,feplb-paper,feplb,fastermoe,oracle)");
+  cmd->add_option("--json", o->json_out, "write the results as JSON to this file");
+  cmd->add_option("--plot", o->plot_out, "write an SVG of per-GPU load before/after each policy");
+  cmd->add_flag("--force", o->force, "overwrite existing output files");
+  cmd->add_flag("--quiet", o->quiet, "no progress lines on stderr");
+  add_shape_flags(*cmd, o->shape);
+  add_knob_flags(*cmd, o->knobs);
+  cmd->callback([o] { run_simulate(*o); });
+}
+
+}  // namespace feplb::cli
