@@ -113,7 +113,7 @@ std::string plot_svg(const SimulationResult& r) {
   const int R = r.topo.num_ranks();
   const int n = static_cast<int>(r.policies.size());
   const int cols = std::min(n, 3), rows = (n + cols - 1) / cols;
-  const double pw = 330, ph = 220, top = 70, gap = 30;
+  const double pw = 330, ph = 220, top = 80, gap = 30;
   const double line_h = 260;
   const double width = cols * pw + (cols + 1) * gap;
   const double height = top + rows * (ph + gap) + line_h + 80;
@@ -134,9 +134,11 @@ std::string plot_svg(const SimulationResult& r) {
       "step {} layer {} (the step where static is worst)</text>\n",
       gap, step_id, layer_id);
   s += fmt::format(
-      "<text x=\"{:.0f}\" y=\"50\" font-size=\"12\" fill=\"#444\">{} | {} | top-{}, {} tokens/GPU. "
-      "Blue: rows of the GPU's own experts; orange: guest rows moved in by phase 2; dashed: mean."
-      "</text>\n",
+      "<text x=\"{0:.0f}\" y=\"47\" font-size=\"12\" fill=\"#444\">{1} | {2} | top-{3}, {4} tokens/GPU"
+      "</text>\n<text x=\"{0:.0f}\" y=\"62\" font-size=\"12\" fill=\"#444\">"
+      "<tspan fill=\"#4878a8\">\u25a0</tspan> rows of the GPU's own experts  "
+      "<tspan fill=\"#e8923a\">\u25a0</tspan> guest rows it computes for other GPUs  "
+      "<tspan fill=\"#c00\">- - -</tspan> mean rows per GPU</text>\n",
       gap, r.model, r.topo.describe(), r.top_k, r.tokens_per_rank);
   for (int i = 0; i < n; ++i) {
     const PolicyResult& p = r.policies[i];
@@ -146,8 +148,8 @@ std::string plot_svg(const SimulationResult& r) {
     const StepMetrics& m = p.steps[worst];
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\">{}</text>\n",
                      x0, y0 + 14, p.name);
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#444\">straggler {:.0f} rows "
-                     "(max/mean {:.3f}), {:.0f} MiB weights moved</text>\n",
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#444\">S_T {:.0f} rows "
+                     "({:.3f}x mean), {:.0f} MiB moved</text>\n",
                      x0, y0 + 27, m.token_straggler, m.token_max_over_mean,
                      static_cast<double>(m.weight_bytes) / kMiB);
     s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#999\"/>\n",
@@ -179,7 +181,7 @@ std::string plot_svg(const SimulationResult& r) {
   static const char* kColors[] = {"#888888", "#4878a8", "#2a9d3a", "#e8923a", "#000000", "#9b59b6",
                                   "#c0392b", "#16a085"};
   const double lx0 = gap + 50, ly0 = top + rows * (ph + gap) + 30;
-  const double lw = width - lx0 - gap - 130, lh = line_h - 60;
+  const double lw = width - lx0 - gap - 210, lh = line_h - 60;
   double smax = 1.0;
   for (const PolicyResult& p : r.policies) {
     for (const StepMetrics& m : p.steps) smax = std::max(smax, m.token_straggler);

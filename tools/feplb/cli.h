@@ -45,5 +45,6 @@ class ProgressLine {
 void add_simulate_command(CLI::App& app);
 void add_trace_commands(CLI::App& app);
 void add_knobs_command(CLI::App& app);
+void add_devices_command(CLI::App& app);
 
 }  // namespace feplb::cli
