@@ -55,9 +55,9 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   }
   m.gemm_straggler_ms = m.gemm_max_ms - gemm_sum / R;
 
-  // Copy timing: copies are issued in plan order; each sender's egress link and each receiver's
-  // ingress link carries its copies one after another (first in, first out), so a copy is done
-  // when both links have carried it and everything issued on them before it.
+  // Copy timing: copies are issued in plan order; a copy occupies the sender's egress link and
+  // the receiver's ingress link from when both are free until it is done (first in, first out),
+  // so a receiver has its copies when the last one into it ends.
   std::vector<double> in_ms(R, 0.0), out_ms(R, 0.0), needed(R, 0.0);
   std::vector<int64_t> num_in(R, 0);
   for (const Copy& c : plan.copies) {
@@ -70,9 +70,9 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
     if (c.kind == CopyKind::kOutputRows) continue;  // after the GEMM, not in the window
     const double gbps = topo.same_domain(c.src_gpu, c.dst_gpu) ? knobs.copy_gbps : knobs.internode_gbps;
     const double t = static_cast<double>(c.bytes) / (gbps * 1e9) * 1e3 + knobs.copy_setup_us * 1e-3;
-    in_ms[c.dst_gpu] += t;
-    out_ms[c.src_gpu] += t;
-    needed[c.dst_gpu] = std::max({needed[c.dst_gpu], in_ms[c.dst_gpu], out_ms[c.src_gpu]});
+    const double end = std::max(in_ms[c.dst_gpu], out_ms[c.src_gpu]) + t;
+    in_ms[c.dst_gpu] = out_ms[c.src_gpu] = end;
+    needed[c.dst_gpu] = std::max(needed[c.dst_gpu], end);
     ++num_in[c.dst_gpu];
   }
   const double start_ms = (knobs.counts_to_host_us + planner_us) * 1e-3;
@@ -82,6 +82,13 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
     slack = std::min(slack, window[g] - (start_ms + needed[g]));
   }
   m.window_slack_ms = std::isinf(slack) ? 0.0 : slack;
+  double finish_max = 0.0;
+  for (int g = 0; g < R; ++g) {
+    const double finish = num_in[g] == 0 ? gemm[g]
+                                         : std::max(window[g], start_ms + needed[g]) + (gemm[g] - window[g]);
+    finish_max = std::max(finish_max, finish);
+  }
+  m.copy_exposed_ms = std::max(0.0, finish_max - m.gemm_max_ms);
   m.fits_static_window = std::isinf(slack) || slack >= 0.0;
   if (loads) {
     loads->home_rows = std::move(home_rows);

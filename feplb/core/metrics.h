@@ -26,6 +26,9 @@ struct StepMetrics {
   // ran out of its own work: the GEMMs of its own experts' rows that stay on it.
   bool fits_static_window = true;
   double window_slack_ms = 0;        // min over receiving GPUs of window - needed (0 if none)
+  // How much later the slowest GPU finishes because copies landed after a receiver ran out of
+  // its own work (it idles, then runs its guests): max_d finish_d - max_d G_d, >= 0.
+  double copy_exposed_ms = 0;
   double planner_us = 0;
 };
 

@@ -32,8 +32,15 @@ double max_over_mean(const std::vector<double>& p) {
 Prior parse_prior(const std::string& text) {
   json doc;
   try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+    // A prior nests 3 deep; refusing deeper documents keeps the dump() in the error messages
+    // below from recursing off the end of the stack.
+    const json::parser_callback_t depth_limit = [](int depth, json::parse_event_t, json&) {
+      FEPLB_REQUIRE_INPUT(depth <= 64, "malformed JSON: nested deeper than 64 levels");
+      return true;
+    };
+    doc = json::parse(text, depth_limit);
+  } catch (const json::exception& e) {
+    // parse_error for bad syntax, out_of_range for numbers beyond a double (1e400).
     std::string what = e.what();
     if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
     throw InputError("malformed JSON: " + what);

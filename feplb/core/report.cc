@@ -30,25 +30,27 @@ std::string format_table(const SimulationResult& r) {
   for (const StepMetrics& m : first) mean_rows += m.mean_rows / static_cast<double>(first.size());
   std::string out = fmt::format(
       "{} | {} steps | {} | {} | top-{} x {} tokens/GPU = {:.0f} rows/GPU on average\n"
-      "copy engine {:.0f} GB/s per GPU per direction; GEMM model: roofline, {:.0f} TFLOP/s, {} SMs\n\n",
+      "copy engine {:.0f} GB/s per GPU per direction; GEMM model: roofline, {:.0f} TFLOP/s, {} SMs\n"
+      "fits window: steps whose copies all land while the receivers run their own experts;\n"
+      "exposed: how much later the slowest GPU finishes because a copy landed late (mean)\n\n",
       r.model.empty() ? "(unnamed model)" : r.model, first.size(), r.topo.describe(),
       r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows, r.config.knobs.copy_gbps,
       r.config.knobs.gemm_peak_tflops, r.config.knobs.num_sms);
-  out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>13}\n", "policy",
-                     "token straggler", "max/mean", "vs st.", "GEMM straggler", "vs st.",
-                     "weights", "tokens", "fits", "planner us");
-  out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>13}\n", "",
+  out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>8} {:>13}\n",
+                     "policy", "token straggler", "max/mean", "vs st.", "GEMM straggler", "vs st.",
+                     "weights", "tokens", "fits", "exposed", "planner us");
+  out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>8} {:>13}\n", "",
                      "mean (p95) rows", "mean", "", "mean (p95) ms", "", "MiB/step", "MiB/step",
-                     "window", "median / p99");
+                     "window", "ms", "median / p99");
   for (const PolicyResult& p : r.policies) {
     const PolicySummary& s = p.summary;
-    out += fmt::format("{:<12} {:>17} {:>9.3f} {:>7} {:>17} {:>7} {:>10.0f} {:>10.1f} {:>6.0f}% {:>13}\n",
+    out += fmt::format("{:<12} {:>17} {:>9.3f} {:>7} {:>17} {:>7} {:>10.0f} {:>10.1f} {:>6.0f}% {:>8.3f} {:>13}\n",
                        p.name, fmt::format("{:.0f} ({:.0f})", s.token_straggler, s.token_straggler_p95),
                        s.token_max_over_mean, p.name == "static" ? "" : pct(s.token_straggler_reduction),
                        fmt::format("{:.3f} ({:.3f})", s.gemm_straggler_ms, s.gemm_straggler_ms_p95),
                        p.name == "static" ? "" : pct(s.gemm_straggler_reduction),
                        s.weight_bytes_per_step / kMiB, s.token_bytes_per_step / kMiB,
-                       s.fits_static_window * 100.0,
+                       s.fits_static_window * 100.0, s.copy_exposed_ms,
                        fmt::format("{:.1f} / {:.1f}", s.planner_us_median, s.planner_us_p99));
   }
   return out;
@@ -95,6 +97,8 @@ std::string format_json(const SimulationResult& r) {
         {"guest_experts_per_step", s.guest_experts_per_step},
         {"fits_static_window", s.fits_static_window},
         {"window_slack_ms_p5", s.window_slack_ms_p5},
+        {"copy_exposed_ms", s.copy_exposed_ms},
+        {"copy_exposed_ms_p95", s.copy_exposed_ms_p95},
         {"planner_us_median", s.planner_us_median},
         {"planner_us_p99", s.planner_us_p99},
         {"token_straggler_reduction", s.token_straggler_reduction},

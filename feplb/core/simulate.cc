@@ -49,6 +49,9 @@ PolicySummary summarise(const std::vector<StepMetrics>& steps) {
     if (m.weight_bytes + m.token_bytes > 0) slack.push_back(m.window_slack_ms);
   }
   s.window_slack_ms_p5 = quantile_of(slack, 0.05);
+  const auto exposed = column([](const StepMetrics& m) { return m.copy_exposed_ms; });
+  s.copy_exposed_ms = mean_of(exposed);
+  s.copy_exposed_ms_p95 = quantile_of(exposed, 0.95);
   s.planner_us_median = quantile_of(us, 0.5);
   s.planner_us_p99 = quantile_of(us, 0.99);
   s.above_oracle_pct_of_mean = mean_of(column([](const StepMetrics& m) {

@@ -31,6 +31,7 @@ struct PolicySummary {
   double guest_experts_per_step = 0;
   double fits_static_window = 0;          // fraction of steps
   double window_slack_ms_p5 = 0;          // 5th percentile over steps with copies
+  double copy_exposed_ms = 0, copy_exposed_ms_p95 = 0;
   double planner_us_median = 0, planner_us_p99 = 0;
   double above_oracle_pct_of_mean = 0;    // mean of (S_T - S_T oracle) / mean rows * 100
   double token_straggler_reduction = 0;   // 1 - S_T / S_T(static), from the means

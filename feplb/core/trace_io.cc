@@ -17,6 +17,9 @@ using json = nlohmann::json;
 constexpr int64_t kMaxRanks = 1 << 14;
 constexpr int64_t kMaxExperts = 1 << 16;
 constexpr int64_t kMaxTokensPerRank = int64_t{1} << 32;
+// A trace nests 5 deep (document, steps, step, counts, row). Deeper documents are refused while
+// parsing, so that nothing that walks the document recursively (dump, copy) can exhaust the stack.
+constexpr int kMaxDepth = 64;
 
 const char* type_of(const json& v) { return v.type_name(); }
 
@@ -64,8 +67,8 @@ RoutingStep parse_step(const json& v, size_t index, const Trace& t) {
   FEPLB_REQUIRE_INPUT(counts.size() == static_cast<size_t>(t.num_ranks),
                       "{}.counts: has {} rows, expected num_ranks = {}", where, counts.size(),
                       t.num_ranks);
-  RoutingStep s(step, layer, t.num_ranks, t.num_experts);
-  const int64_t row_sum = t.rows_per_rank();
+  // Every row's shape is checked before the [num_ranks, num_experts] matrix is allocated: the
+  // header alone may ask for gigabytes, which only a file that big may make us allocate.
   for (int src = 0; src < t.num_ranks; ++src) {
     const json& row = counts[static_cast<size_t>(src)];
     FEPLB_REQUIRE_INPUT(row.is_array(), "{}.counts[{}]: expected an array, got {}", where, src,
@@ -73,6 +76,11 @@ RoutingStep parse_step(const json& v, size_t index, const Trace& t) {
     FEPLB_REQUIRE_INPUT(row.size() == static_cast<size_t>(t.num_experts),
                         "{}.counts[{}]: has {} entries, expected num_experts = {}", where, src,
                         row.size(), t.num_experts);
+  }
+  RoutingStep s(step, layer, t.num_ranks, t.num_experts);
+  const int64_t row_sum = t.rows_per_rank();
+  for (int src = 0; src < t.num_ranks; ++src) {
+    const json& row = counts[static_cast<size_t>(src)];
     int64_t sum = 0;
     for (int e = 0; e < t.num_experts; ++e) {
       // Each token picks top_k distinct experts, so no expert gets more than S rows from a rank.
@@ -94,8 +102,14 @@ RoutingStep parse_step(const json& v, size_t index, const Trace& t) {
 Trace parse_trace(std::string_view text) {
   json doc;
   try {
-    doc = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+    const json::parser_callback_t depth_limit = [](int depth, json::parse_event_t, json&) {
+      FEPLB_REQUIRE_INPUT(depth <= kMaxDepth, "malformed JSON: nested deeper than {} levels",
+                          kMaxDepth);
+      return true;
+    };
+    doc = json::parse(text.begin(), text.end(), depth_limit);
+  } catch (const json::exception& e) {
+    // parse_error for bad syntax, out_of_range for numbers beyond a double (1e400).
     std::string what = e.what();
     if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
     throw InputError("malformed JSON: " + what);

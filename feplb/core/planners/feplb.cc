@@ -7,9 +7,11 @@
 //     experts to the GPU with the most room, whole experts when they fit, otherwise a slice
 //     (at least min_slice_rows, split points rounded to slice_align_rows, at most
 //     max_helpers_per_expert helpers per expert).
-//  3. Every copy must land while the receiving GPU still runs its own experts (metrics.h), with
-//     the copy-engine bandwidth shared first-in first-out on the receiver's ingress and the
-//     sender's egress, after the counts round trip and the planner's budget.
+//  3. Copies are timed (copy-engine bandwidth, first in first out on the sender's egress and the
+//     receiver's ingress, after the counts round trip and the planner's budget). A copy must land
+//     while the receiver still runs its own experts (hidden), or (copy_timing = 2, the default)
+//     be one after which the receiver, idle until it lands, still finishes before the donor: an
+//     exposed copy that never makes the layer slower. copy_timing = 1 takes hidden copies only.
 // Deterministic; O(E log E) per step with no allocation after the first call.
 #include <algorithm>
 #include <cmath>
@@ -36,9 +38,8 @@ class FeplbPlanner final : public Planner {
     guests_.assign(static_cast<size_t>(R), 0);
     in_ms_.assign(static_cast<size_t>(R), 0.0);
     out_ms_.assign(static_cast<size_t>(R), 0.0);
-    holds_.assign(static_cast<size_t>(R), 0);
     choose_candidates(c, out.dynamic);
-    if (k.window_check) static_windows(c);
+    if (k.copy_timing) own_gemm_times(c);
 
     int64_t total = 0;
     for (int64_t l : load_) total += l;
@@ -55,9 +56,12 @@ class FeplbPlanner final : public Planner {
       }
       std::stable_sort(donors_.begin(), donors_.end(), [&](int a, int b) { return load_[a] > load_[b]; });
       for (int d : donors_) {
+        const int* cand = &candidates_[static_cast<size_t>(d) * num_candidates_];
+        int64_t rest_rows = 0;  // rows of d's candidates not offered yet
+        for (int i = 0; i < num_candidates_; ++i) rest_rows += c[cand[i]];
         for (int i = 0; i < num_candidates_ && load_[d] > cap; ++i) {
-          const int e = candidates_[static_cast<size_t>(d) * num_candidates_ + i];
-          spill_expert(e, d, first, n, target, cap, tol, out);
+          rest_rows -= c[cand[i]];
+          spill_expert(cand[i], d, first, n, target, cap, tol, rest_rows, out);
         }
       }
     }
@@ -82,78 +86,115 @@ class FeplbPlanner final : public Planner {
     }
   }
 
-  // budget_ms_[g]: how long copies into g may take. A receiver never gives rows away (its load
-  // is below the cap), so it first runs all its own experts: their GEMM time, less the time
-  // before any copy can start (counts round trip and the planner), is the window.
-  void static_windows(const std::vector<int64_t>& c) {
+  // home_ms_[g]: modelled GEMM time of g's own rows that stay on g (updated as g gives rows
+  // away). g runs them first, so copies into g that land within it (after the counts round trip
+  // and the planner) are hidden.
+  void own_gemm_times(const std::vector<int64_t>& c) {
     const Topology& topo = ctx_.topo;
-    const double overhead_ms = (ctx_.knobs.counts_to_host_us + ctx_.knobs.planner_budget_us) * 1e-3;
-    budget_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
+    home_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
+    guest_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
     for (int g = 0; g < topo.num_ranks(); ++g) {
-      double ms = 0.0;
-      for (int e : topo.local_experts(g)) ms += ctx_.cost->expert_ms(c[e]);
-      budget_ms_[g] = ms - overhead_ms;
+      for (int e : topo.local_experts(g)) home_ms_[g] += ctx_.cost->expert_ms(c[e]);
     }
+  }
+
+  // Whether `rows` of e may go from d to h given when the copy would land. Hidden copies always
+  // may. An exposed copy (h idles waiting for it) may only with copy_timing = 2, and only if h,
+  // waiting and then computing its guests, still finishes before d does after giving the rows.
+  bool copy_fits(int e, int d, int h, int64_t rows, double t) const {
+    const double overhead_ms = (ctx_.knobs.counts_to_host_us + ctx_.knobs.planner_budget_us) * 1e-3;
+    const double lands_ms = overhead_ms + std::max(in_ms_[h], out_ms_[d]) + t;
+    if (lands_ms <= home_ms_[h]) return true;
+    if (ctx_.knobs.copy_timing < 2) return false;
+    const GemmCostModel& cost = *ctx_.cost;
+    const double donor_after_ms = home_ms_[d] - cost.expert_ms(remaining(e)) +
+                                  cost.expert_ms(remaining(e) - rows);
+    return lands_ms + guest_ms_[h] + cost.expert_ms(rows) <= donor_after_ms;
   }
 
   double copy_ms(int64_t rows) const {
     const double bytes = static_cast<double>(ctx_.shape.weight_bytes() + rows * ctx_.shape.row_bytes());
-    return bytes / (ctx_.knobs.copy_gbps * 1e9) * 1e3 + ctx_.knobs.copy_setup_us * 1e-3;
+    return bytes / (ctx_.knobs.copy_gbps * 1e9) * 1e3 + 2 * ctx_.knobs.copy_setup_us * 1e-3;  // 2 copies
   }
 
-  // Rows of expert e to take from donor d for helper h (0: no worthwhile slice fits h).
-  int64_t slice_for(int e, int d, int h, int64_t target, int64_t cap, int64_t tol) const {
+  int64_t remaining(int e) const { return (*rows_)[e] - moved_[e]; }
+
+  // Rows that `receivers` take in total when filled up to `level`.
+  int64_t fill(int64_t level, int num) const {
+    int64_t rows = 0;
+    for (int i = 0; i < num; ++i) rows += std::max<int64_t>(0, level - load_[receivers_[i]]);
+    return rows;
+  }
+
+  // The load the first `num` receivers are filled up to with rows of expert e from donor d.
+  // Normally the domain target (greedy: fewest helpers). When d cannot reach the target even
+  // with e's helpers filled to it plus all `rest_rows` of its later candidates, and e alone can
+  // bring d down to a common level, d and e's helpers are levelled instead (water-filling): e.g.
+  // one hot expert split evenly over 1 + num GPUs.
+  int64_t helper_level(int e, int d, int num, int64_t target, int64_t rest_rows) const {
+    const int64_t at_target = std::min(fill(target, num), remaining(e));
+    if (at_target + rest_rows >= load_[d] - target) return target;
+    int64_t lo = 0, hi = load_[d];  // the smallest level at which the helpers take what d sheds
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (fill(mid, num) >= load_[d] - mid) hi = mid; else lo = mid + 1;
+    }
+    if (lo <= target || load_[d] - lo > remaining(e)) return target;
+    return lo;
+  }
+
+  // Rows of expert e that donor d gives helper h, which the level says should get `want`
+  // (0: no worthwhile slice).
+  int64_t slice_for(int e, int d, int h, int64_t want, int64_t target, int64_t cap, int64_t tol) const {
     const Knobs& k = ctx_.knobs;
-    const int64_t avail = remaining(e);
-    const int64_t excess = load_[d] - target, room = cap - load_[h];
-    if (room <= 0) return 0;
-    if (avail <= excess + tol && avail <= room) return avail;  // the whole rest of the expert
-    int64_t rows = std::min({avail, excess, std::max<int64_t>(target - load_[h], 1)});
+    const int64_t avail = remaining(e), room = cap - load_[h];
+    if (avail <= load_[d] - target + tol && avail <= room) return avail;  // the whole rest of e
+    int64_t rows = std::min({avail, want, load_[d] - target});
     if (rows < avail) {
       const int64_t aligned = rows - rows % k.slice_align_rows;
-      if (aligned >= k.min_slice_rows && load_[d] - aligned <= cap) rows = aligned;
+      if (aligned >= k.min_slice_rows && load_[d] - aligned <= std::max(cap, load_[d] - rows + tol)) {
+        rows = aligned;
+      }
     }
     if (rows < k.min_slice_rows) rows = std::min({k.min_slice_rows, avail, room});
     if (avail - rows < k.min_slice_rows && avail <= room) rows = avail;  // no sliver left at home
     return rows >= k.min_slice_rows || rows == avail ? rows : 0;
   }
 
-  int64_t remaining(int e) const { return (*rows_)[e] - moved_[e]; }
-
   void spill_expert(int e, int d, int first, int n, int64_t target, int64_t cap, int64_t tol,
-                    Plan& out) {
+                    int64_t rest_rows, Plan& out) {
     const Knobs& k = ctx_.knobs;
-    std::fill(holds_.begin() + first, holds_.begin() + first + n, 0);
+    // Receivers by room, most first (ties: lower index): the GPUs below the cap with a free
+    // guest slot (a donor already brought down to the target may receive from another donor).
+    receivers_.clear();
+    for (int h = first; h < first + n; ++h) {
+      if (h != d && guests_[h] < k.max_num_dyn && load_[h] < cap) receivers_.push_back(h);
+    }
+    std::stable_sort(receivers_.begin(), receivers_.end(),
+                     [&](int a, int b) { return load_[a] < load_[b]; });
+    const int num = static_cast<int>(std::min<int64_t>(receivers_.size(), k.max_helpers_per_expert));
+    const int64_t level = helper_level(e, d, num, target, rest_rows);
     int helpers = 0;
-    while (load_[d] > cap && remaining(e) > 0 && helpers < k.max_helpers_per_expert) {
-      // Receivers by room, most first (ties: lower index); take the first one that fits.
-      receivers_.clear();
-      for (int h = first; h < first + n; ++h) {
-        if (h != d && !holds_[h] && guests_[h] < k.max_num_dyn && load_[h] < cap) receivers_.push_back(h);
-      }
-      std::stable_sort(receivers_.begin(), receivers_.end(),
-                       [&](int a, int b) { return load_[a] < load_[b]; });
-      int chosen = -1;
-      int64_t rows = 0;
-      for (int h : receivers_) {
-        rows = slice_for(e, d, h, target, cap, tol);
-        if (rows == 0) continue;
-        const double t = copy_ms(rows);
-        if (k.window_check && (in_ms_[h] + t > budget_ms_[h] || out_ms_[d] + t > budget_ms_[h])) continue;
-        chosen = h;
-        break;
-      }
-      if (chosen < 0) return;
+    for (size_t i = 0; i < receivers_.size() && helpers < k.max_helpers_per_expert; ++i) {
+      if (load_[d] <= cap || remaining(e) == 0) return;
+      const int h = receivers_[i];
+      const int64_t want = level - load_[h];
+      const int64_t rows = slice_for(e, d, h, want, target, cap, tol);
+      if (rows == 0) continue;
       const double t = copy_ms(rows);
-      in_ms_[chosen] += t;
-      out_ms_[d] += t;
+      if (k.copy_timing) {
+        if (!copy_fits(e, d, h, rows, t)) continue;
+        home_ms_[d] += ctx_.cost->expert_ms(remaining(e) - rows) - ctx_.cost->expert_ms(remaining(e));
+        guest_ms_[h] += ctx_.cost->expert_ms(rows);
+      }
+      in_ms_[h] = std::max(in_ms_[h], out_ms_[d]) + t;
+      out_ms_[d] = in_ms_[h];
       load_[d] -= rows;
-      load_[chosen] += rows;
+      load_[h] += rows;
       moved_[e] += rows;
-      ++guests_[chosen];
-      holds_[chosen] = 1;
+      ++guests_[h];
       ++helpers;
-      out.add_migration(e, d, chosen, rows, ctx_.shape);
+      out.add_migration(e, d, h, rows, ctx_.shape);
     }
   }
 
@@ -161,8 +202,8 @@ class FeplbPlanner final : public Planner {
   const std::vector<int64_t>* rows_ = nullptr;  // this step's expert_counts
   std::vector<int64_t> load_, moved_;
   std::vector<int64_t> guests_;
-  std::vector<double> in_ms_, out_ms_, budget_ms_;
-  std::vector<uint8_t> holds_;
+  std::vector<double> in_ms_, out_ms_;     // [num_ranks] when the links' queued copies end
+  std::vector<double> home_ms_, guest_ms_;  // [num_ranks] modelled GEMM time, own and guest
   std::vector<int> candidates_, order_, donors_, receivers_;
   int num_candidates_ = 0;
 };

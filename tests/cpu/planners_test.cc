@@ -1,0 +1,303 @@
+// Planner invariants for every policy (validate() on varied and extreme inputs, determinism,
+// the oracle floor), and the specific rules of feplb-paper, fastermoe, oracle and feplb.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "feplb/core/metrics.h"
+#include "test_util.h"
+
+namespace feplb {
+namespace {
+
+using testing::Bench;
+using testing::random_step;
+using testing::rows_per_gpu;
+using testing::step_from;
+
+struct Shape {
+  int ranks, gpus_per_node, experts, top_k;
+  int64_t tokens;
+};
+const Shape kShapes[] = {
+    {1, 8, 16, 2, 64},     {2, 8, 128, 8, 512},  {4, 8, 128, 8, 1024}, {8, 8, 128, 8, 4096},
+    {8, 8, 64, 8, 777},    {8, 4, 32, 2, 300},   {16, 8, 128, 8, 1024}, {8, 8, 8, 2, 1000},
+};
+
+int64_t max_of(const std::vector<int64_t>& v) { return *std::max_element(v.begin(), v.end()); }
+
+TEST(Planners, EveryPlanValidatesOnVariedInputs) {
+  for (const Shape& sh : kShapes) {
+    Bench b(sh.ranks, sh.gpus_per_node, sh.experts);
+    for (const std::string& name : planner_names()) {
+      auto planner = b.make(name);
+      Plan plan;
+      for (uint64_t seed = 1; seed <= 6; ++seed) {
+        const double skew = 1.0 + static_cast<double>(seed) * 0.8;
+        const RoutingStep s = random_step(sh.ranks, sh.experts, sh.top_k, sh.tokens,
+                                          std::min(skew, sh.experts / 1.01), seed);
+        planner->plan(s, plan);
+        EXPECT_NO_THROW(validate(plan, b.topo, s, b.shape, planner->limits()))
+            << name << " EP=" << sh.ranks << " E=" << sh.experts << " seed " << seed;
+        planner->observe(s);
+      }
+    }
+  }
+}
+
+TEST(Planners, ZeroTokensGiveAnEmptyValidPlan) {
+  Bench b(8, 8, 128);
+  const RoutingStep s = step_from(std::vector<std::vector<int64_t>>(8, std::vector<int64_t>(128, 0)));
+  for (const std::string& name : planner_names()) {
+    auto planner = b.make(name);
+    Plan plan;
+    planner->plan(s, plan);
+    EXPECT_NO_THROW(validate(plan, b.topo, s, b.shape, planner->limits())) << name;
+    EXPECT_TRUE(plan.slices.empty()) << name;
+    EXPECT_TRUE(plan.copies.empty()) << name;
+  }
+}
+
+// Every token of every rank goes to expert 5 (top-1): one hot expert holds all the load.
+TEST(Planners, OneHotExpert) {
+  Bench b(8, 8, 128);
+  std::vector<std::vector<int64_t>> counts(8, std::vector<int64_t>(128, 0));
+  for (auto& row : counts) row[5] = 4096;
+  const RoutingStep s = step_from(counts);
+  for (const std::string& name : planner_names()) {
+    auto planner = b.make(name);
+    Plan plan;
+    planner->plan(s, plan);
+    EXPECT_NO_THROW(validate(plan, b.topo, s, b.shape, planner->limits())) << name;
+  }
+  // The oracle spreads the one expert evenly; feplb without the copy-time check levels it over
+  // 1 + max helpers.
+  Plan plan;
+  b.make("oracle")->plan(s, plan);
+  EXPECT_EQ(max_of(rows_per_gpu(plan, 8)), 4096);
+  Knobs k;
+  k.copy_timing = 0;
+  Bench untimed(8, 8, 128, k);
+  untimed.make("feplb")->plan(s, plan);
+  EXPECT_EQ(max_of(rows_per_gpu(plan, 8)), 8 * 4096 / (1 + k.max_helpers_per_expert));
+  // With hidden copies only, nothing moves: the helpers have no work of their own to hide a
+  // copy behind. Allowing exposed copies, feplb moves what still finishes before the owner:
+  // fewer rows than the untimed split, but a faster layer than static, copies included.
+  Knobs hidden_only;
+  hidden_only.copy_timing = 1;
+  Bench hidden(8, 8, 128, hidden_only);
+  hidden.make("feplb")->plan(s, plan);
+  EXPECT_TRUE(plan.copies.empty());
+  Knobs exposed;
+  exposed.copy_timing = 2;
+  Bench timed(8, 8, 128, exposed);
+  timed.make("feplb")->plan(s, plan);
+  const StepMetrics m = measure_plan(plan, timed.topo, *timed.cost, exposed, exposed.planner_budget_us);
+  b.make("static")->plan(s, plan);
+  const StepMetrics none = measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0);
+  EXPECT_LT(m.gemm_max_ms + m.copy_exposed_ms, 0.8 * none.gemm_max_ms);
+  EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0) << "exposed copies never delay the slowest GPU";
+}
+
+TEST(Planners, SameInputsGiveIdenticalPlanBytes) {
+  Bench b(8, 8, 128);
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 8; ++seed) steps.push_back(random_step(8, 128, 8, 4096, 3.0, seed));
+  for (const std::string& name : planner_names()) {
+    auto p1 = b.make(name), p2 = b.make(name);
+    Plan a, c;
+    for (const RoutingStep& s : steps) {
+      p1->plan(s, a);
+      p2->plan(s, c);
+      ASSERT_EQ(serialize(a), serialize(c)) << name;
+      p1->plan(s, c);  // planning again without observe() changes nothing
+      ASSERT_EQ(serialize(a), serialize(c)) << name;
+      p1->observe(s);
+      p2->observe(s);
+    }
+  }
+}
+
+TEST(Planners, OracleReachesTheFloorAndNoInDomainPolicyBeatsIt) {
+  for (const Shape& sh : kShapes) {
+    Bench b(sh.ranks, sh.gpus_per_node, sh.experts);
+    for (uint64_t seed = 1; seed <= 5; ++seed) {
+      const RoutingStep s = random_step(sh.ranks, sh.experts, sh.top_k, sh.tokens, 3.0, seed);
+      Plan plan;
+      b.make("oracle")->plan(s, plan);
+      const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0);
+      EXPECT_DOUBLE_EQ(m.token_straggler, oracle_token_straggler(b.topo, s.expert_counts));
+      for (const char* name : {"static", "feplb-paper", "feplb"}) {
+        b.make(name)->plan(s, plan);
+        EXPECT_GE(measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0).token_straggler + 1e-9,
+                  m.token_straggler)
+            << name;
+      }
+    }
+  }
+}
+
+TEST(Planners, StaticMovesNothing) {
+  Bench b(8, 8, 128);
+  const RoutingStep s = random_step(8, 128, 8, 4096, 4.0, 3);
+  Plan plan;
+  b.make("static")->plan(s, plan);
+  EXPECT_TRUE(plan.copies.empty());
+  for (const Slice& sl : plan.slices) EXPECT_EQ(sl.gpu, b.topo.home(sl.expert));
+}
+
+// EP=2, 4 experts per GPU, dyn=2. GPU 0: experts 0..3 = 500, 400, 300, 100 (1300);
+// GPU 1: 4..7 = 50 each (200). Before any history the dynamic set is the first two local experts.
+TEST(FeplbPaper, GreedyMovesWholeBusiestDynamicExpertsWhileTheMaxDrops) {
+  Knobs k;
+  k.dyn = 2;
+  k.tau = 0;
+  Bench b(2, 8, 8, k);
+  const RoutingStep s = step_from({{250, 200, 150, 50, 25, 25, 25, 25}, {250, 200, 150, 50, 25, 25, 25, 25}});
+  Plan plan;
+  b.make("feplb-paper")->plan(s, plan);
+  // Move 0 (500): loads 800 / 700. Next busiest dynamic expert of GPU 0 is 1 (400): 700+400 > 800,
+  // so it is skipped; nothing else is dynamic: stop.
+  EXPECT_EQ(rows_per_gpu(plan, 2), (std::vector<int64_t>{800, 700}));
+  ASSERT_EQ(plan.copies.size(), 3u);
+  EXPECT_EQ(plan.copies[0].kind, CopyKind::kWeights);
+  EXPECT_EQ(plan.copies[0].expert, 0);
+  EXPECT_EQ(plan.copies[1].rows, 500);
+  EXPECT_EQ(plan.dynamic, (std::vector<uint8_t>{1, 1, 0, 0, 1, 1, 0, 0}));
+}
+
+TEST(FeplbPaper, TauStopsSmallExpertsAndHistoryPicksTheDynamicSet) {
+  Knobs k;
+  k.dyn = 1;
+  k.tau = 600;
+  Bench b(2, 8, 8, k);
+  const RoutingStep s = step_from({{250, 200, 150, 50, 25, 25, 25, 25}, {250, 200, 150, 50, 25, 25, 25, 25}});
+  auto planner = b.make("feplb-paper");
+  Plan plan;
+  planner->plan(s, plan);
+  EXPECT_TRUE(plan.copies.empty()) << "expert 0 has 500 rows < tau 600";
+  // History where expert 2 dominates on GPU 0 makes it GPU 0's dynamic expert.
+  planner->observe(step_from({{0, 0, 900, 0, 0, 0, 0, 100}, {0, 0, 900, 0, 0, 0, 0, 100}}));
+  planner->plan(s, plan);
+  EXPECT_EQ(plan.dynamic, (std::vector<uint8_t>{0, 0, 1, 0, 0, 0, 0, 1}));
+}
+
+TEST(FeplbPaper, GuestSlotsAndOneMoveEachAreRespected) {
+  Knobs k;
+  k.dyn = 16;
+  k.max_num_dyn = 1;
+  k.tau = 0;
+  Bench b(8, 8, 128, k);
+  const RoutingStep s = random_step(8, 128, 8, 4096, 6.0, 11);
+  Plan plan;
+  auto planner = b.make("feplb-paper");
+  planner->plan(s, plan);
+  validate(plan, b.topo, s, b.shape, planner->limits());  // max 1 guest per GPU
+  std::vector<int> moves(128, 0);
+  for (const Copy& c : plan.copies) moves[c.expert] += c.kind == CopyKind::kWeights;
+  EXPECT_LE(*std::max_element(moves.begin(), moves.end()), 1);
+  EXPECT_GT(std::accumulate(moves.begin(), moves.end(), 0), 0);
+}
+
+// FasterMoE's rule on a hand example: per-token cost c = 3 comp + 4 feat, weights cost m.
+// Shadowing the k hottest pays while c * B[k] + k m < c * B[0].
+TEST(FasterMoe, ShadowsTheLongestProfitablePrefixAndBroadcasts) {
+  Knobs k;
+  Bench b(4, 8, 8, k);
+  const double bw = k.copy_gbps * 1e9;
+  const double c = 3 * b.shape.flops_per_row() / (k.gemm_peak_tflops * 1e12) +
+                   4 * static_cast<double>(b.shape.row_bytes()) / bw;
+  const double m = static_cast<double>(b.shape.weight_bytes()) / bw;
+  const double rows_per_model = m / c;  // rows one weight broadcast is worth
+  // Expert totals: 0: 4R, 1: 2.5R, 2: 1.2R... chosen so that two shadows pay and a third does not.
+  const int64_t R = static_cast<int64_t>(rows_per_model);
+  std::vector<int64_t> total = {4 * R, 3 * R / 2 + 10, R, R, 10, 10, 10, 10};
+  // Split every expert's rows evenly over the 4 source ranks.
+  std::vector<std::vector<int64_t>> counts(4, std::vector<int64_t>(8, 0));
+  for (int e = 0; e < 8; ++e) {
+    for (int r = 0; r < 4; ++r) counts[r][e] = total[e] / 4 + (r < total[e] % 4 ? 1 : 0);
+  }
+  const RoutingStep s = step_from(counts);
+  // k=1: c*1.5R + m = 2.5 m < 4 m. k=2: c*R + 2m = 3 m < 2.5 m? no -> stop at k = 1.
+  Plan plan;
+  auto planner = b.make("fastermoe");
+  planner->plan(s, plan);
+  validate(plan, b.topo, s, b.shape, planner->limits());
+  EXPECT_EQ(plan.dynamic, (std::vector<uint8_t>{1, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(plan.weight_bytes(), 3 * b.shape.weight_bytes());  // broadcast to the 3 other GPUs
+  EXPECT_EQ(plan.token_bytes(), 0);                            // shadow rows never move
+  // Each source computes its own rows of expert 0.
+  for (const Slice& sl : plan.slices) {
+    if (sl.expert == 0) {
+      EXPECT_EQ(sl.rows, counts[sl.gpu][0]);
+    }
+  }
+}
+
+TEST(Feplb, BalancesWithinToleranceUsingBoundedSlices) {
+  Bench b(8, 8, 128);
+  int balanced = 0, total = 0;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    const RoutingStep s = random_step(8, 128, 8, 4096, 4.0, seed);
+    Plan plan;
+    auto planner = b.make("feplb");
+    planner->plan(s, plan);
+    validate(plan, b.topo, s, b.shape, planner->limits());
+    const auto rows = rows_per_gpu(plan, 8);
+    const double mean = static_cast<double>(std::accumulate(rows.begin(), rows.end(), int64_t{0})) / 8;
+    balanced += static_cast<double>(max_of(rows)) <= std::ceil(mean) + b.knobs.balance_tolerance * mean + 1;
+    ++total;
+    // Slices sent to helpers are at least min_slice_rows unless they carry a whole expert.
+    std::vector<int> helpers(128, 0);
+    for (const Slice& sl : plan.slices) {
+      if (sl.gpu == b.topo.home(sl.expert)) continue;
+      ++helpers[sl.expert];
+      EXPECT_TRUE(sl.rows >= b.knobs.min_slice_rows || sl.rows == s.expert_counts[sl.expert]);
+      EXPECT_TRUE(plan.dynamic[sl.expert]) << "only dynamic candidates move";
+    }
+    EXPECT_LE(*std::max_element(helpers.begin(), helpers.end()), b.knobs.max_helpers_per_expert);
+    EXPECT_EQ(std::accumulate(plan.dynamic.begin(), plan.dynamic.end(), 0), 8 * b.knobs.dyn);
+  }
+  EXPECT_GE(balanced, total * 9 / 10) << "feplb should reach the tolerance on most steps";
+}
+
+TEST(Feplb, NeverMovesAcrossNodes) {
+  Bench b(16, 8, 128);
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    const RoutingStep s = random_step(16, 128, 8, 4096, 5.0, seed);
+    Plan plan;
+    b.make("feplb")->plan(s, plan);
+    for (const Copy& c : plan.copies) EXPECT_TRUE(b.topo.same_domain(c.src_gpu, c.dst_gpu));
+  }
+}
+
+TEST(Feplb, HiddenCopyTimingKeepsCopiesInsideTheWindow) {
+  Knobs k;
+  k.copy_timing = 1;
+  Bench b(8, 8, 128, k);
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    const RoutingStep s = random_step(8, 128, 8, 4096, 6.0, seed);
+    Plan plan;
+    b.make("feplb")->plan(s, plan);
+    // The planner reserves planner_budget_us; measure with that planner time.
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, b.knobs.planner_budget_us);
+    EXPECT_TRUE(m.fits_static_window) << "seed " << seed << " slack " << m.window_slack_ms;
+    EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0);
+  }
+}
+
+TEST(Feplb, ExposedCopiesNeverDelayTheSlowestGpu) {
+  Bench b(8, 8, 128);  // default copy_timing = 2
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    const RoutingStep s = random_step(8, 128, 8, 4096, 12.0, seed);
+    Plan plan;
+    b.make("feplb")->plan(s, plan);
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, b.knobs.planner_budget_us);
+    EXPECT_LE(m.copy_exposed_ms, 1e-9) << "seed " << seed;
+  }
+}
+
+}  // namespace
+}  // namespace feplb

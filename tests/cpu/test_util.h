@@ -1,0 +1,62 @@
+// Helpers shared by the CPU tests: small routing steps and planner contexts.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "feplb/core/cost_model.h"
+#include "feplb/core/planners/planner.h"
+#include "feplb/core/prior.h"
+#include "feplb/core/workload.h"
+
+namespace feplb::testing {
+
+inline ExpertShape glm5() { return ExpertShape{6144, 2048, 2}; }
+
+// A step from explicit per-source counts ([R][E]).
+inline RoutingStep step_from(const std::vector<std::vector<int64_t>>& counts, int64_t layer = 0) {
+  RoutingStep s(0, layer, static_cast<int>(counts.size()), static_cast<int>(counts[0].size()));
+  for (size_t r = 0; r < counts.size(); ++r) {
+    for (size_t e = 0; e < counts[r].size(); ++e) s.at(static_cast<int>(r), static_cast<int>(e)) = counts[r][e];
+  }
+  s.sum_experts();
+  return s;
+}
+
+// Owns a cost model and builds planners over one topology.
+struct Bench {
+  Bench(int ranks, int gpus_per_node, int experts, Knobs k = {}, ExpertShape s = glm5())
+      : topo(Topology::contiguous(ranks, gpus_per_node, experts)),
+        shape(s),
+        knobs(k),
+        cost(std::make_unique<RooflineCostModel>(s, k)) {}
+  std::unique_ptr<Planner> make(const std::string& name) const {
+    return make_planner(name, PlannerContext{topo, shape, knobs, cost.get()});
+  }
+  Topology topo;
+  ExpertShape shape;
+  Knobs knobs;
+  std::unique_ptr<RooflineCostModel> cost;
+};
+
+// A realistic step: lognormal popularity with the given skew, drawn by the generator.
+inline RoutingStep random_step(int ranks, int experts, int top_k, int64_t tokens, double skew,
+                               uint64_t seed, double concentration = 300) {
+  const Prior p = lognormal_prior(experts, skew, 1, seed);
+  WorkloadSpec spec;
+  spec.num_ranks = ranks;
+  spec.top_k = top_k;
+  spec.tokens_per_rank = tokens;
+  spec.seq_len = std::max<int64_t>(1, tokens / 2);
+  spec.concentration = concentration;
+  spec.seed = seed;
+  return generate_step(p.popularity[0], spec, static_cast<int64_t>(seed), 0);
+}
+
+inline std::vector<int64_t> rows_per_gpu(const Plan& plan, int ranks) {
+  std::vector<int64_t> rows(static_cast<size_t>(ranks), 0);
+  for (const Slice& s : plan.slices) rows[s.gpu] += s.rows;
+  return rows;
+}
+
+}  // namespace feplb::testing
