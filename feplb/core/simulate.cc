@@ -22,7 +22,9 @@ double time_plan_us(Planner& planner, const RoutingStep& step, Plan& plan, int64
   return quantile_of(std::move(us), 0.5);
 }
 
-PolicySummary summarise(const std::vector<StepMetrics>& steps) {
+}  // namespace
+
+PolicySummary summarise_steps(const std::vector<StepMetrics>& steps) {
   auto column = [&](auto field) {
     std::vector<double> v;
     v.reserve(steps.size());
@@ -60,7 +62,14 @@ PolicySummary summarise(const std::vector<StepMetrics>& steps) {
   return s;
 }
 
-}  // namespace
+void apply_reductions(std::vector<PolicySummary*> summaries, const PolicySummary& base) {
+  for (PolicySummary* s : summaries) {
+    s->token_straggler_reduction =
+        base.token_straggler > 0 ? 1.0 - s->token_straggler / base.token_straggler : 0.0;
+    s->gemm_straggler_reduction =
+        base.gemm_straggler_ms > 0 ? 1.0 - s->gemm_straggler_ms / base.gemm_straggler_ms : 0.0;
+  }
+}
 
 const PolicyResult* SimulationResult::find(const std::string& name) const {
   for (const PolicyResult& p : policies) {
@@ -108,16 +117,13 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
       planner.observe(step);
       if (progress) progress(++done, total);
     }
-    pr.summary = summarise(pr.steps);
+    pr.summary = summarise_steps(pr.steps);
     result.policies.push_back(std::move(pr));
   }
   const PolicySummary base = result.find("static")->summary;
-  for (PolicyResult& pr : result.policies) {
-    PolicySummary& s = pr.summary;
-    s.token_straggler_reduction = base.token_straggler > 0 ? 1.0 - s.token_straggler / base.token_straggler : 0.0;
-    s.gemm_straggler_reduction =
-        base.gemm_straggler_ms > 0 ? 1.0 - s.gemm_straggler_ms / base.gemm_straggler_ms : 0.0;
-  }
+  std::vector<PolicySummary*> all;
+  for (PolicyResult& pr : result.policies) all.push_back(&pr.summary);
+  apply_reductions(all, base);
   return result;
 }
 

@@ -58,6 +58,11 @@ struct SimulationResult {
   const PolicyResult* find(const std::string& name) const;
 };
 
+// Aggregates per-step metrics (reductions left at 0; see apply_reductions).
+PolicySummary summarise_steps(const std::vector<StepMetrics>& steps);
+// Fills token/gemm_straggler_reduction of every summary against `base` (static's).
+void apply_reductions(std::vector<PolicySummary*> summaries, const PolicySummary& base);
+
 // Throws InputError on an impossible configuration (unknown policy, topology mismatch).
 SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
                           const Progress& progress = {});

@@ -46,5 +46,6 @@ void add_simulate_command(CLI::App& app);
 void add_trace_commands(CLI::App& app);
 void add_knobs_command(CLI::App& app);
 void add_devices_command(CLI::App& app);
+void add_report_command(CLI::App& app);
 
 }  // namespace feplb::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   feplb::cli::add_trace_commands(app);
   feplb::cli::add_knobs_command(app);
   feplb::cli::add_devices_command(app);
+  feplb::cli::add_report_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

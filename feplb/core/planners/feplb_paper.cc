@@ -1,9 +1,10 @@
 // feplb-paper: the scheduler of the FEPLB paper (arXiv 2604.19654), as FEPLB.md §2 describes it.
 //
-// Each GPU has `dyn` dynamic experts. The paper does not say how they are chosen; here they are
-// the `dyn` local experts with the most rows in the steps this planner has observed so far for the
-// same layer (a walk-forward stand-in for the paper's history-based "Router Predictor"; the
-// lowest-numbered local experts before any history). Per NVLink domain, greedily:
+// Each GPU has `dyn` dynamic experts. The paper does not say how they are chosen; by default
+// (paper_dyn_set = 0) they are the `dyn` local experts with the most rows in the steps this
+// planner has observed so far for the same layer (a walk-forward stand-in for the paper's
+// history-based "Router Predictor"; the lowest-numbered local experts before any history). With
+// paper_dyn_set = 1 they are always the lowest-numbered local experts. Per NVLink domain, greedily:
 //   d_max = most loaded GPU; e = its busiest dynamic expert not yet moved;
 //   stop if rows(e) < tau;  d_min = least loaded GPU with a free guest slot;
 //   move all of e (weights + rows) d_max -> d_min if that lowers the pair's max, else skip e;
@@ -81,7 +82,7 @@ class FeplbPaperPlanner final : public Planner {
     for (int g = 0; g < topo.num_ranks(); ++g) {
       auto local = topo.local_experts(g);
       order_.assign(local.begin(), local.end());
-      if (it != history_.end()) {
+      if (it != history_.end() && ctx_.knobs.paper_dyn_set == 0) {
         const auto& h = it->second;
         std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return h[a] > h[b]; });
       }
