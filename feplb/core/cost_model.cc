@@ -37,7 +37,7 @@ double RooflineCostModel::gemm_ms(int64_t m, int64_t n, int64_t k) const {
     const double tile_s = 2.0 * static_cast<double>(t.m * t.n) * static_cast<double>(k) / per_sm_flops;
     compute_s = std::min(compute_s, static_cast<double>(waves) * tile_s);
   }
-  const double bytes = static_cast<double>((m * k + k * n + m * n) * shape_.dtype_bytes);
+  const double bytes = static_cast<double>((m * k + k * n + m * n) * shape_.dtype_bytes());
   const double memory_s = bytes / hbm_bytes_per_s_;
   return std::max(compute_s, memory_s) * 1e3 + launch_ms_;
 }
@@ -48,7 +48,7 @@ double RooflineCostModel::expert_ms(int64_t rows) const {
   const int64_t H = shape_.hidden, F = shape_.ffn;
   // SwiGLU reads [rows, 2F] and writes [rows, F]: memory-bound elementwise kernel.
   const double act_ms =
-      static_cast<double>(rows * 3 * F * shape_.dtype_bytes) / hbm_bytes_per_s_ * 1e3 + launch_ms_;
+      static_cast<double>(rows * 3 * F * shape_.dtype_bytes()) / hbm_bytes_per_s_ * 1e3 + launch_ms_;
   const double ms = gemm_ms(rows, 2 * F, H) + act_ms + gemm_ms(rows, H, F);
   if (rows < kCachedRows) cache_[rows] = ms;
   return ms;

@@ -16,10 +16,10 @@ struct Preset {
 
 // Shapes from FEPLB.md §5 and the models' public configs.
 constexpr std::array<Preset, 4> kPresets{{
-    {"glm5", {6144, 2048, 2}},
-    {"qwen3-235b", {4096, 1536, 2}},
-    {"olmoe", {2048, 1024, 2}},
-    {"mixtral-8x7b", {4096, 14336, 2}},
+    {"glm5", {6144, 2048, Dtype::kBf16}},
+    {"qwen3-235b", {4096, 1536, Dtype::kBf16}},
+    {"olmoe", {2048, 1024, Dtype::kBf16}},
+    {"mixtral-8x7b", {4096, 14336, Dtype::kBf16}},
 }};
 
 std::string lower(std::string_view s) {
@@ -33,7 +33,7 @@ std::string lower(std::string_view s) {
 
 std::string ExpertShape::describe() const {
   return fmt::format("H={} F={} SwiGLU {} ({:.1f} MiB per expert)", hidden, ffn,
-                     dtype_name(dtype_bytes), static_cast<double>(weight_bytes()) / (1 << 20));
+                     dtype_name(dtype), static_cast<double>(weight_bytes()) / (1 << 20));
 }
 
 std::optional<ExpertShape> shape_for_model(std::string_view model) {
@@ -44,20 +44,32 @@ std::optional<ExpertShape> shape_for_model(std::string_view model) {
   return std::nullopt;
 }
 
-int64_t dtype_bytes_of(std::string_view dtype) {
-  if (dtype == "bf16" || dtype == "fp16") return 2;
-  if (dtype == "fp8") return 1;
-  if (dtype == "fp32") return 4;
-  throw InputError(fmt::format("dtype: '{}' is not one of bf16, fp16, fp8, fp32", dtype));
+int64_t ExpertShape::dtype_bytes() const {
+  switch (dtype) {
+    case Dtype::kFp8: return 1;
+    case Dtype::kFp32: return 4;
+    case Dtype::kBf16:
+    case Dtype::kFp16: return 2;
+  }
+  return 2;
 }
 
-std::string_view dtype_name(int64_t dtype_bytes) {
-  switch (dtype_bytes) {
-    case 1: return "fp8";
-    case 2: return "bf16";
-    case 4: return "fp32";
-    default: return "?";
+Dtype parse_dtype(std::string_view name, std::string_view field) {
+  if (name == "bf16") return Dtype::kBf16;
+  if (name == "fp16") return Dtype::kFp16;
+  if (name == "fp8") return Dtype::kFp8;
+  if (name == "fp32") return Dtype::kFp32;
+  throw InputError(fmt::format("{}: '{}' is not one of bf16, fp16, fp8, fp32", field, name));
+}
+
+std::string_view dtype_name(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kBf16: return "bf16";
+    case Dtype::kFp16: return "fp16";
+    case Dtype::kFp8: return "fp8";
+    case Dtype::kFp32: return "fp32";
   }
+  return "?";
 }
 
 }  // namespace feplb

@@ -9,13 +9,16 @@
 
 namespace feplb {
 
-struct ExpertShape {
-  int64_t hidden = 0;       // H
-  int64_t ffn = 0;          // F (per-expert intermediate size)
-  int64_t dtype_bytes = 2;  // bf16
+enum class Dtype : uint8_t { kBf16, kFp16, kFp8, kFp32 };
 
-  int64_t weight_bytes() const { return 3 * hidden * ffn * dtype_bytes; }
-  int64_t row_bytes() const { return hidden * dtype_bytes; }
+struct ExpertShape {
+  int64_t hidden = 0;  // H
+  int64_t ffn = 0;     // F (per-expert intermediate size)
+  Dtype dtype = Dtype::kBf16;
+
+  int64_t dtype_bytes() const;
+  int64_t weight_bytes() const { return 3 * hidden * ffn * dtype_bytes(); }
+  int64_t row_bytes() const { return hidden * dtype_bytes(); }
   // Forward FLOPs of one token-expert row: gate+up (2*H*2F) and down (2*F*H).
   double flops_per_row() const { return 6.0 * static_cast<double>(hidden) * static_cast<double>(ffn); }
   std::string describe() const;
@@ -25,8 +28,8 @@ struct ExpertShape {
 // case-insensitively as a prefix of `model`; nullopt when unknown.
 std::optional<ExpertShape> shape_for_model(std::string_view model);
 
-// Parses "bf16", "fp16", "fp8" or "fp32" into bytes; throws InputError otherwise.
-int64_t dtype_bytes_of(std::string_view dtype);
-std::string_view dtype_name(int64_t dtype_bytes);
+// Parses "bf16", "fp16", "fp8" or "fp32"; throws InputError naming `field` otherwise.
+Dtype parse_dtype(std::string_view name, std::string_view field);
+std::string_view dtype_name(Dtype dtype);
 
 }  // namespace feplb

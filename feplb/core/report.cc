@@ -76,7 +76,7 @@ std::string format_json(const SimulationResult& r) {
       {"gpus_per_node", c.gpus_per_node},
       {"nvlink_domains", r.topo.num_domains()},
       {"expert_shape", {{"hidden", c.shape.hidden}, {"ffn", c.shape.ffn},
-                        {"dtype", dtype_name(c.shape.dtype_bytes)},
+                        {"dtype", dtype_name(c.shape.dtype)},
                         {"weight_bytes", c.shape.weight_bytes()}}},
       {"cost_model", "roofline"},
       {"policies", c.policies},

@@ -11,7 +11,8 @@
 namespace feplb {
 namespace {
 
-using json = nlohmann::json;
+// Ordered: objects keep the file's key order (the "generator" object is written back as read).
+using json = nlohmann::ordered_json;
 
 // Limits that keep a malformed or hostile file from asking for absurd memory.
 constexpr int64_t kMaxRanks = 1 << 14;
@@ -31,8 +32,8 @@ const json& member(const json& obj, const char* key, std::string_view where) {
 
 // An integer in [lo, hi]; `field` names it in the error.
 int64_t int_in(const json& v, std::string_view field, int64_t lo, int64_t hi) {
-  FEPLB_REQUIRE_INPUT(v.is_number_integer(), "{}: expected an integer, got {} {}", field,
-                      type_of(v), v.is_number() ? v.dump() : std::string());
+  FEPLB_REQUIRE_INPUT(v.is_number_integer(), "{}: expected an integer, got {}{}", field,
+                      type_of(v), v.is_number() ? " " + v.dump() : std::string());
   FEPLB_REQUIRE_INPUT(!(v.is_number_unsigned() &&
                         v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())),
                       "{}: {} is too large", field, v.dump());
@@ -49,7 +50,7 @@ std::optional<ExpertShape> parse_shape(const json& v) {
   if (auto it = v.find("dtype"); it != v.end()) {
     FEPLB_REQUIRE_INPUT(it->is_string(), "expert_shape.dtype: expected a string, got {}",
                         type_of(*it));
-    s.dtype_bytes = dtype_bytes_of(it->get<std::string>());
+    s.dtype = parse_dtype(it->get<std::string>(), "expert_shape.dtype");
   }
   return s;
 }
@@ -141,7 +142,7 @@ Trace parse_trace(std::string_view text) {
   FEPLB_REQUIRE_INPUT(steps.is_array(), "steps: expected an array, got {}", type_of(steps));
   FEPLB_REQUIRE_INPUT(!steps.empty(), "steps: empty; a trace needs at least one step");
   std::set<std::pair<int64_t, int64_t>> seen;
-  t.steps.reserve(steps.size());
+  t.steps.reserve(std::min<size_t>(steps.size(), 4096));
   for (size_t i = 0; i < steps.size(); ++i) {
     RoutingStep s = parse_step(steps[i], i, t);
     FEPLB_REQUIRE_INPUT(seen.emplace(s.step, s.layer).second,
@@ -171,7 +172,7 @@ std::string format_trace(const Trace& t) {
   if (t.expert_shape) {
     head["expert_shape"] = {{"hidden", t.expert_shape->hidden},
                             {"ffn", t.expert_shape->ffn},
-                            {"dtype", dtype_name(t.expert_shape->dtype_bytes)}};
+                            {"dtype", dtype_name(t.expert_shape->dtype)}};
   }
   if (!t.generator_json.empty()) head["generator"] = nlohmann::ordered_json::parse(t.generator_json);
   // The header as one JSON object, then "steps" with one step per line (diff-friendly).

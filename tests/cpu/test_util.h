@@ -11,7 +11,7 @@
 
 namespace feplb::testing {
 
-inline ExpertShape glm5() { return ExpertShape{6144, 2048, 2}; }
+inline ExpertShape glm5() { return ExpertShape{6144, 2048, Dtype::kBf16}; }
 
 // A step from explicit per-source counts ([R][E]).
 inline RoutingStep step_from(const std::vector<std::vector<int64_t>>& counts, int64_t layer = 0) {

@@ -39,7 +39,7 @@ ExpertShape resolve_shape(const ShapeFlags& f, const Trace* trace, const std::st
   }
   if (f.hidden) shape.hidden = f.hidden;
   if (f.ffn) shape.ffn = f.ffn;
-  if (!f.dtype.empty()) shape.dtype_bytes = dtype_bytes_of(f.dtype);
+  if (!f.dtype.empty()) shape.dtype = parse_dtype(f.dtype, "--dtype");
   FEPLB_REQUIRE_INPUT(f.hidden >= 0 && f.ffn >= 0, "--hidden/--ffn: must be positive");
   return shape;
 }

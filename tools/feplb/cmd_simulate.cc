@@ -64,6 +64,9 @@ void run_simulate(const SimulateOptions& o) {
   }
 
   const Trace trace = read_trace(path);
+  FEPLB_REQUIRE_INPUT(trace.num_ranks <= o.gpus_per_node || trace.num_ranks % o.gpus_per_node == 0,
+                      "--gpus-per-node: {} does not divide the trace's num_ranks {}", o.gpus_per_node,
+                      trace.num_ranks);
   SimulationConfig cfg;
   cfg.policies = policies;
   cfg.gpus_per_node = o.gpus_per_node;

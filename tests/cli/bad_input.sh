@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# End-to-end bad-input test of the feplb binary: every bad trace, flag or output path must exit 2
+# with one "feplb: error:" line naming the field, and never touch a file it may not write.
+set -uo pipefail
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 FEPLB_BINARY SCRATCH_DIR" >&2
+  exit 2
+fi
+bin=$(realpath "$1")
+scratch=$2
+[[ -x "$bin" ]] || { echo "bad_input: $bin is not an executable" >&2; exit 1; }
+rm -rf "$scratch"
+mkdir -p "$scratch"
+cd "$scratch" || exit 1
+
+failures=()
+checks=0
+
+fail() {
+  echo "FAIL [$1]: $2" >&2
+  failures+=("$1")
+}
+
+# Runs feplb with the given arguments (after --), saving stdout/stderr in case.out/case.err.
+run_feplb() {
+  local name=$1
+  shift
+  timeout 120 "$bin" "$@" >"$name.out" 2>"$name.err"
+}
+
+# expect_bad NAME "FIELD1|FIELD2|..." -- ARGS...: exit code exactly 2, stderr exactly one line that
+# starts with "feplb: error:" and contains every FIELD (fixed strings, separated by '|').
+expect_bad() {
+  local name=$1 fields=$2
+  shift 3
+  checks=$((checks + 1))
+  run_feplb "$name" "$@"
+  local rc=$?
+  if [[ $rc -ne 2 ]]; then
+    fail "$name" "exit code $rc, expected 2 (feplb $*); stderr: $(head -c 400 "$name.err")"
+    return
+  fi
+  local lines
+  lines=$(awk 'END { print NR }' "$name.err")
+  if [[ $lines -ne 1 ]]; then
+    fail "$name" "stderr has $lines lines, expected 1: $(head -c 400 "$name.err")"
+    return
+  fi
+  local line
+  line=$(head -n 1 "$name.err")
+  if [[ $line != "feplb: error:"* ]]; then
+    fail "$name" "stderr does not start with 'feplb: error:': $line"
+    return
+  fi
+  local field
+  IFS='|' read -ra wanted <<<"$fields"
+  for field in "${wanted[@]}"; do
+    if [[ $line != *"$field"* ]]; then
+      fail "$name" "message does not name '$field': $line"
+      return
+    fi
+  done
+}
+
+# expect_unchanged NAME FILE SUM: FILE still has sha256 SUM.
+expect_unchanged() {
+  local now
+  now=$(sha256sum "$2" 2>/dev/null | cut -d' ' -f1)
+  if [[ "$now" != "$3" ]]; then
+    fail "$1" "$2 was modified or removed"
+  fi
+}
+
+sum_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# --- Traces, written by hand: E=4 experts, R=2 ranks, S=2 tokens per rank, top-2 ------------
+
+shape='"expert_shape":{"hidden":64,"ffn":128,"dtype":"bf16"}'
+step0='{"step":0,"layer":0,"counts":[[2,1,1,0],[0,1,1,2]]}'
+
+# doc E TOP_K R S STEPS [EXTRA]: a trace document; EXTRA (default: the shape) ends the header.
+doc() {
+  printf '{"format":"feplb-trace-v1","model":"tiny","num_experts":%s,"top_k":%s,' "$1" "$2"
+  printf '"num_ranks":%s,"tokens_per_rank":%s,%s,"steps":[%s]}\n' "$3" "$4" "${6:-$shape}" "$5"
+}
+# trace STEP1: E=4, top-2, R=2, S=2 with two steps, the second of which (steps[1]) is STEP1.
+trace() { doc 4 2 2 2 "$step0,$1"; }
+
+trace '{"step":0,"layer":1,"counts":[[1,1,1,1],[2,0,0,2]]}' >valid.json
+printf '{"format":"feplb-trace-v1",' >malformed.json
+printf '[1,2,3]\n' >toplevel.json
+sed 's/feplb-trace-v1/feplb-trace-v2/' valid.json >format.json
+trace '{"step":0,"layer":1,"counts":[[1,1,1,1],[2,0,2]]}' >row_length.json
+trace '{"step":0,"layer":1,"counts":[[1,1,1,1]]}' >row_count.json
+trace '{"step":0,"layer":1,"counts":[[2,2,2,-2],[2,0,0,2]]}' >negative.json
+trace '{"step":0,"layer":1,"counts":[[1,1.5,0.5,1],[2,0,0,2]]}' >fraction.json
+trace '{"step":0,"layer":1,"counts":[[1,1,1,1],[2.0,0,0,2]]}' >float.json
+trace '{"step":0,"layer":1,"counts":[[1,"1",1,1],[2,0,0,2]]}' >string.json
+trace '{"step":0,"layer":1,"counts":[[1,1,1,1],[1e400,0,0,2]]}' >overflow.json
+trace '{"step":0,"layer":1,"counts":[[1,1,1,1],[3,1,0,0]]}' >above_s.json
+trace '{"step":0,"layer":1,"counts":[[1,1,1,1],[2,1,0,0]]}' >row_sum.json
+trace '{"step":0,"layer":0,"counts":[[1,1,1,1],[2,0,0,2]]}' >duplicate.json
+trace '7' >step_type.json
+doc 5 2 2 2 '{"step":0,"layer":0,"counts":[[2,2,0,0,0],[0,0,2,2,0]]}' >indivisible.json
+doc 4 5 2 2 "$step0" >top_k.json
+doc 4 2 2 2 '' >empty_steps.json
+doc 4 2 2 2 "$step0" '"expert_shape":{"hidden":0,"ffn":128}' >shape.json
+doc 4 2 2 0 '{"step":0,"layer":0,"counts":[[0,0,0,0],[0,0,0,0]]}' >zero_tokens.json
+# 100000 nested arrays in "generator": must be refused, not crash (stack overflow).
+nested=$(head -c 100000 /dev/zero | tr '\0' '[')$(head -c 100000 /dev/zero | tr '\0' ']')
+doc 4 2 2 2 "$step0" "$shape,\"generator\":{\"a\":$nested}" >deep.json
+# R=8 (E=8): fine with 4 or 8 GPUs per node, not with 3.
+row8='[2,2,0,0,0,0,0,0]'
+rows8=$(printf "$row8,%.0s" 1 2 3 4 5 6 7)$row8
+doc 8 2 8 2 "{\"step\":0,\"layer\":0,\"counts\":[$rows8]}" >r8.json
+mkdir -p a_directory
+printf '{"experts":4,"top_k":2,"layers":[0],"counts":[[1,2,3,4]]}\n' >prior.json
+
+sim=(simulate --quiet --trace)
+
+# --- Bad traces ------------------------------------------------------------------------------
+
+expect_bad missing_file "missing.json|no such file" -- "${sim[@]}" missing.json
+expect_bad directory "a_directory|directory" -- "${sim[@]}" a_directory
+expect_bad malformed "malformed.json|malformed JSON" -- "${sim[@]}" malformed.json
+expect_bad top_level "toplevel.json|object" -- "${sim[@]}" toplevel.json
+expect_bad format "format" -- "${sim[@]}" format.json
+expect_bad row_length "steps[1].counts[1]|3 entries" -- "${sim[@]}" row_length.json
+expect_bad row_count "steps[1].counts|1 rows" -- "${sim[@]}" row_count.json
+expect_bad negative_count "steps[1].counts[0][3]|-2" -- "${sim[@]}" negative.json
+expect_bad fraction_count "steps[1].counts[0][1]|integer" -- "${sim[@]}" fraction.json
+expect_bad float_count "steps[1].counts[1][0]|integer" -- "${sim[@]}" float.json
+expect_bad string_count "steps[1].counts[0][1]|integer" -- "${sim[@]}" string.json
+expect_bad overflow_count "overflow.json|1e400" -- "${sim[@]}" overflow.json
+expect_bad count_above_tokens "steps[1].counts[1][0]" -- "${sim[@]}" above_s.json
+expect_bad row_sum "steps[1].counts[1]|sums to 3" -- "${sim[@]}" row_sum.json
+expect_bad duplicate_step "steps[1]|twice" -- "${sim[@]}" duplicate.json
+expect_bad step_not_object "steps[1]|object" -- "${sim[@]}" step_type.json
+expect_bad indivisible "num_experts|divisible" -- "${sim[@]}" indivisible.json
+expect_bad top_k "top_k" -- "${sim[@]}" top_k.json
+expect_bad empty_steps "steps|empty" -- "${sim[@]}" empty_steps.json
+expect_bad expert_shape "expert_shape.hidden" -- "${sim[@]}" shape.json
+expect_bad deep_nesting "deep.json|nested" -- "${sim[@]}" deep.json
+expect_bad info_bad_trace "steps[1].counts[1]" -- trace info row_sum.json
+
+# --- Bad flags -------------------------------------------------------------------------------
+
+expect_bad gpus_per_node "--gpus-per-node" -- "${sim[@]}" r8.json --gpus-per-node 3
+expect_bad gpus_per_node_zero "--gpus-per-node" -- "${sim[@]}" valid.json --gpus-per-node 0
+expect_bad unknown_policy "--policies|bogus" -- "${sim[@]}" valid.json --policies static,bogus
+expect_bad unknown_flag "--bogus" -- "${sim[@]}" valid.json --bogus
+expect_bad bad_knob "--copy-gbps" -- "${sim[@]}" valid.json --copy-gbps -1
+expect_bad gen_prior_and_skew "--prior|--skew" -- \
+  trace gen --quiet --out both.json --prior prior.json --skew 2
+[[ -e both.json ]] && fail gen_prior_and_skew "wrote both.json"
+
+# --- Outputs that must not be overwritten -----------------------------------------------------
+
+printf 'keep me\n' >existing.json
+keep=$(sum_of existing.json)
+expect_bad gen_existing_out "existing.json|--force" -- \
+  trace gen --quiet --out existing.json --skew 2 --experts 8 --ranks 2 --tokens-per-rank 16 \
+  --steps 1
+expect_unchanged gen_existing_out existing.json "$keep"
+
+expect_bad json_existing "existing.json|--force" -- "${sim[@]}" valid.json --json existing.json
+expect_unchanged json_existing existing.json "$keep"
+
+input=$(sum_of valid.json)
+expect_bad json_is_input "valid.json|input trace" -- \
+  "${sim[@]}" valid.json --json valid.json --force
+expect_unchanged json_is_input valid.json "$input"
+expect_bad json_is_input_alias "input trace" -- "${sim[@]}" valid.json --json ./valid.json --force
+expect_unchanged json_is_input_alias valid.json "$input"
+expect_bad plot_is_input "input trace" -- "${sim[@]}" valid.json --plot valid.json --force
+expect_unchanged plot_is_input valid.json "$input"
+
+# --- Good input ------------------------------------------------------------------------------
+
+checks=$((checks + 1))
+run_feplb valid "${sim[@]}" valid.json --json out.json
+rc=$?
+if [[ $rc -ne 0 ]]; then
+  fail valid "exit code $rc, expected 0; stderr: $(head -c 400 valid.err)"
+elif [[ -s valid.err ]]; then
+  fail valid "stderr not empty with --quiet: $(head -c 400 valid.err)"
+elif ! grep -q '"policies"' out.json || ! grep -q '"token_straggler"' out.json; then
+  fail valid "out.json lacks \"policies\" or \"token_straggler\""
+fi
+
+checks=$((checks + 1))
+run_feplb zero_tokens "${sim[@]}" zero_tokens.json
+rc=$?
+[[ $rc -eq 0 ]] || fail zero_tokens "exit code $rc; stderr: $(head -c 400 zero_tokens.err)"
+
+checks=$((checks + 1))
+run_feplb gen trace gen --quiet --out gen.json --skew 2 --experts 8 --ranks 2 --tokens-per-rank 16 \
+  --steps 2 --hidden 64 --ffn 128
+rc=$?
+if [[ $rc -ne 0 ]]; then
+  fail gen "exit code $rc, expected 0; stderr: $(head -c 400 gen.err)"
+else
+  run_feplb gen_simulate "${sim[@]}" gen.json --policies static,feplb
+  rc=$?
+  [[ $rc -eq 0 ]] || fail gen_simulate "exit code $rc; stderr: $(head -c 400 gen_simulate.err)"
+fi
+
+if [[ ${#failures[@]} -ne 0 ]]; then
+  echo "bad_input: ${#failures[@]} of $checks cases failed: ${failures[*]}" >&2
+  exit 1
+fi
+echo "bad_input: all $checks cases passed"

@@ -1,0 +1,129 @@
+// The workload generator and priors: reproducible bytes, valid counts, the skew knob, widening.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "feplb/core/error.h"
+#include "feplb/core/prior.h"
+#include "feplb/core/topology.h"
+#include "feplb/core/trace_io.h"
+#include "feplb/core/workload.h"
+
+namespace feplb {
+namespace {
+
+std::string prior_path(const char* name) { return std::string(FEPLB_DATA_DIR) + "/priors/" + name; }
+
+WorkloadSpec small_spec(uint64_t seed) {
+  WorkloadSpec s;
+  s.num_ranks = 4;
+  s.tokens_per_rank = 512;
+  s.top_k = 8;
+  s.seq_len = 128;
+  s.concentration = 300;
+  s.num_steps = 3;
+  s.seed = seed;
+  return s;
+}
+
+TEST(Workload, SameSeedSameBytesOtherSeedOtherBytes) {
+  const Prior p = expand_prior(read_prior(prior_path("olmoe-1b-7b__olmoe-repo__c4.json")), 128, 7);
+  const std::string a = format_trace(generate_trace(p, small_spec(1)));
+  const std::string b = format_trace(generate_trace(p, small_spec(1)));
+  const std::string c = format_trace(generate_trace(p, small_spec(2)));
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  // Round trip through the reader.
+  EXPECT_EQ(format_trace(parse_trace(a)), a);
+}
+
+TEST(Workload, CountsAreValidTopKRouting) {
+  const Prior p = lognormal_prior(64, 6.0, 2, 3);
+  const Trace t = generate_trace(p, small_spec(5));
+  ASSERT_EQ(t.steps.size(), 6u);  // 3 micro-batches x 2 layers
+  for (const RoutingStep& s : t.steps) {
+    for (int r = 0; r < s.num_ranks; ++r) {
+      const auto row = s.row(r);
+      EXPECT_EQ(std::accumulate(row.begin(), row.end(), int64_t{0}), 512 * 8);
+      for (int64_t c : row) {
+        EXPECT_GE(c, 0);
+        EXPECT_LE(c, 512) << "a token picks distinct experts";
+      }
+    }
+  }
+}
+
+TEST(Workload, ZeroTokensAndOneExpertDominating) {
+  WorkloadSpec spec = small_spec(1);
+  spec.tokens_per_rank = 0;
+  const Prior p = lognormal_prior(16, 2.0, 1, 1);
+  const Trace t = generate_trace(p, spec);
+  for (const RoutingStep& s : t.steps) EXPECT_EQ(s.total_rows(), 0);
+  // A prior with all mass on one expert: every token takes it, plus top_k - 1 others.
+  Prior hot = p;
+  hot.popularity[0].assign(16, 0.0);
+  hot.popularity[0][3] = 1.0;
+  spec.tokens_per_rank = 100;
+  spec.top_k = 4;
+  const Trace h = generate_trace(hot, spec);
+  for (const RoutingStep& s : h.steps) {
+    for (int r = 0; r < s.num_ranks; ++r) EXPECT_EQ(s.at(r, 3), 100);
+  }
+}
+
+TEST(Prior, LognormalHitsTheTargetSkew) {
+  for (double target : {1.2, 2.0, 4.0, 10.0}) {
+    const Prior p = lognormal_prior(128, target, 3, 11);
+    for (const auto& layer : p.popularity) {
+      EXPECT_NEAR(max_over_mean(layer), target, 1e-6 * target);
+      EXPECT_NEAR(std::accumulate(layer.begin(), layer.end(), 0.0), 1.0, 1e-12);
+    }
+  }
+  EXPECT_THROW(lognormal_prior(128, 0.5, 1, 1), InputError);
+  EXPECT_THROW(lognormal_prior(128, 200.0, 1, 1), InputError);
+}
+
+TEST(Prior, WideningKeepsEachGpusShareExactly) {
+  const Prior p = read_prior(prior_path("olmoe-1b-7b__olmoe-repo__arxiv.json"));
+  ASSERT_EQ(p.num_experts(), 64);
+  const Prior w = expand_prior(p, 128, 9);
+  ASSERT_EQ(w.num_experts(), 128);
+  for (int l = 0; l < p.num_layers(); ++l) {
+    for (int e = 0; e < 64; ++e) {
+      EXPECT_NEAR(w.popularity[l][2 * e] + w.popularity[l][2 * e + 1], p.popularity[l][e], 1e-12);
+    }
+    EXPECT_NE(w.popularity[l][0], w.popularity[l][1]) << "split experts differ";
+  }
+  EXPECT_THROW(expand_prior(p, 96, 1), InputError);
+}
+
+TEST(Workload, ImpossibleSpecsAreInputErrors) {
+  const Prior p = lognormal_prior(16, 2.0, 1, 1);
+  WorkloadSpec spec = small_spec(1);
+  spec.num_ranks = 3;  // 16 % 3 != 0
+  EXPECT_THROW(generate_trace(p, spec), InputError);
+  spec = small_spec(1);
+  spec.top_k = 17;
+  EXPECT_THROW(generate_trace(p, spec), InputError);
+  spec = small_spec(1);
+  spec.seq_len = 0;
+  EXPECT_THROW(generate_trace(p, spec), InputError);
+}
+
+TEST(Topology, DomainsAndPlacement) {
+  const Topology t = Topology::contiguous(16, 8, 128);
+  EXPECT_EQ(t.num_domains(), 2);
+  EXPECT_EQ(t.domain_of(7), 0);
+  EXPECT_EQ(t.domain_of(8), 1);
+  EXPECT_EQ(t.home(127), 15);
+  EXPECT_EQ(t.local_experts(1)[0], 8);
+  const Topology small = Topology::contiguous(2, 8, 128);  // an EP group inside one node
+  EXPECT_EQ(small.num_domains(), 1);
+  EXPECT_EQ(small.domain_size(), 2);
+  EXPECT_THROW(Topology::contiguous(12, 8, 120), InputError);  // 12 % 8 != 0
+  EXPECT_THROW(Topology::contiguous(8, 8, 100), InputError);   // 100 % 8 != 0
+  EXPECT_THROW(Topology::with_placement(2, 8, {0, 0, 0, 1}), InputError);  // GPU 0 holds 3
+}
+
+}  // namespace
+}  // namespace feplb
