@@ -35,7 +35,7 @@ class FasterMoePlanner final : public Planner {
 
     order_.resize(static_cast<size_t>(E));
     std::iota(order_.begin(), order_.end(), 0);
-    std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return c[a] > c[b]; });
+    sort_ids_descending(order_, [&](int e) { return c[e]; });
     auto cost = [&](int64_t rows) { return (3 * comp + 4 * feat) * static_cast<double>(rows); };
     double best = cost(c[order_[0]]), shadow_cost = 0.0;
     int num_shadows = 0;

@@ -54,7 +54,7 @@ class FeplbPlanner final : public Planner {
       for (int g = first; g < first + n; ++g) {
         if (load_[g] > cap) donors_.push_back(g);
       }
-      std::stable_sort(donors_.begin(), donors_.end(), [&](int a, int b) { return load_[a] > load_[b]; });
+      sort_ids_descending(donors_, [&](int g) { return load_[g]; });
       for (int d : donors_) {
         const int* cand = &candidates_[static_cast<size_t>(d) * num_candidates_];
         int64_t rest_rows = 0;  // rows of d's candidates not offered yet
@@ -170,8 +170,7 @@ class FeplbPlanner final : public Planner {
     for (int h = first; h < first + n; ++h) {
       if (h != d && guests_[h] < k.max_num_dyn && load_[h] < cap) receivers_.push_back(h);
     }
-    std::stable_sort(receivers_.begin(), receivers_.end(),
-                     [&](int a, int b) { return load_[a] < load_[b]; });
+    sort_ids_ascending(receivers_, [&](int g) { return load_[g]; });
     const int num = static_cast<int>(std::min<int64_t>(receivers_.size(), k.max_helpers_per_expert));
     const int64_t level = helper_level(e, d, num, target, rest_rows);
     int helpers = 0;

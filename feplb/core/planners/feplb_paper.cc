@@ -49,7 +49,7 @@ class FeplbPaperPlanner final : public Planner {
         for (int e : topo.local_experts(d_max)) {
           if (out.dynamic[e] && moved_[e] == 0) movable_.push_back(e);
         }
-        std::stable_sort(movable_.begin(), movable_.end(), [&](int a, int b) { return c[a] > c[b]; });
+        sort_ids_descending(movable_, [&](int e) { return c[e]; });
         bool moved_one = false;
         for (int e : movable_) {
           if (c[e] < ctx_.knobs.tau || c[e] == 0) break;  // busier ones failed; smaller are below tau
@@ -84,7 +84,7 @@ class FeplbPaperPlanner final : public Planner {
       order_.assign(local.begin(), local.end());
       if (it != history_.end() && ctx_.knobs.paper_dyn_set == 0) {
         const auto& h = it->second;
-        std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return h[a] > h[b]; });
+        sort_ids_descending(order_, [&](int e) { return h[e]; });
       }
       for (int i = 0; i < dyn; ++i) dynamic[order_[i]] = 1;
     }

@@ -34,14 +34,14 @@ class OraclePlanner final : public Planner {
         total += load_[first + i];
       }
       // Exact balance: total / n each, the remainder's +1 on the most loaded GPUs.
-      std::stable_sort(gpus_.begin(), gpus_.end(), [&](int a, int b) { return load_[a] > load_[b]; });
+      sort_ids_descending(gpus_, [&](int g) { return load_[g]; });
       for (int i = 0; i < n; ++i) quota_[gpus_[i]] = total / n + (i < total % n ? 1 : 0);
 
       for (int donor : gpus_) {
         if (load_[donor] <= quota_[donor]) break;  // sorted: the rest are at or below quota
         auto local = topo.local_experts(donor);
         experts_.assign(local.begin(), local.end());
-        std::stable_sort(experts_.begin(), experts_.end(), [&](int a, int b) { return c[a] > c[b]; });
+        sort_ids_descending(experts_, [&](int e) { return c[e]; });
         for (int e : experts_) {
           while (load_[donor] > quota_[donor] && moved_[e] < c[e]) {
             int h = -1;  // the receiver with the most room

@@ -3,6 +3,7 @@
 // hot path after the first call, and never see a CUDA type.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -46,6 +47,17 @@ class Planner {
 const std::vector<std::string>& planner_names();
 // Throws InputError for an unknown name (listing the known ones).
 std::unique_ptr<Planner> make_planner(std::string_view name, const PlannerContext& ctx);
+
+// Sorts ids by key(id), largest first (or smallest first), ties to the lower id: the order a
+// stable sort of ascending ids gives, without the scratch buffer std::stable_sort allocates.
+template <typename Key>
+void sort_ids_descending(std::vector<int>& ids, const Key& key) {
+  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return key(a) != key(b) ? key(a) > key(b) : a < b; });
+}
+template <typename Key>
+void sort_ids_ascending(std::vector<int>& ids, const Key& key) {
+  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return key(a) != key(b) ? key(a) < key(b) : a < b; });
+}
 
 // Shared by planners: total rows per GPU when every expert stays home.  // [num_ranks]
 void home_loads(const Topology& topo, const RoutingStep& routing, std::vector<int64_t>& loads);

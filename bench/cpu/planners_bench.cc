@@ -1,0 +1,195 @@
+// Planner microbenchmarks: the time of one Planner::plan() call for every registered planner, on
+// routing from the project's workload generator at EP=8/E=128 and EP=64/E=256 (scripts/bench-cpu).
+#include <benchmark/benchmark.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "feplb/core/cost_model.h"
+#include "feplb/core/expert_shape.h"
+#include "feplb/core/knobs.h"
+#include "feplb/core/plan.h"
+#include "feplb/core/planners/planner.h"
+#include "feplb/core/prior.h"
+#include "feplb/core/routing.h"
+#include "feplb/core/topology.h"
+#include "feplb/core/workload.h"
+
+// Every heap allocation of this process is counted, so that each benchmark can report how many
+// allocations one plan() call makes once the planner and the Plan are warm (planner.h promises
+// none). Replacing the global allocation functions is allowed by the standard; these forward to
+// malloc/free plus one relaxed atomic increment, so a planner that does not allocate pays nothing.
+namespace {
+
+std::atomic<int64_t> g_allocations{0};
+
+void* counted_malloc(std::size_t bytes) noexcept {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(bytes == 0 ? 1 : bytes);
+}
+
+void* counted_new(std::size_t bytes) {
+  void* p = counted_malloc(bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+}  // namespace
+
+void* operator new(std::size_t bytes) { return counted_new(bytes); }
+void* operator new[](std::size_t bytes) { return counted_new(bytes); }
+void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+  return counted_malloc(bytes);
+}
+void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
+  return counted_malloc(bytes);
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+
+namespace feplb {
+namespace {
+
+constexpr char kOlmoePrior[] = FEPLB_DATA_DIR "/priors/olmoe-1b-7b__olmoe-repo__arxiv.json";
+constexpr uint64_t kSeed = 1;
+// Timed steps per workload, cycled through by the benchmark loop so that the planner sees varied
+// routing (different micro-batches and, for the OLMoE prior, its three layers).
+constexpr int kTimedSteps = 32;
+// Micro-batches (each with one step per prior layer) that history-based planners observe before
+// the timed steps, as they would have in simulation; the timed steps are the micro-batches after.
+constexpr int kWarmupMicroBatches = 4;
+constexpr int kRepetitions = 5;
+
+enum class PriorKind { kOlmoeArxiv, kLognormal };
+
+struct BenchConfig {
+  std::string_view label;  // the last part of the benchmark name
+  int ranks;
+  int experts;
+  int gpus_per_node;
+  PriorKind prior;
+};
+
+// (a) EP=8, E=128: one NVLink domain. (b) EP=64, E=256: 8 domains of 8 GPUs, with the OLMoE prior
+// and with a lognormal prior of max/mean 4. All: top-8, 4096 tokens per rank, GLM-5 expert shape.
+constexpr BenchConfig kConfigs[] = {
+    {"ep8_e128", 8, 128, 8, PriorKind::kOlmoeArxiv},
+    {"ep64_e256", 64, 256, 8, PriorKind::kOlmoeArxiv},
+    {"ep64_e256_lognormal", 64, 256, 8, PriorKind::kLognormal},
+};
+
+constexpr int kTopK = 8;
+constexpr int64_t kTokensPerRank = 4096;
+const ExpertShape kGlm5Shape{.hidden = 6144, .ffn = 2048, .dtype = Dtype::kBf16};
+
+struct Workload {
+  Topology topo;
+  std::vector<RoutingStep> warmup;  // observed before timing
+  std::vector<RoutingStep> timed;   // planned in the timed loop, in turn
+};
+
+Workload make_workload(const BenchConfig& cfg) {
+  const Prior prior = cfg.prior == PriorKind::kOlmoeArxiv
+                          ? expand_prior(read_prior(kOlmoePrior), cfg.experts, kSeed)
+                          : lognormal_prior(cfg.experts, 4.0, 1, kSeed);
+  WorkloadSpec spec;
+  spec.num_ranks = cfg.ranks;
+  spec.tokens_per_rank = kTokensPerRank;
+  spec.top_k = kTopK;
+  spec.seed = kSeed;
+  const int layers = prior.num_layers();
+  auto step_at = [&](int64_t micro_batch, int l) {
+    return generate_step(prior.popularity[l], spec, micro_batch, prior.layer_ids[l]);
+  };
+  Workload w{Topology::contiguous(cfg.ranks, cfg.gpus_per_node, cfg.experts), {}, {}};
+  for (int mb = 0; mb < kWarmupMicroBatches; ++mb) {
+    for (int l = 0; l < layers; ++l) w.warmup.push_back(step_at(mb, l));
+  }
+  for (int i = 0; i < kTimedSteps; ++i) {
+    w.timed.push_back(step_at(kWarmupMicroBatches + i / layers, i % layers));
+  }
+  return w;
+}
+
+// Workloads are generated on first use (outside any timed region) and shared by every planner
+// and repetition of the same configuration.
+const Workload& workload_for(const BenchConfig& cfg) {
+  static std::map<std::string_view, std::unique_ptr<Workload>> cache;
+  std::unique_ptr<Workload>& w = cache[cfg.label];
+  if (!w) w = std::make_unique<Workload>(make_workload(cfg));
+  return *w;
+}
+
+void BM_Plan(benchmark::State& state, const std::string& planner_name, const BenchConfig& cfg) {
+  const Workload* w = nullptr;
+  const Knobs knobs;
+  std::unique_ptr<RooflineCostModel> cost;
+  std::unique_ptr<Planner> planner;
+  Plan plan;
+  try {
+    w = &workload_for(cfg);
+    cost = std::make_unique<RooflineCostModel>(kGlm5Shape, knobs);
+    planner = make_planner(planner_name, PlannerContext{w->topo, kGlm5Shape, knobs, cost.get()});
+    // History-based planners (feplb-paper) see the warm-up micro-batches first, as in simulation,
+    // so that their dynamic sets come from observed counts; for the others observe() is a no-op.
+    for (const RoutingStep& s : w->warmup) planner->observe(s);
+    // One untimed pass: the planners' "first call" (buffers sized, cost-model cache filled), and
+    // every plan is checked, so a broken planner fails here instead of being timed.
+    for (const RoutingStep& s : w->timed) {
+      planner->plan(s, plan);
+      validate(plan, w->topo, s, kGlm5Shape, planner->limits());
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+
+  size_t i = 0;
+  for (auto _ : state) {
+    planner->plan(w->timed[i], plan);  // the timed region
+    benchmark::DoNotOptimize(plan.slices.data());
+    benchmark::ClobberMemory();
+    if (++i == w->timed.size()) i = 0;
+  }
+
+  // Allocations per plan() call once warm, counted over one more untimed pass.
+  const int64_t before = g_allocations.load(std::memory_order_relaxed);
+  for (const RoutingStep& s : w->timed) planner->plan(s, plan);
+  const int64_t allocations = g_allocations.load(std::memory_order_relaxed) - before;
+
+  state.counters["ranks"] = cfg.ranks;
+  state.counters["experts"] = cfg.experts;
+  state.counters["domains"] = w->topo.num_domains();
+  state.counters["allocs_per_plan"] =
+      static_cast<double>(allocations) / static_cast<double>(w->timed.size());
+}
+
+// Registered in configuration order, so each workload is generated once, before its first run.
+int register_benchmarks() {
+  for (const BenchConfig& cfg : kConfigs) {
+    for (const std::string& name : planner_names()) {
+      const std::string bench_name = "plan/" + name + "/" + std::string(cfg.label);
+      benchmark::RegisterBenchmark(bench_name.c_str(), BM_Plan, name, cfg)
+          ->Unit(benchmark::kMicrosecond)
+          ->Repetitions(kRepetitions)
+          ->ReportAggregatesOnly(true);
+    }
+  }
+  return 0;
+}
+
+[[maybe_unused]] const int kRegistered = register_benchmarks();
+
+}  // namespace
+}  // namespace feplb

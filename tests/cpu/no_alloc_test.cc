@@ -1,0 +1,50 @@
+// planner.h promises no allocation on the hot path: after one warm-up call on the same
+// topology, plan() must not touch the heap. This binary counts every operator new.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "test_util.h"
+
+namespace {
+std::atomic<int64_t> g_news{0};
+}  // namespace
+
+void* operator new(std::size_t bytes) {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t bytes) { return ::operator new(bytes); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace feplb {
+namespace {
+
+TEST(NoAlloc, PlannersDoNotAllocateOnceWarm) {
+  testing::Bench b(16, 8, 128);
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 6; ++seed) steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
+  for (const std::string& name : planner_names()) {
+    auto planner = b.make(name);
+    Plan plan;
+    for (const RoutingStep& s : steps) {  // warm: history, buffers, plan capacity
+      planner->plan(s, plan);
+      planner->observe(s);
+    }
+    planner->plan(steps[0], plan);  // capacity for the largest plan seen
+    for (const RoutingStep& s : steps) {
+      const int64_t before = g_news.load();
+      planner->plan(s, plan);
+      EXPECT_EQ(g_news.load() - before, 0) << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace feplb
