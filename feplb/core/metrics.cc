@@ -21,21 +21,32 @@ double oracle_token_straggler(const Topology& topo, const std::vector<int64_t>& 
 StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
                          const Knobs& knobs, double planner_us,
                          GpuLoads* loads) {
-  const int R = topo.num_ranks();
+  const int R = topo.num_ranks(), E = topo.num_experts();
   StepMetrics m;
   m.planner_us = planner_us;
   std::vector<int64_t> home_rows(R, 0), guest_rows(R, 0);
   std::vector<double> gemm(R, 0.0), window(R, 0.0);
-  std::vector<int64_t> expert_counts(static_cast<size_t>(topo.num_experts()), 0);
+  std::vector<int64_t> expert_counts(static_cast<size_t>(E), 0);
+  // Non-home weights per GPU: resident replicas (held before the micro-batch) and copies.
+  std::vector<uint8_t> held(static_cast<size_t>(R) * E, 0);
+  std::vector<int64_t> guest_slots(R, 0);
+  for (const ResidentReplica& r : plan.resident) {
+    held[static_cast<size_t>(r.gpu) * E + r.expert] = 1;
+    ++guest_slots[r.gpu];
+  }
   for (const Slice& s : plan.slices) {
     const double ms = cost.expert_ms(s.rows);
     gemm[s.gpu] += ms;
     expert_counts[s.expert] += s.rows;
     if (topo.home(s.expert) == s.gpu) {
       home_rows[s.gpu] += s.rows;
-      window[s.gpu] += ms;  // own work: needs no copy, so it hides the copies coming in
     } else {
       guest_rows[s.gpu] += s.rows;
+    }
+    // Own work (its own experts, and resident replicas) needs no copy in this micro-batch, so it
+    // hides the copies coming in.
+    if (topo.home(s.expert) == s.gpu || held[static_cast<size_t>(s.gpu) * E + s.expert]) {
+      window[s.gpu] += ms;
     }
   }
   int64_t total = 0, max_rows = 0;
@@ -61,13 +72,19 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   std::vector<double> in_ms(R, 0.0), out_ms(R, 0.0), needed(R, 0.0);
   std::vector<int64_t> num_in(R, 0);
   for (const Copy& c : plan.copies) {
-    if (c.kind == CopyKind::kWeights) {
+    if (is_weight_copy(c.kind)) {
       m.weight_bytes += c.bytes;
-      ++m.guest_experts;
     } else {
       m.token_bytes += c.bytes;
     }
-    if (c.kind == CopyKind::kOutputRows) continue;  // after the GEMM, not in the window
+    if (c.kind == CopyKind::kWeights) {
+      ++m.guest_experts;
+      ++guest_slots[c.dst_gpu];
+    }
+    (topo.same_domain(c.src_gpu, c.dst_gpu) ? m.nvlink_bytes : m.network_bytes) += c.bytes;
+    // Outputs go back after the GEMM; replicas are installed between micro-batches: neither is
+    // waited for inside the window.
+    if (c.kind == CopyKind::kOutputRows || c.kind == CopyKind::kReplicaWeights) continue;
     const double gbps = topo.same_domain(c.src_gpu, c.dst_gpu) ? knobs.copy_gbps : knobs.internode_gbps;
     const double t = static_cast<double>(c.bytes) / (gbps * 1e9) * 1e3 + knobs.copy_setup_us * 1e-3;
     const double end = std::max(in_ms[c.dst_gpu], out_ms[c.src_gpu]) + t;
@@ -89,6 +106,7 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
     finish_max = std::max(finish_max, finish);
   }
   m.copy_exposed_ms = std::max(0.0, finish_max - m.gemm_max_ms);
+  m.max_guest_slots = *std::max_element(guest_slots.begin(), guest_slots.end());
   m.fits_static_window = std::isinf(slack) || slack >= 0.0;
   if (loads) {
     loads->home_rows = std::move(home_rows);
@@ -96,6 +114,43 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
     loads->gemm_ms = std::move(gemm);
   }
   return m;
+}
+
+void measure_traffic(const Plan& plan, const Topology& topo, const RoutingStep& routing,
+                     const ExpertShape& shape, StepMetrics& m) {
+  const int R = topo.num_ranks(), E = topo.num_experts();
+  // received[d, e]: rows of e that GPU d receives in the dispatch; kept[s, e]: rows s keeps.
+  std::vector<int64_t> received(static_cast<size_t>(R) * E, 0), kept(static_cast<size_t>(R) * E, 0);
+  for (const Slice& s : plan.slices) {
+    const size_t k = static_cast<size_t>(s.gpu) * E + s.expert;
+    (s.source == RowSource::kSource ? kept : received)[k] += s.rows;
+  }
+  for (const Copy& c : plan.copies) {  // rows the home received and copied on to a helper
+    if (c.kind == CopyKind::kTokenRows) {
+      received[static_cast<size_t>(c.src_gpu) * E + c.expert] += c.rows;
+    }
+  }
+  int64_t nvlink_rows = 0, network_rows = 0;
+  for (int e = 0; e < E; ++e) {
+    int s = 0, d = 0;
+    int64_t left_s = routing.at(0, e) - kept[e], left_d = received[e];
+    while (s < R && d < R) {
+      if (left_s == 0) {
+        if (++s < R) left_s = routing.at(s, e) - kept[static_cast<size_t>(s) * E + e];
+        continue;
+      }
+      if (left_d == 0) {
+        if (++d < R) left_d = received[static_cast<size_t>(d) * E + e];
+        continue;
+      }
+      const int64_t rows = std::min(left_s, left_d);
+      if (s != d) (topo.same_domain(s, d) ? nvlink_rows : network_rows) += rows;
+      left_s -= rows;
+      left_d -= rows;
+    }
+  }
+  m.dispatch_nvlink_bytes = 2 * nvlink_rows * shape.row_bytes();
+  m.dispatch_network_bytes = 2 * network_rows * shape.row_bytes();
 }
 
 }  // namespace feplb

@@ -1,5 +1,6 @@
-// Metrics of one plan (FEPLB.md §3): token straggler, GEMM straggler, bytes moved, whether the
-// phase-2 copies land inside each receiving GPU's static-GEMM window.
+// Metrics of one plan (FEPLB.md §3): token straggler, GEMM straggler, bytes moved (by kind and by
+// link: NVLink inside a node, network between nodes), whether the phase-2 copies land inside each
+// receiving GPU's static-GEMM window.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include "feplb/core/cost_model.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/plan.h"
+#include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
 
 namespace feplb {
@@ -19,9 +21,17 @@ struct StepMetrics {
   double oracle_straggler = 0;       // the floor for in-domain balancing, same step
   double gemm_straggler_ms = 0;      // S_G = max_d G_d - mean_d G_d (modelled)
   double gemm_max_ms = 0;
-  int64_t weight_bytes = 0;          // phase-2 weight copies
+  int64_t weight_bytes = 0;          // weight copies: phase 2, and replicas installed (EPLB)
   int64_t token_bytes = 0;           // phase-2 token rows to helpers + outputs back
-  int64_t guest_experts = 0;         // (expert, helper) pairs holding copied weights
+  int64_t guest_experts = 0;         // (expert, helper) pairs holding copied weights (phase 2)
+  // Every copy of the plan (weights and rows), by link: inside an NVLink domain, or between nodes.
+  int64_t nvlink_bytes = 0;
+  int64_t network_bytes = 0;
+  // The phase-1 dispatch and combine of the rows (measure_traffic; 0 until it runs), by link. A
+  // row routed from rank s to the GPU that receives it, d != s, crosses one link each way.
+  int64_t dispatch_nvlink_bytes = 0;
+  int64_t dispatch_network_bytes = 0;
+  int64_t max_guest_slots = 0;  // max over GPUs of non-home experts held (copied or resident)
   // Every receiving GPU got its copies (after the counts round trip and the planner) before it
   // ran out of its own work: the GEMMs of its own experts' rows that stay on it.
   bool fits_static_window = true;
@@ -43,6 +53,15 @@ struct GpuLoads {
 StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
                          const Knobs& knobs, double planner_us,
                          GpuLoads* loads = nullptr);
+
+// Fills the dispatch_* fields of `m`: the phase-1 traffic of the plan's rows. Per expert, the rows
+// that leave their source (all but kSource slices) are taken in source-rank order and handed to
+// the GPUs that receive them by dispatch in ascending GPU order (MoonEP's ordinal rule, used for
+// every policy): the home receives the rows of its kHome slice plus those it copies on to helpers,
+// a kDispatched slice its rows. Counted per token-expert row in the expert dtype, both ways (a
+// DeepEP-style dispatch sends a token once per destination GPU, so this is an upper bound).
+void measure_traffic(const Plan& plan, const Topology& topo, const RoutingStep& routing,
+                     const ExpertShape& shape, StepMetrics& m);
 
 // max over domains of ceil(T_domain / GPUs) - mean rows per GPU: the best any plan can do when
 // rows move only inside NVLink domains.

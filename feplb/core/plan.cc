@@ -9,6 +9,7 @@ namespace feplb {
 void Plan::clear(int num_experts) {
   slices.clear();
   copies.clear();
+  resident.clear();
   dynamic.assign(static_cast<size_t>(num_experts), 0);
 }
 
@@ -29,13 +30,13 @@ void Plan::add_home_slices(const Topology& topo, const RoutingStep& routing,
 
 int64_t Plan::weight_bytes() const {
   int64_t b = 0;
-  for (const Copy& c : copies) b += c.kind == CopyKind::kWeights ? c.bytes : 0;
+  for (const Copy& c : copies) b += is_weight_copy(c.kind) ? c.bytes : 0;
   return b;
 }
 
 int64_t Plan::token_bytes() const {
   int64_t b = 0;
-  for (const Copy& c : copies) b += c.kind == CopyKind::kWeights ? 0 : c.bytes;
+  for (const Copy& c : copies) b += is_weight_copy(c.kind) ? 0 : c.bytes;
   return b;
 }
 
@@ -48,7 +49,7 @@ void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing
               plan.dynamic.size(), E);
   auto key = [E](int gpu, int expert) { return static_cast<size_t>(gpu) * E + expert; };
   std::vector<int64_t> rows_on(static_cast<size_t>(R) * E, 0);       // [gpu, expert] slice rows
-  std::vector<int64_t> home_rows_on(static_cast<size_t>(R) * E, 0);   // of which RowSource::kHome
+  std::vector<int64_t> home_rows_on(static_cast<size_t>(R) * E, 0);  // of which RowSource::kHome
   std::vector<int64_t> computed(static_cast<size_t>(E), 0);
   for (const Slice& s : plan.slices) {
     FEPLB_CHECK(s.expert >= 0 && s.expert < E, "slice expert {} out of range", s.expert);
@@ -56,12 +57,20 @@ void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing
     FEPLB_CHECK(s.rows > 0, "slice of expert {} on GPU {} has {} rows", s.expert, s.gpu, s.rows);
     FEPLB_CHECK(rows_on[key(s.gpu, s.expert)] == 0, "expert {} has two slices on GPU {}", s.expert,
                 s.gpu);
-    if (s.source == RowSource::kSource) {
-      FEPLB_CHECK(s.rows <= routing.at(s.gpu, s.expert),
-                  "expert {} computes {} source-local rows on GPU {}, which only sent {}", s.expert,
-                  s.rows, s.gpu, routing.at(s.gpu, s.expert));
-    } else {
-      home_rows_on[key(s.gpu, s.expert)] = s.rows;
+    switch (s.source) {
+      case RowSource::kSource:
+        FEPLB_CHECK(s.rows <= routing.at(s.gpu, s.expert),
+                    "expert {} computes {} source-local rows on GPU {}, which only sent {}",
+                    s.expert, s.rows, s.gpu, routing.at(s.gpu, s.expert));
+        break;
+      case RowSource::kHome:
+        home_rows_on[key(s.gpu, s.expert)] = s.rows;
+        break;
+      case RowSource::kDispatched:
+        FEPLB_CHECK(s.gpu != topo.home(s.expert),
+                    "expert {} has dispatched-slice rows on its home GPU {} (those are home rows)",
+                    s.expert, s.gpu);
+        break;
     }
     rows_on[key(s.gpu, s.expert)] = s.rows;
     computed[s.expert] += s.rows;
@@ -71,8 +80,20 @@ void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing
                 "expert {}: {} rows computed, {} routed (every row exactly once)", e, computed[e],
                 routing.expert_counts[e]);
   }
+  // Resident replicas: on non-home GPUs, once each.
+  std::vector<uint8_t> resident(static_cast<size_t>(R) * E, 0);
+  for (const ResidentReplica& r : plan.resident) {
+    FEPLB_CHECK(r.expert >= 0 && r.expert < E && r.gpu >= 0 && r.gpu < R,
+                "resident replica of expert {} on GPU {} out of range", r.expert, r.gpu);
+    FEPLB_CHECK(r.gpu != topo.home(r.expert), "replica of expert {} resident on its home GPU {}",
+                r.expert, r.gpu);
+    FEPLB_CHECK(!resident[key(r.gpu, r.expert)], "expert {} has two resident replicas on GPU {}",
+                r.expert, r.gpu);
+    resident[key(r.gpu, r.expert)] = 1;
+  }
   // Copies: weights to every helper once, token rows in and outputs back matching its slice.
   std::vector<uint8_t> has_weights(static_cast<size_t>(R) * E, 0);
+  std::vector<uint8_t> installed(static_cast<size_t>(R) * E, 0);
   std::vector<int64_t> rows_in(static_cast<size_t>(R) * E, 0), rows_out(static_cast<size_t>(R) * E, 0);
   for (const Copy& c : plan.copies) {
     FEPLB_CHECK(c.expert >= 0 && c.expert < E, "copy of expert {} out of range", c.expert);
@@ -90,7 +111,23 @@ void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing
                     c.expert, c.bytes);
         FEPLB_CHECK(!has_weights[key(c.dst_gpu, c.expert)], "weights of expert {} copied twice to GPU {}",
                     c.expert, c.dst_gpu);
+        FEPLB_CHECK(!resident[key(c.dst_gpu, c.expert)],
+                    "weights of expert {} copied to GPU {}, which holds a resident replica",
+                    c.expert, c.dst_gpu);
         has_weights[key(c.dst_gpu, c.expert)] = 1;
+        break;
+      case CopyKind::kReplicaWeights:
+        FEPLB_CHECK(c.src_gpu == home,
+                    "replica of expert {} installed from GPU {}, not its home {}", c.expert,
+                    c.src_gpu, home);
+        FEPLB_CHECK(c.bytes == shape.weight_bytes(), "replica install of expert {} has {} bytes",
+                    c.expert, c.bytes);
+        FEPLB_CHECK(resident[key(c.dst_gpu, c.expert)],
+                    "replica of expert {} installed on GPU {} is not listed as resident", c.expert,
+                    c.dst_gpu);
+        FEPLB_CHECK(!installed[key(c.dst_gpu, c.expert)],
+                    "replica of expert {} installed twice on GPU {}", c.expert, c.dst_gpu);
+        installed[key(c.dst_gpu, c.expert)] = 1;
         break;
       case CopyKind::kTokenRows:
         FEPLB_CHECK(c.src_gpu == home, "rows of expert {} copied from GPU {}, not its home {}",
@@ -116,9 +153,9 @@ void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing
         FEPLB_CHECK(rows_in[k] == 0 && !has_weights[k], "expert {} copied to its own home {}", e, g);
         continue;
       }
-      // A GPU holding a non-home expert's weights uses a guest slot (FasterMoE broadcasts weights
-      // to GPUs that may have no rows for them); rows there need the weights.
-      const bool guest = has_weights[k] != 0;
+      // A GPU holding a non-home expert's weights, copied or resident, uses a guest slot (FasterMoE
+      // broadcasts weights to GPUs that may have no rows for them); rows there need the weights.
+      const bool guest = has_weights[k] != 0 || resident[k] != 0;
       FEPLB_CHECK(guest || rows_on[k] == 0, "GPU {} computes guest expert {} without its weights", g, e);
       FEPLB_CHECK(rows_in[k] == home_rows_on[k] && rows_out[k] == home_rows_on[k],
                   "expert {} on GPU {}: {} dispatched rows computed, {} copied in, {} copied back", e,
@@ -139,6 +176,7 @@ std::string serialize(const Plan& plan) {
     out += fmt::format("C {} {} {} {} {} {}\n", static_cast<int>(c.kind), c.expert, c.src_gpu,
                        c.dst_gpu, c.rows, c.bytes);
   }
+  for (const ResidentReplica& r : plan.resident) out += fmt::format("P {} {}\n", r.expert, r.gpu);
   out += "D";
   for (uint8_t d : plan.dynamic) out += d ? '1' : '0';
   out += '\n';

@@ -1,5 +1,6 @@
 // Plan: the balancing decision for one (micro-batch, layer). Which GPU computes how many rows of
-// each expert, and the copies that implies (weights and token rows to helpers, outputs back).
+// each expert, where those rows come from, which expert weights a GPU holds besides its own
+// (copied for this micro-batch, or resident replicas), and the copies all that implies.
 // Every planner produces one; validate() checks it against the routing and the topology.
 #pragma once
 
@@ -16,8 +17,10 @@ namespace feplb {
 
 // Where a slice's rows are when phase 2 starts.
 enum class RowSource : uint8_t {
-  kHome,    // dispatched to the expert's home GPU in phase 1; moved on by a token-row copy
-  kSource,  // never left their source rank (FasterMoE shadowing: the weights came instead)
+  kHome,        // dispatched to the expert's home GPU in phase 1; moved on by a token-row copy
+  kSource,      // never left their source rank (FasterMoE shadowing: the weights came instead)
+  kDispatched,  // sent straight to this (non-home) GPU by the phase-1 EP dispatch, outputs back
+                // by the combine: no token copy (EPLB replicas, LLEP spills, MoonEP destinations)
 };
 
 // `rows` token-expert rows of `expert` computed on `gpu`.
@@ -29,10 +32,17 @@ struct Slice {
 };
 
 enum class CopyKind : uint8_t {
-  kWeights,     // the expert's weights, home -> helper (before the helper's GEMM)
-  kTokenRows,   // dispatched rows, home -> helper (before the helper's GEMM)
-  kOutputRows,  // expert outputs, helper -> home (after the helper's GEMM, before combine)
+  kWeights,         // the expert's weights, home -> helper (before the helper's GEMM)
+  kTokenRows,       // dispatched rows, home -> helper (before the helper's GEMM)
+  kOutputRows,      // expert outputs, helper -> home (after the helper's GEMM, before combine)
+  kReplicaWeights,  // weights of a new resident replica, home -> its GPU, installed between
+                    // micro-batches (EPLB's re-layout): off this micro-batch's critical path
 };
+
+// Weights (for this micro-batch or a resident replica), as opposed to token rows.
+inline bool is_weight_copy(CopyKind kind) {
+  return kind == CopyKind::kWeights || kind == CopyKind::kReplicaWeights;
+}
 
 struct Copy {
   CopyKind kind = CopyKind::kWeights;
@@ -43,10 +53,20 @@ struct Copy {
   int64_t bytes = 0;
 };
 
+// Weights of `expert` kept on `gpu` (not its home) across micro-batches: an EPLB replica slot.
+// They were installed by a kReplicaWeights copy in this plan or in an earlier one.
+struct ResidentReplica {
+  int32_t expert = 0;
+  int32_t gpu = 0;
+};
+
 struct Plan {
   std::vector<Slice> slices;     // rows > 0 only, in the order the planner emitted them
   std::vector<Copy> copies;
   std::vector<uint8_t> dynamic;  // [num_experts]: 1 = computed after the plan (not static work)
+  // Replica weights present on non-home GPUs during this micro-batch (the layout in force), whether
+  // or not they compute rows. Empty for per-micro-batch planners.
+  std::vector<ResidentReplica> resident;
 
   // Empties the plan for `num_experts` experts, keeping allocated capacity.
   void clear(int num_experts);
@@ -56,18 +76,21 @@ struct Plan {
   // of expert e were sent away. Call once, after the migrations.
   void add_home_slices(const Topology& topo, const RoutingStep& routing,
                        const std::vector<int64_t>& moved_rows);
-  int64_t weight_bytes() const;
-  int64_t token_bytes() const;  // token rows to helpers plus outputs back
+  int64_t weight_bytes() const;  // weights copied for this micro-batch plus replicas installed
+  int64_t token_bytes() const;   // token rows to helpers plus outputs back
 };
 
 // What a planner promises; validate() enforces it.
 struct PlanLimits {
   bool intra_domain_only = true;  // copies never leave an NVLink domain
-  int64_t max_guest_experts = std::numeric_limits<int64_t>::max();  // per GPU (weight slots)
+  // Per GPU: non-home experts whose weights it holds in this micro-batch, copied or resident.
+  int64_t max_guest_experts = std::numeric_limits<int64_t>::max();
 };
 
 // Throws Error naming the first violated rule: every row computed exactly once, slices on valid
-// GPUs, weights and rows copied to every helper, copies inside domains, guest slots respected.
+// GPUs, weights on every GPU that computes a guest expert (copied in this plan or resident), rows
+// copied to every helper that computes home-dispatched rows, copies inside domains, guest slots
+// respected, every replica installed by this plan listed as resident.
 void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing,
               const ExpertShape& shape, const PlanLimits& limits);
 

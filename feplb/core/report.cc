@@ -73,6 +73,7 @@ std::string format_json(const SimulationResult& r) {
       {"num_ranks", r.topo.num_ranks()},
       {"tokens_per_rank", r.tokens_per_rank},
       {"steps", r.step_ids.size()},
+      {"warmup_steps", c.warmup_steps},
       {"gpus_per_node", c.gpus_per_node},
       {"nvlink_domains", r.topo.num_domains()},
       {"expert_shape", {{"hidden", c.shape.hidden}, {"ffn", c.shape.ffn},
@@ -104,6 +105,17 @@ std::string format_json(const SimulationResult& r) {
         {"token_straggler_reduction", s.token_straggler_reduction},
         {"gemm_straggler_reduction", s.gemm_straggler_reduction},
         {"above_oracle_pct_of_mean", s.above_oracle_pct_of_mean},
+        {"nvlink_bytes_per_step", s.nvlink_bytes_per_step},
+        {"network_bytes_per_step", s.network_bytes_per_step},
+        {"dispatch_nvlink_bytes_per_step", s.dispatch_nvlink_bytes_per_step},
+        {"dispatch_network_bytes_per_step", s.dispatch_network_bytes_per_step},
+        {"guest_slots_max", s.guest_slots_max},
+        {"transport",
+         {{"dispatch", p.transport.dispatch},
+          {"dispatch_sms", p.transport.dispatch_sms},
+          {"balance", p.transport.balance},
+          {"balance_sms", p.transport.balance_sms},
+          {"balance_every_micro_batch", p.transport.balance_every_micro_batch}}},
     };
   }
   doc["policies"] = policies;

@@ -45,6 +45,15 @@ PolicySummary summarise_steps(const std::vector<StepMetrics>& steps) {
   s.weight_bytes_per_step = mean_of(column([](const StepMetrics& m) { return m.weight_bytes; }));
   s.token_bytes_per_step = mean_of(column([](const StepMetrics& m) { return m.token_bytes; }));
   s.guest_experts_per_step = mean_of(column([](const StepMetrics& m) { return m.guest_experts; }));
+  s.nvlink_bytes_per_step = mean_of(column([](const StepMetrics& m) { return m.nvlink_bytes; }));
+  s.network_bytes_per_step = mean_of(column([](const StepMetrics& m) { return m.network_bytes; }));
+  s.dispatch_nvlink_bytes_per_step =
+      mean_of(column([](const StepMetrics& m) { return m.dispatch_nvlink_bytes; }));
+  s.dispatch_network_bytes_per_step =
+      mean_of(column([](const StepMetrics& m) { return m.dispatch_network_bytes; }));
+  for (const StepMetrics& m : steps) {
+    s.guest_slots_max = std::max(s.guest_slots_max, static_cast<double>(m.max_guest_slots));
+  }
   s.fits_static_window = mean_of(column([](const StepMetrics& m) { return m.fits_static_window ? 1 : 0; }));
   std::vector<double> slack;
   for (const StepMetrics& m : steps) {
@@ -82,12 +91,31 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
   validate_knobs(config.knobs);
   FEPLB_REQUIRE_INPUT(config.shape.hidden > 0 && config.shape.ffn > 0,
                       "expert shape: unknown for model '{}'; pass --hidden and --ffn", trace.model);
-  SimulationResult result(config, Topology::contiguous(trace.num_ranks, config.gpus_per_node,
-                                                       trace.num_experts));
+  FEPLB_REQUIRE_INPUT(config.warmup_steps >= 0, "--warmup: {} must be at least 0",
+                      config.warmup_steps);
+  SimulationResult result(
+      config,
+      config.placement.empty()
+          ? Topology::contiguous(trace.num_ranks, config.gpus_per_node, trace.num_experts)
+          : Topology::with_placement(trace.num_ranks, config.gpus_per_node, config.placement));
+  FEPLB_REQUIRE_INPUT(result.topo.num_experts() == trace.num_experts,
+                      "placement: {} experts, the trace has {}", result.topo.num_experts(),
+                      trace.num_experts);
   result.model = trace.model;
   result.top_k = trace.top_k;
   result.tokens_per_rank = trace.tokens_per_rank;
-  for (const RoutingStep& s : trace.steps) result.step_ids.emplace_back(s.step, s.layer);
+  // warmup[i]: trace step i is history only (one of the first warmup_steps distinct step ids).
+  std::vector<uint8_t> warmup(trace.steps.size(), 0);
+  int64_t distinct = 0;
+  for (size_t i = 0; i < trace.steps.size(); ++i) {
+    if (i == 0 || trace.steps[i].step != trace.steps[i - 1].step) ++distinct;
+    warmup[i] = distinct <= config.warmup_steps ? 1 : 0;
+  }
+  for (size_t i = 0; i < trace.steps.size(); ++i) {
+    if (!warmup[i]) result.step_ids.emplace_back(trace.steps[i].step, trace.steps[i].layer);
+  }
+  FEPLB_REQUIRE_INPUT(!result.step_ids.empty(),
+                      "--warmup: {} leaves no step of the trace to measure", config.warmup_steps);
   auto& names = result.config.policies;
   FEPLB_REQUIRE_INPUT(!names.empty(), "policies: none given");
   for (size_t i = 0; i < names.size(); ++i) {
@@ -108,12 +136,17 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
     Planner& planner = *planners[p];
     PolicyResult pr;
     pr.name = names[p];
-    for (const RoutingStep& step : trace.steps) {
-      const double us = time_plan_us(planner, step, plan, config.knobs.planner_reps);
-      validate(plan, result.topo, step, config.shape, planner.limits());
-      GpuLoads loads;
-      pr.steps.push_back(measure_plan(plan, result.topo, cost, config.knobs, us, &loads));
-      pr.loads.push_back(std::move(loads));
+    pr.transport = planner.transport();
+    for (size_t i = 0; i < trace.steps.size(); ++i) {
+      const RoutingStep& step = trace.steps[i];
+      if (!warmup[i]) {
+        const double us = time_plan_us(planner, step, plan, config.knobs.planner_reps);
+        validate(plan, result.topo, step, config.shape, planner.limits());
+        GpuLoads loads;
+        pr.steps.push_back(measure_plan(plan, result.topo, cost, config.knobs, us, &loads));
+        measure_traffic(plan, result.topo, step, config.shape, pr.steps.back());
+        pr.loads.push_back(std::move(loads));
+      }
       planner.observe(step);
       if (progress) progress(++done, total);
     }

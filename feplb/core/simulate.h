@@ -8,6 +8,7 @@
 #include "feplb/core/cost_model.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/metrics.h"
+#include "feplb/core/planners/planner.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
 #include "feplb/core/workload.h"
@@ -17,6 +18,10 @@ namespace feplb {
 struct SimulationConfig {
   std::vector<std::string> policies;  // planner names; "static" is added first when missing
   int gpus_per_node = 8;
+  // The trace's first `warmup_steps` micro-batches (distinct step ids, in trace order) are history:
+  // every planner observes them, none is planned or measured.
+  int64_t warmup_steps = 0;
+  std::vector<int> placement;  // home GPU of each expert; empty: contiguous
   ExpertShape shape;
   Knobs knobs;
   std::string trace_label;            // shown in reports (e.g. the trace path)
@@ -29,6 +34,9 @@ struct PolicySummary {
   double gemm_straggler_ms = 0, gemm_straggler_ms_p95 = 0;
   double weight_bytes_per_step = 0, token_bytes_per_step = 0;
   double guest_experts_per_step = 0;
+  double nvlink_bytes_per_step = 0, network_bytes_per_step = 0;  // the plan's copies, by link
+  double dispatch_nvlink_bytes_per_step = 0, dispatch_network_bytes_per_step = 0;
+  double guest_slots_max = 0;             // max over steps of StepMetrics::max_guest_slots
   double fits_static_window = 0;          // fraction of steps
   double window_slack_ms_p5 = 0;          // 5th percentile over steps with copies
   double copy_exposed_ms = 0, copy_exposed_ms_p95 = 0;
@@ -40,8 +48,9 @@ struct PolicySummary {
 
 struct PolicyResult {
   std::string name;
-  std::vector<StepMetrics> steps;  // [trace steps]
-  std::vector<GpuLoads> loads;     // [trace steps]
+  Transport transport;
+  std::vector<StepMetrics> steps;  // [measured trace steps]
+  std::vector<GpuLoads> loads;     // [measured trace steps]
   PolicySummary summary;
 };
 
@@ -52,7 +61,7 @@ struct SimulationResult {
   std::string model;
   int top_k = 0;
   int64_t tokens_per_rank = 0;
-  std::vector<std::pair<int64_t, int64_t>> step_ids;  // (step, layer) per trace step
+  std::vector<std::pair<int64_t, int64_t>> step_ids;  // (step, layer) per measured trace step
   std::vector<PolicyResult> policies;
 
   const PolicyResult* find(const std::string& name) const;

@@ -45,6 +45,7 @@ SweepResult run_sweep(const SweepConfig& config, const Progress& progress) {
       WorkloadSpec spec = config.workload;
       spec.num_ranks = ranks;
       spec.top_k = config.top_k;
+      spec.num_steps += config.sim.warmup_steps;  // history first (observed, not measured)
       Trace trace = generate_trace(priors[i], spec);
       trace.model = config.model;
       SimulationConfig sim = config.sim;
@@ -98,6 +99,12 @@ std::string format_sweep_markdown(const SweepResult& r, const std::string& comma
       c.workload.num_steps, c.workload.seq_len, c.workload.concentration, c.workload.seed,
       c.gpus_per_node, c.sim.shape.describe(), k.copy_gbps, k.gemm_peak_tflops, k.num_sms,
       k.planner_reps);
+  if (c.sim.warmup_steps > 0) {
+    out += fmt::format(
+        "\nEach trace starts with {} more micro-batches of history: every planner observes "
+        "them, none is measured.\n",
+        c.sim.warmup_steps);
+  }
   for (const SweepPool& pool : r.pools) {
     out += fmt::format("\n## EP={}: pooled over {} priors ({:.0f} rows per GPU on average)\n\n", pool.ranks,
                        c.prior_paths.size(), pool.mean_rows);

@@ -174,6 +174,11 @@ expect_unchanged json_is_input valid.json "$input"
 expect_bad json_is_input_alias "input trace" -- "${sim[@]}" valid.json --json ./valid.json --force
 expect_unchanged json_is_input_alias valid.json "$input"
 expect_bad plot_is_input "input trace" -- "${sim[@]}" valid.json --plot valid.json --force
+expect_bad warmup_all "--warmup" -- "${sim[@]}" valid.json --warmup 1
+expect_bad eplb_policy "--eplb-policy" -- "${sim[@]}" valid.json --policies eplb --eplb-policy 3
+expect_bad eplb_hierarchical "--eplb-policy 1" -- "${sim[@]}" valid.json --policies eplb --eplb-policy 1
+expect_bad report_plots "--plots" -- report --quiet --plots a_directory
+expect_bad anchors_skew "--skews" -- report --anchors --quiet --skews 0.5
 expect_unchanged plot_is_input valid.json "$input"
 
 # --- Good input ------------------------------------------------------------------------------

@@ -92,6 +92,72 @@ TEST(Metrics, CopiesThatLandAfterTheOwnWorkDoNotFit) {
   EXPECT_NEAR(m.copy_exposed_ms, std::max(0.0, gpu1_finish - m.gemm_max_ms), 1e-9);
 }
 
+// EP=4 over 2 nodes of 2 GPUs; every rank routes 10 rows to expert 0 (home GPU 0).
+TEST(Metrics, TrafficSplitsNvlinkAndNetwork) {
+  const Topology topo = Topology::contiguous(4, 2, 4);
+  const ExpertShape shape{64, 32, Dtype::kBf16};
+  const auto s = step_from({{10, 0, 0, 0}, {10, 0, 0, 0}, {10, 0, 0, 0}, {10, 0, 0, 0}});
+  Knobs k;
+  const RooflineCostModel cost(shape, k);
+  const int64_t row = shape.row_bytes();
+  // Static: GPU 1's rows cross NVLink, GPUs 2 and 3's the network, both ways.
+  Plan plan;
+  plan.clear(4);
+  plan.add_home_slices(topo, s, {0, 0, 0, 0});
+  StepMetrics m = measure_plan(plan, topo, cost, k, 0.0);
+  measure_traffic(plan, topo, s, shape, m);
+  EXPECT_EQ(m.dispatch_nvlink_bytes, 2 * 10 * row);
+  EXPECT_EQ(m.dispatch_network_bytes, 2 * 20 * row);
+  EXPECT_EQ(m.nvlink_bytes + m.network_bytes, 0);
+  // 20 rows dispatched to GPU 2 (weights copied there, over the network). By ordinal, sources 0
+  // and 1 fill the home, 2 and 3 fill GPU 2: only 1 -> 0 and 3 -> 2 move, both inside a node.
+  plan.clear(4);
+  plan.slices.push_back({0, 0, 20, RowSource::kHome});
+  plan.slices.push_back({0, 2, 20, RowSource::kDispatched});
+  plan.copies.push_back({CopyKind::kWeights, 0, 0, 2, 0, shape.weight_bytes()});
+  validate(plan, topo, s, shape, PlanLimits{false, 4});
+  m = measure_plan(plan, topo, cost, k, 0.0);
+  measure_traffic(plan, topo, s, shape, m);
+  EXPECT_EQ(m.dispatch_nvlink_bytes, 2 * 20 * row);
+  EXPECT_EQ(m.dispatch_network_bytes, 0);
+  EXPECT_EQ(m.network_bytes, shape.weight_bytes());
+  EXPECT_EQ(m.nvlink_bytes, 0);
+  EXPECT_EQ(m.max_guest_slots, 1);
+  // FEPLB-style: all rows to the home, 20 copied on to GPU 1 (NVLink) and back.
+  plan.clear(4);
+  plan.add_migration(0, 0, 1, 20, shape);
+  plan.add_home_slices(topo, s, {20, 0, 0, 0});
+  m = measure_plan(plan, topo, cost, k, 0.0);
+  measure_traffic(plan, topo, s, shape, m);
+  EXPECT_EQ(m.dispatch_network_bytes, 2 * 20 * row);  // as static
+  EXPECT_EQ(m.nvlink_bytes, shape.weight_bytes() + 2 * 20 * row);
+  EXPECT_EQ(m.network_bytes, 0);
+}
+
+// A resident replica's rows need no copy, so they count as the GPU's own work, and installing a
+// replica happens between micro-batches: it is never waited for.
+TEST(Metrics, ResidentReplicasAreOwnWorkAndInstallsAreNotTimed) {
+  const Topology topo = Topology::contiguous(2, 8, 4);
+  const auto s = step_from({{4000, 0, 1, 0}, {4000, 0, 1, 0}});
+  Knobs k;
+  const RooflineCostModel cost(glm5(), k);
+  Plan plan;
+  plan.clear(4);
+  plan.slices.push_back({0, 0, 4000, RowSource::kHome});
+  plan.slices.push_back({0, 1, 4000, RowSource::kDispatched});
+  plan.slices.push_back({2, 1, 2, RowSource::kHome});
+  plan.resident.push_back({0, 1});
+  plan.copies.push_back({CopyKind::kReplicaWeights, 0, 0, 1, 0, glm5().weight_bytes()});
+  validate(plan, topo, s, glm5(), PlanLimits{true, 1});
+  const StepMetrics m = measure_plan(plan, topo, cost, k, 0.0);
+  EXPECT_TRUE(m.fits_static_window);
+  EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0);
+  EXPECT_EQ(m.weight_bytes, glm5().weight_bytes());
+  EXPECT_EQ(m.guest_experts, 0) << "no weights copied for this micro-batch";
+  EXPECT_EQ(m.max_guest_slots, 1);
+  EXPECT_DOUBLE_EQ(m.token_straggler, 1.0);  // 4000 and 4002 rows
+}
+
 TEST(Metrics, OracleFloorPerDomain) {
   // Two domains of 2 GPUs; all load in domain 0: its GPUs can only share it between them.
   const Topology topo = Topology::contiguous(4, 2, 4);

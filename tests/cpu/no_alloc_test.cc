@@ -46,5 +46,30 @@ TEST(NoAlloc, PlannersDoNotAllocateOnceWarm) {
   }
 }
 
+// eplb replans in observe(): once it has seen a layer, neither a replan nor a plan that installs
+// the new replicas allocates (the first observe() of a layer sizes its history and layout).
+TEST(NoAlloc, EplbReplansDoNotAllocateOnceWarm) {
+  Knobs k;
+  k.eplb_interval = 1;  // a replan after every micro-batch: every plan installs replicas
+  k.eplb_window = 3;
+  testing::Bench b(16, 8, 128, k);
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
+  }
+  auto planner = b.make("eplb");
+  Plan plan;
+  for (const RoutingStep& s : steps) {
+    planner->plan(s, plan);
+    planner->observe(s);
+  }
+  for (const RoutingStep& s : steps) {
+    const int64_t before = g_news.load();
+    planner->plan(s, plan);
+    planner->observe(s);
+    EXPECT_EQ(g_news.load() - before, 0);
+  }
+}
+
 }  // namespace
 }  // namespace feplb

@@ -1,11 +1,14 @@
-// feplb report: the balance sweep behind docs/results/core.md (priors x EP sizes x policies).
+// feplb report: the balance sweep behind docs/results/core.md (priors x EP sizes x policies), and
+// with --anchors the anchors side by side behind docs/results/balance.md (plus SVG plots).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <sstream>
 
 #include "cli.h"
+#include "feplb/core/balance.h"
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
 #include "feplb/core/planners/planner.h"
@@ -14,10 +17,16 @@
 namespace feplb::cli {
 namespace {
 
+constexpr const char* kCorePolicies = "static,feplb-paper,feplb,fastermoe,oracle";
+constexpr int64_t kUnset = std::numeric_limits<int64_t>::min();
+
 struct ReportOptions {
-  std::string priors_dir, out_md, out_json;
-  std::string ranks = "2,4,8";
-  std::string policies = "static,feplb-paper,feplb,fastermoe,oracle";
+  std::string priors_dir, out_md, out_json, plots_dir;
+  std::string ranks;     // default: 2,4,8 (core) or 2,4,8,16 (--anchors)
+  std::string policies;  // default: the five core ones, or every planner (--anchors)
+  std::string skews = "1.2,2,5,10";
+  int64_t warmup = kUnset;  // default: 0 (core) or 16 (--anchors)
+  bool anchors = false;
   SweepConfig sweep;
   ShapeFlags shape;
   bool force = false, quiet = false;
@@ -39,9 +48,95 @@ std::vector<T> parse_list(const std::string& s, const char* flag) {
       }
       FEPLB_REQUIRE_INPUT(used == item.size() && v >= 1, "{}: '{}' is not a positive integer", flag, item);
       out.push_back(v);
+    } else if constexpr (std::is_same_v<T, double>) {
+      size_t used = 0;
+      double v = 0;
+      try {
+        v = std::stod(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      FEPLB_REQUIRE_INPUT(used == item.size() && v >= 1, "{}: '{}' is not a number >= 1", flag,
+                          item);
+      out.push_back(v);
     } else {
       out.push_back(item);
     }
+  }
+  return out;
+}
+
+// --anchors: every policy (and the Pareto variants) on real priors and lognormal skew levels;
+// Markdown, JSON and SVG plots (balance-*.svg in --plots).
+void run_anchors(const ReportOptions& o, const std::string& command) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  BalanceConfig c;
+  c.prior_paths = o.sweep.prior_paths;
+  c.ranks = o.sweep.ranks;
+  c.skews = o.skews == "none" ? std::vector<double>{} : parse_list<double>(o.skews, "--skews");
+  for (double skew : c.skews) {
+    FEPLB_REQUIRE_INPUT(skew < o.sweep.num_experts, "--skews: {} must be below the expert count {}",
+                        skew, o.sweep.num_experts);
+  }
+  c.num_experts = o.sweep.num_experts;
+  c.top_k = o.sweep.top_k;
+  c.gpus_per_node = o.sweep.gpus_per_node;
+  c.workload = o.sweep.workload;
+  c.warmup_steps = o.warmup;
+  c.sim = o.sweep.sim;
+  c.model = o.sweep.model;
+  if (!o.plots_dir.empty()) {
+    FEPLB_REQUIRE_INPUT(fs::is_directory(o.plots_dir, ec), "--plots: {} is not a directory",
+                        o.plots_dir);
+    for (const char* name :
+         {"balance-token-straggler.svg", "balance-gemm-straggler.svg", "balance-weight-bytes.svg",
+          "balance-pareto.svg", "balance-cross-node.svg"}) {
+      const std::string path = (fs::path(o.plots_dir) / name).string();
+      FEPLB_REQUIRE_INPUT(o.force || !fs::exists(path, ec), "{}: exists; pass --force to overwrite",
+                          path);
+    }
+  }
+  ProgressLine progress("report", !o.quiet);
+  const BalanceResult r = run_balance(c, std::ref(progress));
+  std::string plot_dir;
+  if (!o.plots_dir.empty()) {
+    const fs::path md_dir =
+        o.out_md.empty() ? fs::current_path() : fs::absolute(o.out_md).parent_path();
+    plot_dir = fs::relative(fs::absolute(o.plots_dir), md_dir, ec).string();
+    if (plot_dir == ".") plot_dir.clear();
+  }
+  const std::string md =
+      format_balance_markdown(r, command, plot_dir.empty() ? "" : plot_dir + "/");
+  if (!o.out_md.empty()) {
+    write_file(o.out_md, md, o.force);
+    std::printf("wrote %s\n", o.out_md.c_str());
+  } else {
+    std::fputs(md.c_str(), stdout);
+  }
+  if (!o.out_json.empty()) {
+    write_file(o.out_json, format_balance_json(r, command), o.force);
+    std::printf("wrote %s\n", o.out_json.c_str());
+  }
+  if (!o.plots_dir.empty()) {
+    for (const auto& [name, svg] : balance_plots(r)) {
+      const std::string path = (fs::path(o.plots_dir) / name).string();
+      write_file(path, svg, o.force);
+      std::printf("wrote %s\n", path.c_str());
+    }
+  }
+}
+
+// The options given on the command line (without --quiet and --force, which change no number),
+// for the provenance line of the --anchors report.
+std::string given_command(const CLI::App& cmd) {
+  std::string out = "feplb report";
+  for (const CLI::Option* opt : cmd.get_options()) {
+    const std::string name = opt->get_name();
+    if (opt->count() == 0 || name == "--help" || name == "--quiet" || name == "--force") continue;
+    out += " " + name;
+    if (opt->get_expected_min() == 0) continue;  // a flag
+    for (const std::string& v : opt->results()) out += " " + v;
   }
   return out;
 }
@@ -55,17 +150,29 @@ void run_report(ReportOptions o, const std::string& command) {
     if (entry.path().extension() == ".json") o.sweep.prior_paths.push_back(entry.path().string());
   }
   std::sort(o.sweep.prior_paths.begin(), o.sweep.prior_paths.end());
+  if (o.ranks.empty()) o.ranks = o.anchors ? "2,4,8,16" : "2,4,8";
+  if (o.policies.empty()) {
+    o.policies = o.anchors ? fmt::format("{}", fmt::join(planner_names(), ",")) : kCorePolicies;
+  }
+  if (o.warmup == kUnset) o.warmup = o.anchors ? 16 : 0;
+  FEPLB_REQUIRE_INPUT(o.warmup >= 0, "--warmup: {} must be at least 0", o.warmup);
+  FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || o.anchors, "--plots: only with --anchors");
   o.sweep.ranks = parse_list<int>(o.ranks, "--ranks");
   o.sweep.sim.policies = parse_list<std::string>(o.policies, "--policies");
   for (const std::string& p : o.sweep.sim.policies) {
     FEPLB_REQUIRE_INPUT(std::find(planner_names().begin(), planner_names().end(), p) != planner_names().end(),
                         "--policies: unknown policy '{}' (known: {})", p, fmt::join(planner_names(), ", "));
   }
+  o.sweep.sim.warmup_steps = o.warmup;
   o.sweep.sim.shape = resolve_shape(o.shape, nullptr, o.sweep.model);
   validate_knobs(o.sweep.sim.knobs);
   for (const std::string* out : {&o.out_md, &o.out_json}) {
     FEPLB_REQUIRE_INPUT(out->empty() || o.force || !fs::exists(*out, ec), "{}: exists; pass --force to overwrite",
                         *out);
+  }
+  if (o.anchors) {
+    run_anchors(o, command);
+    return;
   }
   ProgressLine progress("report", !o.quiet);
   const SweepResult r = run_sweep(o.sweep, std::ref(progress));
@@ -90,8 +197,23 @@ void add_report_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "report", "Sweep every prior file x EP size x policy and write a Markdown/JSON report (no GPU)");
   cmd->add_option("--priors", o->priors_dir, "directory of prior files (default data/priors)");
-  cmd->add_option("--ranks", o->ranks, "comma-separated EP sizes (default 2,4,8)");
-  cmd->add_option("--policies", o->policies, "comma-separated policies (default: the five core ones)");
+  cmd->add_flag(
+      "--anchors", o->anchors,
+      "the anchors side by side (docs/results/balance.md): every policy on real priors and "
+      "lognormal skews, Pareto variants, placed homes; with --plots, SVGs");
+  cmd->add_option("--ranks", o->ranks,
+                  "comma-separated EP sizes (default 2,4,8; --anchors: 2,4,8,16)");
+  cmd->add_option(
+      "--policies", o->policies,
+      "comma-separated policies (default: the five core ones; --anchors: every planner)");
+  cmd->add_option(
+      "--skews", o->skews,
+      "--anchors: lognormal max/mean over experts, comma-separated, or none (default 1.2,2,5,10)");
+  cmd->add_option(
+      "--warmup", o->warmup,
+      "micro-batches of history observed before the measured ones (default 0; --anchors: 16)");
+  cmd->add_option("--plots", o->plots_dir,
+                  "--anchors: write the balance-*.svg plots into this directory");
   cmd->add_option("--experts", o->sweep.num_experts, "experts; priors are widened to it (default 128)");
   cmd->add_option("--top-k", o->sweep.top_k, "experts per token (default 8)");
   cmd->add_option("--gpus-per-node", o->sweep.gpus_per_node, "GPUs per NVLink domain (default 8)");
@@ -109,7 +231,11 @@ void add_report_command(CLI::App& app) {
   add_knob_flags(*cmd, o->sweep.sim.knobs);
   cmd->callback([o, cmd] {
     std::string command = "feplb report";
-    for (const std::string& a : cmd->remaining()) command += " " + a;
+    if (o->anchors) {
+      command = given_command(*cmd);
+    } else {
+      for (const std::string& a : cmd->remaining()) command += " " + a;
+    }
     run_report(*o, command);
   });
 }

@@ -18,6 +18,7 @@ namespace {
 struct SimulateOptions {
   std::string trace;
   int gpus_per_node = 8;
+  int64_t warmup = 0;
   std::string policies = "static,feplb-paper,feplb,fastermoe,oracle";
   std::string json_out, plot_out;
   bool force = false, quiet = false;
@@ -70,6 +71,7 @@ void run_simulate(const SimulateOptions& o) {
   SimulationConfig cfg;
   cfg.policies = policies;
   cfg.gpus_per_node = o.gpus_per_node;
+  cfg.warmup_steps = o.warmup;
   cfg.shape = resolve_shape(o.shape, &trace, trace.model);
   cfg.knobs = o.knobs;
   cfg.trace_label = path;
@@ -94,8 +96,14 @@ void add_simulate_command(CLI::App& app) {
       "simulate", "Plan every step of a routing trace with each policy and compare them (no GPU)");
   cmd->add_option("--trace", o->trace, "feplb-trace-v1 file (default: data/traces/default.json)");
   cmd->add_option("--gpus-per-node", o->gpus_per_node, "GPUs per NVLink domain (default 8)");
-  cmd->add_option("--policies", o->policies,
-                  "comma-separated policies (default static,feplb-paper,feplb,fastermoe,oracle)");
+  cmd->add_option(
+      "--warmup", o->warmup,
+      "the trace's first N micro-batches are history: observed by every planner, not measured "
+      "(default 0)");
+  cmd->add_option(
+      "--policies", o->policies,
+      "comma-separated policies (default static,feplb-paper,feplb,fastermoe,oracle; also "
+      "eplb, llep, moonep)");
   cmd->add_option("--json", o->json_out, "write the results as JSON to this file");
   cmd->add_option("--plot", o->plot_out, "write an SVG of per-GPU load before/after each policy");
   cmd->add_flag("--force", o->force, "overwrite existing output files");

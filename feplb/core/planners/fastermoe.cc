@@ -22,6 +22,10 @@ class FasterMoePlanner final : public Planner {
   PlanLimits limits() const override {
     return {false, static_cast<int64_t>(ctx_.topo.num_experts())};
   }
+  // FasterMoE's smart schedule exchanges tokens with NCCL send/recv and broadcasts shadows.
+  Transport transport() const override {
+    return {"NCCL all-to-all", ctx_.knobs.nccl_sms, "NCCL broadcast", ctx_.knobs.nccl_sms, true};
+  }
 
   void plan(const RoutingStep& routing, Plan& out) override {
     const Topology& topo = ctx_.topo;

@@ -17,6 +17,9 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"feplb", make_feplb_planner},
       {"fastermoe", make_fastermoe_planner},
       {"oracle", make_oracle_planner},
+      {"eplb", make_eplb_planner},
+      {"llep", make_llep_planner},
+      {"moonep", make_moonep_planner},
   };
   return kRegistry;
 }
@@ -28,6 +31,10 @@ PlanLimits Planner::limits() const {
   l.intra_domain_only = true;
   l.max_guest_experts = ctx_.knobs.max_num_dyn;
   return l;
+}
+
+Transport Planner::transport() const {
+  return {"DeepEP", ctx_.knobs.deepep_sms, "copy engine", 0, true};
 }
 
 const std::vector<std::string>& planner_names() {

@@ -9,6 +9,9 @@ class StaticPlanner final : public Planner {
   using Planner::Planner;
   std::string_view name() const override { return "static"; }
   PlanLimits limits() const override { return {true, 0}; }
+  Transport transport() const override {
+    return {"DeepEP", ctx_.knobs.deepep_sms, "none", 0, true};
+  }
   void plan(const RoutingStep& routing, Plan& out) override {
     out.clear(ctx_.topo.num_experts());
     moved_.assign(static_cast<size_t>(ctx_.topo.num_experts()), 0);

@@ -1,0 +1,379 @@
+#include "feplb/core/balance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "feplb/core/error.h"
+#include "feplb/core/planners/eplb_rebalance.h"
+#include "feplb/core/prior.h"
+#include "feplb/core/stats.h"
+
+namespace feplb {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr const char* kPlaced = ", placed homes";
+
+std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
+
+void apply(Knobs& knobs, const std::vector<KnobOverride>& overrides) {
+  for (const KnobOverride& o : overrides) {
+    bool found = false;
+    for (const KnobInfo& info : list_knobs(knobs)) {
+      if (info.name != o.name) continue;
+      std::visit([&](auto* p) { *p = static_cast<std::remove_reference_t<decltype(*p)>>(o.value); },
+                 info.value);
+      found = true;
+    }
+    FEPLB_REQUIRE_INPUT(found, "variant: unknown knob '{}'", o.name);
+  }
+}
+
+// Steps of one label, collected over the workloads of a group.
+struct Accumulator {
+  std::string label, policy;
+  Transport transport;
+  bool placed = false, variant = false;
+  std::vector<StepMetrics> steps;
+};
+
+void collect(std::vector<Accumulator>& acc, const std::string& label, const PolicyResult& pr,
+             bool placed, bool variant) {
+  for (Accumulator& a : acc) {
+    if (a.label == label) {
+      a.steps.insert(a.steps.end(), pr.steps.begin(), pr.steps.end());
+      return;
+    }
+  }
+  acc.push_back({label, pr.name, pr.transport, placed, variant, pr.steps});
+}
+
+// Home GPU of each expert for one layer, from its history: EPLB's hierarchical rebalance with no
+// redundant slot and one expert per group (experts onto nodes first, then onto the node's GPUs).
+std::vector<int> place_homes(const std::vector<double>& load, int ranks, int domains) {
+  eplb::Params p;
+  p.num_experts = static_cast<int>(load.size());
+  p.num_replicas = p.num_experts;
+  p.num_groups = p.num_experts;
+  p.num_nodes = domains;
+  p.num_gpus = ranks;
+  p.policy = eplb::Policy::kHierarchical;
+  eplb::check_params(p);
+  eplb::Layout out;
+  eplb::Workspace ws;
+  eplb::rebalance(load, p, out, ws);
+  std::vector<int> home(load.size());
+  const int per_gpu = p.num_experts / ranks;
+  for (int s = 0; s < p.num_replicas; ++s) home[out.phy2log[s]] = s / per_gpu;
+  return home;
+}
+
+// Simulates each layer of `trace` on its own topology, homes placed from the layer's warm-up
+// steps; the results' steps are concatenated layer by layer. Adds the experts re-homed per layer.
+SimulationResult simulate_placed(const Trace& trace, const SimulationConfig& base, int domains,
+                                 double& rehomed_sum, int64_t& layers) {
+  std::vector<int64_t> layer_ids;
+  for (const RoutingStep& s : trace.steps) {
+    if (std::find(layer_ids.begin(), layer_ids.end(), s.layer) == layer_ids.end()) {
+      layer_ids.push_back(s.layer);
+    }
+  }
+  std::optional<SimulationResult> merged;
+  for (int64_t layer : layer_ids) {
+    Trace sub = trace;
+    sub.steps.clear();
+    std::vector<double> load(static_cast<size_t>(trace.num_experts), 0.0);
+    int64_t distinct = 0, last = -1;
+    for (const RoutingStep& s : trace.steps) {
+      if (s.step != last) ++distinct;
+      last = s.step;
+      if (s.layer != layer) continue;
+      sub.steps.push_back(s);
+      if (distinct <= base.warmup_steps) {
+        for (int e = 0; e < trace.num_experts; ++e) {
+          load[e] += static_cast<double>(s.expert_counts[e]);
+        }
+      }
+    }
+    SimulationConfig cfg = base;
+    cfg.placement = place_homes(load, trace.num_ranks, domains);
+    const int per_gpu = trace.num_experts / trace.num_ranks;
+    for (int e = 0; e < trace.num_experts; ++e) {
+      rehomed_sum += cfg.placement[e] != e / per_gpu ? 1 : 0;
+    }
+    ++layers;
+    SimulationResult r = simulate(sub, cfg);
+    if (!merged) {
+      merged.emplace(std::move(r));
+      continue;
+    }
+    for (PolicyResult& p : merged->policies) {
+      const PolicyResult* q = r.find(p.name);
+      p.steps.insert(p.steps.end(), q->steps.begin(), q->steps.end());
+    }
+  }
+  FEPLB_CHECK(merged.has_value(), "balance: a trace without steps");
+  return std::move(*merged);
+}
+
+BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<Accumulator>& acc) {
+  BalanceGroup g;
+  g.ranks = ranks;
+  g.domains = domains;
+  g.skew = skew;
+  double rows = 0;
+  for (const StepMetrics& m : acc.front().steps) rows += m.mean_rows;
+  g.mean_rows =
+      acc.front().steps.empty() ? 0.0 : rows / static_cast<double>(acc.front().steps.size());
+  std::vector<PolicySummary*> all;
+  g.cells.reserve(acc.size());
+  for (Accumulator& a : acc) {
+    BalanceCell c;
+    c.label = a.label;
+    c.policy = a.policy;
+    c.transport = a.transport;
+    c.placed = a.placed;
+    c.variant = a.variant;
+    c.summary = summarise_steps(a.steps);
+    std::vector<double> floor;
+    for (const StepMetrics& m : a.steps) {
+      c.max_token_straggler = std::max(c.max_token_straggler, m.token_straggler);
+      c.max_token_max_over_mean = std::max(c.max_token_max_over_mean, m.token_max_over_mean);
+      c.max_guest_slots = std::max(c.max_guest_slots, static_cast<double>(m.max_guest_slots));
+      c.max_network_bytes = std::max(c.max_network_bytes, static_cast<double>(m.network_bytes));
+      floor.push_back(m.oracle_straggler);
+    }
+    c.oracle_straggler = mean_of(floor);
+    g.cells.push_back(std::move(c));
+  }
+  for (BalanceCell& c : g.cells) all.push_back(&c.summary);
+  const BalanceCell* base = g.find("static");
+  FEPLB_CHECK(base != nullptr, "balance: no static policy");
+  apply_reductions(all, base->summary);
+  return g;
+}
+
+}  // namespace
+
+std::vector<BalanceVariant> default_balance_variants() {
+  std::vector<BalanceVariant> v;
+  for (bool placed : {false, true}) {
+    for (int pct : {2, 5, 8, 10, 12, 15, 20}) {
+      v.push_back({fmt::format("feplb{} tol {}%", placed ? ", placed homes," : "", pct),
+                   "feplb",
+                   {{"balance_tolerance", pct / 100.0}},
+                   placed});
+    }
+  }
+  const std::vector<BalanceVariant> anchors = {
+      {"eplb every 4", "eplb", {{"eplb_interval", 4}, {"eplb_window", 4}}},
+      {"eplb every 16", "eplb", {{"eplb_interval", 16}, {"eplb_window", 16}}},
+      {"eplb R=0", "eplb", {{"eplb_redundant_per_gpu", 0}}},
+      {"eplb R=2", "eplb", {{"eplb_redundant_per_gpu", 2}}},
+      {"eplb no dup", "eplb", {{"eplb_forbid_duplicates", 1}}},
+      {"eplb global", "eplb", {{"eplb_policy", 2}}},
+      {"llep cap 1.05", "llep", {{"llep_cap_factor", 1.05}}},
+      {"llep cap 1.2", "llep", {{"llep_cap_factor", 1.2}}},
+      {"llep cap 1.3", "llep", {{"llep_cap_factor", 1.3}}},
+  };
+  v.insert(v.end(), anchors.begin(), anchors.end());
+  return v;
+}
+
+const BalanceCell* BalanceGroup::find(const std::string& label) const {
+  for (const BalanceCell& c : cells) {
+    if (c.label == label) return &c;
+  }
+  return nullptr;
+}
+
+const BalanceGroup* BalanceResult::find(int ranks, double skew) const {
+  for (const BalanceGroup& g : groups) {
+    if (g.ranks == ranks && g.skew == skew) return &g;
+  }
+  return nullptr;
+}
+
+BalanceResult run_balance(const BalanceConfig& config, const Progress& progress) {
+  FEPLB_REQUIRE_INPUT(!config.prior_paths.empty() || !config.skews.empty(), "priors: none found");
+  FEPLB_REQUIRE_INPUT(!config.ranks.empty(), "--ranks: none given");
+  FEPLB_REQUIRE_INPUT(config.warmup_steps >= 0, "--warmup: {} must be at least 0",
+                      config.warmup_steps);
+  BalanceResult result{config, {}, {}};
+  std::vector<std::string>& policies = result.config.sim.policies;
+  if (std::find(policies.begin(), policies.end(), "static") == policies.end()) {
+    policies.insert(policies.begin(), "static");
+  }
+
+  // EPLB's README example, through the same code the eplb planner uses.
+  {
+    const std::vector<std::vector<double>> weight = {
+        {90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86},
+        {20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27}};
+    eplb::Params p;
+    p.num_experts = 12;
+    p.num_replicas = 16;
+    p.num_groups = 4;
+    p.num_nodes = 2;
+    p.num_gpus = 8;
+    eplb::Workspace ws;
+    for (const auto& w : weight) {
+      eplb::Layout out;
+      eplb::rebalance(w, p, out, ws);
+      result.eplb_readme.push_back(out.phy2log);
+    }
+  }
+
+  struct Workload {
+    std::string name;
+    double skew;  // 0: real prior
+    Prior prior;
+  };
+  std::vector<Workload> workloads;
+  for (const std::string& path : config.prior_paths) {
+    workloads.push_back({stem(path), 0.0,
+                         expand_prior(read_prior(path), config.num_experts, config.workload.seed)});
+  }
+  for (double skew : config.skews) {
+    workloads.push_back(
+        {fmt::format("lognormal {}", skew), skew,
+         lognormal_prior(config.num_experts, skew, config.skew_layers, config.skew_seed)});
+  }
+  const int64_t total = static_cast<int64_t>(config.ranks.size() * workloads.size());
+  int64_t done = 0;
+  for (int ranks : config.ranks) {
+    const Topology topo = Topology::contiguous(ranks, config.gpus_per_node, config.num_experts);
+    std::vector<Accumulator> real;
+    double rehomed = 0;
+    int64_t layers = 0;
+    for (const Workload& w : workloads) {
+      WorkloadSpec spec = config.workload;
+      spec.num_ranks = ranks;
+      spec.top_k = config.top_k;
+      spec.num_steps = config.workload.num_steps + config.warmup_steps;
+      Trace trace = generate_trace(w.prior, spec);
+      trace.model = config.model;
+      SimulationConfig sim = result.config.sim;
+      sim.gpus_per_node = config.gpus_per_node;
+      sim.warmup_steps = config.warmup_steps;
+      const SimulationResult r = simulate(trace, sim);
+      std::vector<Accumulator> one;
+      std::vector<Accumulator>& acc = w.skew > 0 ? one : real;
+      for (const PolicyResult& p : r.policies) collect(acc, p.name, p, false, false);
+      if (w.skew == 0) {
+        SimulationConfig placed = sim;
+        placed.policies = config.placed_policies;
+        const SimulationResult rp =
+            simulate_placed(trace, placed, topo.num_domains(), rehomed, layers);
+        for (const PolicyResult& p : rp.policies) collect(acc, p.name + kPlaced, p, true, false);
+        if (ranks == config.pareto_ranks) {
+          for (const BalanceVariant& v : config.variants) {
+            SimulationConfig vs = sim;
+            vs.policies = {v.policy};
+            apply(vs.knobs, v.knobs);
+            double unused = 0;
+            int64_t unused_layers = 0;
+            const SimulationResult rv =
+                v.placed_homes
+                    ? simulate_placed(trace, vs, topo.num_domains(), unused, unused_layers)
+                    : simulate(trace, vs);
+            collect(acc, v.label, *rv.find(v.policy), v.placed_homes, true);
+          }
+        }
+      } else {
+        result.groups.push_back(summarise_group(ranks, topo.num_domains(), w.skew, one));
+      }
+      if (progress) progress(++done, total);
+    }
+    if (!real.empty()) {
+      BalanceGroup g = summarise_group(ranks, topo.num_domains(), 0.0, real);
+      g.rehomed_experts = layers ? rehomed / static_cast<double>(layers) : 0.0;
+      result.groups.push_back(std::move(g));
+    }
+  }
+  return result;
+}
+
+std::string format_balance_json(const BalanceResult& r, const std::string& command) {
+  using json = nlohmann::ordered_json;
+  const BalanceConfig& c = r.config;
+  json doc;
+  doc["command"] = command;
+  json priors = json::array();
+  for (const std::string& p : c.prior_paths) priors.push_back(stem(p));
+  json variants = json::array();
+  for (const BalanceVariant& v : c.variants) {
+    json knobs = json::object();
+    for (const KnobOverride& o : v.knobs) knobs[o.name] = o.value;
+    variants.push_back({{"label", v.label}, {"policy", v.policy}, {"knobs", knobs}});
+  }
+  doc["config"] = {{"priors", priors},
+                   {"lognormal_skews", c.skews},
+                   {"ranks", c.ranks},
+                   {"gpus_per_node", c.gpus_per_node},
+                   {"num_experts", c.num_experts},
+                   {"top_k", c.top_k},
+                   {"tokens_per_rank", c.workload.tokens_per_rank},
+                   {"measured_micro_batches", c.workload.num_steps},
+                   {"warmup_micro_batches", c.warmup_steps},
+                   {"seq_len", c.workload.seq_len},
+                   {"concentration", c.workload.concentration},
+                   {"seed", c.workload.seed},
+                   {"policies", c.sim.policies},
+                   {"pareto_ranks", c.pareto_ranks},
+                   {"variants", variants}};
+  doc["eplb_readme_phy2log"] = r.eplb_readme;
+  json groups = json::array();
+  for (const BalanceGroup& g : r.groups) {
+    json cells = json::array();
+    for (const BalanceCell& cell : g.cells) {
+      const PolicySummary& s = cell.summary;
+      cells.push_back({{"label", cell.label},
+                       {"policy", cell.policy},
+                       {"placed_homes", cell.placed},
+                       {"variant", cell.variant},
+                       {"transport",
+                        {{"dispatch", cell.transport.dispatch},
+                         {"dispatch_sms", cell.transport.dispatch_sms},
+                         {"balance", cell.transport.balance},
+                         {"balance_sms", cell.transport.balance_sms},
+                         {"balance_every_micro_batch", cell.transport.balance_every_micro_batch}}},
+                       {"token_straggler", s.token_straggler},
+                       {"token_straggler_p95", s.token_straggler_p95},
+                       {"token_straggler_max", cell.max_token_straggler},
+                       {"token_max_over_mean", s.token_max_over_mean},
+                       {"token_max_over_mean_max", cell.max_token_max_over_mean},
+                       {"gemm_straggler_ms", s.gemm_straggler_ms},
+                       {"gemm_straggler_ms_p95", s.gemm_straggler_ms_p95},
+                       {"weight_bytes_per_step", s.weight_bytes_per_step},
+                       {"token_bytes_per_step", s.token_bytes_per_step},
+                       {"nvlink_bytes_per_step", s.nvlink_bytes_per_step},
+                       {"network_bytes_per_step", s.network_bytes_per_step},
+                       {"dispatch_nvlink_bytes_per_step", s.dispatch_nvlink_bytes_per_step},
+                       {"dispatch_network_bytes_per_step", s.dispatch_network_bytes_per_step},
+                       {"guest_slots_max", cell.max_guest_slots},
+                       {"network_bytes_max", cell.max_network_bytes},
+                       {"fits_static_window", s.fits_static_window},
+                       {"copy_exposed_ms", s.copy_exposed_ms},
+                       {"planner_us_median", s.planner_us_median},
+                       {"planner_us_p99", s.planner_us_p99},
+                       {"inter_node_floor", cell.oracle_straggler},
+                       {"token_straggler_reduction", s.token_straggler_reduction},
+                       {"gemm_straggler_reduction", s.gemm_straggler_reduction}});
+    }
+    groups.push_back(
+        {{"ranks", g.ranks},
+         {"nvlink_domains", g.domains},
+         {"workload", g.skew > 0 ? fmt::format("lognormal max/mean {}", g.skew) : "real priors"},
+         {"mean_rows_per_gpu", g.mean_rows},
+         {"rehomed_experts_per_layer", g.rehomed_experts},
+         {"cells", cells}});
+  }
+  doc["groups"] = groups;
+  return doc.dump(2) + "\n";
+}
+
+}  // namespace feplb

@@ -1,0 +1,104 @@
+// The anchors side by side (docs/results/balance.md): every policy, the 2026 anchors (EPLB, LLEP,
+// MoonEP) included, on real-prior traces and lognormal skew levels at several EP sizes. Balance
+// against the weight bytes it costs, the links and SMs each transport uses, a Pareto study of
+// policy settings, and what feplb leaves between nodes (with a history-based home placement).
+// What `feplb report --anchors` runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "feplb/core/simulate.h"
+
+namespace feplb {
+
+struct KnobOverride {
+  std::string name;  // as in knobs.def, e.g. "balance_tolerance"
+  double value = 0;
+};
+
+// Another setting of one policy, simulated for the Pareto study (real priors, one EP size).
+struct BalanceVariant {
+  std::string label;  // e.g. "feplb tol 5%"
+  std::string policy;
+  std::vector<KnobOverride> knobs;
+  bool placed_homes = false;  // with homes placed from history (BalanceConfig::placed_policies)
+};
+
+// feplb's balance tolerance (contiguous and placed homes), EPLB's replan interval, redundancy,
+// policy and duplicate rule, LLEP's cap.
+std::vector<BalanceVariant> default_balance_variants();
+
+struct BalanceConfig {
+  std::vector<std::string> prior_paths;               // real-model priors (data/priors)
+  std::vector<double> skews = {1.2, 2.0, 5.0, 10.0};  // lognormal max/mean over experts
+  int skew_layers = 3;                                // layers (own popularity each) per skew
+  uint64_t skew_seed = 1;
+  std::vector<int> ranks = {2, 4, 8, 16};
+  int num_experts = 128;
+  int top_k = 8;
+  int gpus_per_node = 8;
+  WorkloadSpec workload;      // num_steps: measured micro-batches (num_ranks/top_k set per run)
+  int64_t warmup_steps = 16;  // history micro-batches before them (observed, not measured)
+  SimulationConfig sim;       // policies (static first), shape, knobs
+  std::string model = "glm5-128e";
+  int pareto_ranks = 8;
+  std::vector<BalanceVariant> variants = default_balance_variants();
+  // Real priors, every EP: static, feplb and oracle again with homes placed from the warm-up
+  // history (EPLB, one expert per group: experts onto nodes, then onto GPUs; no replicas).
+  std::vector<std::string> placed_policies = {"static", "feplb", "oracle"};
+};
+
+// One label (a policy, a variant, or a policy with placed homes) over a group of steps.
+struct BalanceCell {
+  std::string label;
+  std::string policy;
+  Transport transport;
+  PolicySummary summary;           // reductions against the group's static
+  double max_token_straggler = 0;  // worst step
+  double max_token_max_over_mean = 0;
+  double max_guest_slots = 0;
+  double max_network_bytes = 0;  // balancing copies between nodes, worst step
+  double oracle_straggler = 0;   // mean in-domain floor: the imbalance left between nodes
+  bool placed = false;           // homes placed from history
+  bool variant = false;          // a Pareto-study variant
+};
+
+// Real priors pooled, or one lognormal skew level, at one EP size.
+struct BalanceGroup {
+  int ranks = 0;
+  int domains = 1;
+  double skew = 0;                 // 0: the real priors
+  double mean_rows = 0;            // mean rows per GPU per step
+  double rehomed_experts = 0;      // placed homes: experts whose home moved, mean per layer
+  std::vector<BalanceCell> cells;  // main policies, placed homes, then variants
+
+  const BalanceCell* find(const std::string& label) const;
+};
+
+struct BalanceResult {
+  BalanceConfig config;
+  std::vector<BalanceGroup> groups;
+  std::vector<std::vector<int32_t>> eplb_readme;  // EPLB's README example as our rebalance gives it
+
+  const BalanceGroup* find(int ranks, double skew) const;
+};
+
+// Per cell of `group`: 1 if it is on the token-straggler / weight-bytes Pareto front of the runtime
+// settings (the oracle, a yardstick, is left out): no other one has fewer or equal weight bytes and
+// a lower or equal straggler, one of them strictly (exact ties: the first listed stays).
+// With `contiguous_only`, settings with placed homes are left out too.
+std::vector<uint8_t> pareto_front(const BalanceGroup& group, bool contiguous_only = false);
+
+// Throws InputError on an impossible configuration.
+BalanceResult run_balance(const BalanceConfig& config, const Progress& progress = {});
+// `plot_dir` is where the SVGs are, relative to the Markdown file ("" when none were written).
+std::string format_balance_markdown(const BalanceResult& result, const std::string& command,
+                                    const std::string& plot_dir);
+std::string format_balance_json(const BalanceResult& result, const std::string& command);
+// (file name, SVG) pairs: token straggler, GEMM straggler, weight bytes, Pareto, cross-node.
+std::vector<std::pair<std::string, std::string>> balance_plots(const BalanceResult& result);
+
+}  // namespace feplb
