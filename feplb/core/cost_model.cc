@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "feplb/core/error.h"
+#include "feplb/core/file_io.h"
 
 namespace feplb {
 namespace {
@@ -52,6 +56,62 @@ double RooflineCostModel::expert_ms(int64_t rows) const {
   const double ms = gemm_ms(rows, 2 * F, H) + act_ms + gemm_ms(rows, H, F);
   if (rows < kCachedRows) cache_[rows] = ms;
   return ms;
+}
+
+TableCostModel::TableCostModel(std::vector<int64_t> rows, std::vector<double> ms, ExpertShape shape,
+                               std::string device)
+    : rows_(std::move(rows)), ms_(std::move(ms)), shape_(shape), device_(std::move(device)) {
+  FEPLB_REQUIRE_INPUT(rows_.size() >= 2 && rows_.size() == ms_.size(),
+                      "gemm table: needs at least 2 points and as many ms as rows ({} vs {})", rows_.size(),
+                      ms_.size());
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    FEPLB_REQUIRE_INPUT(rows_[i] > 0 && (i == 0 || rows_[i] > rows_[i - 1]),
+                        "gemm table: rows[{}] = {} is not positive and increasing", i, rows_[i]);
+    FEPLB_REQUIRE_INPUT(ms_[i] > 0 && std::isfinite(ms_[i]), "gemm table: ms[{}] = {} is not positive", i, ms_[i]);
+  }
+}
+
+double TableCostModel::expert_ms(int64_t rows) const {
+  if (rows <= 0) return 0.0;
+  if (rows <= rows_.front()) return ms_.front();  // the smallest GEMM's fixed cost
+  size_t i = static_cast<size_t>(std::upper_bound(rows_.begin(), rows_.end(), rows) - rows_.begin());
+  if (i >= rows_.size()) i = rows_.size() - 1;  // extrapolate with the last segment
+  const double x0 = static_cast<double>(rows_[i - 1]), x1 = static_cast<double>(rows_[i]);
+  return ms_[i - 1] + (ms_[i] - ms_[i - 1]) * (static_cast<double>(rows) - x0) / (x1 - x0);
+}
+
+TableCostModel read_gemm_table(const std::string& path) {
+  using json = nlohmann::json;
+  const std::string text = read_file(path);
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("{}: malformed JSON: {}", path, e.what()));
+  }
+  try {
+    FEPLB_REQUIRE_INPUT(doc.is_object() && doc.value("format", "") == "feplb-gemm-table-v1",
+                        "format: expected \"feplb-gemm-table-v1\"");
+    const json& sh = doc.at("shape");
+    ExpertShape shape{sh.at("hidden").get<int64_t>(), sh.at("ffn").get<int64_t>(),
+                      parse_dtype(sh.value("dtype", "bf16"), "shape.dtype")};
+    return TableCostModel(doc.at("rows").get<std::vector<int64_t>>(), doc.at("ms").get<std::vector<double>>(), shape,
+                          doc.value("device", ""));
+  } catch (const json::exception& e) {
+    throw InputError(fmt::format("{}: {}", path, e.what()));
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+std::string format_gemm_table(const TableCostModel& t) {
+  nlohmann::ordered_json doc;
+  doc["format"] = "feplb-gemm-table-v1";
+  doc["device"] = t.device();
+  doc["shape"] = {{"hidden", t.shape().hidden}, {"ffn", t.shape().ffn}, {"dtype", dtype_name(t.shape().dtype)}};
+  doc["rows"] = t.rows();
+  doc["ms"] = t.ms();
+  return doc.dump(2) + "\n";
 }
 
 }  // namespace feplb

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "feplb/core/expert_shape.h"
@@ -33,5 +34,29 @@ class RooflineCostModel final : public GemmCostModel {
   double launch_ms_;
   mutable std::vector<double> cache_;  // expert_ms by rows, for rows < cache size
 };
+
+// Measured per-expert FFN times (rows -> ms, from bench/gpu on a real GPU), interpolated linearly
+// between measured row counts and extrapolated with the last segment's slope. JSON file:
+// {"format":"feplb-gemm-table-v1","device":"...","shape":{"hidden":H,"ffn":F,"dtype":"bf16"},
+//  "rows":[increasing ints > 0],"ms":[same length]}.
+class TableCostModel final : public GemmCostModel {
+ public:
+  TableCostModel(std::vector<int64_t> rows, std::vector<double> ms, ExpertShape shape, std::string device);
+  double expert_ms(int64_t rows) const override;
+  const ExpertShape& shape() const { return shape_; }
+  const std::string& device() const { return device_; }
+  const std::vector<int64_t>& rows() const { return rows_; }
+  const std::vector<double>& ms() const { return ms_; }
+
+ private:
+  std::vector<int64_t> rows_;
+  std::vector<double> ms_;
+  ExpertShape shape_;
+  std::string device_;
+};
+
+// Reads a feplb-gemm-table-v1 file; throws InputError naming the field.
+TableCostModel read_gemm_table(const std::string& path);
+std::string format_gemm_table(const TableCostModel& table);
 
 }  // namespace feplb

@@ -30,12 +30,12 @@ std::string format_table(const SimulationResult& r) {
   for (const StepMetrics& m : first) mean_rows += m.mean_rows / static_cast<double>(first.size());
   std::string out = fmt::format(
       "{} | {} steps | {} | {} | top-{} x {} tokens/GPU = {:.0f} rows/GPU on average\n"
-      "copy engine {:.0f} GB/s per GPU per direction; GEMM model: roofline, {:.0f} TFLOP/s, {} SMs\n"
+      "copy engine {:.0f} GB/s per GPU per direction; GEMM model: {}\n"
       "fits window: steps whose copies all land while the receivers run their own experts;\n"
       "exposed: how much later the slowest GPU finishes because a copy landed late (mean)\n\n",
       r.model.empty() ? "(unnamed model)" : r.model, first.size(), r.topo.describe(),
       r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows, r.config.knobs.copy_gbps,
-      r.config.knobs.gemm_peak_tflops, r.config.knobs.num_sms);
+      r.config.cost_label);
   out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>8} {:>13}\n",
                      "policy", "token straggler", "max/mean", "vs st.", "GEMM straggler", "vs st.",
                      "weights", "tokens", "fits", "exposed", "planner us");
@@ -79,7 +79,7 @@ std::string format_json(const SimulationResult& r) {
       {"expert_shape", {{"hidden", c.shape.hidden}, {"ffn", c.shape.ffn},
                         {"dtype", dtype_name(c.shape.dtype)},
                         {"weight_bytes", c.shape.weight_bytes()}}},
-      {"cost_model", "roofline"},
+      {"cost_model", c.cost_label},
       {"policies", c.policies},
       {"knobs", knobs},
   };

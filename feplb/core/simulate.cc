@@ -124,7 +124,8 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
   }
   if (std::find(names.begin(), names.end(), "static") == names.end()) names.insert(names.begin(), "static");
 
-  const RooflineCostModel cost(config.shape, config.knobs);
+  const RooflineCostModel roofline(config.shape, config.knobs);
+  const GemmCostModel& cost = config.cost ? *config.cost : roofline;
   const PlannerContext ctx{result.topo, config.shape, config.knobs, &cost};
   std::vector<std::unique_ptr<Planner>> planners;
   for (const std::string& name : names) planners.push_back(make_planner(name, ctx));  // checks names

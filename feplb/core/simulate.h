@@ -25,6 +25,9 @@ struct SimulationConfig {
   ExpertShape shape;
   Knobs knobs;
   std::string trace_label;            // shown in reports (e.g. the trace path)
+  // GEMM cost model; null = roofline from the knobs. Must outlive simulate().
+  const GemmCostModel* cost = nullptr;
+  std::string cost_label = "roofline";  // how reports name the model
 };
 
 // Aggregates over steps: means, p95 (steps) and median/p99 (planner timings).

@@ -145,4 +145,21 @@ Trace generate_trace(const Prior& prior, const WorkloadSpec& spec, const Progres
   return t;
 }
 
+std::vector<int32_t> topk_from_counts(std::span<const int64_t> counts, int64_t tokens, int top_k) {
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    FEPLB_REQUIRE_INPUT(c >= 0 && c <= tokens, "counts: {} rows for one expert from {} tokens", c, tokens);
+    total += c;
+  }
+  FEPLB_REQUIRE_INPUT(total == tokens * top_k, "counts: sum {} != tokens * top_k = {}", total, tokens * top_k);
+  std::vector<int32_t> slots;
+  slots.reserve(static_cast<size_t>(total));
+  for (size_t e = 0; e < counts.size(); ++e) slots.insert(slots.end(), static_cast<size_t>(counts[e]), static_cast<int32_t>(e));
+  std::vector<int32_t> idx(static_cast<size_t>(total));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int k = 0; k < top_k; ++k) idx[static_cast<size_t>(t * top_k + k)] = slots[static_cast<size_t>(t + k * tokens)];
+  }
+  return idx;
+}
+
 }  // namespace feplb

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
+#include <vector>
 
 #include "feplb/core/prior.h"
 #include "feplb/core/routing.h"
@@ -30,5 +32,10 @@ Trace generate_trace(const Prior& prior, const WorkloadSpec& spec, const Progres
 // One (step, layer) of routing; the building block of generate_trace, exposed for benchmarks.
 RoutingStep generate_step(const std::vector<double>& popularity, const WorkloadSpec& spec,
                           int64_t step, int64_t layer);
+
+// Top-k routing that reproduces one rank's counts exactly: [tokens, top_k] expert ids, each token's
+// experts distinct. counts[e] <= tokens and sum(counts) == tokens * top_k (InputError otherwise).
+// Lays the experts' slots out in expert order and gives token t slots t, t + S, t + 2S, ...
+std::vector<int32_t> topk_from_counts(std::span<const int64_t> counts, int64_t tokens, int top_k);
 
 }  // namespace feplb

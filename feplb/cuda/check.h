@@ -20,16 +20,13 @@
                                                              cudaGetErrorString(feplb_err_)));  \
   } while (0)
 
-#define FEPLB_CU_CHECK(call)                                                                     \
-  do {                                                                                           \
-    const CUresult feplb_res_ = (call);                                                          \
-    if (feplb_res_ != CUDA_SUCCESS) {                                                            \
-      const char* feplb_msg_ = nullptr;                                                          \
-      cuGetErrorString(feplb_res_, &feplb_msg_);                                                 \
-      ::feplb::fail_internal(__FILE__, __LINE__, fmt::format("{}: CUDA driver error {} ({})",    \
-                                                             #call, static_cast<int>(feplb_res_), \
-                                                             feplb_msg_ ? feplb_msg_ : "?"));    \
-    }                                                                                            \
+// Driver API calls made through entry points (feplb does not link libcuda, so no cuGetErrorString).
+#define FEPLB_CU_CHECK(call)                                                                  \
+  do {                                                                                        \
+    const CUresult feplb_res_ = (call);                                                       \
+    if (feplb_res_ != CUDA_SUCCESS)                                                           \
+      ::feplb::fail_internal(__FILE__, __LINE__, fmt::format("{}: CUDA driver error {}", #call, \
+                                                             static_cast<int>(feplb_res_)));  \
   } while (0)
 
 #define FEPLB_CUBLAS_CHECK(call)                                                                \

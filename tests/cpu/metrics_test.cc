@@ -1,6 +1,7 @@
 // The cost model (roofline with wave quantisation) and the plan metrics on hand examples.
 #include <gtest/gtest.h>
 
+#include "feplb/core/error.h"
 #include "feplb/core/metrics.h"
 #include "test_util.h"
 
@@ -164,6 +165,21 @@ TEST(Metrics, OracleFloorPerDomain) {
   std::vector<int64_t> counts = {101, 0, 0, 0};
   // Domain 0: ceil(101 / 2) = 51; mean over 4 GPUs = 25.25.
   EXPECT_DOUBLE_EQ(oracle_token_straggler(topo, counts), 51 - 25.25);
+}
+
+}  // namespace
+}  // namespace feplb
+
+namespace feplb {
+namespace {
+
+TEST(TableCostModel, InterpolatesAndExtrapolates) {
+  const TableCostModel t({128, 256, 512}, {0.1, 0.15, 0.35}, testing::glm5(), "test");
+  EXPECT_EQ(t.expert_ms(0), 0.0);
+  EXPECT_DOUBLE_EQ(t.expert_ms(64), 0.1);   // below the first point: its cost
+  EXPECT_DOUBLE_EQ(t.expert_ms(192), 0.125);
+  EXPECT_DOUBLE_EQ(t.expert_ms(1024), 0.35 + 0.2 * 2);  // last slope
+  EXPECT_THROW(TableCostModel({128, 64}, {0.1, 0.2}, testing::glm5(), ""), InputError);
 }
 
 }  // namespace

@@ -127,3 +127,27 @@ TEST(Topology, DomainsAndPlacement) {
 
 }  // namespace
 }  // namespace feplb
+
+namespace feplb {
+namespace {
+
+TEST(TopKFromCounts, ReproducesCountsWithDistinctExperts) {
+  const RoutingStep s = generate_step(lognormal_prior(32, 8.0, 1, 4).popularity[0],
+                                      WorkloadSpec{2, 300, 4, 100, 50, 1, 9}, 0, 0);
+  for (int r = 0; r < 2; ++r) {
+    const auto idx = topk_from_counts(s.row(r), 300, 4);
+    std::vector<int64_t> again(32, 0);
+    for (int64_t t = 0; t < 300; ++t) {
+      for (int k = 0; k < 4; ++k) {
+        ++again[idx[t * 4 + k]];
+        for (int j = 0; j < k; ++j) EXPECT_NE(idx[t * 4 + k], idx[t * 4 + j]) << "token " << t;
+      }
+    }
+    EXPECT_EQ(std::vector<int64_t>(s.row(r).begin(), s.row(r).end()), again);
+  }
+  const std::vector<int64_t> bad = {5, 0};
+  EXPECT_THROW(topk_from_counts(bad, 4, 1), InputError);  // 5 > 4 tokens
+}
+
+}  // namespace
+}  // namespace feplb

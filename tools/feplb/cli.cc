@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 
 #include "feplb/core/error.h"
 
@@ -55,6 +56,43 @@ std::string data_dir() {
     if (fs::is_directory(guess, ec)) return guess.string();
   }
   return FEPLB_DATA_DIR;
+}
+
+void add_cost_flag(CLI::App& cmd, std::string& choice) {
+  cmd.add_option("--cost-model", choice,
+                 "GEMM cost model: auto (measured H200 table from data/cost/ when the shape matches, else "
+                 "roofline), roofline, or a feplb-gemm-table-v1 file (default auto)");
+}
+
+CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs) {
+  CostChoice c;
+  const auto roofline_label = [&] {
+    return fmt::format("roofline ({:.0f} TFLOP/s, {:.0f} GB/s HBM, {} SMs; not measured)", knobs.gemm_peak_tflops,
+                       knobs.hbm_gbps, knobs.num_sms);
+  };
+  if (choice == "roofline") {
+    c.label = roofline_label();
+    return c;
+  }
+  std::string path = choice;
+  if (choice == "auto" || choice.empty()) {
+    path = data_dir() + "/cost/h200-glm5.json";
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      c.label = roofline_label();
+      return c;
+    }
+  }
+  auto table = std::make_unique<TableCostModel>(read_gemm_table(path));
+  if (table->shape().hidden != shape.hidden || table->shape().ffn != shape.ffn || table->shape().dtype != shape.dtype) {
+    FEPLB_REQUIRE_INPUT(choice == "auto" || choice.empty(), "--cost-model: {} is for {}, the experts are {}", path,
+                        table->shape().describe(), shape.describe());
+    c.label = roofline_label() + " (the measured table is for another shape)";
+    return c;
+  }
+  c.label = fmt::format("measured per-expert table ({}, {})", table->device(), path);
+  c.model = std::move(table);
+  return c;
 }
 
 std::string default_trace_path() { return data_dir() + "/traces/default.json"; }

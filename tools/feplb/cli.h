@@ -3,8 +3,10 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <memory>
 #include <string>
 
+#include "feplb/core/cost_model.h"
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/routing.h"
@@ -21,6 +23,15 @@ struct ShapeFlags {
 };
 void add_shape_flags(CLI::App& cmd, ShapeFlags& flags);
 ExpertShape resolve_shape(const ShapeFlags& flags, const Trace* trace, const std::string& model);
+
+// --cost-model auto|roofline|FILE: the GEMM cost model. auto = the measured table in data/cost/
+// whose shape matches (H200, bf16), else the roofline from the knobs.
+struct CostChoice {
+  std::unique_ptr<GemmCostModel> model;  // null: roofline (simulate builds it)
+  std::string label;
+};
+void add_cost_flag(CLI::App& cmd, std::string& choice);
+CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs);
 
 // The repository's data/ folder (bundled traces and priors).
 std::string data_dir();
@@ -46,6 +57,7 @@ void add_simulate_command(CLI::App& app);
 void add_trace_commands(CLI::App& app);
 void add_knobs_command(CLI::App& app);
 void add_devices_command(CLI::App& app);
+void add_run_command(CLI::App& app);
 void add_report_command(CLI::App& app);
 
 }  // namespace feplb::cli

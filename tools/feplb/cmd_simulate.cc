@@ -22,6 +22,7 @@ struct SimulateOptions {
   std::string policies = "static,feplb-paper,feplb,fastermoe,oracle";
   std::string json_out, plot_out;
   bool force = false, quiet = false;
+  std::string cost_model = "auto";
   ShapeFlags shape;
   Knobs knobs;
 };
@@ -75,6 +76,9 @@ void run_simulate(const SimulateOptions& o) {
   cfg.shape = resolve_shape(o.shape, &trace, trace.model);
   cfg.knobs = o.knobs;
   cfg.trace_label = path;
+  const CostChoice cost = resolve_cost(o.cost_model, cfg.shape, o.knobs);
+  cfg.cost = cost.model.get();
+  cfg.cost_label = cost.label;
   ProgressLine progress("simulate", !o.quiet);
   const SimulationResult result = simulate(trace, cfg, std::ref(progress));
   std::fputs(format_table(result).c_str(), stdout);
@@ -108,6 +112,7 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--plot", o->plot_out, "write an SVG of per-GPU load before/after each policy");
   cmd->add_flag("--force", o->force, "overwrite existing output files");
   cmd->add_flag("--quiet", o->quiet, "no progress lines on stderr");
+  add_cost_flag(*cmd, o->cost_model);
   add_shape_flags(*cmd, o->shape);
   add_knob_flags(*cmd, o->knobs);
   cmd->callback([o] { run_simulate(*o); });

@@ -5,8 +5,14 @@
 
 #include "cli.h"
 #include "feplb/core/error.h"
+#ifdef FEPLB_HAVE_CUDA
+#include "feplb/cuda/trace_runner.h"
+#endif
 
 int main(int argc, char** argv) {
+#ifdef FEPLB_HAVE_CUDA
+  feplb::cuda::request_stream_connections();  // before any CUDA call (virtual ranks in `run`)
+#endif
   CLI::App app{
       "feplb: per-micro-batch MoE expert-parallel load balancing on the GPU copy engine.\n"
       "Start with `feplb simulate` (bundled trace, no GPU needed)."};
@@ -16,6 +22,7 @@ int main(int argc, char** argv) {
   feplb::cli::add_trace_commands(app);
   feplb::cli::add_knobs_command(app);
   feplb::cli::add_devices_command(app);
+  feplb::cli::add_run_command(app);
   feplb::cli::add_report_command(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,135 @@
+#include "feplb/cuda/expert_bench.h"
+
+#include <algorithm>
+
+#include "feplb/core/stats.h"
+#include "feplb/cuda/check.h"
+#include "feplb/cuda/expert_ffn.h"
+#include "feplb/cuda/kernels/kernels.h"
+
+namespace feplb::cuda {
+
+ExpertBench::ExpertBench(const ExpertShape& shape, int64_t max_rows, int num_weight_sets, int max_streams)
+    : shape_(shape), max_rows_(max_rows), sets_(num_weight_sets) {
+  const int64_t H = shape.hidden, F = shape.ffn;
+  w_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(sets_ * expert_weight_elems(H, F)));
+  x_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(max_rows * H));
+  gu_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(max_rows * 2 * F));
+  act_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(max_rows * F));
+  y_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(max_rows * H));
+  for (int i = 0; i < max_streams; ++i) {
+    streams_.emplace_back();
+    joins_.emplace_back();
+  }
+  const cudaStream_t s = streams_[0].get();
+  // Weights ~ U(-1,1)/sqrt(fan-in), activations ~ U(-1,1): random, never zeros.
+  FEPLB_CUDA_CHECK(kernels::fill_random(w_.get(), w_.size(), 1, 1.0f / 64, s));
+  FEPLB_CUDA_CHECK(kernels::fill_random(x_.get(), x_.size(), 2, 1.0f, s));
+  FEPLB_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void ExpertBench::enqueue(std::span<const int64_t> rows, int streams) {
+  const int64_t H = shape_.hidden, F = shape_.ffn, we = expert_weight_elems(H, F);
+  const cudaStream_t s0 = streams_[0].get();
+  for (int i = 1; i < streams; ++i) {  // fork
+    FEPLB_CUDA_CHECK(cudaEventRecord(joins_[0].get(), s0));
+    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(streams_[i].get(), joins_[0].get(), 0));
+  }
+  int64_t off = 0;
+  int n = 0;
+  for (int64_t r : rows) {
+    if (r <= 0) continue;
+    FEPLB_CHECK(r <= max_rows_, "expert bench: {} rows exceed its {} rows", r, max_rows_);
+    if (off + r > max_rows_) off = 0;  // reuse the activation buffers (timing only)
+    const cudaStream_t s = streams_[n % streams].get();
+    expert_ffn(cublas_.get(), s, x_.get() + off * H, r, w_.get() + (n % sets_) * we, gu_.get() + off * 2 * F,
+               act_.get() + off * F, y_.get() + off * H, H, F);
+    off += r;
+    ++n;
+  }
+  for (int i = 1; i < streams; ++i) {  // join
+    FEPLB_CUDA_CHECK(cudaEventRecord(joins_[i].get(), streams_[i].get()));
+    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s0, joins_[i].get(), 0));
+  }
+}
+
+double ExpertBench::run_ms(std::span<const int64_t> rows, int streams, int reps) {
+  streams = std::clamp(streams, 1, static_cast<int>(streams_.size()));
+  enqueue(rows, streams);  // warm-up
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    start_.record(streams_[0].get());
+    enqueue(rows, streams);
+    stop_.record(streams_[0].get());
+    FEPLB_CUDA_CHECK(cudaEventSynchronize(stop_.get()));
+    ms.push_back(elapsed_ms(start_, stop_));
+  }
+  return quantile_of(ms, 0.5);
+}
+
+double ExpertBench::run_grouped_ms(std::span<const int64_t> rows, int reps) {
+  const int64_t H = shape_.hidden, F = shape_.ffn, we = expert_weight_elems(H, F);
+  const cudaStream_t s = streams_[0].get();
+  // Per group (one expert per group): m, n, k, lda, ldb, ldc and pointers, cuBLAS column-major.
+  std::vector<cublasOperation_t> op;
+  std::vector<int> m1, n1, k1, m2, n2, k2, one;
+  std::vector<const void*> a1, b1, a2, b2;
+  std::vector<void*> c1, c2;
+  std::vector<float> alpha, beta;
+  int64_t off = 0, total = 0;
+  int n = 0;
+  for (int64_t r : rows) {
+    if (r <= 0) continue;
+    const __nv_bfloat16* w = w_.get() + (n % sets_) * we;
+    op.push_back(CUBLAS_OP_N);
+    one.push_back(1);
+    alpha.push_back(1.0f);
+    beta.push_back(0.0f);
+    // GEMM1: C^T [2F, r] = W_gu^T [2F, H] * X^T [H, r]; GEMM2: C^T [H, r] = W_d^T [H, F] * A^T [F, r].
+    m1.push_back(static_cast<int>(2 * F)); n1.push_back(static_cast<int>(r)); k1.push_back(static_cast<int>(H));
+    a1.push_back(w); b1.push_back(x_.get() + off * H); c1.push_back(gu_.get() + off * 2 * F);
+    m2.push_back(static_cast<int>(H)); n2.push_back(static_cast<int>(r)); k2.push_back(static_cast<int>(F));
+    a2.push_back(w + 2 * H * F); b2.push_back(act_.get() + off * F); c2.push_back(y_.get() + off * H);
+    off += r;
+    ++n;
+  }
+  total = off;
+  if (n == 0) return 0.0;
+  FEPLB_CHECK(total <= max_rows_, "expert bench: {} rows exceed its {} rows", total, max_rows_);
+  DeviceBuffer<const void*> da1(n), db1(n), da2(n), db2(n);
+  DeviceBuffer<void*> dc1(n), dc2(n);
+  auto up = [&](auto& dev, auto& host) {
+    FEPLB_CUDA_CHECK(cudaMemcpy(dev.get(), host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice));
+  };
+  up(da1, a1); up(db1, b1); up(dc1, c1); up(da2, a2); up(db2, b2); up(dc2, c2);
+  FEPLB_CUBLAS_CHECK(cublasSetStream(cublas_.get(), s));
+  auto once = [&] {
+    FEPLB_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(cublas_.get(), op.data(), op.data(), m1.data(), n1.data(), k1.data(),
+                                                  alpha.data(), da1.get(), CUDA_R_16BF, m1.data(), db1.get(), CUDA_R_16BF,
+                                                  k1.data(), beta.data(), dc1.get(), CUDA_R_16BF, m1.data(), n,
+                                                  one.data(), CUBLAS_COMPUTE_32F));
+    FEPLB_CUDA_CHECK(kernels::swiglu(gu_.get(), total, F, act_.get(), s));
+    FEPLB_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(cublas_.get(), op.data(), op.data(), m2.data(), n2.data(), k2.data(),
+                                                  alpha.data(), da2.get(), CUDA_R_16BF, m2.data(), db2.get(), CUDA_R_16BF,
+                                                  k2.data(), beta.data(), dc2.get(), CUDA_R_16BF, m2.data(), n,
+                                                  one.data(), CUBLAS_COMPUTE_32F));
+  };
+  once();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    start_.record(s);
+    once();
+    stop_.record(s);
+    FEPLB_CUDA_CHECK(cudaEventSynchronize(stop_.get()));
+    ms.push_back(elapsed_ms(start_, stop_));
+  }
+  return quantile_of(ms, 0.5);
+}
+
+std::vector<std::vector<int64_t>> ExpertBench::rows_per_gpu(const Plan& plan, int num_ranks) {
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(num_ranks));
+  for (const Slice& s : plan.slices) out[s.gpu].push_back(s.rows);
+  return out;
+}
+
+}  // namespace feplb::cuda

@@ -1,0 +1,53 @@
+// ExpertBench: times expert FFNs on this GPU the way a rank runs them (back to back, each expert
+// with its own weights, random data), for the GEMM-time table, the grouped-GEMM benchmarks and
+// the measured per-rank GEMM time of a plan. CUDA events; median of repetitions.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "feplb/core/expert_shape.h"
+#include "feplb/core/plan.h"
+#include "feplb/core/topology.h"
+#include "feplb/cuda/resources.h"
+
+namespace feplb::cuda {
+
+class ExpertBench {
+ public:
+  // Room for `max_rows` rows in one call and `num_weight_sets` distinct experts' weights (the
+  // experts of a call cycle through them, so weights are not served from L2 unrealistically).
+  ExpertBench(const ExpertShape& shape, int64_t max_rows, int num_weight_sets, int max_streams = 4);
+
+  // Milliseconds to run every listed expert (rows > 0) back to back, round-robin over `streams`
+  // streams: median of `reps` timed runs after one warm-up.
+  double run_ms(std::span<const int64_t> rows_per_expert, int streams = 1, int reps = 5);
+  // Enqueues the experts once on stream() (and helper streams), untimed: for callers that put
+  // their own events and side traffic around it.
+  void enqueue(std::span<const int64_t> rows_per_expert, int streams = 1);
+  // The same work through cublasGemmGroupedBatchedEx (one grouped call per GEMM, one SwiGLU).
+  double run_grouped_ms(std::span<const int64_t> rows_per_expert, int reps = 5);
+
+  // Per GPU of `plan`: its slices' row counts (own and guest experts), for run_ms.
+  static std::vector<std::vector<int64_t>> rows_per_gpu(const Plan& plan, int num_ranks);
+
+  const ExpertShape& shape() const { return shape_; }
+  cudaStream_t stream() const { return streams_[0].get(); }
+  void* scratch() const { return y_.get(); }
+  size_t scratch_bytes() const { return y_.bytes(); }
+
+ private:
+  ExpertShape shape_;
+  int64_t max_rows_;
+  int sets_;
+  DeviceBuffer<__nv_bfloat16> w_, x_, gu_, act_, y_;
+  std::vector<Stream> streams_;
+  std::vector<Event> joins_;
+  CublasHandle cublas_;
+  Event start_{true}, stop_{true};
+};
+
+}  // namespace feplb::cuda

@@ -1,0 +1,28 @@
+// One expert's SwiGLU FFN on the GPU with cuBLAS: gu = x [gate|up], act = silu(gate) * up,
+// y = act down. A per-expert cublasGemmEx loop measured 2.4x faster than cuBLAS's grouped GEMM
+// on our H200 (FEPLB.md §8); bench/gpu re-measures both.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace feplb::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Elements of one expert's weights: [H, 2F] gate|up (row-major) then [F, H] down.
+inline int64_t expert_weight_elems(int64_t hidden, int64_t ffn) { return 3 * hidden * ffn; }
+
+// Row-major C [m, n] = A [m, k] * B [k, n] in bf16 with fp32 accumulation (cuBLAS column-major
+// computes C^T = B^T A^T with the row-major buffers as they are).
+void gemm_bf16(cublasHandle_t handle, cudaStream_t stream, const bf16* a, const bf16* b, bf16* c,
+               int64_t m, int64_t n, int64_t k);
+
+// y [rows, H] = FFN_w(x [rows, H]); gu [rows, 2F] and act [rows, F] are scratch. rows may be 0.
+void expert_ffn(cublasHandle_t handle, cudaStream_t stream, const bf16* x, int64_t rows, const bf16* w,
+                bf16* gu, bf16* act, bf16* y, int64_t hidden, int64_t ffn);
+
+}  // namespace feplb::cuda

@@ -1,0 +1,17 @@
+// SM-free signalling between streams and GPUs: 32-bit stream memory operations (the GPU's front
+// end writes or waits on a word in device memory; no kernel, no SM). Resolved from the driver at
+// run time, so feplb does not link libcuda.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace feplb::cuda {
+
+// After all prior work on `stream`: *flag = value (with a memory fence before the write).
+void stream_write_u32(cudaStream_t stream, uint32_t* flag, uint32_t value);
+// Work after this on `stream` starts once *flag >= value (treating them as unsigned).
+void stream_wait_u32_geq(cudaStream_t stream, const uint32_t* flag, uint32_t value);
+
+}  // namespace feplb::cuda

@@ -1,0 +1,36 @@
+// Running a routing trace on this GPU: the real MoeLayer with the trace's ranks as virtual ranks
+// (one thread each), and each rank's GEMM work timed alone (the layer time R real GPUs would see).
+// Used by `feplb run` and bench/gpu.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "feplb/core/expert_shape.h"
+#include "feplb/core/knobs.h"
+#include "feplb/core/plan.h"
+#include "feplb/core/routing.h"
+#include "feplb/cuda/expert_bench.h"
+
+namespace feplb::cuda {
+
+// Virtual ranks put 3 streams each on one GPU; a stream memory wait at the head of a hardware
+// queue would block every stream sharing it. Call before the first CUDA call of the process.
+void request_stream_connections();
+
+struct VirtualLayerStats {
+  std::vector<double> counts_to_first_copy_us;  // ranks that issued phase-2 copies
+  std::vector<double> counts_to_host_us, plan_us;
+  std::vector<double> wait_ms, wait_pct, forward_ms;  // per rank and forward
+  int forwards = 0;
+};
+
+// The layer forward over `steps` steps of `trace` (routing reproduced exactly, random weights
+// and activations, 2 warm-up forwards not counted). Throws on a timeout instead of hanging.
+VirtualLayerStats run_virtual_layer(const Trace& trace, const ExpertShape& shape, const std::string& policy,
+                                    const Knobs& knobs, int steps, int gpus_per_node, double timeout_s);
+
+// Each rank's GEMM time (ms) for `plan`, each rank timed alone: median of `reps`.
+std::vector<double> rank_gemm_ms(ExpertBench& bench, const Plan& plan, int num_ranks, int reps);
+
+}  // namespace feplb::cuda

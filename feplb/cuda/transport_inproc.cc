@@ -1,0 +1,159 @@
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "feplb/cuda/check.h"
+#include "feplb/cuda/resources.h"
+#include "feplb/cuda/transport.h"
+
+namespace feplb::cuda {
+
+// What the ranks share: a reusable barrier, each rank's posted recv chunks and events, buffers.
+struct InProcessGroup::State {
+  int world = 0;
+  double timeout_s = 60.0;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  std::vector<std::vector<Chunk>> recvs;   // [rank] recv chunks posted for the current exchange
+  std::vector<cudaEvent_t> ready, done;    // [rank]
+  std::map<std::string, std::vector<void*>> buffers;
+
+  void barrier(int rank, const char* where) {
+    std::unique_lock<std::mutex> lock(mu);
+    const uint64_t gen = generation;
+    if (++arrived == world) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    const bool ok = cv.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                [&] { return generation != gen; });
+    if (!ok) {
+      throw Error(fmt::format("in-process transport: rank {} waited {:.0f} s at {} for a peer that never "
+                              "arrived", rank, timeout_s, where));
+    }
+  }
+};
+
+namespace {
+
+class InProcessTransport final : public Transport {
+ public:
+  InProcessTransport(InProcessGroup::State* st, int rank) : st_(st), rank_(rank) {}
+  std::string_view name() const override { return "in-process"; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return st_->world; }
+
+  void all_gather_i32(const int32_t* send, int32_t* recv, size_t count, cudaStream_t stream) override {
+    std::vector<Chunk> sends, recvs;
+    for (int p = 0; p < st_->world; ++p) {
+      sends.push_back({p, const_cast<int32_t*>(send), count * sizeof(int32_t)});
+      recvs.push_back({p, recv + static_cast<size_t>(p) * count, count * sizeof(int32_t)});
+    }
+    exchange(sends, recvs, stream);
+  }
+
+  void exchange(std::span<const Chunk> sends, std::span<const Chunk> recvs, cudaStream_t stream) override {
+    State& st = *st_;
+    FEPLB_CUDA_CHECK(cudaEventRecord(st.ready[rank_], stream));  // recv buffers free from here on
+    st.recvs[rank_].assign(recvs.begin(), recvs.end());
+    st.barrier(rank_, "exchange (post)");
+    // Match my i-th chunk to peer p with p's i-th recv chunk from me.
+    std::vector<size_t> next(static_cast<size_t>(st.world), 0);
+    dsts_.clear();
+    srcs_.clear();
+    sizes_.clear();
+    for (const Chunk& c : sends) {
+      FEPLB_CHECK(c.peer >= 0 && c.peer < st.world, "send to peer {} of {}", c.peer, st.world);
+      const std::vector<Chunk>& theirs = st.recvs[c.peer];
+      size_t& i = next[c.peer];
+      while (i < theirs.size() && theirs[i].peer != rank_) ++i;
+      FEPLB_CHECK(i < theirs.size(), "rank {} sends more chunks to rank {} than it receives", rank_, c.peer);
+      FEPLB_CHECK(theirs[i].bytes == c.bytes, "rank {} -> {}: chunk of {} bytes meets a recv of {}", rank_,
+                  c.peer, c.bytes, theirs[i].bytes);
+      if (c.bytes) {
+        dsts_.push_back(theirs[i].ptr);
+        srcs_.push_back(c.ptr);
+        sizes_.push_back(c.bytes);
+      }
+      ++i;
+    }
+    for (int p = 0; p < st.world; ++p) FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, st.ready[p], 0));
+    copy_batch(stream);
+    FEPLB_CUDA_CHECK(cudaEventRecord(st.done[rank_], stream));
+    st.barrier(rank_, "exchange (copy)");
+    for (int p = 0; p < st.world; ++p) FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, st.done[p], 0));
+  }
+
+  void register_buffer(const std::string& name, void* ptr, size_t) override {
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      auto& v = st_->buffers[name];
+      v.resize(static_cast<size_t>(st_->world), nullptr);
+      v[rank_] = ptr;
+    }
+    st_->barrier(rank_, "register_buffer");
+  }
+
+  void* peer_buffer(const std::string& name, int peer) const override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    auto it = st_->buffers.find(name);
+    FEPLB_CHECK(it != st_->buffers.end() && it->second[peer], "buffer '{}' of rank {} not registered", name, peer);
+    return it->second[peer];
+  }
+
+  bool supports_peer_copies() const override { return true; }
+
+ private:
+  // Same-device copies in one batch call: they run on copy engines (FEPLB.md §8).
+  void copy_batch(cudaStream_t stream) {
+    if (sizes_.empty()) return;
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.srcLocHint.type = cudaMemLocationTypeDevice;
+    attr.dstLocHint.type = cudaMemLocationTypeDevice;
+    size_t attr_idx = 0;
+    FEPLB_CUDA_CHECK(cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), sizes_.size(), &attr,
+                                          &attr_idx, 1, stream));
+  }
+
+  using State = InProcessGroup::State;
+  State* st_;
+  int rank_;
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
+  std::vector<size_t> sizes_;
+};
+
+}  // namespace
+
+InProcessGroup::InProcessGroup(int world_size, double timeout_s) : state_(std::make_unique<State>()) {
+  FEPLB_REQUIRE_INPUT(world_size >= 1, "in-process group: {} ranks", world_size);
+  state_->world = world_size;
+  state_->timeout_s = timeout_s;
+  state_->recvs.resize(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    cudaEvent_t e1, e2;
+    FEPLB_CUDA_CHECK(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming));
+    FEPLB_CUDA_CHECK(cudaEventCreateWithFlags(&e2, cudaEventDisableTiming));
+    state_->ready.push_back(e1);
+    state_->done.push_back(e2);
+  }
+  for (int r = 0; r < world_size; ++r) endpoints_.push_back(std::make_unique<InProcessTransport>(state_.get(), r));
+}
+
+InProcessGroup::~InProcessGroup() {
+  endpoints_.clear();
+  for (cudaEvent_t e : state_->ready) FEPLB_CUDA_WARN(cudaEventDestroy(e));
+  for (cudaEvent_t e : state_->done) FEPLB_CUDA_WARN(cudaEventDestroy(e));
+}
+
+Transport& InProcessGroup::endpoint(int rank) { return *endpoints_.at(static_cast<size_t>(rank)); }
+int InProcessGroup::world_size() const { return state_->world; }
+
+}  // namespace feplb::cuda

@@ -1,0 +1,87 @@
+#include "gpu_test_util.h"
+
+#include <exception>
+#include <mutex>
+
+#include "feplb/cuda/check.h"
+#include "feplb/cuda/resources.h"
+#include "feplb/cuda/trace_runner.h"
+
+namespace feplb::testing {
+
+// Virtual ranks need more hardware queues than the default 8 (see trace_runner.h); this runs
+// before main, so before the first CUDA call.
+const bool kConnectionsRequested = (cuda::request_stream_connections(), true);
+
+std::vector<RankResult> run_layer(const cuda::LayerConfig& config, const ReferenceMoe& experts,
+                                  const std::vector<RankInputs>& inputs, int forwards) {
+  const int R = config.topo.num_ranks();
+  cuda::InProcessGroup group(R, config.timeout_s);
+  std::vector<RankResult> results(static_cast<size_t>(R));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(R));
+  const int64_t H = config.shape.hidden, F = config.shape.ffn;
+  const int per = config.topo.experts_per_rank();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < R; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        cuda::MoeLayer layer(config, group.endpoint(r));
+        cuda::Stream stream;
+        const RankInputs& in = inputs[r];
+        const int64_t S = in.tokens;
+        // This rank's experts' weights, in its local order.
+        std::vector<float> local;
+        for (int e : config.topo.local_experts(r)) {
+          const float* w = experts.expert_weights(e);
+          local.insert(local.end(), w, w + 3 * H * F);
+        }
+        const auto w16 = to_bf16(local), x16 = to_bf16(in.hidden);
+        cuda::DeviceBuffer<__nv_bfloat16> w(static_cast<size_t>(per * 3 * H * F)), x(x16.size()), out(x16.size());
+        cuda::DeviceBuffer<int32_t> idx(in.topk_idx.size());
+        cuda::DeviceBuffer<float> wt(in.topk_weight.size());
+        FEPLB_CUDA_CHECK(cudaMemcpy(w.get(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+        if (S > 0) {
+          FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
+          FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in.topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
+          FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in.topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
+        }
+        layer.set_weights(w.get(), stream.get());
+        for (int f = 0; f < forwards; ++f) {
+          if (S > 0) FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream.get()));  // NaN
+          layer.forward(x.get(), idx.get(), wt.get(), S, out.get(), stream.get());
+          cuda::sync_with_timeout(stream.get(), config.timeout_s, "test forward");
+        }
+        std::vector<uint16_t> o16(x16.size());
+        if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+        results[r].out.resize(o16.size());
+        for (size_t i = 0; i < o16.size(); ++i) results[r].out[i] = bf16_to_float(o16[i]);
+        results[r].plan = layer.last_plan();
+        results[r].stats = layer.last_stats();
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return results;
+}
+
+ErrorStats compare(const std::vector<float>& a, const std::vector<double>& ref) {
+  ErrorStats s;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(a[i])) s.has_nan = true;
+    const double d = a[i] - ref[i];
+    num += d * d;
+    den += ref[i] * ref[i];
+    s.max_abs = std::max(s.max_abs, std::abs(d));
+    s.ref_max = std::max(s.ref_max, std::abs(ref[i]));
+  }
+  s.rel_l2 = s.has_nan ? INFINITY : (den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+  return s;
+}
+
+}  // namespace feplb::testing
