@@ -150,12 +150,12 @@ std::string format_balance_markdown(const BalanceResult& r, const std::string& c
       "every planner observes and none is measured on (EPLB's window and feplb-paper's dynamic set "
       "come from it), then {} measured micro-batches per layer. EP = {}, {} GPUs per NVLink domain "
       "(EP=16: 2 nodes). Expert shape {}. Copies: {} GB/s per GPU inside a node, {} GB/s between "
-      "nodes; GEMM times from the roofline model ({} TFLOP/s; not yet calibrated on the GPU). "
+      "nodes; GEMM times from the {} model. "
       "Mean rows per GPU: {:.0f}, so 2% of the mean load is {:.0f} rows.\n\n",
       c.prior_paths.size(), c.num_experts, fmt::join(c.skews, ", "), c.skew_layers, c.skew_seed,
       c.top_k, c.workload.tokens_per_rank, c.workload.seq_len, c.workload.concentration,
       c.workload.seed, c.warmup_steps, c.workload.num_steps, fmt::join(c.ranks, ", "),
-      c.gpus_per_node, c.sim.shape.describe(), k.copy_gbps, k.internode_gbps, k.gemm_peak_tflops,
+      c.gpus_per_node, c.sim.shape.describe(), k.copy_gbps, k.internode_gbps, c.sim.cost_label,
       r.groups.empty() ? 0.0 : r.groups.front().mean_rows,
       kTargetShare * (r.groups.empty() ? 0.0 : r.groups.front().mean_rows));
   out +=
@@ -526,8 +526,7 @@ std::string format_balance_markdown(const BalanceResult& r, const std::string& c
       "the SMs they take from the GEMMs (the table only lists SMs); the anchors' plans on the "
       "critical path before their dispatch; EPLB's per-optimizer-step replica re-sync; NCCL's "
       "real SM count for LLEP (assumed); MoonEP's token padding; the copy engine's bandwidth "
-      "under contention with the dispatch. The GEMM model is the roofline until the GPU "
-      "benchmarks calibrate it.\n";
+      "under contention with the dispatch.\n";
   return out;
 }
 

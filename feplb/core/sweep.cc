@@ -87,8 +87,7 @@ std::string format_sweep_markdown(const SweepResult& r, const std::string& comma
       "Workload: each of the {} real-model priors (data/priors/) widened to {} experts, top-{}, "
       "{} tokens per GPU per micro-batch, {} micro-batches per prior and layer, sequences of {} "
       "tokens with Dirichlet concentration {}, seed {}; {} GPUs per NVLink domain. Expert shape {}. "
-      "Copy engine {} GB/s per GPU per direction; GEMM times from the roofline model "
-      "({} TFLOP/s, {} SMs; not yet calibrated on the GPU).\n\n"
+      "Copy engine {} GB/s per GPU per direction; GEMM times from the {} model.\n\n"
       "Columns: token straggler S_T = max - mean rows per GPU (mean over steps, p95 in brackets); "
       "'vs static' is the change of the mean; 'above oracle' = (S_T - S_T of the exact in-domain "
       "floor) / mean rows per GPU; GEMM straggler S_G from the cost model; weights and tokens moved "
@@ -97,7 +96,7 @@ std::string format_sweep_markdown(const SweepResult& r, const std::string& comma
       "latency measured in-process (median of {} runs per step; median and p99 over steps).\n",
       command, c.prior_paths.size(), c.num_experts, c.top_k, c.workload.tokens_per_rank,
       c.workload.num_steps, c.workload.seq_len, c.workload.concentration, c.workload.seed,
-      c.gpus_per_node, c.sim.shape.describe(), k.copy_gbps, k.gemm_peak_tflops, k.num_sms,
+      c.gpus_per_node, c.sim.shape.describe(), k.copy_gbps, c.sim.cost_label,
       k.planner_reps);
   if (c.sim.warmup_steps > 0) {
     out += fmt::format(

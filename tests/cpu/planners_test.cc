@@ -289,7 +289,9 @@ TEST(Feplb, HiddenCopyTimingKeepsCopiesInsideTheWindow) {
 }
 
 TEST(Feplb, ExposedCopiesNeverDelayTheSlowestGpu) {
-  Bench b(8, 8, 128);  // default copy_timing = 2
+  Knobs k;
+  k.copy_timing = 2;
+  Bench b(8, 8, 128, k);
   for (uint64_t seed = 1; seed <= 10; ++seed) {
     const RoutingStep s = random_step(8, 128, 8, 4096, 12.0, seed);
     Plan plan;

@@ -90,7 +90,9 @@ CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, con
     c.label = roofline_label() + " (the measured table is for another shape)";
     return c;
   }
-  c.label = fmt::format("measured per-expert table ({}, {})", table->device(), path);
+  const bool bundled = choice == "auto" || choice.empty();
+  c.label = fmt::format("measured per-expert table ({}, {})", table->device(),
+                        bundled ? "data/cost/h200-glm5.json" : path);
   c.model = std::move(table);
   return c;
 }

@@ -30,6 +30,7 @@ struct ReportOptions {
   SweepConfig sweep;
   ShapeFlags shape;
   bool force = false, quiet = false;
+  std::string cost_model = "auto";
 };
 
 template <typename T>
@@ -166,6 +167,9 @@ void run_report(ReportOptions o, const std::string& command) {
   o.sweep.sim.warmup_steps = o.warmup;
   o.sweep.sim.shape = resolve_shape(o.shape, nullptr, o.sweep.model);
   validate_knobs(o.sweep.sim.knobs);
+  const CostChoice cost = resolve_cost(o.cost_model, o.sweep.sim.shape, o.sweep.sim.knobs);
+  o.sweep.sim.cost = cost.model.get();
+  o.sweep.sim.cost_label = cost.label;
   for (const std::string* out : {&o.out_md, &o.out_json}) {
     FEPLB_REQUIRE_INPUT(out->empty() || o.force || !fs::exists(*out, ec), "{}: exists; pass --force to overwrite",
                         *out);
@@ -227,6 +231,7 @@ void add_report_command(CLI::App& app) {
   cmd->add_option("--json", o->out_json, "write the JSON results here");
   cmd->add_flag("--force", o->force, "overwrite existing output files");
   cmd->add_flag("--quiet", o->quiet, "no progress lines on stderr");
+  add_cost_flag(*cmd, o->cost_model);
   add_shape_flags(*cmd, o->shape);
   add_knob_flags(*cmd, o->sweep.sim.knobs);
   cmd->callback([o, cmd] {

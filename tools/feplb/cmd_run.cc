@@ -69,7 +69,8 @@ void run_gpu(const RunOptions& o) {
   int64_t max_rows = 1;
   for (const std::string& p : policies) {
     auto planner = make_planner(p, PlannerContext{topo, shape, o.knobs, &cost});
-    Row r{p, {}, {}, {}, {}};
+    Row r;
+    r.policy = p;
     Plan plan;
     for (size_t i = 0; i < trace.steps.size(); ++i) {
       if (std::find(picked.begin(), picked.end(), i) != picked.end()) {

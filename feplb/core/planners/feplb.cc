@@ -9,9 +9,10 @@
 //     max_helpers_per_expert helpers per expert).
 //  3. Copies are timed (copy-engine bandwidth, first in first out on the sender's egress and the
 //     receiver's ingress, after the counts round trip and the planner's budget). A copy must land
-//     while the receiver still runs its own experts (hidden), or (copy_timing = 2, the default)
-//     be one after which the receiver, idle until it lands, still finishes before the donor: an
-//     exposed copy that never makes the layer slower. copy_timing = 1 takes hidden copies only.
+//     while the receiver still runs its own experts (hidden: copy_timing = 1, the default), or
+//     (copy_timing = 2) be one after which the receiver, idle until it lands, finishes before the donor: an
+//     exposed copy that never makes the layer slower (a little better balance on the most skewed
+//     priors, at a small exposure; docs/planners.md).
 // Deterministic; O(E log E) per step with no allocation after the first call.
 #include <algorithm>
 #include <cmath>
