@@ -7,6 +7,8 @@
 #include <optional>
 
 #include "feplb/core/error.h"
+#include "feplb/core/placement.h"
+#include "feplb/core/placer.h"
 #include "feplb/core/planners/eplb_rebalance.h"
 #include "feplb/core/prior.h"
 #include "feplb/core/stats.h"
@@ -18,19 +20,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr const char* kPlaced = ", placed homes";
 
 std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
-
-void apply(Knobs& knobs, const std::vector<KnobOverride>& overrides) {
-  for (const KnobOverride& o : overrides) {
-    bool found = false;
-    for (const KnobInfo& info : list_knobs(knobs)) {
-      if (info.name != o.name) continue;
-      std::visit([&](auto* p) { *p = static_cast<std::remove_reference_t<decltype(*p)>>(o.value); },
-                 info.value);
-      found = true;
-    }
-    FEPLB_REQUIRE_INPUT(found, "variant: unknown knob '{}'", o.name);
-  }
-}
 
 // Steps of one label, collected over the workloads of a group.
 struct Accumulator {
@@ -51,72 +40,42 @@ void collect(std::vector<Accumulator>& acc, const std::string& label, const Poli
   acc.push_back({label, pr.name, pr.transport, placed, variant, pr.steps});
 }
 
-// Home GPU of each expert for one layer, from its history: EPLB's hierarchical rebalance with no
-// redundant slot and one expert per group (experts onto nodes first, then onto the node's GPUs).
-std::vector<int> place_homes(const std::vector<double>& load, int ranks, int domains) {
-  eplb::Params p;
-  p.num_experts = static_cast<int>(load.size());
-  p.num_replicas = p.num_experts;
-  p.num_groups = p.num_experts;
-  p.num_nodes = domains;
-  p.num_gpus = ranks;
-  p.policy = eplb::Policy::kHierarchical;
-  eplb::check_params(p);
-  eplb::Layout out;
-  eplb::Workspace ws;
-  eplb::rebalance(load, p, out, ws);
-  std::vector<int> home(load.size());
-  const int per_gpu = p.num_experts / ranks;
-  for (int s = 0; s < p.num_replicas; ++s) home[out.phy2log[s]] = s / per_gpu;
-  return home;
-}
-
-// Simulates each layer of `trace` on its own topology, homes placed from the layer's warm-up
-// steps; the results' steps are concatenated layer by layer. Adds the experts re-homed per layer.
+// Simulates `trace` with each layer's homes placed once from the layer's warm-up micro-batches:
+// EPLB's hierarchical packing, no replicas (pack_homes in placer.h). Adds the experts re-homed
+// per layer.
 SimulationResult simulate_placed(const Trace& trace, const SimulationConfig& base, int domains,
                                  double& rehomed_sum, int64_t& layers) {
-  std::vector<int64_t> layer_ids;
-  for (const RoutingStep& s : trace.steps) {
-    if (std::find(layer_ids.begin(), layer_ids.end(), s.layer) == layer_ids.end()) {
-      layer_ids.push_back(s.layer);
+  SimulationConfig cfg = base;
+  cfg.placement = contiguous_placement(trace.num_ranks, base.gpus_per_node, trace.num_experts,
+                                       trace_layers(trace), base.knobs.dyn);
+  const Topology contiguous =
+      Topology::contiguous(trace.num_ranks, base.gpus_per_node, trace.num_experts);
+  // The warm-up steps: the first warmup_steps micro-batches (distinct step ids, in trace order).
+  size_t history_end = 0;
+  for (int64_t distinct = 0; history_end < trace.steps.size(); ++history_end) {
+    if (history_end == 0 || trace.steps[history_end].step != trace.steps[history_end - 1].step) {
+      if (++distinct > base.warmup_steps) break;
     }
   }
-  std::optional<SimulationResult> merged;
-  for (int64_t layer : layer_ids) {
-    Trace sub = trace;
-    sub.steps.clear();
+  const std::vector<LayerHistory> histories = layer_histories(trace, 0, history_end);
+  for (LayerPlacement& l : cfg.placement.layers) {
     std::vector<double> load(static_cast<size_t>(trace.num_experts), 0.0);
-    int64_t distinct = 0, last = -1;
-    for (const RoutingStep& s : trace.steps) {
-      if (s.step != last) ++distinct;
-      last = s.step;
-      if (s.layer != layer) continue;
-      sub.steps.push_back(s);
-      if (distinct <= base.warmup_steps) {
+    for (const LayerHistory& h : histories) {
+      if (h.layer != l.layer) continue;
+      for (int64_t t = 0; t < h.num_steps; ++t) {
         for (int e = 0; e < trace.num_experts; ++e) {
-          load[e] += static_cast<double>(s.expert_counts[e]);
+          load[e] += static_cast<double>(h.rows[static_cast<size_t>(t) * trace.num_experts + e]);
         }
       }
     }
-    SimulationConfig cfg = base;
-    cfg.placement = place_homes(load, trace.num_ranks, domains);
-    const int per_gpu = trace.num_experts / trace.num_ranks;
+    l.home = pack_homes(load, trace.num_ranks, domains);
+    set_lowest_dynamic(trace.num_ranks, base.knobs.dyn, l);
     for (int e = 0; e < trace.num_experts; ++e) {
-      rehomed_sum += cfg.placement[e] != e / per_gpu ? 1 : 0;
-    }
-    ++layers;
-    SimulationResult r = simulate(sub, cfg);
-    if (!merged) {
-      merged.emplace(std::move(r));
-      continue;
-    }
-    for (PolicyResult& p : merged->policies) {
-      const PolicyResult* q = r.find(p.name);
-      p.steps.insert(p.steps.end(), q->steps.begin(), q->steps.end());
+      rehomed_sum += l.home[e] != contiguous.home(e) ? 1 : 0;
     }
   }
-  FEPLB_CHECK(merged.has_value(), "balance: a trace without steps");
-  return std::move(*merged);
+  layers += static_cast<int64_t>(cfg.placement.layers.size());
+  return simulate(trace, cfg);
 }
 
 BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<Accumulator>& acc) {
@@ -273,7 +232,7 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
           for (const BalanceVariant& v : config.variants) {
             SimulationConfig vs = sim;
             vs.policies = {v.policy};
-            apply(vs.knobs, v.knobs);
+            apply_knobs(vs.knobs, v.knobs);
             double unused = 0;
             int64_t unused_layers = 0;
             const SimulationResult rv =

@@ -14,11 +14,6 @@
 
 namespace feplb {
 
-struct KnobOverride {
-  std::string name;  // as in knobs.def, e.g. "balance_tolerance"
-  double value = 0;
-};
-
 // Another setting of one policy, simulated for the Pareto study (real priors, one EP size).
 struct BalanceVariant {
   std::string label;  // e.g. "feplb tol 5%"

@@ -34,4 +34,17 @@ void validate_knobs(const Knobs& knobs) {
   }
 }
 
+void apply_knobs(Knobs& knobs, const std::vector<KnobOverride>& overrides) {
+  for (const KnobOverride& o : overrides) {
+    bool found = false;
+    for (const KnobInfo& info : list_knobs(knobs)) {
+      if (info.name != o.name) continue;
+      std::visit([&](auto* p) { *p = static_cast<std::remove_reference_t<decltype(*p)>>(o.value); },
+                 info.value);
+      found = true;
+    }
+    FEPLB_REQUIRE_INPUT(found, "variant: unknown knob '{}'", o.name);
+  }
+}
+
 }  // namespace feplb

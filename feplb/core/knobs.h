@@ -33,4 +33,12 @@ std::vector<KnobInfo> list_knobs(Knobs& knobs);
 // Throws InputError naming the flag if a knob is below its minimum.
 void validate_knobs(const Knobs& knobs);
 
+// One knob set by name (reports' variants).
+struct KnobOverride {
+  std::string name;  // as in knobs.def, e.g. "balance_tolerance"
+  double value = 0;
+};
+// Sets each named knob (integers truncated); InputError "variant: unknown knob" otherwise.
+void apply_knobs(Knobs& knobs, const std::vector<KnobOverride>& overrides);
+
 }  // namespace feplb

@@ -12,6 +12,54 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 std::string pct(double reduction) { return fmt::format("{:+.0f}%", -reduction * 100.0); }
 
+// Lines about the homes, for the table's header: where they come from, the walk-forward replans
+// and what they moved, and the imbalance left between nodes. Empty: contiguous homes, one node.
+std::string format_placement_lines(const SimulationResult& r, double mean_rows) {
+  std::string out;
+  const SimulationConfig& c = r.config;
+  if (!r.replans.empty()) {
+    double rehomed = 0, later = 0, across = 0, place_ms = 0, bytes = 0;
+    for (size_t i = 0; i < r.replans.size(); ++i) {
+      const Migration& m = r.replans[i].migration;
+      rehomed += static_cast<double>(m.rehomed_experts);
+      across += static_cast<double>(m.across_nodes);
+      if (i > 0) later += static_cast<double>(m.rehomed_experts);
+      place_ms += r.replans[i].place_ms;
+      bytes += static_cast<double>(m.total_bytes());
+    }
+    const auto n = static_cast<double>(r.replans.size());
+    const auto layers = static_cast<double>(std::max<size_t>(1, r.final_placement.layers.size()));
+    out += fmt::format(
+        "walk-forward: homes and dynamic sets replanned every {} micro-batches from the previous "
+        "{} ({} replans, {:.1f} ms each); experts re-homed per replan and layer: {:.1f} ({:.1f} "
+        "to another node), first {:.1f}, later {:.1f}\n"
+        "migration (weights + optimizer state, {:.0f} bytes/param): {:.1f} GiB in all = {:.0f} MiB "
+        "per step\n",
+        c.replan_interval, c.replan_window > 0 ? c.replan_window : c.replan_interval,
+        r.replans.size(), place_ms / n, rehomed / n / layers, across / n / layers,
+        static_cast<double>(r.replans.front().migration.rehomed_experts) / layers,
+        n > 1 ? later / (n - 1) / layers : 0.0, c.knobs.optimizer_bytes_per_param,
+        bytes / (kMiB * 1024.0), r.migration_bytes_per_step() / kMiB);
+  } else if (!r.final_placement.empty()) {
+    out += "homes and dynamic sets: from the placement file, for every policy\n";
+  }
+  if (!r.final_placement.empty()) {
+    out +=
+        fmt::format("dynamic sets: feplb --feplb-dyn-set {} ({}), feplb-paper --paper-dyn-set {}\n",
+                    c.knobs.feplb_dyn_set,
+                    c.knobs.feplb_dyn_set ? "the placement's" : "per micro-batch from the counts",
+                    c.knobs.paper_dyn_set);
+  }
+  if (r.topo.num_domains() > 1 && !r.policies.empty()) {
+    const double floor = r.policies.front().summary.inter_node_floor;
+    out += fmt::format(
+        "between nodes: {:.0f} rows per GPU ({:.2f}% of the mean) that no in-node balancing can "
+        "remove (mean in-domain floor)\n",
+        floor, mean_rows > 0 ? floor / mean_rows * 100.0 : 0.0);
+  }
+  return out.empty() ? out : out + "\n";
+}
+
 }  // namespace
 
 size_t worst_static_step(const SimulationResult& r) {
@@ -36,6 +84,7 @@ std::string format_table(const SimulationResult& r) {
       r.model.empty() ? "(unnamed model)" : r.model, first.size(), r.topo.describe(),
       r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows, r.config.knobs.copy_gbps,
       r.config.cost_label);
+  out += format_placement_lines(r, mean_rows);
   out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>8} {:>13}\n",
                      "policy", "token straggler", "max/mean", "vs st.", "GEMM straggler", "vs st.",
                      "weights", "tokens", "fits", "exposed", "planner us");
@@ -83,6 +132,38 @@ std::string format_json(const SimulationResult& r) {
       {"policies", c.policies},
       {"knobs", knobs},
   };
+  if (!r.final_placement.empty()) {
+    json replans = json::array();
+    for (const Replan& rp : r.replans) {
+      json layers = json::array();
+      for (const LayerPlaceStats& l : rp.layers) {
+        layers.push_back({{"layer", l.layer},
+                          {"rehomed_experts", l.rehomed},
+                          {"node_swaps", l.node_swaps},
+                          {"gpu_swaps", l.gpu_swaps},
+                          {"history_between_nodes_before", l.before.node_floor},
+                          {"history_between_nodes_after", l.after.node_floor},
+                          {"history_rows_above_node_mean_before", l.before.gpu_excess},
+                          {"history_rows_above_node_mean_after", l.after.gpu_excess}});
+      }
+      const Migration& m = rp.migration;
+      replans.push_back({{"micro_batch", rp.micro_batch},
+                         {"history_micro_batches", rp.history_micro_batches},
+                         {"rehomed_experts", m.rehomed_experts},
+                         {"rehomed_across_nodes", m.across_nodes},
+                         {"weight_bytes", m.weight_bytes},
+                         {"optimizer_bytes", m.optimizer_bytes},
+                         {"network_bytes", m.network_bytes},
+                         {"place_ms", rp.place_ms},
+                         {"layers", layers}});
+    }
+    doc["config"]["placement"] = {
+        {"source", r.replans.empty() ? "file" : "walk-forward"},
+        {"replan_interval", c.replan_interval},
+        {"replan_window", c.replan_window > 0 ? c.replan_window : c.replan_interval},
+        {"migration_bytes_per_step", r.migration_bytes_per_step()},
+        {"replans", replans}};
+  }
   json policies = json::object();
   for (const PolicyResult& p : r.policies) {
     const PolicySummary& s = p.summary;
@@ -105,6 +186,7 @@ std::string format_json(const SimulationResult& r) {
         {"token_straggler_reduction", s.token_straggler_reduction},
         {"gemm_straggler_reduction", s.gemm_straggler_reduction},
         {"above_oracle_pct_of_mean", s.above_oracle_pct_of_mean},
+        {"inter_node_floor", s.inter_node_floor},
         {"nvlink_bytes_per_step", s.nvlink_bytes_per_step},
         {"network_bytes_per_step", s.network_bytes_per_step},
         {"dispatch_nvlink_bytes_per_step", s.dispatch_nvlink_bytes_per_step},

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "feplb/core/error.h"
+#include "feplb/core/placement.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/stats.h"
 
@@ -68,6 +69,7 @@ PolicySummary summarise_steps(const std::vector<StepMetrics>& steps) {
   s.above_oracle_pct_of_mean = mean_of(column([](const StepMetrics& m) {
     return m.mean_rows > 0 ? (m.token_straggler - m.oracle_straggler) / m.mean_rows * 100.0 : 0.0;
   }));
+  s.inter_node_floor = mean_of(column([](const StepMetrics& m) { return m.oracle_straggler; }));
   return s;
 }
 
@@ -78,6 +80,12 @@ void apply_reductions(std::vector<PolicySummary*> summaries, const PolicySummary
     s->gemm_straggler_reduction =
         base.gemm_straggler_ms > 0 ? 1.0 - s->gemm_straggler_ms / base.gemm_straggler_ms : 0.0;
   }
+}
+
+double SimulationResult::migration_bytes_per_step() const {
+  double bytes = 0;
+  for (const Replan& r : replans) bytes += static_cast<double>(r.migration.total_bytes());
+  return step_ids.empty() ? 0.0 : bytes / static_cast<double>(step_ids.size());
 }
 
 const PolicyResult* SimulationResult::find(const std::string& name) const {
@@ -93,26 +101,28 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
                       "expert shape: unknown for model '{}'; pass --hidden and --ffn", trace.model);
   FEPLB_REQUIRE_INPUT(config.warmup_steps >= 0, "--warmup: {} must be at least 0",
                       config.warmup_steps);
+  FEPLB_REQUIRE_INPUT(config.replan_interval >= 0, "--walk-forward: {} must be at least 0",
+                      config.replan_interval);
+  FEPLB_REQUIRE_INPUT(config.replan_window >= 0, "--window: {} must be at least 0",
+                      config.replan_window);
   SimulationResult result(
-      config,
-      config.placement.empty()
-          ? Topology::contiguous(trace.num_ranks, config.gpus_per_node, trace.num_experts)
-          : Topology::with_placement(trace.num_ranks, config.gpus_per_node, config.placement));
-  FEPLB_REQUIRE_INPUT(result.topo.num_experts() == trace.num_experts,
-                      "placement: {} experts, the trace has {}", result.topo.num_experts(),
-                      trace.num_experts);
+      config, Topology::contiguous(trace.num_ranks, config.gpus_per_node, trace.num_experts));
+  if (!config.placement.empty()) {
+    check_placement_matches(config.placement, trace, config.gpus_per_node);
+  }
+  const bool placed = !config.placement.empty() || config.replan_interval > 0;
   result.model = trace.model;
   result.top_k = trace.top_k;
   result.tokens_per_rank = trace.tokens_per_rank;
-  // warmup[i]: trace step i is history only (one of the first warmup_steps distinct step ids).
-  std::vector<uint8_t> warmup(trace.steps.size(), 0);
-  int64_t distinct = 0;
-  for (size_t i = 0; i < trace.steps.size(); ++i) {
-    if (i == 0 || trace.steps[i].step != trace.steps[i - 1].step) ++distinct;
-    warmup[i] = distinct <= config.warmup_steps ? 1 : 0;
+  // micro_batch[i]: index of trace step i's micro-batch (distinct step ids, in trace order); the
+  // first warmup_steps micro-batches are history only.
+  std::vector<int64_t> micro_batch(trace.steps.size(), 0);
+  for (size_t i = 1; i < trace.steps.size(); ++i) {
+    micro_batch[i] = micro_batch[i - 1] + (trace.steps[i].step != trace.steps[i - 1].step ? 1 : 0);
   }
+  const auto warmup = [&](size_t i) { return micro_batch[i] < config.warmup_steps; };
   for (size_t i = 0; i < trace.steps.size(); ++i) {
-    if (!warmup[i]) result.step_ids.emplace_back(trace.steps[i].step, trace.steps[i].layer);
+    if (!warmup(i)) result.step_ids.emplace_back(trace.steps[i].step, trace.steps[i].layer);
   }
   FEPLB_REQUIRE_INPUT(!result.step_ids.empty(),
                       "--warmup: {} leaves no step of the trace to measure", config.warmup_steps);
@@ -123,33 +133,121 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
                         "policies: '{}' is listed twice", names[i]);
   }
   if (std::find(names.begin(), names.end(), "static") == names.end()) names.insert(names.begin(), "static");
+  const auto uses = [&](const char* name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  FEPLB_REQUIRE_INPUT(placed || !uses("feplb") || config.knobs.feplb_dyn_set == 0,
+                      "--feplb-dyn-set: {} needs a placement (--placement or --walk-forward)",
+                      config.knobs.feplb_dyn_set);
+  FEPLB_REQUIRE_INPUT(placed || !uses("feplb-paper") || config.knobs.paper_dyn_set != 2,
+                      "--paper-dyn-set: 2 needs a placement (--placement or --walk-forward)");
+
+  // Epochs: runs of trace steps [first, end) planned on one placement. A walk-forward replan
+  // starts a new epoch; its planners first observe the replan's history [history_first, first).
+  struct Epoch {
+    size_t first = 0, end = 0, history_first = 0;
+    const Placement* placement = nullptr;  // null: contiguous homes, one planner for all layers
+  };
+  std::vector<Placement> placements;  // one per epoch when placed
+  std::vector<Epoch> epochs;
+  if (placed) {
+    placements.push_back(config.placement.empty()
+                             ? contiguous_placement(trace.num_ranks, config.gpus_per_node,
+                                                    trace.num_experts, trace_layers(trace),
+                                                    config.knobs.dyn)
+                             : config.placement);
+  }
+  if (config.replan_interval > 0) {
+    const int64_t window = config.replan_window > 0 ? config.replan_window : config.replan_interval;
+    Placer placer(trace.num_ranks, config.gpus_per_node, trace.num_experts,
+                  place_options(config.knobs));
+    size_t start = 0, history_first = 0;
+    for (size_t i = 1; i < trace.steps.size(); ++i) {
+      const int64_t k = micro_batch[i];
+      const bool replan = k != micro_batch[i - 1] && k >= config.warmup_steps &&
+                          (k - config.warmup_steps) % config.replan_interval == 0;
+      if (!replan) continue;
+      epochs.push_back({start, i, history_first, nullptr});
+      size_t first = i;
+      while (first > 0 && micro_batch[first - 1] >= k - window) --first;
+      Replan r;
+      r.micro_batch = k;
+      r.history_micro_batches = k - micro_batch[first];
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::vector<LayerHistory> histories = layer_histories(trace, first, i);
+      Placement next = placer.place(histories, placements.back(), &r.layers);
+      r.place_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      r.migration = migration_between(placements.back(), next, config.shape,
+                                      config.knobs.optimizer_bytes_per_param);
+      result.replans.push_back(std::move(r));
+      placements.push_back(std::move(next));
+      start = i;
+      history_first = first;
+    }
+    epochs.push_back({start, trace.steps.size(), history_first, nullptr});
+  } else {
+    epochs.push_back({0, trace.steps.size(), 0, nullptr});
+  }
+  for (size_t e = 0; e < epochs.size() && placed; ++e) epochs[e].placement = &placements[e];
+  if (placed) result.final_placement = placements.back();
 
   const RooflineCostModel roofline(config.shape, config.knobs);
   const GemmCostModel& cost = config.cost ? *config.cost : roofline;
-  const PlannerContext ctx{result.topo, config.shape, config.knobs, &cost};
-  std::vector<std::unique_ptr<Planner>> planners;
-  for (const std::string& name : names) planners.push_back(make_planner(name, ctx));  // checks names
+  // Unknown policies and bad planner knobs fail here, before any planning.
+  for (const std::string& name : names) {
+    make_planner(name, PlannerContext{result.topo, config.shape, config.knobs, &cost});
+  }
 
   const int64_t total = static_cast<int64_t>(names.size() * trace.steps.size());
   int64_t done = 0;
   Plan plan;
-  for (size_t p = 0; p < planners.size(); ++p) {
-    Planner& planner = *planners[p];
+  for (const std::string& name : names) {
     PolicyResult pr;
-    pr.name = names[p];
-    pr.transport = planner.transport();
-    for (size_t i = 0; i < trace.steps.size(); ++i) {
-      const RoutingStep& step = trace.steps[i];
-      if (!warmup[i]) {
-        const double us = time_plan_us(planner, step, plan, config.knobs.planner_reps);
-        validate(plan, result.topo, step, config.shape, planner.limits());
-        GpuLoads loads;
-        pr.steps.push_back(measure_plan(plan, result.topo, cost, config.knobs, us, &loads));
-        measure_traffic(plan, result.topo, step, config.shape, pr.steps.back());
-        pr.loads.push_back(std::move(loads));
+    pr.name = name;
+    for (const Epoch& epoch : epochs) {
+      // One planner per layer on that layer's homes, or one for every layer on contiguous homes.
+      std::vector<int64_t> layers;
+      std::vector<Topology> topos;
+      std::vector<std::unique_ptr<Planner>> planners;
+      if (epoch.placement) {
+        for (const LayerPlacement& l : epoch.placement->layers) {
+          layers.push_back(l.layer);
+          topos.push_back(layer_topology(*epoch.placement, l));
+          planners.push_back(make_planner(
+              name, PlannerContext{topos.back(), config.shape, config.knobs, &cost, l.dynamic}));
+        }
+      } else {
+        topos.push_back(result.topo);
+        planners.push_back(
+            make_planner(name, PlannerContext{result.topo, config.shape, config.knobs, &cost}));
       }
-      planner.observe(step);
-      if (progress) progress(++done, total);
+      const auto slot = [&](int64_t layer) {
+        if (layers.empty()) return size_t{0};
+        const auto it = std::find(layers.begin(), layers.end(), layer);
+        FEPLB_CHECK(it != layers.end(), "no placement for layer {}", layer);
+        return static_cast<size_t>(it - layers.begin());
+      };
+      pr.transport = planners.front()->transport();
+      for (size_t i = epoch.history_first; i < epoch.first; ++i) {
+        planners[slot(trace.steps[i].layer)]->observe(trace.steps[i]);
+      }
+      for (size_t i = epoch.first; i < epoch.end; ++i) {
+        const RoutingStep& step = trace.steps[i];
+        const size_t k = slot(step.layer);
+        Planner& planner = *planners[k];
+        const Topology& topo = topos[k];
+        if (!warmup(i)) {
+          const double us = time_plan_us(planner, step, plan, config.knobs.planner_reps);
+          validate(plan, topo, step, config.shape, planner.limits());
+          GpuLoads loads;
+          pr.steps.push_back(measure_plan(plan, topo, cost, config.knobs, us, &loads));
+          measure_traffic(plan, topo, step, config.shape, pr.steps.back());
+          pr.loads.push_back(std::move(loads));
+        }
+        planner.observe(step);
+        if (progress) progress(++done, total);
+      }
     }
     pr.summary = summarise_steps(pr.steps);
     result.policies.push_back(std::move(pr));

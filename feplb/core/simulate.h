@@ -8,6 +8,8 @@
 #include "feplb/core/cost_model.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/metrics.h"
+#include "feplb/core/placement.h"
+#include "feplb/core/placer.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
@@ -21,7 +23,17 @@ struct SimulationConfig {
   // The trace's first `warmup_steps` micro-batches (distinct step ids, in trace order) are history:
   // every planner observes them, none is planned or measured.
   int64_t warmup_steps = 0;
-  std::vector<int> placement;  // home GPU of each expert; empty: contiguous
+  // Homes and dynamic sets per layer (placement.h); empty: contiguous homes. Every policy plans
+  // on these homes; feplb and feplb-paper use the dynamic sets when feplb_dyn_set = 1 /
+  // paper_dyn_set = 2. It must have an entry for every layer of the trace.
+  Placement placement;
+  // Walk-forward (docs/placement.md): before micro-batch warmup_steps + j * replan_interval
+  // (j >= 0; never before the first), the placement is recomputed by the placer (placer.h, from
+  // the knobs) from the previous replan_window micro-batches of the trace only, starting from
+  // `placement` (contiguous when empty). Planners are rebuilt on the new homes and observe the
+  // window's steps again. 0: off.
+  int64_t replan_interval = 0;
+  int64_t replan_window = 0;  // micro-batches of history per replan; 0: replan_interval
   ExpertShape shape;
   Knobs knobs;
   std::string trace_label;            // shown in reports (e.g. the trace path)
@@ -45,6 +57,8 @@ struct PolicySummary {
   double copy_exposed_ms = 0, copy_exposed_ms_p95 = 0;
   double planner_us_median = 0, planner_us_p99 = 0;
   double above_oracle_pct_of_mean = 0;    // mean of (S_T - S_T oracle) / mean rows * 100
+  double inter_node_floor = 0;            // mean of the in-domain floor (oracle's S_T): the
+                                          // imbalance between nodes that in-node balancing leaves
   double token_straggler_reduction = 0;   // 1 - S_T / S_T(static), from the means
   double gemm_straggler_reduction = 0;
 };
@@ -57,6 +71,15 @@ struct PolicyResult {
   PolicySummary summary;
 };
 
+// One recomputation of the placement in walk-forward mode.
+struct Replan {
+  int64_t micro_batch = 0;  // made before this micro-batch (0-based, distinct step ids)
+  int64_t history_micro_batches = 0;
+  Migration migration;  // against the placement in force until then
+  double place_ms = 0;  // wall time of the placer, all layers
+  std::vector<LayerPlaceStats> layers;
+};
+
 struct SimulationResult {
   SimulationResult(SimulationConfig c, Topology t) : config(std::move(c)), topo(std::move(t)) {}
   SimulationConfig config;
@@ -66,6 +89,10 @@ struct SimulationResult {
   int64_t tokens_per_rank = 0;
   std::vector<std::pair<int64_t, int64_t>> step_ids;  // (step, layer) per measured trace step
   std::vector<PolicyResult> policies;
+  std::vector<Replan> replans;  // walk-forward only, in order
+  Placement final_placement;    // the placement in force at the end (empty: contiguous)
+  // Home moves of every replan (weights + optimizer state) over the measured trace steps.
+  double migration_bytes_per_step() const;
 
   const PolicyResult* find(const std::string& name) const;
 };

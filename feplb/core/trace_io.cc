@@ -1,46 +1,25 @@
 #include "feplb/core/trace_io.h"
 
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
+#include "feplb/core/internal/json_input.h"
 
 namespace feplb {
 namespace {
 
-// Ordered: objects keep the file's key order (the "generator" object is written back as read).
-using json = nlohmann::ordered_json;
+using json_input::int_in;
+using json_input::json;
+using json_input::member;
+using json_input::type_of;
 
 // Limits that keep a malformed or hostile file from asking for absurd memory.
 constexpr int64_t kMaxRanks = 1 << 14;
 constexpr int64_t kMaxExperts = 1 << 16;
 constexpr int64_t kMaxTokensPerRank = int64_t{1} << 32;
-// A trace nests 5 deep (document, steps, step, counts, row). Deeper documents are refused while
-// parsing, so that nothing that walks the document recursively (dump, copy) can exhaust the stack.
-constexpr int kMaxDepth = 64;
-
-const char* type_of(const json& v) { return v.type_name(); }
-
-const json& member(const json& obj, const char* key, std::string_view where) {
-  auto it = obj.find(key);
-  FEPLB_REQUIRE_INPUT(it != obj.end(), "{}{}: missing", where, key);
-  return *it;
-}
-
-// An integer in [lo, hi]; `field` names it in the error.
-int64_t int_in(const json& v, std::string_view field, int64_t lo, int64_t hi) {
-  FEPLB_REQUIRE_INPUT(v.is_number_integer(), "{}: expected an integer, got {}{}", field,
-                      type_of(v), v.is_number() ? " " + v.dump() : std::string());
-  FEPLB_REQUIRE_INPUT(!(v.is_number_unsigned() &&
-                        v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())),
-                      "{}: {} is too large", field, v.dump());
-  const int64_t x = v.get<int64_t>();
-  FEPLB_REQUIRE_INPUT(x >= lo && x <= hi, "{}: {} is outside [{}, {}]", field, x, lo, hi);
-  return x;
-}
 
 std::optional<ExpertShape> parse_shape(const json& v) {
   FEPLB_REQUIRE_INPUT(v.is_object(), "expert_shape: expected an object, got {}", type_of(v));
@@ -101,20 +80,8 @@ RoutingStep parse_step(const json& v, size_t index, const Trace& t) {
 }  // namespace
 
 Trace parse_trace(std::string_view text) {
-  json doc;
-  try {
-    const json::parser_callback_t depth_limit = [](int depth, json::parse_event_t, json&) {
-      FEPLB_REQUIRE_INPUT(depth <= kMaxDepth, "malformed JSON: nested deeper than {} levels",
-                          kMaxDepth);
-      return true;
-    };
-    doc = json::parse(text.begin(), text.end(), depth_limit);
-  } catch (const json::exception& e) {
-    // parse_error for bad syntax, out_of_range for numbers beyond a double (1e400).
-    std::string what = e.what();
-    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-    throw InputError("malformed JSON: " + what);
-  }
+  // A trace nests 5 deep (document, steps, step, counts, row); parse_document refuses far deeper.
+  const json doc = json_input::parse_document(text);
   FEPLB_REQUIRE_INPUT(doc.is_object(), "expected a JSON object at the top, got {}", type_of(doc));
   const json& format = member(doc, "format", "");
   FEPLB_REQUIRE_INPUT(format.is_string() && format.get<std::string>() == kTraceFormat,

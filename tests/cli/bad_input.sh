@@ -181,6 +181,82 @@ expect_bad report_plots "--plots" -- report --quiet --plots a_directory
 expect_bad anchors_skew "--skews" -- report --anchors --quiet --skews 0.5
 expect_unchanged plot_is_input valid.json "$input"
 
+# --- Bad placements (feplb-placement-v1) and placement flags ---------------------------------
+
+# placement_doc E R GPN LAYERS: a document; LAYERS is the JSON list of layer objects.
+placement_doc() {
+  printf '{"format":"feplb-placement-v1","num_experts":%s,"num_ranks":%s,"gpus_per_node":%s,' \
+    "$1" "$2" "$3"
+  printf '"layers":[%s]}\n' "$4"
+}
+# layer L GPU0 GPU1: a layer object for valid.json's E=4, R=2 (GPUx: the gpu object's members).
+layer() { printf '{"layer":%s,"gpus":[{%s},{%s}]}' "$1" "$2" "$3"; }
+g0='"gpu":0,"experts":[0,1],"dynamic":[0]'
+g1='"gpu":1,"experts":[2,3],"dynamic":[2]'
+placement_doc 4 2 8 "$(layer 0 "$g0" "$g1"),$(layer 1 "$g1" "$g0")" >placement.json
+printf '{"format":"feplb-placement-v1","num_experts":4,' >p_malformed.json
+placement_doc 8 2 8 "$(layer 0 '"gpu":0,"experts":[0,1,2,3]' '"gpu":1,"experts":[4,5,6,7]')" \
+  >p_expert_count.json
+placement_doc 4 2 8 "$(layer 0 "$g0" '"gpu":1,"experts":[1,3]')" >p_twice.json
+placement_doc 4 2 8 "$(layer 0 '"gpu":0,"experts":[0,1,2]' "$g1")" >p_per_gpu.json
+placement_doc 4 2 8 "$(layer 0 "$g0" '"gpu":2,"experts":[2,3]')" >p_gpu_range.json
+placement_doc 4 2 8 "$(layer 0 '"gpu":0,"experts":[0,1],"dynamic":[2]' "$g1")" >p_dyn_local.json
+placement_doc 4 2 8 "$(layer 0 "$g0" "$g1")" >p_missing_layer.json
+placement_doc 4 2 4 "$(layer 0 "$g0" "$g1"),$(layer 1 "$g0" "$g1")" >p_gpn.json
+one_gpu='{"gpu":0,"experts":[0,1,2,3]}'
+placement_doc 4 1 8 "{\"layer\":0,\"gpus\":[$one_gpu]},{\"layer\":1,\"gpus\":[$one_gpu]}" \
+  >p_ranks.json
+
+place=(simulate --quiet --trace valid.json --placement)
+expect_bad placement_missing "nope.json|no such file" -- "${place[@]}" nope.json
+expect_bad placement_malformed "p_malformed.json|malformed JSON" -- "${place[@]}" p_malformed.json
+expect_bad placement_expert_count "p_expert_count.json|num_experts is 8|has 4" -- \
+  "${place[@]}" p_expert_count.json
+expect_bad placement_twice "layers[0].gpus[1].experts[0]|expert 1 appears twice" -- \
+  "${place[@]}" p_twice.json
+expect_bad placement_per_gpu "layers[0].gpus[0].experts|has 3 experts" -- \
+  "${place[@]}" p_per_gpu.json
+expect_bad placement_gpu_range "layers[0].gpus[1].gpu|outside [0, 1]" -- \
+  "${place[@]}" p_gpu_range.json
+expect_bad placement_dyn_local "layers[0].gpus[0].dynamic[0]|not one of GPU 0" -- \
+  "${place[@]}" p_dyn_local.json
+expect_bad placement_missing_layer "p_missing_layer.json|no entry for layer 1" -- \
+  "${place[@]}" p_missing_layer.json
+expect_bad placement_gpn "gpus_per_node is 4" -- "${place[@]}" p_gpn.json
+expect_bad placement_ranks "num_ranks is 1" -- "${place[@]}" p_ranks.json
+expect_bad placement_is_trace "valid.json|format|feplb-placement-v1" -- "${place[@]}" valid.json
+expect_bad feplb_dyn_set "--feplb-dyn-set" -- "${sim[@]}" valid.json --feplb-dyn-set 1
+expect_bad paper_dyn_set "--paper-dyn-set" -- "${sim[@]}" valid.json --paper-dyn-set 2
+expect_bad feplb_dyn_set_range "--feplb-dyn-set" -- "${place[@]}" placement.json --feplb-dyn-set 2
+expect_bad window_alone "--window" -- "${sim[@]}" valid.json --window 4
+expect_bad walk_forward_negative "--walk-forward" -- "${sim[@]}" valid.json --walk-forward -1
+expect_bad save_placement_alone "--save-placement" -- "${sim[@]}" valid.json --save-placement s.json
+[[ -e s.json ]] && fail save_placement_alone "wrote s.json"
+expect_bad place_no_trace "--trace" -- place
+expect_bad place_bad_current "p_twice.json|layers[0].gpus[1].experts[0]" -- \
+  place --trace valid.json --current p_twice.json
+expect_bad place_current_mismatch "p_missing_layer.json|no entry for layer 1" -- \
+  place --trace valid.json --current p_missing_layer.json
+expect_bad place_homes "--place-homes" -- place --trace valid.json --place-homes 3
+doc 4 2 2 2 "$step0" '"generator":{}' >noshape.json
+expect_bad place_shape "expert shape|--hidden" -- place --trace noshape.json
+expect_bad place_out_is_trace "valid.json|input trace" -- \
+  place --trace valid.json --out valid.json --force
+expect_unchanged place_out_is_trace valid.json "$input"
+keep_placement=$(sum_of placement.json)
+expect_bad place_out_is_current "placement.json|--current" -- \
+  place --trace valid.json --current placement.json --out placement.json --force
+expect_unchanged place_out_is_current placement.json "$keep_placement"
+expect_bad place_existing_out "existing.json|--force" -- \
+  place --trace valid.json --out existing.json
+expect_unchanged place_existing_out existing.json "$keep"
+expect_bad save_placement_existing "existing.json|--force" -- \
+  "${place[@]}" placement.json --save-placement existing.json
+expect_unchanged save_placement_existing existing.json "$keep"
+expect_bad report_placement_anchors "--placement" -- report --quiet --placement --anchors
+expect_bad report_window_alone "--window|--placement" -- report --quiet --window 4
+expect_bad report_timing_steps "--timing-steps" -- report --quiet --placement --timing-steps 0
+
 # --- Good input ------------------------------------------------------------------------------
 
 checks=$((checks + 1))
@@ -209,6 +285,17 @@ else
   run_feplb gen_simulate "${sim[@]}" gen.json --policies static,feplb
   rc=$?
   [[ $rc -eq 0 ]] || fail gen_simulate "exit code $rc; stderr: $(head -c 400 gen_simulate.err)"
+fi
+
+checks=$((checks + 1))
+run_feplb place_good place --trace valid.json --out placed.json
+rc=$?
+if [[ $rc -ne 0 ]]; then
+  fail place_good "exit code $rc; stderr: $(head -c 400 place_good.err)"
+else
+  run_feplb place_simulate "${place[@]}" placed.json --feplb-dyn-set 1 --paper-dyn-set 2
+  rc=$?
+  [[ $rc -eq 0 ]] || fail place_simulate "exit code $rc; stderr: $(head -c 400 place_simulate.err)"
 fi
 
 if [[ ${#failures[@]} -ne 0 ]]; then

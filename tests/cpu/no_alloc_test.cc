@@ -71,5 +71,33 @@ TEST(NoAlloc, EplbReplansDoNotAllocateOnceWarm) {
   }
 }
 
+// feplb and feplb-paper on a placement's dynamic sets (feplb_dyn_set = 1, paper_dyn_set = 2).
+TEST(NoAlloc, PlacementDynamicSetsDoNotAllocateOnceWarm) {
+  Knobs k;
+  k.feplb_dyn_set = 1;
+  k.paper_dyn_set = 2;
+  testing::Bench b(16, 8, 128, k);
+  std::vector<uint8_t> dynamic(128, 0);
+  for (int e = 0; e < 128; e += 3) dynamic[e] = 1;  // 2 or 3 per GPU
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
+  }
+  for (const char* name : {"feplb", "feplb-paper"}) {
+    auto planner = make_planner(name, PlannerContext{b.topo, b.shape, k, b.cost.get(), dynamic});
+    Plan plan;
+    for (const RoutingStep& s : steps) {
+      planner->plan(s, plan);
+      planner->observe(s);
+    }
+    planner->plan(steps[0], plan);
+    for (const RoutingStep& s : steps) {
+      const int64_t before = g_news.load();
+      planner->plan(s, plan);
+      EXPECT_EQ(g_news.load() - before, 0) << name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace feplb

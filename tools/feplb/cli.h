@@ -59,5 +59,6 @@ void add_knobs_command(CLI::App& app);
 void add_devices_command(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_report_command(CLI::App& app);
+void add_place_command(CLI::App& app);
 
 }  // namespace feplb::cli

@@ -1,5 +1,6 @@
-// feplb report: the balance sweep behind docs/results/core.md (priors x EP sizes x policies), and
-// with --anchors the anchors side by side behind docs/results/balance.md (plus SVG plots).
+// feplb report: the balance sweep behind docs/results/core.md (priors x EP sizes x policies), with
+// --anchors the anchors side by side behind docs/results/balance.md (plus SVG plots), and with
+// --placement the macro timescale behind docs/results/placement.md.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "feplb/core/balance.h"
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
+#include "feplb/core/placement_report.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/sweep.h"
 
@@ -27,6 +29,10 @@ struct ReportOptions {
   std::string skews = "1.2,2,5,10";
   int64_t warmup = kUnset;  // default: 0 (core) or 16 (--anchors)
   bool anchors = false;
+  bool placement = false;
+  bool steps_given = false;
+  bool placement_flags_given = false;  // --walk-forward, --window or --timing-steps
+  int64_t walk_forward = 32, window = 32, timing_steps = 1000;
   SweepConfig sweep;
   ShapeFlags shape;
   bool force = false, quiet = false;
@@ -128,6 +134,37 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
   }
 }
 
+// --placement: the macro timescale (docs/results/placement.md): walk-forward placement on real
+// priors at EP=16 and EP=8, and the placer's timing.
+void run_placement(const ReportOptions& o, const std::string& command) {
+  PlacementReportConfig c;
+  c.prior_paths = o.sweep.prior_paths;
+  c.num_experts = o.sweep.num_experts;
+  c.top_k = o.sweep.top_k;
+  c.gpus_per_node = o.sweep.gpus_per_node;
+  c.workload = o.sweep.workload;
+  if (!o.steps_given) c.workload.num_steps = 96;
+  c.warmup_steps = o.warmup;
+  c.replan_interval = o.walk_forward;
+  c.replan_window = o.window;
+  c.timing_steps = o.timing_steps;
+  c.sim = o.sweep.sim;
+  c.model = o.sweep.model;
+  ProgressLine progress("report", !o.quiet);
+  const PlacementReportResult r = run_placement_report(c, std::ref(progress));
+  const std::string md = format_placement_markdown(r, command);
+  if (!o.out_md.empty()) {
+    write_file(o.out_md, md, o.force);
+    std::printf("wrote %s\n", o.out_md.c_str());
+  } else {
+    std::fputs(md.c_str(), stdout);
+  }
+  if (!o.out_json.empty()) {
+    write_file(o.out_json, format_placement_json(r, command), o.force);
+    std::printf("wrote %s\n", o.out_json.c_str());
+  }
+}
+
 // The options given on the command line (without --quiet and --force, which change no number),
 // for the provenance line of the --anchors report.
 std::string given_command(const CLI::App& cmd) {
@@ -151,11 +188,17 @@ void run_report(ReportOptions o, const std::string& command) {
     if (entry.path().extension() == ".json") o.sweep.prior_paths.push_back(entry.path().string());
   }
   std::sort(o.sweep.prior_paths.begin(), o.sweep.prior_paths.end());
+  FEPLB_REQUIRE_INPUT(!(o.anchors && o.placement), "--placement: not with --anchors");
+  FEPLB_REQUIRE_INPUT(!o.placement || (o.ranks.empty() && o.policies.empty()),
+                      "--placement: its EP sizes and policies are fixed; drop --ranks/--policies");
   if (o.ranks.empty()) o.ranks = o.anchors ? "2,4,8,16" : "2,4,8";
   if (o.policies.empty()) {
     o.policies = o.anchors ? fmt::format("{}", fmt::join(planner_names(), ",")) : kCorePolicies;
   }
-  if (o.warmup == kUnset) o.warmup = o.anchors ? 16 : 0;
+  FEPLB_REQUIRE_INPUT(o.placement || !o.placement_flags_given,
+                      "--walk-forward/--window/--timing-steps: only with --placement");
+  FEPLB_REQUIRE_INPUT(o.window >= 1, "--window: {} must be at least 1", o.window);
+  if (o.warmup == kUnset) o.warmup = o.anchors ? 16 : o.placement ? 32 : 0;
   FEPLB_REQUIRE_INPUT(o.warmup >= 0, "--warmup: {} must be at least 0", o.warmup);
   FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || o.anchors, "--plots: only with --anchors");
   o.sweep.ranks = parse_list<int>(o.ranks, "--ranks");
@@ -176,6 +219,10 @@ void run_report(ReportOptions o, const std::string& command) {
   }
   if (o.anchors) {
     run_anchors(o, command);
+    return;
+  }
+  if (o.placement) {
+    run_placement(o, command);
     return;
   }
   ProgressLine progress("report", !o.quiet);
@@ -205,6 +252,15 @@ void add_report_command(CLI::App& app) {
       "--anchors", o->anchors,
       "the anchors side by side (docs/results/balance.md): every policy on real priors and "
       "lognormal skews, Pareto variants, placed homes; with --plots, SVGs");
+  cmd->add_flag("--placement", o->placement,
+                "the macro timescale (docs/results/placement.md): walk-forward expert placement "
+                "on real priors at EP=16 (2 nodes) and EP=8, and the placer's timing");
+  cmd->add_option("--walk-forward", o->walk_forward,
+                  "--placement: replan every N micro-batches (default 32)");
+  cmd->add_option("--window", o->window,
+                  "--placement: micro-batches of history per replan (default 32)");
+  cmd->add_option("--timing-steps", o->timing_steps,
+                  "--placement: micro-batches of history the placer is timed on (default 1000)");
   cmd->add_option("--ranks", o->ranks,
                   "comma-separated EP sizes (default 2,4,8; --anchors: 2,4,8,16)");
   cmd->add_option(
@@ -215,14 +271,16 @@ void add_report_command(CLI::App& app) {
       "--anchors: lognormal max/mean over experts, comma-separated, or none (default 1.2,2,5,10)");
   cmd->add_option(
       "--warmup", o->warmup,
-      "micro-batches of history observed before the measured ones (default 0; --anchors: 16)");
+      "micro-batches of history observed before the measured ones (default 0; --anchors: 16; "
+      "--placement: 32)");
   cmd->add_option("--plots", o->plots_dir,
                   "--anchors: write the balance-*.svg plots into this directory");
   cmd->add_option("--experts", o->sweep.num_experts, "experts; priors are widened to it (default 128)");
   cmd->add_option("--top-k", o->sweep.top_k, "experts per token (default 8)");
   cmd->add_option("--gpus-per-node", o->sweep.gpus_per_node, "GPUs per NVLink domain (default 8)");
   cmd->add_option("--tokens-per-rank", o->sweep.workload.tokens_per_rank, "tokens per GPU (default 4096)");
-  cmd->add_option("--steps", o->sweep.workload.num_steps, "micro-batches per prior (default 16)");
+  cmd->add_option("--steps", o->sweep.workload.num_steps,
+                  "measured micro-batches per prior (default 16; --placement: 96)");
   cmd->add_option("--seq-len", o->sweep.workload.seq_len, "tokens per sequence (default 4096)");
   cmd->add_option("--concentration", o->sweep.workload.concentration, "Dirichlet concentration (default 2000)");
   cmd->add_option("--seed", o->sweep.workload.seed, "random seed (default 1)");
@@ -236,7 +294,10 @@ void add_report_command(CLI::App& app) {
   add_knob_flags(*cmd, o->sweep.sim.knobs);
   cmd->callback([o, cmd] {
     std::string command = "feplb report";
-    if (o->anchors) {
+    o->steps_given = cmd->count("--steps") > 0;
+    o->placement_flags_given =
+        cmd->count("--walk-forward") + cmd->count("--window") + cmd->count("--timing-steps") > 0;
+    if (o->anchors || o->placement) {
       command = given_command(*cmd);
     } else {
       for (const std::string& a : cmd->remaining()) command += " " + a;

@@ -2,11 +2,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli.h"
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
+#include "feplb/core/placement.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/report.h"
 #include "feplb/core/simulate.h"
@@ -19,6 +21,8 @@ struct SimulateOptions {
   std::string trace;
   int gpus_per_node = 8;
   int64_t warmup = 0;
+  std::string placement, save_placement;
+  int64_t walk_forward = 0, window = 0;
   std::string policies = "static,feplb-paper,feplb,fastermoe,oracle";
   std::string json_out, plot_out;
   bool force = false, quiet = false;
@@ -49,7 +53,15 @@ void run_simulate(const SimulateOptions& o) {
   FEPLB_REQUIRE_INPUT(o.gpus_per_node >= 1, "--gpus-per-node: {} must be at least 1", o.gpus_per_node);
   check_output(o.json_out, path);
   check_output(o.plot_out, path);
+  check_output(o.save_placement, path);
   FEPLB_REQUIRE_INPUT(o.json_out.empty() || o.json_out != o.plot_out, "--json and --plot name the same file");
+  for (const std::string* out : {&o.json_out, &o.plot_out, &o.save_placement}) {
+    std::error_code ec;
+    FEPLB_REQUIRE_INPUT(
+        out->empty() || o.placement.empty() || !std::filesystem::equivalent(*out, o.placement, ec),
+        "{}: is the --placement file", *out);
+  }
+  FEPLB_REQUIRE_INPUT(o.window == 0 || o.walk_forward > 0, "--window: only with --walk-forward");
   // Unknown policies fail before the trace is read.
   std::vector<std::string> policies = split_list(o.policies);
   for (const std::string& p : policies) {
@@ -59,7 +71,7 @@ void run_simulate(const SimulateOptions& o) {
                         fmt::join(planner_names(), ", "));
   }
   validate_knobs(o.knobs);
-  for (const std::string* out : {&o.json_out, &o.plot_out}) {
+  for (const std::string* out : {&o.json_out, &o.plot_out, &o.save_placement}) {
     std::error_code ec;
     FEPLB_REQUIRE_INPUT(out->empty() || o.force || !std::filesystem::exists(*out, ec),
                         "{}: exists; pass --force to overwrite", *out);
@@ -73,6 +85,18 @@ void run_simulate(const SimulateOptions& o) {
   cfg.policies = policies;
   cfg.gpus_per_node = o.gpus_per_node;
   cfg.warmup_steps = o.warmup;
+  if (!o.placement.empty()) {
+    cfg.placement = read_placement(o.placement);
+    try {
+      check_placement_matches(cfg.placement, trace, o.gpus_per_node);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("{}: {}", o.placement, e.what()));
+    }
+  }
+  cfg.replan_interval = o.walk_forward;
+  cfg.replan_window = o.window;
+  FEPLB_REQUIRE_INPUT(o.save_placement.empty() || !cfg.placement.empty() || o.walk_forward > 0,
+                      "--save-placement: needs --placement or --walk-forward");
   cfg.shape = resolve_shape(o.shape, &trace, trace.model);
   cfg.knobs = o.knobs;
   cfg.trace_label = path;
@@ -89,6 +113,14 @@ void run_simulate(const SimulateOptions& o) {
   if (!o.plot_out.empty()) {
     write_file(o.plot_out, plot_svg(result), o.force);
     std::printf("wrote %s\n", o.plot_out.c_str());
+  }
+  if (!o.save_placement.empty()) {
+    const std::string history = fmt::format(
+        R"({{"tool":"feplb simulate","trace":{},"walk_forward":{},"window":{},"replans":{}}})",
+        nlohmann::json(path).dump(), o.walk_forward, o.window > 0 ? o.window : o.walk_forward,
+        result.replans.size());
+    write_file(o.save_placement, format_placement(result.final_placement, history), o.force);
+    std::printf("wrote %s\n", o.save_placement.c_str());
   }
 }
 
@@ -108,6 +140,16 @@ void add_simulate_command(CLI::App& app) {
       "--policies", o->policies,
       "comma-separated policies (default static,feplb-paper,feplb,fastermoe,oracle; also "
       "eplb, llep, moonep)");
+  cmd->add_option("--placement", o->placement,
+                  "homes and dynamic sets per layer (feplb-placement-v1, from `feplb place`) for "
+                  "every policy (default: contiguous homes)");
+  cmd->add_option("--walk-forward", o->walk_forward,
+                  "replan the placement every N micro-batches (from the end of --warmup) from the "
+                  "previous --window micro-batches only, charging the migration (default 0: off)");
+  cmd->add_option("--window", o->window,
+                  "--walk-forward: micro-batches of history per replan (default: N)");
+  cmd->add_option("--save-placement", o->save_placement,
+                  "write the placement in force at the end (with --placement or --walk-forward)");
   cmd->add_option("--json", o->json_out, "write the results as JSON to this file");
   cmd->add_option("--plot", o->plot_out, "write an SVG of per-GPU load before/after each policy");
   cmd->add_flag("--force", o->force, "overwrite existing output files");

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "feplb 0.1.0");
   feplb::cli::add_simulate_command(app);
+  feplb::cli::add_place_command(app);
   feplb::cli::add_trace_commands(app);
   feplb::cli::add_knobs_command(app);
   feplb::cli::add_devices_command(app);

@@ -1,7 +1,8 @@
 // feplb: our planner, the default. What it adds to the paper's greedy (feplb_paper.cc):
 //  1. The dynamic set is chosen per micro-batch from the counts: each GPU's `dyn` busiest experts
 //     (ties: lower index). The host knows the counts before it launches any GEMM, so it launches
-//     the other (static) experts at once and plans meanwhile.
+//     the other (static) experts at once and plans meanwhile. With feplb_dyn_set = 1 the
+//     candidates are the placement's dynamic sets instead (history-based, placer.h), busiest first.
 //  2. It balances to an exact target instead of moving whole experts only: per NVLink domain the
 //     target is ceil(T / GPUs); a GPU above target + tolerance hands rows of its busiest dynamic
 //     experts to the GPU with the most room, whole experts when they fit, otherwise a slice
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "feplb/core/error.h"
 #include "feplb/core/planners/policies.h"
 
 namespace feplb {
@@ -57,10 +59,11 @@ class FeplbPlanner final : public Planner {
       }
       sort_ids_descending(donors_, [&](int g) { return load_[g]; });
       for (int d : donors_) {
-        const int* cand = &candidates_[static_cast<size_t>(d) * num_candidates_];
+        const int* cand = &candidates_[candidate_begin_[d]];
+        const int num_candidates = candidate_begin_[d + 1] - candidate_begin_[d];
         int64_t rest_rows = 0;  // rows of d's candidates not offered yet
-        for (int i = 0; i < num_candidates_; ++i) rest_rows += c[cand[i]];
-        for (int i = 0; i < num_candidates_ && load_[d] > cap; ++i) {
+        for (int i = 0; i < num_candidates; ++i) rest_rows += c[cand[i]];
+        for (int i = 0; i < num_candidates && load_[d] > cap; ++i) {
           rest_rows -= c[cand[i]];
           spill_expert(cand[i], d, first, n, target, cap, tol, rest_rows, out);
         }
@@ -70,21 +73,37 @@ class FeplbPlanner final : public Planner {
   }
 
  private:
-  // Each GPU's `dyn` busiest local experts, busiest first: candidates_[gpu, i].
+  // Each GPU's candidates, busiest first: candidates_[candidate_begin_[gpu] + i]. Its `dyn`
+  // busiest local experts, or (feplb_dyn_set = 1) its experts in the placement's dynamic set.
   void choose_candidates(const std::vector<int64_t>& c, std::vector<uint8_t>& dynamic) {
     const Topology& topo = ctx_.topo;
-    num_candidates_ = static_cast<int>(std::min<int64_t>(ctx_.knobs.dyn, topo.experts_per_rank()));
-    candidates_.resize(static_cast<size_t>(topo.num_ranks()) * num_candidates_);
+    const bool from_placement = ctx_.knobs.feplb_dyn_set == 1;
+    const int per_gpu =
+        from_placement
+            ? topo.experts_per_rank()
+            : static_cast<int>(std::min<int64_t>(ctx_.knobs.dyn, topo.experts_per_rank()));
+    candidates_.resize(static_cast<size_t>(topo.num_ranks()) * per_gpu);
+    candidate_begin_.resize(static_cast<size_t>(topo.num_ranks()) + 1);
+    const auto busier = [&](int a, int b) { return c[a] != c[b] ? c[a] > c[b] : a < b; };
+    int next = 0;
     for (int g = 0; g < topo.num_ranks(); ++g) {
-      auto local = topo.local_experts(g);
-      order_.assign(local.begin(), local.end());
-      std::partial_sort(order_.begin(), order_.begin() + num_candidates_, order_.end(),
-                        [&](int a, int b) { return c[a] != c[b] ? c[a] > c[b] : a < b; });
-      for (int i = 0; i < num_candidates_; ++i) {
-        candidates_[static_cast<size_t>(g) * num_candidates_ + i] = order_[i];
+      candidate_begin_[g] = next;
+      int n = per_gpu;
+      if (from_placement) {
+        placement_dynamic_set(ctx_, g, order_);
+        n = static_cast<int>(order_.size());
+        std::sort(order_.begin(), order_.end(), busier);
+      } else {
+        auto local = topo.local_experts(g);
+        order_.assign(local.begin(), local.end());
+        std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), busier);
+      }
+      for (int i = 0; i < n; ++i) {
+        candidates_[static_cast<size_t>(next++)] = order_[i];
         dynamic[order_[i]] = 1;
       }
     }
+    candidate_begin_[topo.num_ranks()] = next;
   }
 
   // home_ms_[g]: modelled GEMM time of g's own rows that stay on g (updated as g gives rows
@@ -204,13 +223,14 @@ class FeplbPlanner final : public Planner {
   std::vector<int64_t> guests_;
   std::vector<double> in_ms_, out_ms_;     // [num_ranks] when the links' queued copies end
   std::vector<double> home_ms_, guest_ms_;  // [num_ranks] modelled GEMM time, own and guest
-  std::vector<int> candidates_, order_, donors_, receivers_;
-  int num_candidates_ = 0;
+  std::vector<int> candidates_, candidate_begin_, order_, donors_, receivers_;
 };
 
 }  // namespace
 
 std::unique_ptr<Planner> make_feplb_planner(const PlannerContext& ctx) {
+  FEPLB_REQUIRE_INPUT(ctx.knobs.feplb_dyn_set <= 1, "--feplb-dyn-set: {} must be 0 or 1",
+                      ctx.knobs.feplb_dyn_set);
   return std::make_unique<FeplbPlanner>(ctx);
 }
 

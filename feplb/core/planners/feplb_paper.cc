@@ -4,7 +4,9 @@
 // (paper_dyn_set = 0) they are the `dyn` local experts with the most rows in the steps this
 // planner has observed so far for the same layer (a walk-forward stand-in for the paper's
 // history-based "Router Predictor"; the lowest-numbered local experts before any history). With
-// paper_dyn_set = 1 they are always the lowest-numbered local experts. Per NVLink domain, greedily:
+// paper_dyn_set = 1 they are always the lowest-numbered local experts; with paper_dyn_set = 2 they
+// are the placement's dynamic sets (placer.h: the macro timescale's Router Predictor). Per NVLink
+// domain, greedily:
 //   d_max = most loaded GPU; e = its busiest dynamic expert not yet moved;
 //   stop if rows(e) < tau;  d_min = least loaded GPU with a free guest slot;
 //   move all of e (weights + rows) d_max -> d_min if that lowers the pair's max, else skip e;
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <map>
 
+#include "feplb/core/error.h"
 #include "feplb/core/planners/policies.h"
 
 namespace feplb {
@@ -80,6 +83,11 @@ class FeplbPaperPlanner final : public Planner {
     const auto it = history_.find(layer);
     const int dyn = static_cast<int>(std::min<int64_t>(ctx_.knobs.dyn, topo.experts_per_rank()));
     for (int g = 0; g < topo.num_ranks(); ++g) {
+      if (ctx_.knobs.paper_dyn_set == 2) {  // the placement's (history-based) set
+        placement_dynamic_set(ctx_, g, order_);
+        for (int e : order_) dynamic[e] = 1;
+        continue;
+      }
       auto local = topo.local_experts(g);
       order_.assign(local.begin(), local.end());
       if (it != history_.end() && ctx_.knobs.paper_dyn_set == 0) {
@@ -98,6 +106,8 @@ class FeplbPaperPlanner final : public Planner {
 }  // namespace
 
 std::unique_ptr<Planner> make_feplb_paper_planner(const PlannerContext& ctx) {
+  FEPLB_REQUIRE_INPUT(ctx.knobs.paper_dyn_set <= 2, "--paper-dyn-set: {} must be 0, 1 or 2",
+                      ctx.knobs.paper_dyn_set);
   return std::make_unique<FeplbPaperPlanner>(ctx);
 }
 

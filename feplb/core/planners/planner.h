@@ -24,6 +24,10 @@ struct PlannerContext {
   ExpertShape shape;
   Knobs knobs;
   const GemmCostModel* cost = nullptr;
+  // The placement's dynamic experts (docs/placement.md): [num_experts], 1 = in its home GPU's
+  // dynamic set; empty when there is no placement. Used by feplb (feplb_dyn_set = 1) and
+  // feplb-paper (paper_dyn_set = 2).
+  std::vector<uint8_t> dynamic = {};
 };
 
 // The data movement a policy relies on, and the SMs it holds while it moves data (the SMs the
@@ -74,5 +78,9 @@ void sort_ids_ascending(std::vector<int>& ids, const Key& key) {
 
 // Shared by planners: total rows per GPU when every expert stays home.  // [num_ranks]
 void home_loads(const Topology& topo, const RoutingStep& routing, std::vector<int64_t>& loads);
+
+// Shared by planners: the placement's dynamic experts of `gpu` (ctx.dynamic), ascending, into
+// `out`; without a placement, its `dyn` lowest-numbered experts (the paper's fixed set).
+void placement_dynamic_set(const PlannerContext& ctx, int gpu, std::vector<int>& out);
 
 }  // namespace feplb

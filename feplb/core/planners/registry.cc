@@ -60,4 +60,18 @@ void home_loads(const Topology& topo, const RoutingStep& routing, std::vector<in
   for (int e = 0; e < topo.num_experts(); ++e) loads[topo.home(e)] += routing.expert_counts[e];
 }
 
+void placement_dynamic_set(const PlannerContext& ctx, int gpu, std::vector<int>& out) {
+  out.clear();
+  const auto local = ctx.topo.local_experts(gpu);
+  if (ctx.dynamic.empty()) {
+    const auto n =
+        static_cast<size_t>(std::min<int64_t>(ctx.knobs.dyn, ctx.topo.experts_per_rank()));
+    out.assign(local.begin(), local.begin() + static_cast<std::ptrdiff_t>(n));
+    return;
+  }
+  for (int e : local) {
+    if (ctx.dynamic[e]) out.push_back(e);
+  }
+}
+
 }  // namespace feplb
