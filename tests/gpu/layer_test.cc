@@ -8,6 +8,8 @@
 #include <numeric>
 
 #include "feplb/core/prior.h"
+#include "feplb/cuda/nccl_comm.h"
+#include "feplb/dist/launch.h"
 #include "gpu_test_util.h"
 
 namespace feplb {
@@ -165,6 +167,50 @@ TEST(Layer, RejectsBadConfigurationClearly) {
   c = config_for(1, 4, 1, 8, "feplb");
   c.shape.hidden = 100;  // not a multiple of 8
   EXPECT_THROW(cuda::MoeLayer(c, group.endpoint(0)), InputError);
+}
+
+}  // namespace
+}  // namespace feplb
+
+namespace feplb {
+namespace {
+
+// The NCCL path with one process (world 1, no launcher environment): bootstrap through the
+// rendezvous, then the layer with the NCCL transport against the reference.
+TEST(Layer, NcclTransportWithOneRankMatchesReference) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  dist::LaunchEnv env;  // single process
+  cuda::NcclCommunicator comm(env, 30);
+  auto transport = comm.transport();
+  const int experts = 8, top_k = 2;
+  Rng rng(21);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(4, 1, experts, top_k, 64, 3.0);
+  cuda::LayerConfig c = config_for(1, experts, top_k, 64, "feplb");
+  cuda::MoeLayer layer(c, *transport);
+  cuda::Stream s;
+  const auto x16 = testing::to_bf16(in[0].hidden);
+  std::vector<float> local;
+  for (int e = 0; e < experts; ++e) local.insert(local.end(), m.expert_weights(e), m.expert_weights(e) + 3 * kHidden * kFfn);
+  const auto w16 = testing::to_bf16(local);
+  cuda::DeviceBuffer<__nv_bfloat16> w(w16.size()), x(x16.size()), out(x16.size());
+  cuda::DeviceBuffer<int32_t> idx(in[0].topk_idx.size());
+  cuda::DeviceBuffer<float> wt(in[0].topk_weight.size());
+  FEPLB_CUDA_CHECK(cudaMemcpy(w.get(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in[0].topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in[0].topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
+  layer.set_weights(w.get(), s.get());
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), s.get()));
+  layer.forward(x.get(), idx.get(), wt.get(), 64, out.get(), s.get());
+  cuda::sync_with_timeout(s.get(), 30, "nccl forward");
+  std::vector<uint16_t> o16(x16.size());
+  FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+  std::vector<float> o(o16.size());
+  for (size_t i = 0; i < o.size(); ++i) o[i] = bf16_to_float(o16[i]);
+  std::vector<testing::RankResult> got(1);
+  got[0].out = o;
+  expect_matches_reference(got, m, in, top_k, "nccl world 1");
 }
 
 }  // namespace
