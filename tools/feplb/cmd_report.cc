@@ -39,6 +39,21 @@ struct ReportOptions {
   std::string cost_model = "auto";
 };
 
+// The Markdown to --md (or stdout) and, when --json is given, the JSON made by `json`.
+template <typename MakeJson>
+void write_outputs(const ReportOptions& o, const std::string& md, const MakeJson& json) {
+  if (!o.out_md.empty()) {
+    write_file(o.out_md, md, o.force);
+    std::printf("wrote %s\n", o.out_md.c_str());
+  } else {
+    std::fputs(md.c_str(), stdout);
+  }
+  if (!o.out_json.empty()) {
+    write_file(o.out_json, json(), o.force);
+    std::printf("wrote %s\n", o.out_json.c_str());
+  }
+}
+
 template <typename T>
 std::vector<T> parse_list(const std::string& s, const char* flag) {
   std::vector<T> out;
@@ -115,16 +130,7 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
   }
   const std::string md =
       format_balance_markdown(r, command, plot_dir.empty() ? "" : plot_dir + "/");
-  if (!o.out_md.empty()) {
-    write_file(o.out_md, md, o.force);
-    std::printf("wrote %s\n", o.out_md.c_str());
-  } else {
-    std::fputs(md.c_str(), stdout);
-  }
-  if (!o.out_json.empty()) {
-    write_file(o.out_json, format_balance_json(r, command), o.force);
-    std::printf("wrote %s\n", o.out_json.c_str());
-  }
+  write_outputs(o, md, [&] { return format_balance_json(r, command); });
   if (!o.plots_dir.empty()) {
     for (const auto& [name, svg] : balance_plots(r)) {
       const std::string path = (fs::path(o.plots_dir) / name).string();
@@ -153,16 +159,7 @@ void run_placement(const ReportOptions& o, const std::string& command) {
   ProgressLine progress("report", !o.quiet);
   const PlacementReportResult r = run_placement_report(c, std::ref(progress));
   const std::string md = format_placement_markdown(r, command);
-  if (!o.out_md.empty()) {
-    write_file(o.out_md, md, o.force);
-    std::printf("wrote %s\n", o.out_md.c_str());
-  } else {
-    std::fputs(md.c_str(), stdout);
-  }
-  if (!o.out_json.empty()) {
-    write_file(o.out_json, format_placement_json(r, command), o.force);
-    std::printf("wrote %s\n", o.out_json.c_str());
-  }
+  write_outputs(o, md, [&] { return format_placement_json(r, command); });
 }
 
 // The options given on the command line (without --quiet and --force, which change no number),
@@ -228,16 +225,7 @@ void run_report(ReportOptions o, const std::string& command) {
   ProgressLine progress("report", !o.quiet);
   const SweepResult r = run_sweep(o.sweep, std::ref(progress));
   const std::string md = format_sweep_markdown(r, command);
-  if (!o.out_md.empty()) {
-    write_file(o.out_md, md, o.force);
-    std::printf("wrote %s\n", o.out_md.c_str());
-  } else {
-    std::fputs(md.c_str(), stdout);
-  }
-  if (!o.out_json.empty()) {
-    write_file(o.out_json, format_sweep_json(r, command), o.force);
-    std::printf("wrote %s\n", o.out_json.c_str());
-  }
+  write_outputs(o, md, [&] { return format_sweep_json(r, command); });
 }
 
 }  // namespace
