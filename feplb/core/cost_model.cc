@@ -82,26 +82,20 @@ double TableCostModel::expert_ms(int64_t rows) const {
 
 TableCostModel read_gemm_table(const std::string& path) {
   using json = nlohmann::json;
-  const std::string text = read_file(path);
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::exception& e) {
-    throw InputError(fmt::format("{}: malformed JSON: {}", path, e.what()));
-  }
-  try {
-    FEPLB_REQUIRE_INPUT(doc.is_object() && doc.value("format", "") == "feplb-gemm-table-v1",
-                        "format: expected \"feplb-gemm-table-v1\"");
-    const json& sh = doc.at("shape");
-    ExpertShape shape{sh.at("hidden").get<int64_t>(), sh.at("ffn").get<int64_t>(),
-                      parse_dtype(sh.value("dtype", "bf16"), "shape.dtype")};
-    return TableCostModel(doc.at("rows").get<std::vector<int64_t>>(), doc.at("ms").get<std::vector<double>>(), shape,
-                          doc.value("device", ""));
-  } catch (const json::exception& e) {
-    throw InputError(fmt::format("{}: {}", path, e.what()));
-  } catch (const InputError& e) {
-    throw InputError(fmt::format("{}: {}", path, e.what()));
-  }
+  return parse_file(path, [](const std::string& text) {
+    try {
+      const json doc = json::parse(text);
+      FEPLB_REQUIRE_INPUT(doc.is_object() && doc.value("format", "") == "feplb-gemm-table-v1",
+                          "format: expected \"feplb-gemm-table-v1\"");
+      const json& sh = doc.at("shape");
+      ExpertShape shape{sh.at("hidden").get<int64_t>(), sh.at("ffn").get<int64_t>(),
+                        parse_dtype(sh.value("dtype", "bf16"), "shape.dtype")};
+      return TableCostModel(doc.at("rows").get<std::vector<int64_t>>(), doc.at("ms").get<std::vector<double>>(),
+                            shape, doc.value("device", ""));
+    } catch (const json::exception& e) {
+      throw InputError(e.what());  // parse errors and missing or mistyped fields, one line each
+    }
+  });
 }
 
 std::string format_gemm_table(const TableCostModel& t) {

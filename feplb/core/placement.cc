@@ -178,12 +178,7 @@ Placement parse_placement(std::string_view text) {
 }
 
 Placement read_placement(const std::string& path) {
-  const std::string text = read_file(path);
-  try {
-    return parse_placement(text);
-  } catch (const InputError& e) {
-    throw InputError(fmt::format("{}: {}", path, e.what()));
-  }
+  return parse_file(path, [](const std::string& text) { return parse_placement(text); });
 }
 
 std::string format_placement(const Placement& p, const std::string& history) {

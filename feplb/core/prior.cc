@@ -89,14 +89,9 @@ Prior parse_prior(const std::string& text) {
 }
 
 Prior read_prior(const std::string& path) {
-  const std::string text = read_file(path);
-  try {
-    Prior p = parse_prior(text);
-    if (p.source.empty()) p.source = path;
-    return p;
-  } catch (const InputError& e) {
-    throw InputError(fmt::format("{}: {}", path, e.what()));
-  }
+  Prior p = parse_file(path, [](const std::string& text) { return parse_prior(text); });
+  if (p.source.empty()) p.source = path;
+  return p;
 }
 
 Prior lognormal_prior(int num_experts, double target, int num_layers, uint64_t seed) {

@@ -120,12 +120,7 @@ Trace parse_trace(std::string_view text) {
 }
 
 Trace read_trace(const std::string& path) {
-  const std::string text = read_file(path);
-  try {
-    return parse_trace(text);
-  } catch (const InputError& e) {
-    throw InputError(fmt::format("{}: {}", path, e.what()));
-  }
+  return parse_file(path, [](const std::string& text) { return parse_trace(text); });
 }
 
 std::string format_trace(const Trace& t) {
