@@ -169,6 +169,10 @@ std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::
       peers[r] = std::move(c);
       ++arrived;
     }
+    // Stop listening before anyone gets an answer: a peer that goes straight on to the next
+    // rendezvous on this port is then refused (and retries) instead of landing in this
+    // listener's backlog and being reset.
+    listener = Fd();
     for (int r = 1; r < env.world_size; ++r) {
       for (const std::string& b : blobs) send_blob(peers[r].get(), b, deadline, fmt::format("rank {}", r));
     }

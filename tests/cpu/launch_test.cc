@@ -75,6 +75,33 @@ TEST(Rendezvous, AllGathersEveryRanksBlobInRankOrder) {
   }
 }
 
+// Peer memory runs several rendezvous in a row on one port: each round must see only its own.
+TEST(Rendezvous, BackToBackRoundsOnOnePort) {
+  const int world = 4, port = free_port(), rounds = 20;
+  std::vector<std::vector<std::string>> got(world);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r) {
+    ts.emplace_back([&, r] {
+      LaunchEnv e;
+      e.rank = r;
+      e.world_size = world;
+      e.master_port = port;
+      try {
+        for (int k = 0; k < rounds; ++k) {
+          const auto all = rendezvous_all_gather(e, std::to_string(k * 100 + r), 10);
+          for (int s = 0; s < world; ++s) {
+            if (all[s] != std::to_string(k * 100 + s)) got[r].push_back(fmt::format("round {} rank {}: {}", k, s, all[s]));
+          }
+        }
+      } catch (const Error& err) {
+        got[r].push_back(err.what());
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(got[r].empty()) << "rank " << r << ": " << got[r].front();
+}
+
 TEST(Rendezvous, APeerThatNeverArrivesIsNamedWithinTheTimeout) {
   const int port = free_port();
   LaunchEnv e;
