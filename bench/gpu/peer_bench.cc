@@ -1,0 +1,319 @@
+// feplb_peer_bench: GPU-to-GPU data movement on one node, one process per GPU (torchrun-style
+// environment; scripts/gpu-dist starts them). Ranks pair up 0<->1, 2<->3, ... and push into the
+// partner's CUDA IPC-mapped buffer. Measured with CUDA events after warm-up, median and p10/p90
+// of many repetitions, each repetition's time the max over ranks:
+//   * copy-engine peer copies (cudaMemcpyAsync to the peer pointer), one direction and both;
+//   * an SM copy kernel on 24 and 32 blocks writing the peer pointer (what SM transports reserve);
+//   * NCCL send/recv of the same bytes;
+//   * the slowdown of a bf16 GEMM on rank 0 while every other rank pushes into it on the copy
+//     engine (A/B interleaved, median ratio).
+// Usage: scripts/gpu-dist 2 build/bin/feplb_peer_bench --out bench/results/h200-x2.json [--quick]
+#include <CLI/CLI.hpp>
+#include <cuda_bf16.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+#include "feplb/core/stats.h"
+#include "feplb/cuda/check.h"
+#include "feplb/cuda/device.h"
+#include "feplb/cuda/kernels/kernels.h"
+#include "feplb/cuda/nccl_comm.h"
+#include "feplb/cuda/resources.h"
+#include "feplb/dist/launch.h"
+
+namespace feplb::cuda {
+namespace {
+
+using json = nlohmann::ordered_json;
+using bf16 = __nv_bfloat16;
+
+constexpr double kTimeoutS = 120;
+
+struct Options {
+  std::string out;
+  int reps = 30, warmup = 3, gemm_pairs = 15;
+  bool quick = false;
+};
+
+void log0(int rank, const std::string& s) {
+  if (rank != 0) return;
+  std::fputs(s.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+json spread(const std::vector<double>& v) {
+  return json{{"median", quantile_of(v, 0.5)}, {"p10", quantile_of(v, 0.1)}, {"p90", quantile_of(v, 0.9)},
+              {"n", v.size()}};
+}
+
+std::string size_key(size_t bytes) {
+  return bytes >= (size_t{1} << 20) ? fmt::format("{}MiB", bytes >> 20) : fmt::format("{}KiB", bytes >> 10);
+}
+
+// The collective plumbing every measurement shares: a barrier and the max over ranks of a time,
+// both through the transport's all-gather (bounded waits).
+class Group {
+ public:
+  Group(Transport& t, cudaStream_t s) : t_(t), s_(s), one_(1), all_(static_cast<size_t>(t.world_size())) {}
+  int rank() const { return t_.rank(); }
+  int world() const { return t_.world_size(); }
+  // Every rank's `ms`; returns the largest.
+  double max_ms(double ms) {
+    const float f = static_cast<float>(ms);
+    int32_t bits = 0;
+    std::memcpy(&bits, &f, sizeof(bits));
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(one_.get(), &bits, sizeof(bits), cudaMemcpyHostToDevice, s_));
+    t_.all_gather_i32(one_.get(), all_.get(), 1, s_);
+    std::vector<int32_t> h(all_.size());
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.data(), all_.get(), all_.bytes(), cudaMemcpyDeviceToHost, s_));
+    sync_with_timeout(s_, kTimeoutS, "peer bench: all-gather of times");
+    double m = 0;
+    for (int32_t b : h) {
+      float x = 0;
+      std::memcpy(&x, &b, sizeof(x));
+      m = std::max(m, static_cast<double>(x));
+    }
+    return m;
+  }
+  void barrier() { max_ms(0); }
+
+ private:
+  Transport& t_;
+  cudaStream_t s_;
+  DeviceBuffer<int32_t> one_, all_;
+};
+
+// Rank r's partner (r ^ 1), or -1 for the last rank of an odd world.
+int partner_of(int rank, int world) {
+  const int p = rank ^ 1;
+  return p < world ? p : -1;
+}
+
+// One measured operation: enqueues `iters` transfers of `bytes` on the stream (or nothing when
+// this rank is idle in it).
+using Op = std::function<void(size_t bytes, int iters, cudaStream_t s)>;
+
+// GB/s per repetition: iters * bytes / (max over ranks of the time).
+std::vector<double> measure(Group& g, cudaStream_t s, const Op& op, size_t bytes, const Options& o) {
+  // Small copies repeat back to back (about 64 MiB per repetition), so launch gaps do not count.
+  const int iters = static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / bytes, 1, 256));
+  Event e0(true), e1(true);
+  std::vector<double> gbps;
+  for (int i = 0; i < o.warmup + o.reps; ++i) {
+    g.barrier();
+    e0.record(s);
+    op(bytes, iters, s);
+    e1.record(s);
+    sync_with_timeout(s, kTimeoutS, "peer bench: a measured transfer");
+    const double ms = g.max_ms(elapsed_ms(e0, e1));
+    if (i >= o.warmup) gbps.push_back(static_cast<double>(bytes) * iters / (ms * 1e-3) / 1e9);
+  }
+  return gbps;
+}
+
+void gemm(cublasHandle_t h, cudaStream_t s, const bf16* a, const bf16* b, bf16* c, int m, int n, int k) {
+  const float one = 1.0f, zero = 0.0f;
+  FEPLB_CUBLAS_CHECK(cublasSetStream(h, s));
+  // Row-major C[m, n] = A[m, k] B[k, n], as column-major C^T = B^T A^T.
+  FEPLB_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_16BF, n, a, CUDA_R_16BF, k,
+                                  &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+int run(const Options& o, const dist::LaunchEnv& env) {
+  NcclCommunicator comm(env, kTimeoutS);
+  const auto t = comm.transport();
+  const int rank = t->rank(), world = t->world_size(), partner = partner_of(rank, world);
+  if (!t->supports_peer_copies()) throw Error("peer memory is not reachable between these GPUs (see the log)");
+  const size_t max_bytes = o.quick ? size_t{64} << 20 : size_t{256} << 20;
+  std::vector<size_t> sizes;
+  for (size_t b = size_t{64} << 10; b <= max_bytes; b *= 4) sizes.push_back(b);
+  Stream s;
+  Group g(*t, s.get());
+  DeviceBuffer<char> src(max_bytes), dst(max_bytes), nccl_recv(max_bytes);
+  FEPLB_CUDA_CHECK(kernels::fill_random(reinterpret_cast<bf16*>(src.get()), max_bytes / 2, 7 + static_cast<uint64_t>(rank),
+                                        1.0f, s.get()));
+  sync_with_timeout(s.get(), kTimeoutS, "fill");
+  t->register_buffer("peer_bench.dst", dst.get(), dst.bytes());
+  char* peer_dst = partner >= 0 ? static_cast<char*>(t->peer_buffer("peer_bench.dst", partner)) : nullptr;
+  const std::vector<DeviceInfo> devices = list_devices();
+  log0(rank, fmt::format("feplb_peer_bench: {} ranks, {} pairs, {}", world, world / 2,
+                         devices.empty() ? std::string("?") : devices[0].name));
+
+  // Who moves data in each direction mode: one direction = the even rank of each pair pushes.
+  auto active = [&](bool both) { return partner >= 0 && (both || rank % 2 == 0); };
+  auto ce = [&](bool both) -> Op {
+    return [&, both](size_t bytes, int iters, cudaStream_t st) {
+      if (!active(both)) return;
+      for (int i = 0; i < iters; ++i) FEPLB_CUDA_CHECK(cudaMemcpyAsync(peer_dst, src.get(), bytes, cudaMemcpyDeviceToDevice, st));
+    };
+  };
+  auto sm = [&](bool both, int blocks) -> Op {
+    return [&, both, blocks](size_t bytes, int iters, cudaStream_t st) {
+      if (!active(both)) return;
+      for (int i = 0; i < iters; ++i) FEPLB_CUDA_CHECK(kernels::sm_copy(src.get(), peer_dst, bytes, blocks, 0.0, st));
+    };
+  };
+  auto nccl = [&](bool both) -> Op {
+    return [&, both](size_t bytes, int iters, cudaStream_t st) {
+      if (partner < 0) return;
+      const bool sends = both || rank % 2 == 0, recvs = both || rank % 2 == 1;
+      for (int i = 0; i < iters; ++i) {
+        std::vector<Chunk> out, in;
+        if (sends) out.push_back({partner, src.get(), bytes});
+        if (recvs) in.push_back({partner, nccl_recv.get(), bytes});
+        t->exchange(out, in, st);
+      }
+    };
+  };
+
+  json ce_j, sm_j, nccl_j;
+  double peak = 0;
+  std::vector<std::pair<size_t, double>> ce_one_dir;
+  for (const bool both : {false, true}) {
+    const char* dir = both ? "both_directions" : "one_direction";
+    for (size_t bytes : sizes) {
+      const auto c = measure(g, s.get(), ce(both), bytes, o);
+      const auto s24 = measure(g, s.get(), sm(both, 24), bytes, o);
+      const auto s32 = measure(g, s.get(), sm(both, 32), bytes, o);
+      const auto n = measure(g, s.get(), nccl(both), bytes, o);
+      const std::string key = size_key(bytes);
+      ce_j[dir][key] = spread(c);
+      sm_j["24_blocks"][dir][key] = spread(s24);
+      sm_j["32_blocks"][dir][key] = spread(s32);
+      nccl_j[dir][key] = spread(n);
+      for (const auto* v : {&c, &s24, &s32, &n}) peak = std::max(peak, quantile_of(*v, 0.5));
+      if (!both) ce_one_dir.emplace_back(bytes, quantile_of(c, 0.5));
+      log0(rank, fmt::format("{:>15} {:>7}: CE {:7.1f}  SM24 {:7.1f}  SM32 {:7.1f}  NCCL {:7.1f} GB/s (medians)", dir, key,
+                             quantile_of(c, 0.5), quantile_of(s24, 0.5), quantile_of(s32, 0.5), quantile_of(n, 0.5)));
+    }
+  }
+  json ce_pct;
+  for (const auto& [bytes, gbps] : ce_one_dir) {
+    if (bytes >= (size_t{64} << 20)) ce_pct[size_key(bytes)] = 100.0 * gbps / peak;
+  }
+
+  // GEMM on rank 0 alone (A) and while every other rank pushes into it on the copy engine (B).
+  const int m = 8192, n = 4096, k = 6144;
+  CublasHandle cublas;
+  DeviceBuffer<bf16> a, b, c;
+  if (rank == 0) {
+    a = DeviceBuffer<bf16>(size_t{m} * k);
+    b = DeviceBuffer<bf16>(size_t{k} * n);
+    c = DeviceBuffer<bf16>(size_t{m} * n);
+    FEPLB_CUDA_CHECK(kernels::fill_random(a.get(), a.size(), 11, 1.0f, s.get()));
+    FEPLB_CUDA_CHECK(kernels::fill_random(b.get(), b.size(), 12, 1.0f, s.get()));
+    for (int i = 0; i < 3; ++i) gemm(cublas.get(), s.get(), a.get(), b.get(), c.get(), m, n, k);
+  }
+  char* victim_dst = rank == 0 ? nullptr : static_cast<char*>(t->peer_buffer("peer_bench.dst", 0));
+  Event e0(true), e1(true);
+  // Push long enough to cover the GEMM with margin: 64 MiB copies for about 3 GEMM times at the
+  // best copy-engine rate measured.
+  auto time_gemm = [&](bool pushed, double push_ms) {
+    g.barrier();
+    if (rank == 0) {
+      if (pushed) FEPLB_CUDA_CHECK(kernels::gpu_delay(50'000, s.get()));  // let the pushes start
+      e0.record(s.get());
+      gemm(cublas.get(), s.get(), a.get(), b.get(), c.get(), m, n, k);
+      e1.record(s.get());
+    } else if (pushed) {
+      const size_t chunk = std::min<size_t>(size_t{64} << 20, max_bytes);
+      const double best_gbps = std::max(1.0, ce_one_dir.empty() ? 100.0 : ce_one_dir.back().second);
+      const int copies = std::max(1, static_cast<int>(3 * push_ms * 1e-3 * best_gbps * 1e9 / static_cast<double>(chunk)));
+      for (int i = 0; i < copies; ++i) {
+        FEPLB_CUDA_CHECK(cudaMemcpyAsync(victim_dst, src.get(), chunk, cudaMemcpyDeviceToDevice, s.get()));
+      }
+    }
+    sync_with_timeout(s.get(), kTimeoutS, "peer bench: GEMM under peer pushes");
+    return g.max_ms(rank == 0 ? elapsed_ms(e0, e1) : 0.0);
+  };
+  const double first = time_gemm(false, 0);
+  std::vector<double> alone, pushed, ratio;
+  for (int i = 0; i < o.gemm_pairs; ++i) {
+    const double x = time_gemm(false, 0), y = time_gemm(true, first);
+    alone.push_back(x);
+    pushed.push_back(y);
+    ratio.push_back(y / x);
+  }
+  const double slowdown_pct = (quantile_of(ratio, 0.5) - 1.0) * 100.0;
+  log0(rank, fmt::format("GEMM {}x{}x{} bf16 on rank 0: {:.3f} ms alone, {:.3f} ms while {} peer(s) push: {:+.1f}%", m,
+                         n, k, quantile_of(alone, 0.5), quantile_of(pushed, 0.5), world - 1, slowdown_pct));
+
+  if (rank == 0 && !o.out.empty()) {
+    json j;
+    j["device"] = devices.empty() ? "" : devices[0].name;
+    j["world_size"] = world;
+    j["pairs"] = world / 2;
+    j["reps"] = o.reps;
+    j["warmup"] = o.warmup;
+    j["sizes_bytes"] = sizes;
+    j["ce_peer_gbps_by_size"] = ce_j;
+    j["sm_peer_gbps_by_size"] = sm_j;
+    j["nccl_gbps_by_size"] = nccl_j;
+    j["peak_gbps"] = peak;
+    j["ce_pct_of_peak"] = ce_pct;
+    j["gemm"] = json{{"shape_mnk", {m, n, k}},
+                     {"alone_ms", spread(alone)},
+                     {"peer_push_ms", spread(pushed)},
+                     {"ratio", spread(ratio)},
+                     {"pushing_ranks", world - 1}};
+    j["gemm_slowdown_peer_push_pct"] = slowdown_pct;
+    j["definitions"] = json{
+        {"gbps", "bytes moved per direction / time, 1e9 bytes per GB; each repetition's time is the max over "
+                 "ranks; small sizes repeat back to back (about 64 MiB per repetition)"},
+        {"one_direction", "the even rank of each pair (0<->1, 2<->3, ...) writes into its partner"},
+        {"both_directions", "both ranks of each pair write into each other at once; the rate is per direction"},
+        {"ce", "cudaMemcpyAsync into the partner's CUDA IPC-mapped buffer (copy engine)"},
+        {"sm", "kernels::sm_copy on 24 or 32 blocks storing to the partner's mapped buffer"},
+        {"nccl", "ncclSend/ncclRecv in one group per transfer"},
+        {"peak_gbps", "the largest median measured here, any method"},
+        {"ce_pct_of_peak", "one-direction CE median / peak_gbps, sizes >= 64 MiB"},
+        {"gemm_slowdown_peer_push_pct", "(median over interleaved pairs of pushed / alone GEMM time - 1) * 100"}};
+    std::ofstream f(o.out);
+    FEPLB_CHECK(f.good(), "cannot write {}", o.out);
+    f << j.dump(2) << "\n";
+    log0(rank, "wrote " + o.out);
+  }
+  g.barrier();  // nobody unmaps or frees while a peer may still write
+  return 0;
+}
+
+}  // namespace
+}  // namespace feplb::cuda
+
+int main(int argc, char** argv) {
+  feplb::cuda::Options o;
+  CLI::App app{"feplb_peer_bench: peer copy-engine, SM and NCCL bandwidth, and GEMM slowdown under peer pushes"};
+  app.add_option("--out", o.out, "JSON results (written by rank 0)");
+  app.add_option("--reps", o.reps, "timed repetitions per point")->check(CLI::Range(1, 10000));
+  app.add_option("--warmup", o.warmup, "untimed repetitions first")->check(CLI::Range(0, 1000));
+  app.add_option("--gemm-pairs", o.gemm_pairs, "interleaved GEMM alone / pushed pairs")->check(CLI::Range(1, 1000));
+  app.add_flag("--quick", o.quick, "sizes up to 64 MiB, fewer repetitions");
+  CLI11_PARSE(app, argc, argv);
+  if (o.quick) {
+    o.reps = std::min(o.reps, 10);
+    o.gemm_pairs = std::min(o.gemm_pairs, 5);
+  }
+  try {
+    const feplb::dist::LaunchEnv env = feplb::dist::launch_env_from_process();
+    if (env.world_size < 2) {
+      std::fprintf(stderr,
+                   "feplb_peer_bench: WORLD_SIZE is %d, nothing to measure: start one process per GPU "
+                   "(scripts/gpu-dist N feplb_peer_bench ...)\n",
+                   env.world_size);
+      return 2;
+    }
+    return feplb::cuda::run(o, env);
+  } catch (const feplb::InputError& e) {
+    std::fprintf(stderr, "feplb_peer_bench: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "feplb_peer_bench: rank error: %s\n", e.what());
+    return 1;
+  }
+}
