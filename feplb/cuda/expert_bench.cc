@@ -28,8 +28,26 @@ ExpertBench::ExpertBench(const ExpertShape& shape, int64_t max_rows, int num_wei
   FEPLB_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void ExpertBench::enqueue(std::span<const int64_t> rows, int streams) {
+void ExpertBench::ensure_backward_buffers() {
+  if (dy_.size()) return;
+  const int64_t H = shape_.hidden, F = shape_.ffn;
+  dy_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(max_rows_ * H));
+  dx_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(max_rows_ * H));
+  dgu_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(max_rows_ * 2 * F));
+  dact_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(max_rows_ * F));
+  grad_w_ = DeviceBuffer<float>(static_cast<size_t>(sets_ * expert_weight_elems(H, F)));
+  const cudaStream_t s = streams_[0].get();
+  FEPLB_CUDA_CHECK(kernels::fill_random(dy_.get(), dy_.size(), 3, 1.0f / 64, s));
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(grad_w_.get(), 0, grad_w_.bytes(), s));
+  // Saved activations of a real forward over the whole buffer.
+  const std::vector<int64_t> all(1, max_rows_);
+  enqueue(all, 1, Pass::kForward);
+  FEPLB_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void ExpertBench::enqueue(std::span<const int64_t> rows, int streams, Pass pass) {
   const int64_t H = shape_.hidden, F = shape_.ffn, we = expert_weight_elems(H, F);
+  if (pass == Pass::kBackward) ensure_backward_buffers();
   const cudaStream_t s0 = streams_[0].get();
   for (int i = 1; i < streams; ++i) {  // fork
     FEPLB_CUDA_CHECK(cudaEventRecord(joins_[0].get(), s0));
@@ -42,8 +60,15 @@ void ExpertBench::enqueue(std::span<const int64_t> rows, int streams) {
     FEPLB_CHECK(r <= max_rows_, "expert bench: {} rows exceed its {} rows", r, max_rows_);
     if (off + r > max_rows_) off = 0;  // reuse the activation buffers (timing only)
     const cudaStream_t s = streams_[n % streams].get();
-    expert_ffn(cublas_.get(), s, x_.get() + off * H, r, w_.get() + (n % sets_) * we, gu_.get() + off * 2 * F,
-               act_.get() + off * F, y_.get() + off * H, H, F);
+    const __nv_bfloat16* w = w_.get() + (n % sets_) * we;
+    if (pass == Pass::kForward) {
+      expert_ffn(cublas_.get(), s, x_.get() + off * H, r, w, gu_.get() + off * 2 * F, act_.get() + off * F,
+                 y_.get() + off * H, H, F);
+    } else {
+      expert_ffn_backward(cublas_.get(), s, x_.get() + off * H, r, w, gu_.get() + off * 2 * F, act_.get() + off * F,
+                          dy_.get() + off * H, grad_w_.get() + (n % sets_) * we, 1.0f, dx_.get() + off * H,
+                          dgu_.get() + off * 2 * F, dact_.get() + off * F, H, F);
+    }
     off += r;
     ++n;
   }
@@ -53,13 +78,13 @@ void ExpertBench::enqueue(std::span<const int64_t> rows, int streams) {
   }
 }
 
-double ExpertBench::run_ms(std::span<const int64_t> rows, int streams, int reps) {
+double ExpertBench::run_ms(std::span<const int64_t> rows, int streams, int reps, Pass pass) {
   streams = std::clamp(streams, 1, static_cast<int>(streams_.size()));
-  enqueue(rows, streams);  // warm-up
+  enqueue(rows, streams, pass);  // warm-up
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
     start_.record(streams_[0].get());
-    enqueue(rows, streams);
+    enqueue(rows, streams, pass);
     stop_.record(streams_[0].get());
     FEPLB_CUDA_CHECK(cudaEventSynchronize(stop_.get()));
     ms.push_back(elapsed_ms(start_, stop_));

@@ -18,16 +18,20 @@ namespace feplb::cuda {
 
 class ExpertBench {
  public:
+  // Forward: the SwiGLU FFN. Backward: its backward as the layer runs it (dW accumulated in fp32,
+  // dX), from saved activations of a forward (kept intact, so every repetition sees real data).
+  enum class Pass { kForward, kBackward };
+
   // Room for `max_rows` rows in one call and `num_weight_sets` distinct experts' weights (the
   // experts of a call cycle through them, so weights are not served from L2 unrealistically).
   ExpertBench(const ExpertShape& shape, int64_t max_rows, int num_weight_sets, int max_streams = 4);
 
   // Milliseconds to run every listed expert (rows > 0) back to back, round-robin over `streams`
   // streams: median of `reps` timed runs after one warm-up.
-  double run_ms(std::span<const int64_t> rows_per_expert, int streams = 1, int reps = 5);
+  double run_ms(std::span<const int64_t> rows_per_expert, int streams = 1, int reps = 5, Pass pass = Pass::kForward);
   // Enqueues the experts once on stream() (and helper streams), untimed: for callers that put
   // their own events and side traffic around it.
-  void enqueue(std::span<const int64_t> rows_per_expert, int streams = 1);
+  void enqueue(std::span<const int64_t> rows_per_expert, int streams = 1, Pass pass = Pass::kForward);
   // The same work through cublasGemmGroupedBatchedEx (one grouped call per GEMM, one SwiGLU).
   double run_grouped_ms(std::span<const int64_t> rows_per_expert, int reps = 5);
 
@@ -43,7 +47,10 @@ class ExpertBench {
   ExpertShape shape_;
   int64_t max_rows_;
   int sets_;
+  void ensure_backward_buffers();
   DeviceBuffer<__nv_bfloat16> w_, x_, gu_, act_, y_;
+  DeviceBuffer<__nv_bfloat16> dy_, dx_, dgu_, dact_;  // backward (allocated on first use)
+  DeviceBuffer<float> grad_w_;                         // [sets, 3HF] fp32
   std::vector<Stream> streams_;
   std::vector<Event> joins_;
   CublasHandle cublas_;

@@ -21,8 +21,29 @@ inline int64_t expert_weight_elems(int64_t hidden, int64_t ffn) { return 3 * hid
 void gemm_bf16(cublasHandle_t handle, cudaStream_t stream, const bf16* a, const bf16* b, bf16* c,
                int64_t m, int64_t n, int64_t k);
 
+// Row-major C [m, n] = beta C + op(A) [m, k] * op(B) [k, n]; op(A) = A^T when trans_a (A stored
+// [k, m]), likewise B (stored [n, k] when trans_b). A, B bf16; C bf16, or fp32 when c_f32 (weight
+// gradients accumulated into an fp32 main gradient). fp32 accumulation.
+void gemm(cublasHandle_t handle, cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+          const bf16* a, const bf16* b, void* c, bool c_f32, float beta);
+
 // y [rows, H] = FFN_w(x [rows, H]); gu [rows, 2F] and act [rows, F] are scratch. rows may be 0.
 void expert_ffn(cublasHandle_t handle, cudaStream_t stream, const bf16* x, int64_t rows, const bf16* w,
                 bf16* gu, bf16* act, bf16* y, int64_t hidden, int64_t ffn);
+
+}  // namespace feplb::cuda
+
+namespace feplb::cuda {
+
+// The backward of expert_ffn for `rows` rows, given what the forward kept: x [rows, H],
+// gu [rows, 2F] (gate|up before the activation), act [rows, F], and dy [rows, H]:
+//   grad_w += dL/dw, laid out like w (fp32; beta 0 overwrites, 1 accumulates),
+//   dx [rows, H] = dL/dx.
+// Scratch: dact [rows, F] and dgu [rows, 2F]; they may be act and gu themselves (the layer
+// overwrites its saved activations; benchmarks keep them). rows may be 0 (grad_w untouched when
+// beta is 1, zeroed when it is 0).
+void expert_ffn_backward(cublasHandle_t handle, cudaStream_t stream, const bf16* x, int64_t rows, const bf16* w,
+                         const bf16* gu, const bf16* act, const bf16* dy, float* grad_w, float beta, bf16* dx,
+                         bf16* dgu, bf16* dact, int64_t hidden, int64_t ffn);
 
 }  // namespace feplb::cuda

@@ -43,6 +43,18 @@ class Transport {
   virtual void* peer_buffer(const std::string& name, int peer) const = 0;
   // Whether this rank can copy into its peers' registered buffers.
   virtual bool supports_peer_copies() const = 0;
+
+  // Phase-2 signals, SM-free. Collective: every rank creates the set `name` once, with `count`
+  // slots per rank. signal(peer, slot, value, s): once prior work on `s` is done, `peer`'s slot
+  // reaches `value`. wait(slot, value, s): later work on `s` waits until this rank's slot reaches
+  // `value`. Values of one slot only grow; a slot is signalled by one rank at a time.
+  class Signals {
+   public:
+    virtual ~Signals() = default;
+    virtual void signal(int peer, int slot, uint32_t value, cudaStream_t stream) = 0;
+    virtual void wait(int slot, uint32_t value, cudaStream_t stream) = 0;
+  };
+  virtual std::unique_ptr<Signals> make_signals(const std::string& name, int count) = 0;
 };
 
 // R virtual ranks in one process on the current GPU. Each rank's thread calls its endpoint's

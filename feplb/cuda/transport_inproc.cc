@@ -1,5 +1,7 @@
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <immintrin.h>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -21,6 +23,14 @@ struct InProcessGroup::State {
   std::vector<std::vector<Chunk>> recvs;   // [rank] recv chunks posted for the current exchange
   std::vector<cudaEvent_t> ready, done;    // [rank]
   std::map<std::string, std::vector<void*>> buffers;
+  // Signal sets by name: [rank * count + slot], each an event pair (by value parity) and the
+  // value each event was last recorded for.
+  struct SignalSlot {
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    std::atomic<uint32_t> recorded[2] = {0, 0};
+  };
+  std::map<std::string, std::unique_ptr<SignalSlot[]>> signals;
+  std::vector<cudaEvent_t> all_signal_events;
 
   void barrier(int rank, const char* where) {
     std::unique_lock<std::mutex> lock(mu);
@@ -41,6 +51,44 @@ struct InProcessGroup::State {
 };
 
 namespace {
+
+// Signals between virtual ranks: CUDA events, so the GPU's scheduler sees every dependency
+// (stream memory waits between streams of one GPU are invisible to it and can deadlock it when
+// it serialises the waiter ahead of the writer: cuStreamWaitValue32's documented caveat). The
+// waiting thread blocks (bounded) until the signalling thread has recorded the event for the
+// value; each slot alternates two events so a record for value v+1 never replaces the one a
+// waiter of v still needs.
+class InProcessSignals final : public Transport::Signals {
+ public:
+  InProcessSignals(InProcessGroup::State* st, InProcessGroup::State::SignalSlot* slots, int rank, int count)
+      : st_(st), slots_(slots), rank_(rank), count_(count) {}
+
+  void signal(int peer, int slot, uint32_t value, cudaStream_t stream) override {
+    FEPLB_CHECK(peer >= 0 && peer < st_->world && slot >= 0 && slot < count_, "signal to rank {} slot {}", peer, slot);
+    auto& s = slots_[peer * count_ + slot];
+    FEPLB_CUDA_CHECK(cudaEventRecord(s.ev[value & 1], stream));
+    s.recorded[value & 1].store(value, std::memory_order_release);
+  }
+
+  void wait(int slot, uint32_t value, cudaStream_t stream) override {
+    FEPLB_CHECK(slot >= 0 && slot < count_, "wait on slot {}", slot);
+    auto& s = slots_[rank_ * count_ + slot];
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(st_->timeout_s);
+    for (uint64_t spins = 0; s.recorded[value & 1].load(std::memory_order_acquire) < value; ++spins) {
+      if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline) {
+        throw Error(fmt::format("in-process transport: rank {} waited {:.0f} s for signal {} to reach {}", rank_,
+                                st_->timeout_s, slot, value));
+      }
+      _mm_pause();
+    }
+    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, s.ev[value & 1], 0));
+  }
+
+ private:
+  InProcessGroup::State* st_;
+  InProcessGroup::State::SignalSlot* slots_;
+  int rank_, count_;
+};
 
 class InProcessTransport final : public Transport {
  public:
@@ -109,6 +157,27 @@ class InProcessTransport final : public Transport {
 
   bool supports_peer_copies() const override { return true; }
 
+  std::unique_ptr<Signals> make_signals(const std::string& name, int count) override {
+    FEPLB_CHECK(count >= 1, "signal set '{}' of {} slots", name, count);
+    State::SignalSlot* slots = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      auto& set = st_->signals[name];
+      if (!set) {
+        set = std::make_unique<State::SignalSlot[]>(static_cast<size_t>(st_->world * count));
+        for (int i = 0; i < st_->world * count; ++i) {
+          for (cudaEvent_t& e : set[i].ev) {
+            FEPLB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            st_->all_signal_events.push_back(e);
+          }
+        }
+      }
+      slots = set.get();
+    }
+    st_->barrier(rank_, "make_signals");
+    return std::make_unique<InProcessSignals>(st_, slots, rank_, count);
+  }
+
  private:
   // Same-device copies in one batch call: they run on copy engines (FEPLB.md §8).
   void copy_batch(cudaStream_t stream) {
@@ -151,6 +220,7 @@ InProcessGroup::~InProcessGroup() {
   endpoints_.clear();
   for (cudaEvent_t e : state_->ready) FEPLB_CUDA_WARN(cudaEventDestroy(e));
   for (cudaEvent_t e : state_->done) FEPLB_CUDA_WARN(cudaEventDestroy(e));
+  for (cudaEvent_t e : state_->all_signal_events) FEPLB_CUDA_WARN(cudaEventDestroy(e));
 }
 
 Transport& InProcessGroup::endpoint(int rank) { return *endpoints_.at(static_cast<size_t>(rank)); }

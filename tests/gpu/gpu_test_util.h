@@ -93,6 +93,22 @@ struct RankResult {
 std::vector<RankResult> run_layer(const cuda::LayerConfig& config, const ReferenceMoe& experts,
                                   const std::vector<RankInputs>& inputs, int forwards = 1);
 
+struct BackwardResult {
+  std::vector<float> out, grad_hidden, grad_topk_weight;  // [S, H], [S, H], [S, K]
+  std::vector<float> main_grad;  // [experts_per_rank, 3HF] this rank's experts' weight gradients
+  Plan plan;
+  cuda::BackwardStats stats;
+};
+
+// `layers` training layers (same experts, same inputs) sharing one slot pool per rank: every
+// layer's forward, then their backwards in reverse order with grad_out[rank] [S, H]. Results
+// [layer][rank]; outputs and gradients are NaN-poisoned first.
+std::vector<std::vector<BackwardResult>> run_layer_backward(const cuda::LayerConfig& config,
+                                                            const ReferenceMoe& experts,
+                                                            const std::vector<RankInputs>& inputs,
+                                                            const std::vector<std::vector<float>>& grad_out,
+                                                            int layers = 1);
+
 // Relative L2 error ||a - ref|| / ||ref|| (inf if a has a NaN), and the max abs error.
 struct ErrorStats {
   double rel_l2 = 0, max_abs = 0, ref_max = 0;

@@ -1,14 +1,17 @@
-// The MoE layer forward on the GPU against the float64 host reference, for R virtual ranks on
-// one GPU and every planner the GPU layer runs, with balancing on and off, and edge cases.
-// Tolerance (bf16 inputs/weights, fp32 accumulation, bf16 intermediates and output): relative L2
-// error <= 1e-2 and max abs error <= 3% of the largest |reference| value; no NaN (outputs are
-// poisoned with NaN before every forward, so an unwritten row fails).
+// The MoE layer forward and backward on the GPU against the float64 host reference, for R
+// virtual ranks on one GPU and every planner the GPU layer runs, with balancing on and off, and
+// edge cases. Forward tolerance (bf16 inputs/weights, fp32 accumulation, bf16 intermediates and
+// output): relative L2 error <= 1e-2 and max abs error <= 3% of the largest |reference| value.
+// Backward (bf16 dY, d act and d gate|up on top of that; dW accumulated in fp32): every gradient
+// within relative L2 <= 2e-2 and max abs <= 5% of the largest |reference| value. No NaN anywhere
+// (outputs and gradients are poisoned with NaN first, so an unwritten row fails).
 #include <gtest/gtest.h>
 
 #include <numeric>
 
 #include "feplb/core/prior.h"
 #include "feplb/cuda/nccl_comm.h"
+#include "feplb/cuda/trainer.h"
 #include "feplb/dist/launch.h"
 #include "gpu_test_util.h"
 
@@ -169,6 +172,212 @@ TEST(Layer, RejectsBadConfigurationClearly) {
   EXPECT_THROW(cuda::MoeLayer(c, group.endpoint(0)), InputError);
 }
 
+
+// ---- backward ---------------------------------------------------------------------------------
+
+constexpr double kGradRelL2 = 2e-2, kGradMaxAbsFrac = 0.05;
+
+std::vector<std::vector<float>> random_grad_out(uint64_t seed, const std::vector<RankInputs>& in) {
+  Rng rng(seed);
+  std::vector<std::vector<float>> g;
+  for (const RankInputs& r : in) {
+    std::vector<float> v(static_cast<size_t>(r.tokens * kHidden));
+    for (float& x : v) x = round_to_bf16(static_cast<float>(rng.normal()));
+    g.push_back(std::move(v));
+  }
+  return g;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& ref, const std::string& what) {
+  const auto e = compare(got, ref);
+  EXPECT_FALSE(e.has_nan) << what << ": unwritten (NaN) values";
+  EXPECT_LE(e.rel_l2, kGradRelL2) << what;
+  EXPECT_LE(e.max_abs, kGradMaxAbsFrac * std::max(e.ref_max, 1e-9)) << what;
+}
+
+// Every gradient of every layer and rank against the float64 reference backward: dL/dhidden and
+// dL/dtopk_weight per rank; each expert's dL/dW summed over all ranks' tokens, on its home rank.
+void expect_gradients_match(const std::vector<std::vector<testing::BackwardResult>>& got, const cuda::LayerConfig& c,
+                            const ReferenceMoe& m, const std::vector<RankInputs>& in,
+                            const std::vector<std::vector<float>>& grad_out, const std::string& what) {
+  const int R = c.topo.num_ranks();
+  std::vector<double> dw_total(m.weights.size(), 0.0);
+  std::vector<ReferenceMoe::Grads> ref;
+  for (int r = 0; r < R; ++r) {
+    std::vector<double> go(grad_out[r].begin(), grad_out[r].end());
+    ref.push_back(m.backward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, go, in[r].tokens, c.top_k));
+    for (size_t i = 0; i < dw_total.size(); ++i) dw_total[i] += ref[r].weights[i];
+  }
+  const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
+  for (size_t l = 0; l < got.size(); ++l) {
+    for (int r = 0; r < R; ++r) {
+      const std::string at = what + " layer " + std::to_string(l) + " rank " + std::to_string(r);
+      const auto fwd = m.forward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, in[r].tokens, c.top_k);
+      expect_close(got[l][r].out, fwd, at + " out");
+      if (in[r].tokens > 0) {
+        expect_close(got[l][r].grad_hidden, ref[r].hidden, at + " d hidden");
+        expect_close(got[l][r].grad_topk_weight, ref[r].topk_weight, at + " d topk_weight");
+      }
+      std::vector<double> dw_ref;
+      for (int e : c.topo.local_experts(r)) {
+        dw_ref.insert(dw_ref.end(), dw_total.begin() + e * per_expert, dw_total.begin() + (e + 1) * per_expert);
+      }
+      bool any = false;
+      for (double v : dw_ref) any = any || v != 0.0;
+      if (any) expect_close(got[l][r].main_grad, dw_ref, at + " dW (gate|up and down)");
+    }
+  }
+}
+
+class LayerBackwardTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {
+ protected:
+  void SetUp() override { FEPLB_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(LayerBackwardTest, GradientsMatchFloat64Reference) {
+  const auto [ranks, policy] = GetParam();
+  const int experts = 32, top_k = 4;
+  Rng rng(300 + ranks);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(7 + ranks, ranks, experts, top_k, 96, 8.0);  // the forward test's inputs
+  const auto go = random_grad_out(41 + ranks, in);
+  const cuda::LayerConfig c = config_for(ranks, experts, top_k, 96, policy);
+  const auto got = testing::run_layer_backward(c, m, in, go);
+  expect_gradients_match(got, c, m, in, go, policy);
+  int64_t guest_rows = 0;
+  for (const auto& g : got[0]) guest_rows += g.stats.guest_rows;
+  if (ranks > 1 && policy != "static") {
+    EXPECT_GT(guest_rows, 0) << policy << ": skewed input but no guest backward";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, LayerBackwardTest,
+                         ::testing::Combine(::testing::Values(1, 2, 4, 8),
+                                            ::testing::Values("static", "feplb-paper", "feplb", "oracle")),
+                         [](const auto& param_info) {
+                           std::string p = std::get<1>(param_info.param);
+                           std::replace(p.begin(), p.end(), '-', '_');
+                           return "ep" + std::to_string(std::get<0>(param_info.param)) + "_" + p;
+                         });
+
+// Two layers share one slot pool: the second layer's forward refills the slots the first one's
+// guests used, so the first layer's backward must copy those weights again (and still be exact);
+// the second layer's backward finds its weights in place.
+TEST(LayerBackward, ReusedSlotsAreCopiedAgain) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, top_k = 2;
+  Rng rng(77);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(78, ranks, experts, top_k, 128, 8.0);
+  const auto go = random_grad_out(79, in);
+  const cuda::LayerConfig c = config_for(ranks, experts, top_k, 128, "feplb");
+  const auto got = testing::run_layer_backward(c, m, in, go, /*layers=*/2);
+  expect_gradients_match(got, c, m, in, go, "two layers, one pool");
+  int64_t recopies0 = 0, recopies1 = 0, guests = 0;
+  for (int r = 0; r < ranks; ++r) {
+    recopies0 += got[0][r].stats.weight_recopies;
+    recopies1 += got[1][r].stats.weight_recopies;
+    guests += got[0][r].stats.guest_rows;
+  }
+  ASSERT_GT(guests, 0) << "skewed input but nothing migrated: the test would prove nothing";
+  EXPECT_GT(recopies0, 0) << "layer 0's slots were refilled by layer 1, yet nothing was copied again";
+  EXPECT_EQ(recopies1, 0) << "layer 1's weights were still in its slots";
+}
+
+TEST(LayerBackward, BalancingOnAndOffAgree) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, top_k = 2;
+  Rng rng(55);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(56, ranks, experts, top_k, 200, 6.0);
+  const auto go = random_grad_out(57, in);
+  const auto off = testing::run_layer_backward(config_for(ranks, experts, top_k, 200, "static"), m, in, go);
+  const auto on = testing::run_layer_backward(config_for(ranks, experts, top_k, 200, "feplb"), m, in, go);
+  for (int r = 0; r < ranks; ++r) {
+    auto as_ref = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+    EXPECT_LE(compare(on[0][r].grad_hidden, as_ref(off[0][r].grad_hidden)).rel_l2, 5e-3) << "rank " << r;
+    EXPECT_LE(compare(on[0][r].grad_topk_weight, as_ref(off[0][r].grad_topk_weight)).rel_l2, 5e-3) << "rank " << r;
+    EXPECT_LE(compare(on[0][r].main_grad, as_ref(off[0][r].main_grad)).rel_l2, 5e-3) << "rank " << r;
+  }
+}
+
+TEST(LayerBackward, EdgeCases) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16;
+  Rng rng(19);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  struct Case {
+    const char* name;
+    int top_k;
+    int64_t tokens;
+    double skew;
+    int hot;
+  };
+  for (const Case& k : {Case{"zero tokens", 2, 0, 2.0, -1}, Case{"one token", 2, 1, 2.0, -1},
+                        Case{"77 tokens", 3, 77, 4.0, -1}, Case{"every token to expert 5", 1, 64, 2.0, 5},
+                        Case{"most experts empty", 2, 50, 15.0, -1}}) {
+    for (const char* policy : {"static", "feplb", "oracle"}) {
+      const auto in = skewed_inputs(23, ranks, experts, k.top_k, k.tokens, k.skew, k.hot);
+      const auto go = random_grad_out(24, in);
+      const cuda::LayerConfig c = config_for(ranks, experts, k.top_k, std::max<int64_t>(k.tokens, 1), policy);
+      expect_gradients_match(testing::run_layer_backward(c, m, in, go), c, m, in, go,
+                             std::string(k.name) + " / " + policy);
+    }
+  }
+}
+
+TEST(LayerBackward, MisuseIsAClearError) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  cuda::InProcessGroup group(1);
+  cuda::LayerConfig c = config_for(1, 4, 1, 8, "feplb");
+  cuda::Stream s;
+  cuda::DeviceBuffer<__nv_bfloat16> g(8 * kHidden), gx(8 * kHidden);
+  cuda::DeviceBuffer<float> w(8), gw(8);
+  {
+    cuda::MoeLayer inference(c, group.endpoint(0));
+    EXPECT_THROW(inference.backward(g.get(), w.get(), gx.get(), gw.get(), s.get()), InputError);
+  }
+  c.training = true;
+  c.name = "training";
+  cuda::MoeLayer layer(c, group.endpoint(0));
+  EXPECT_THROW(layer.backward(g.get(), w.get(), gx.get(), gw.get(), s.get()), InputError);  // no forward yet
+}
+
+// A few Adam steps of a 2-layer residual MoE model: the loss falls, and balancing on gives the
+// same loss curve as off (the same arithmetic on other GPUs, up to rounding).
+TEST(Training, LossCurvesAgreeWithBalancingOnAndOff) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, top_k = 2, layers = 2;
+  const int64_t tokens = 128;
+  const auto in = skewed_inputs(61, ranks, experts, top_k, tokens, 6.0);
+  cuda::TrainRouting routing(2);
+  for (int mb = 0; mb < 2; ++mb) {
+    for (int l = 0; l < layers; ++l) {
+      const auto li = skewed_inputs(62 + 10 * mb + l, ranks, experts, top_k, tokens, 6.0);
+      std::vector<std::vector<int32_t>> per_rank;
+      for (const auto& r : li) per_rank.push_back(r.topk_idx);
+      routing[mb].push_back(per_rank);
+    }
+  }
+  auto run = [&](const std::string& policy) {
+    cuda::TrainConfig t;
+    t.layer = config_for(ranks, experts, top_k, tokens, policy);
+    t.layers = layers;
+    t.steps = 4;
+    t.micro_batches = 2;
+    t.lr = 2e-3f;
+    return cuda::run_virtual_training(t, routing);
+  };
+  const auto off = run("static"), on = run("feplb");
+  ASSERT_EQ(off.loss.size(), on.loss.size());
+  EXPECT_GT(on.migrated_slices, 0) << "skewed routing but nothing migrated";
+  for (size_t i = 0; i < off.loss.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(on.loss[i]) && std::isfinite(off.loss[i])) << "step " << i;
+    EXPECT_NEAR(on.loss[i], off.loss[i], 1e-2 * off.loss[i]) << "step " << i;
+  }
+  EXPECT_LT(off.loss.back(), 0.98 * off.loss.front()) << "the loss did not fall: the gradients do not train";
+  EXPECT_LT(on.loss.back(), 0.98 * on.loss.front());
+}
 }  // namespace
 }  // namespace feplb
 

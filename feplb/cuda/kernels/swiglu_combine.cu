@@ -36,7 +36,7 @@ __global__ void combine_kernel(const uint4* __restrict__ y,          // [S*K, H/
   for (int64_t c = threadIdx.x; c < words; c += blockDim.x) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int k = 0; k < top_k; ++k) {
-      const float wk = w[t * top_k + k];
+      const float wk = w ? w[t * top_k + k] : 1.0f;
       const uint4 v4 = y[static_cast<int64_t>(pair_pos[t * top_k + k]) * words + c];
       const bf16* v = reinterpret_cast<const bf16*>(&v4);
 #pragma unroll
