@@ -1,0 +1,769 @@
+// feplb_dist_layer_bench: the FEPLB MoE layer, forward and backward, on N GPUs (one process per
+// GPU, torchrun-style environment; scripts/gpu-dist starts them), per policy (static, feplb-paper,
+// feplb) over the steps of a routing trace, against the simulator's prediction for the same steps.
+//
+// Per measured step (2 warm-up steps first), every rank times its forward and its backward with
+// CUDA events (a barrier before each step) and keeps the layer's own ForwardStats/BackwardStats;
+// the ranks all-gather them, so a step's layer time is the max over ranks. The plan the layer ran
+// (the same on every rank) gives the token straggler and the cost model's GEMM straggler; the
+// stats give the measured one (max - mean over ranks of own + guest GEMM time). Then, the layers
+// freed, the phase-1 all-to-all-v and the reverse one alone, with the layer's exact chunk sizes,
+// and the counts all-gather (the one exchange round FEPLB adds), through the same transport.
+// FasterMoE does not run on the GPU layer (it moves weights to the tokens' sources, a dispatch
+// this layer does not do): the JSON says so and carries its simulated numbers.
+//
+// Usage: scripts/gpu-dist 2 build/bin/feplb_dist_layer_bench --out h200-x2-layer.json
+// WORLD_SIZE 1 runs too (a plumbing check: every expert is local, nothing moves between GPUs).
+// Exit status: 0 done, 1 a rank failed (a silent peer is an error after --timeout), 2 bad input,
+// 3 the --deadline watchdog fired (partial JSON written).
+#include <CLI/CLI.hpp>
+#include <cuda_bf16.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "feplb/core/cost_model.h"
+#include "feplb/core/error.h"
+#include "feplb/core/expert_shape.h"
+#include "feplb/core/file_io.h"
+#include "feplb/core/knobs.h"
+#include "feplb/core/metrics.h"
+#include "feplb/core/prior.h"
+#include "feplb/core/simulate.h"
+#include "feplb/core/stats.h"
+#include "feplb/core/trace_io.h"
+#include "feplb/core/workload.h"
+#include "feplb/cuda/check.h"
+#include "feplb/cuda/device.h"
+#include "feplb/cuda/kernels/kernels.h"
+#include "feplb/cuda/moe_layer.h"
+#include "feplb/cuda/nccl_comm.h"
+#include "feplb/cuda/resources.h"
+#include "feplb/cuda/slot_pool.h"
+#include "feplb/dist/launch.h"
+
+namespace feplb::cuda {
+namespace {
+
+using json = nlohmann::ordered_json;
+using bf16 = __nv_bfloat16;
+
+const std::vector<std::string> kGpuPolicies = {"static", "feplb-paper", "feplb"};
+
+struct Options {
+  std::string out;
+  std::string trace_path = "data/traces/default.json";
+  std::string prior_path = "data/priors/mixtral-8x7b__olmoe-repo__c4.json";
+  std::string table_path = "data/cost/h200-glm5.json";
+  std::string shape = "glm5";
+  std::vector<std::string> knobs;  // NAME=VALUE
+  int steps = 16, warmup = 2, exchange_reps = 10;
+  double deadline_s = 480, timeout_s = 60;
+  uint64_t seed = 1;
+};
+
+// ---- the results document, shared with the watchdog -----------------------------------------
+std::mutex g_doc_mu;
+json g_doc;
+std::string g_out;
+int g_rank = 0;
+
+// Rank 0 writes the document (under g_doc_mu).
+void save_locked() {
+  if (g_rank != 0 || g_out.empty()) return;
+  write_file(g_out, g_doc.dump(2) + "\n", /*overwrite=*/true);
+}
+
+void save() {
+  std::lock_guard<std::mutex> lock(g_doc_mu);
+  save_locked();
+}
+
+template <typename... A>
+void log0(fmt::format_string<A...> f, A&&... a) {
+  if (g_rank != 0) return;
+  const std::string s = fmt::format(f, std::forward<A>(a)...);
+  std::fprintf(stderr, "%s\n", s.c_str());
+  std::fflush(stderr);
+}
+
+json spread(const std::vector<double>& v) {
+  return json{{"median", quantile_of(v, 0.5)}, {"p10", quantile_of(v, 0.1)}, {"p90", quantile_of(v, 0.9)},
+              {"mean", mean_of(v)}, {"n", v.size()}};
+}
+
+double max_minus_mean(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()) - mean_of(v);
+}
+
+double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
+
+// Every rank's small float vector, all-gathered through the transport (an NCCL all-gather),
+// synchronously with a bounded wait. Doubles as the barrier.
+class Gather {
+ public:
+  static constexpr size_t kMax = 32;
+  Gather(Transport& t, cudaStream_t s, double timeout_s)
+      : t_(t), s_(s), timeout_s_(timeout_s), mine_(kMax), all_(kMax * static_cast<size_t>(t.world_size())),
+        host_(kMax * static_cast<size_t>(t.world_size())) {}
+
+  // [world][values.size()]
+  std::vector<std::vector<double>> all(const std::vector<double>& values) {
+    FEPLB_CHECK(values.size() <= kMax, "gather: {} values", values.size());
+    std::vector<float> f(kMax, 0.0f);
+    for (size_t i = 0; i < values.size(); ++i) f[i] = static_cast<float>(values[i]);
+    std::vector<int32_t> bits(kMax);
+    std::memcpy(bits.data(), f.data(), kMax * sizeof(float));
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(mine_.get(), bits.data(), mine_.bytes(), cudaMemcpyHostToDevice, s_));
+    t_.all_gather_i32(mine_.get(), all_.get(), kMax, s_);
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(host_.data(), all_.get(), all_.bytes(), cudaMemcpyDeviceToHost, s_));
+    sync_with_timeout(s_, timeout_s_, "dist layer bench: all-gather of measurements");
+    std::vector<std::vector<double>> out(static_cast<size_t>(t_.world_size()));
+    for (size_t r = 0; r < out.size(); ++r) {
+      for (size_t i = 0; i < values.size(); ++i) {
+        float x = 0;
+        std::memcpy(&x, &host_[r * kMax + i], sizeof(x));
+        out[r].push_back(static_cast<double>(x));
+      }
+    }
+    return out;
+  }
+  // Column `i` of all(): every rank's value.
+  static std::vector<double> column(const std::vector<std::vector<double>>& a, size_t i) {
+    std::vector<double> c;
+    for (const auto& r : a) c.push_back(r.at(i));
+    return c;
+  }
+  void barrier() { all({0.0}); }
+
+ private:
+  Transport& t_;
+  cudaStream_t s_;
+  double timeout_s_;
+  DeviceBuffer<int32_t> mine_, all_;
+  std::vector<int32_t> host_;
+};
+
+// Per-rank values gathered after each measured step, in this order.
+enum Field : size_t {
+  kFwdMs, kBwdMs, kStFwdMs, kStStaticMs, kStWaitMs, kStGuestMs, kBwBwdMs, kBwStaticMs, kBwWaitMs, kBwGuestMs,
+  kBwResultsWaitMs, kPlanUs, kCountsToCopyUs, kCopies, kGuestRows, kRecopies, kNumFields
+};
+
+// One policy's per-step series (max over ranks unless named otherwise).
+struct PolicySeries {
+  std::vector<double> fwd_ms, bwd_ms, total_ms;  // max over ranks; total: of each rank's fwd + bwd
+  std::vector<double> token_straggler, token_max_over_mean, gemm_pred_ms;  // the plan's
+  std::vector<double> gemm_meas_fwd_ms, gemm_meas_bwd_ms;  // max - mean over ranks of static + guest
+  std::vector<double> wait_fwd_ms, wait_bwd_ms;            // max over ranks
+  std::vector<double> wait_fwd_mean_ms, wait_bwd_mean_ms;  // mean over ranks
+  std::vector<double> plan_us, counts_to_first_copy_us;    // every rank (copies only for the latter)
+  double guest_rows = 0, copies = 0, weight_recopies = 0;  // totals over steps and ranks
+};
+
+class Bench {
+ public:
+  Bench(const Options& o, const dist::LaunchEnv& env) : o_(o), env_(env) {}
+
+  int run();
+
+  // After an error: say so, keep what was measured, abort the communicator (pending NCCL work
+  // returns) and leave without running destructors that could wait on a dead peer's work.
+  [[noreturn]] void fail(int code, const std::string& what) {
+    std::fprintf(stderr, "feplb_dist_layer_bench: rank %d: %s\n", env_.rank, what.c_str());
+    {
+      std::lock_guard<std::mutex> lock(g_doc_mu);
+      g_doc["incomplete"] = fmt::format("rank {} failed: {}", env_.rank, what);
+      try {
+        save_locked();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "feplb_dist_layer_bench: could not save: %s\n", e.what());
+      }
+    }
+    if (comm_) comm_->abort();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
+
+ private:
+  void load_workload();
+  json run_policy(const std::string& policy, PolicySeries& series);
+  json time_exchanges();
+  json simulate_steps();
+  void upload_routing(size_t i);
+  const RoutingStep& step_at(size_t i) const { return trace_.steps[i % trace_.steps.size()]; }
+
+  Options o_;
+  dist::LaunchEnv env_;
+  int rank_ = 0, world_ = 1;
+  Knobs knobs_;
+  Trace trace_;
+  std::string trace_source_;
+  ExpertShape shape_;
+  std::unique_ptr<Topology> topo_;
+  std::unique_ptr<TableCostModel> table_;
+  std::unique_ptr<RooflineCostModel> roofline_;
+  const GemmCostModel* cost_ = nullptr;
+  std::string cost_label_;
+  int64_t S_ = 0, K_ = 0, H_ = 0, recv_cap_ = 0;
+  std::vector<std::vector<int32_t>> topk_;  // [warmup + steps][S K] this rank's routing
+
+  // Declared in teardown order (last destroyed first): the communicator outlives everything.
+  std::unique_ptr<NcclCommunicator> comm_;
+  std::unique_ptr<Transport> t_;
+  std::unique_ptr<Stream> s_;
+  std::unique_ptr<Gather> g_;
+  std::unique_ptr<ExpertSlotPool> pool_;
+  DeviceBuffer<bf16> x_, out_, gout_, gx_;
+  DeviceBuffer<int32_t> idx_;
+  DeviceBuffer<float> wt_, gw_;
+  DeviceBuffer<bf16> a2a_send_, a2a_recv_, a2a_back_;
+  DeviceBuffer<int32_t> counts_, counts_all_;
+  std::unique_ptr<Event> e0_, e1_, e2_;
+  std::unique_ptr<MoeLayer> layer_;
+};
+
+void Bench::load_workload() {
+  const Trace given = read_trace(o_.trace_path);
+  if (given.num_ranks == world_) {
+    trace_ = given;
+    trace_source_ = o_.trace_path;
+  } else {
+    // Same experts, top-k and tokens per rank, routing drawn for WORLD_SIZE ranks from a prior.
+    const Prior prior = expand_prior(read_prior(o_.prior_path), given.num_experts, o_.seed);
+    WorkloadSpec spec;
+    spec.num_ranks = world_;
+    spec.tokens_per_rank = given.tokens_per_rank;
+    spec.top_k = given.top_k;
+    spec.seed = o_.seed;
+    const int64_t needed = o_.warmup + o_.steps;
+    spec.num_steps = std::max<int64_t>(1, (needed + prior.num_layers() - 1) / std::max(1, prior.num_layers()));
+    trace_ = generate_trace(prior, spec);
+    trace_.model = given.model;
+    trace_source_ = fmt::format("generated: {} ranks from {} (widened to {} experts, seed {}); {} has {} ranks",
+                                world_, o_.prior_path, given.num_experts, o_.seed, o_.trace_path, given.num_ranks);
+  }
+  FEPLB_REQUIRE_INPUT(!trace_.steps.empty(), "{}: no steps", o_.trace_path);
+  const auto shape = shape_for_model(o_.shape);
+  FEPLB_REQUIRE_INPUT(shape.has_value(), "--shape: unknown model shape '{}' (glm5, qwen3-235b, olmoe, mixtral-8x7b)",
+                      o_.shape);
+  shape_ = *shape;
+  // GPUs of one process group are one NVLink domain (one node); more ranks than local GPUs make
+  // several domains, and rows never leave one.
+  topo_ = std::make_unique<Topology>(
+      Topology::contiguous(world_, std::max(1, std::min(env_.local_world_size, world_)), trace_.num_experts));
+  S_ = trace_.tokens_per_rank;
+  K_ = trace_.top_k;
+  H_ = shape_.hidden;
+  roofline_ = std::make_unique<RooflineCostModel>(shape_, knobs_);
+  cost_ = roofline_.get();
+  cost_label_ = "roofline (from the knobs)";
+  std::error_code ec;
+  if (!o_.table_path.empty() && std::filesystem::exists(o_.table_path, ec)) {
+    table_ = std::make_unique<TableCostModel>(read_gemm_table(o_.table_path));
+    if (table_->shape().hidden == shape_.hidden && table_->shape().ffn == shape_.ffn) {
+      cost_ = table_.get();
+      cost_label_ = fmt::format("measured table {} ({})", o_.table_path, table_->device());
+    } else {
+      cost_label_ += fmt::format("; {} is for another expert shape", o_.table_path);
+    }
+  } else {
+    cost_label_ += fmt::format("; {} not found", o_.table_path);
+  }
+  // This rank's routing for every step it runs; receive room for the worst receiver among them.
+  const size_t n = static_cast<size_t>(o_.warmup + o_.steps);
+  for (size_t i = 0; i < n; ++i) {
+    const RoutingStep& st = step_at(i);
+    topk_.push_back(topk_from_counts(st.row(rank_), S_, static_cast<int>(K_)));
+    for (int d = 0; d < world_; ++d) {
+      int64_t rows = 0;
+      for (int e : topo_->local_experts(d)) rows += st.expert_counts[e];
+      recv_cap_ = std::max(recv_cap_, rows);
+    }
+  }
+  recv_cap_ = std::max<int64_t>(recv_cap_, 1);
+}
+
+void Bench::upload_routing(size_t i) {
+  if (S_ > 0) {
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(idx_.get(), topk_[i].data(), idx_.bytes(), cudaMemcpyHostToDevice, s_->get()));
+  }
+  sync_with_timeout(s_->get(), o_.timeout_s, "routing upload");
+}
+
+json Bench::run_policy(const std::string& policy, PolicySeries& ps) {
+  LayerConfig c;
+  c.topo = *topo_;
+  c.shape = shape_;
+  c.top_k = static_cast<int>(K_);
+  c.max_tokens = S_;
+  c.policy = policy;
+  c.knobs = knobs_;
+  c.recv_capacity_rows = recv_cap_;
+  c.timeout_s = o_.timeout_s;
+  c.timing = true;
+  c.training = true;
+  c.pool = pool_.get();
+  c.name = "dist." + policy;
+  layer_ = std::make_unique<MoeLayer>(c, *t_, cost_);  // collective
+  const cudaStream_t s = s_->get();
+  // The same weights for every policy (seeded by rank).
+  FEPLB_CUDA_CHECK(kernels::fill_random(layer_->mutable_weights(), static_cast<size_t>(layer_->weight_elems()),
+                                        o_.seed * 1000 + 100 + static_cast<uint64_t>(rank_),
+                                        1.0f / std::sqrt(static_cast<float>(H_)), s));
+  layer_->zero_grad(s);
+  sync_with_timeout(s, o_.timeout_s, "weights");
+  const size_t n = static_cast<size_t>(o_.warmup + o_.steps);
+  for (size_t i = 0; i < n; ++i) {
+    upload_routing(i);
+    g_->barrier();
+    e0_->record(s);
+    layer_->forward(x_.get(), idx_.get(), wt_.get(), S_, out_.get(), s);
+    e1_->record(s);
+    layer_->backward(gout_.get(), wt_.get(), gx_.get(), gw_.get(), s);
+    e2_->record(s);
+    sync_with_timeout(s, o_.timeout_s, "layer forward + backward");
+    const double fwd = elapsed_ms(*e0_, *e1_), bwd = elapsed_ms(*e1_, *e2_);
+    const ForwardStats& f = layer_->last_stats();
+    const BackwardStats& b = layer_->last_backward_stats();
+    std::vector<double> v(kNumFields, 0.0);
+    v[kFwdMs] = fwd;
+    v[kBwdMs] = bwd;
+    v[kStFwdMs] = f.forward_ms;
+    v[kStStaticMs] = f.static_ms;
+    v[kStWaitMs] = f.wait_ms;
+    v[kStGuestMs] = f.guest_ms;
+    v[kBwBwdMs] = b.backward_ms;
+    v[kBwStaticMs] = b.static_ms;
+    v[kBwWaitMs] = b.wait_ms;
+    v[kBwGuestMs] = b.guest_ms;
+    v[kBwResultsWaitMs] = b.results_wait_ms;
+    v[kPlanUs] = f.plan_us;
+    v[kCountsToCopyUs] = f.copies > 0 ? f.counts_to_first_copy_us : -1.0;
+    v[kCopies] = static_cast<double>(f.copies + b.copies);
+    v[kGuestRows] = static_cast<double>(f.guest_rows);
+    v[kRecopies] = static_cast<double>(b.weight_recopies);
+    const StepMetrics m = measure_plan(layer_->last_plan(), *topo_, *cost_, knobs_, 0.0);
+    // Untimed: the helpers' gradient contributions land, the main gradient starts again at zero.
+    layer_->sync_gradients(s);
+    layer_->zero_grad(s);
+    sync_with_timeout(s, o_.timeout_s, "gradients");
+    const auto all = g_->all(v);  // every rank's numbers; also keeps the ranks in step
+    if (i < static_cast<size_t>(o_.warmup)) continue;
+    std::vector<double> total, gf, gb;
+    for (const auto& r : all) {
+      total.push_back(r[kFwdMs] + r[kBwdMs]);
+      gf.push_back(r[kStStaticMs] + r[kStGuestMs]);
+      gb.push_back(r[kBwStaticMs] + r[kBwGuestMs]);
+      ps.plan_us.push_back(r[kPlanUs]);
+      if (r[kCountsToCopyUs] >= 0) ps.counts_to_first_copy_us.push_back(r[kCountsToCopyUs]);
+      ps.copies += r[kCopies];
+      ps.guest_rows += r[kGuestRows];
+      ps.weight_recopies += r[kRecopies];
+    }
+    ps.fwd_ms.push_back(max_of(Gather::column(all, kFwdMs)));
+    ps.bwd_ms.push_back(max_of(Gather::column(all, kBwdMs)));
+    ps.total_ms.push_back(max_of(total));
+    ps.gemm_meas_fwd_ms.push_back(max_minus_mean(gf));
+    ps.gemm_meas_bwd_ms.push_back(max_minus_mean(gb));
+    const auto wf = Gather::column(all, kStWaitMs), wb = Gather::column(all, kBwWaitMs);
+    ps.wait_fwd_ms.push_back(max_of(wf));
+    ps.wait_bwd_ms.push_back(max_of(wb));
+    ps.wait_fwd_mean_ms.push_back(mean_of(wf));
+    ps.wait_bwd_mean_ms.push_back(mean_of(wb));
+    ps.token_straggler.push_back(m.token_straggler);
+    ps.token_max_over_mean.push_back(m.token_max_over_mean);
+    ps.gemm_pred_ms.push_back(m.gemm_straggler_ms);
+    log0("  {:<12} step {:>3}: fwd {:7.3f} ms  bwd {:7.3f} ms  token straggler {:6.0f} rows  GEMM straggler "
+         "{:.3f} ms (predicted {:.3f})  wait fwd {:.3f} bwd {:.3f} ms",
+         policy, i - static_cast<size_t>(o_.warmup), ps.fwd_ms.back(), ps.bwd_ms.back(), m.token_straggler,
+         ps.gemm_meas_fwd_ms.back(), m.gemm_straggler_ms, ps.wait_fwd_ms.back(), ps.wait_bwd_ms.back());
+  }
+  g_->barrier();  // nobody frees buffers a peer may still address
+  layer_.reset();
+  const double steps = static_cast<double>(o_.steps);
+  json j;
+  j["ran_on_gpu"] = true;
+  j["token_straggler_rows"] = spread(ps.token_straggler);
+  j["token_max_over_mean"] = spread(ps.token_max_over_mean);
+  j["gemm_straggler_ms"] = {{"measured_forward", spread(ps.gemm_meas_fwd_ms)},
+                            {"measured_backward", spread(ps.gemm_meas_bwd_ms)},
+                            {"predicted_forward", spread(ps.gemm_pred_ms)}};
+  j["layer_fwd_ms"] = spread(ps.fwd_ms);
+  j["layer_bwd_ms"] = spread(ps.bwd_ms);
+  j["layer_fwd_bwd_ms"] = spread(ps.total_ms);
+  j["wait_ms"] = {{"forward_max_over_ranks", spread(ps.wait_fwd_ms)},
+                  {"backward_max_over_ranks", spread(ps.wait_bwd_ms)},
+                  {"forward_mean_over_ranks", spread(ps.wait_fwd_mean_ms)},
+                  {"backward_mean_over_ranks", spread(ps.wait_bwd_mean_ms)}};
+  j["plan_us"] = spread(ps.plan_us);
+  j["counts_to_first_copy_us"] = spread(ps.counts_to_first_copy_us);
+  j["phase2_copies_per_step"] = ps.copies / steps;
+  j["guest_rows_per_step"] = ps.guest_rows / steps;
+  j["backward_weight_recopies_per_step"] = ps.weight_recopies / steps;
+  return j;
+}
+
+// The phase-1 all-to-all-v and the reverse one alone, chunked exactly as MoeLayer::dispatch_chunks
+// (one chunk per (peer, expert), expert-major on the home), and the counts all-gather, each step's
+// time the max over ranks, median of the repetitions.
+json Bench::time_exchanges() {
+  const cudaStream_t s = s_->get();
+  const int E = trace_.num_experts;
+  const size_t row_bytes = static_cast<size_t>(H_) * sizeof(bf16);
+  a2a_send_ = DeviceBuffer<bf16>(static_cast<size_t>(std::max<int64_t>(1, S_ * K_) * H_));
+  a2a_back_ = DeviceBuffer<bf16>(a2a_send_.size());
+  a2a_recv_ = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap_ * H_));
+  counts_ = DeviceBuffer<int32_t>(static_cast<size_t>(E));
+  counts_all_ = DeviceBuffer<int32_t>(static_cast<size_t>(E) * static_cast<size_t>(world_));
+  FEPLB_CUDA_CHECK(kernels::fill_random(a2a_send_.get(), a2a_send_.size(), o_.seed * 7 + static_cast<uint64_t>(rank_),
+                                        1.0f, s));
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(counts_.get(), 0, counts_.bytes(), s));
+  sync_with_timeout(s, o_.timeout_s, "exchange buffers");
+  const int warm = 2;
+  std::vector<double> dispatch_ms, combine_ms, both_ms, gather_ms;
+  for (size_t i = static_cast<size_t>(o_.warmup); i < static_cast<size_t>(o_.warmup + o_.steps); ++i) {
+    const RoutingStep& st = step_at(i);
+    std::vector<Chunk> sends, recvs;
+    int64_t off = 0;
+    for (int d = 0; d < world_; ++d) {
+      for (int e : topo_->local_experts(d)) {
+        const int64_t rows = st.at(rank_, e);
+        sends.push_back({d, a2a_send_.get() + off * H_, static_cast<size_t>(rows) * row_bytes});
+        off += rows;
+      }
+    }
+    std::vector<int64_t> base(static_cast<size_t>(E), 0);
+    int64_t b = 0;
+    for (int e : topo_->local_experts(rank_)) {
+      base[e] = b;
+      b += st.expert_counts[e];
+    }
+    for (int src = 0; src < world_; ++src) {
+      for (int e : topo_->local_experts(rank_)) {
+        int64_t o = base[e];
+        for (int before = 0; before < src; ++before) o += st.at(before, e);
+        recvs.push_back({src, a2a_recv_.get() + o * H_, static_cast<size_t>(st.at(src, e)) * row_bytes});
+      }
+    }
+    // Reverse: what arrived goes back to its source, into the send layout (a separate buffer).
+    std::vector<Chunk> back_sends = recvs, back_recvs = sends;
+    for (Chunk& ch : back_recvs) ch.ptr = a2a_back_.get() + (static_cast<bf16*>(ch.ptr) - a2a_send_.get());
+    std::vector<double> d_ms, c_ms, t_ms, g_ms;
+    for (int r = 0; r < warm + o_.exchange_reps; ++r) {
+      g_->barrier();
+      e0_->record(s);
+      t_->exchange(sends, recvs, s);
+      e1_->record(s);
+      t_->exchange(back_sends, back_recvs, s);
+      e2_->record(s);
+      sync_with_timeout(s, o_.timeout_s, "all-to-all-v alone");
+      const double dm = elapsed_ms(*e0_, *e1_), cm = elapsed_ms(*e1_, *e2_);
+      g_->barrier();
+      e0_->record(s);
+      t_->all_gather_i32(counts_.get(), counts_all_.get(), static_cast<size_t>(E), s);
+      e1_->record(s);
+      sync_with_timeout(s, o_.timeout_s, "counts all-gather alone");
+      const double gm = elapsed_ms(*e0_, *e1_);
+      const auto all = g_->all({dm, cm, dm + cm, gm});
+      if (r < warm) continue;
+      d_ms.push_back(max_of(Gather::column(all, 0)));
+      c_ms.push_back(max_of(Gather::column(all, 1)));
+      t_ms.push_back(max_of(Gather::column(all, 2)));
+      g_ms.push_back(max_of(Gather::column(all, 3)));
+    }
+    dispatch_ms.push_back(quantile_of(d_ms, 0.5));
+    combine_ms.push_back(quantile_of(c_ms, 0.5));
+    both_ms.push_back(quantile_of(t_ms, 0.5));
+    gather_ms.push_back(quantile_of(g_ms, 0.5));
+  }
+  log0("exchanges alone (median over steps): dispatch {:.3f} ms, combine {:.3f} ms, counts all-gather {:.4f} ms",
+       quantile_of(dispatch_ms, 0.5), quantile_of(combine_ms, 0.5), quantile_of(gather_ms, 0.5));
+  return json{{"dispatch_ms", spread(dispatch_ms)},
+              {"combine_ms", spread(combine_ms)},
+              {"dispatch_plus_combine_ms", spread(both_ms)},
+              {"counts_allgather_ms", spread(gather_ms)},
+              {"reps_per_step", o_.exchange_reps},
+              {"method",
+               "per measured step: the layer's phase-1 all-to-all-v (one chunk per (peer, expert), the step's "
+               "routing) and the reverse one, then an all-gather of [E] int32 counts, alone through the same "
+               "NCCL transport; CUDA events, each repetition's time the max over ranks, the median of the "
+               "repetitions per step; the spread is over steps"}};
+}
+
+// The simulator on the same steps in the same order (the planners see the same history the layer's
+// planner saw): static, feplb-paper, feplb and fastermoe, with the same cost model and knobs.
+json Bench::simulate_steps() {
+  Trace sub = trace_;
+  sub.steps.clear();
+  for (size_t i = 0; i < static_cast<size_t>(o_.warmup + o_.steps); ++i) {
+    RoutingStep st = step_at(i);
+    st.step = static_cast<int64_t>(i);  // one micro-batch each, one layer: as the GPU layer ran them
+    st.layer = 0;
+    sub.steps.push_back(std::move(st));
+  }
+  SimulationConfig cfg;
+  cfg.policies = {"static", "feplb-paper", "feplb", "fastermoe"};
+  cfg.gpus_per_node = topo_->domain_size();
+  cfg.warmup_steps = o_.warmup;
+  cfg.shape = shape_;
+  cfg.knobs = knobs_;
+  cfg.trace_label = trace_source_;
+  cfg.cost = cost_;
+  cfg.cost_label = cost_label_;
+  const SimulationResult res = simulate(sub, cfg);
+  json j;
+  for (const PolicyResult& p : res.policies) {
+    std::vector<double> st, sg, mom;
+    for (const StepMetrics& m : p.steps) {
+      st.push_back(m.token_straggler);
+      sg.push_back(m.gemm_straggler_ms);
+      mom.push_back(m.token_max_over_mean);
+    }
+    j[p.name] = {{"token_straggler_rows", spread(st)}, {"token_max_over_mean", spread(mom)},
+                 {"gemm_straggler_ms", spread(sg)}, {"copy_exposed_ms", p.summary.copy_exposed_ms},
+                 {"fits_static_window", p.summary.fits_static_window},
+                 {"weight_mib_per_step", p.summary.weight_bytes_per_step / (1 << 20)},
+                 {"token_mib_per_step", p.summary.token_bytes_per_step / (1 << 20)}};
+  }
+  return j;
+}
+
+int Bench::run() {
+  comm_ = std::make_unique<NcclCommunicator>(env_, o_.timeout_s);
+  t_ = comm_->transport();  // collective (peer reachability probe)
+  rank_ = t_->rank();
+  world_ = t_->world_size();
+  FEPLB_CHECK(rank_ == env_.rank && world_ == env_.world_size, "NCCL says rank {} of {}, the environment {} of {}",
+              rank_, world_, env_.rank, env_.world_size);
+  std::vector<KnobOverride> overrides;
+  for (const std::string& kv : o_.knobs) {
+    const size_t eq = kv.find('=');
+    FEPLB_REQUIRE_INPUT(eq != std::string::npos && eq > 0, "--knob: '{}' is not NAME=VALUE", kv);
+    char* end = nullptr;
+    const double v = std::strtod(kv.c_str() + eq + 1, &end);
+    FEPLB_REQUIRE_INPUT(end && *end == '\0' && end != kv.c_str() + eq + 1, "--knob: '{}': bad value", kv);
+    overrides.push_back({kv.substr(0, eq), v});
+  }
+  apply_knobs(knobs_, overrides);
+  validate_knobs(knobs_);
+  load_workload();
+  const bool peers = t_->supports_peer_copies();
+  std::vector<std::string> policies = kGpuPolicies;
+  std::string skipped;
+  if (!peers) {
+    policies = {"static"};
+    skipped = "the GPUs cannot address each other's memory (CUDA IPC peer access), so only static ran";
+  }
+  const std::vector<DeviceInfo> devices = list_devices();
+  std::vector<std::string> names;
+  for (int r = 0; r < world_ && r < static_cast<int>(devices.size()); ++r) names.push_back(devices[r].name);
+  log0("feplb_dist_layer_bench: {} rank(s), {}; {}; {}; top-{} x {} tokens per rank; trace: {}; GEMM model: {}",
+       world_, names.empty() ? std::string("?") : names[0], topo_->describe(), shape_.describe(), K_, S_,
+       trace_source_, cost_label_);
+  if (world_ == 1) log0("WORLD_SIZE 1: a plumbing check; every expert is local, nothing moves between GPUs");
+  {
+    std::lock_guard<std::mutex> lock(g_doc_mu);
+    json& d = g_doc;
+    d["benchmark"] = "feplb_dist_layer_bench";
+    d["world_size"] = world_;
+    d["devices"] = names;
+    if (!devices.empty()) {
+      d["driver"] = devices[0].driver_version;
+      d["runtime"] = devices[0].runtime_version;
+    }
+    d["topology"] = topo_->describe();
+    d["expert_shape"] = shape_.describe();
+    d["num_experts"] = trace_.num_experts;
+    d["top_k"] = K_;
+    d["tokens_per_rank"] = S_;
+    d["trace"] = trace_source_;
+    d["steps"] = o_.steps;
+    d["warmup_steps"] = o_.warmup;
+    d["cost_model"] = cost_label_;
+    d["knobs"] = {{"dyn", knobs_.dyn}, {"max_num_dyn", knobs_.max_num_dyn}, {"tau", knobs_.tau},
+                  {"max_helpers_per_expert", knobs_.max_helpers_per_expert}, {"overrides", o_.knobs}};
+    d["peer_copies"] = peers;
+    if (world_ == 1) {
+      d["note"] = "WORLD_SIZE 1: a plumbing check (NCCL bootstrap, transport, layer forward + backward on one GPU); "
+                  "every expert is local, so no policy moves anything";
+    }
+    if (!skipped.empty()) d["skipped"] = skipped;
+  }
+  save();
+
+  s_ = std::make_unique<Stream>();
+  const cudaStream_t s = s_->get();
+  g_ = std::make_unique<Gather>(*t_, s, o_.timeout_s);
+  e0_ = std::make_unique<Event>(true);
+  e1_ = std::make_unique<Event>(true);
+  e2_ = std::make_unique<Event>(true);
+  const size_t act = static_cast<size_t>(std::max<int64_t>(1, S_) * H_), pairs = static_cast<size_t>(std::max<int64_t>(1, S_ * K_));
+  x_ = DeviceBuffer<bf16>(act);
+  out_ = DeviceBuffer<bf16>(act);
+  gout_ = DeviceBuffer<bf16>(act);
+  gx_ = DeviceBuffer<bf16>(act);
+  idx_ = DeviceBuffer<int32_t>(pairs);
+  wt_ = DeviceBuffer<float>(pairs);
+  gw_ = DeviceBuffer<float>(pairs);
+  FEPLB_CUDA_CHECK(kernels::fill_random(x_.get(), act, o_.seed * 31 + 200 + static_cast<uint64_t>(rank_), 1.0f, s));
+  FEPLB_CUDA_CHECK(kernels::fill_random(gout_.get(), act, o_.seed * 31 + 300 + static_cast<uint64_t>(rank_), 1.0f, s));
+  const std::vector<float> uniform(pairs, 1.0f / static_cast<float>(K_));
+  FEPLB_CUDA_CHECK(cudaMemcpyAsync(wt_.get(), uniform.data(), wt_.bytes(), cudaMemcpyHostToDevice, s));
+  sync_with_timeout(s, o_.timeout_s, "inputs");
+  pool_ = std::make_unique<ExpertSlotPool>(*t_, shape_, static_cast<int>(knobs_.max_num_dyn),
+                                           default_staging_slots(knobs_), "dist.pool");  // collective
+
+  std::vector<PolicySeries> series(policies.size());
+  json pol;
+  for (size_t p = 0; p < policies.size(); ++p) {
+    log0("{}: {} steps after {} warm-up", policies[p], o_.steps, o_.warmup);
+    pol[policies[p]] = run_policy(policies[p], series[p]);
+    std::lock_guard<std::mutex> lock(g_doc_mu);
+    g_doc["policies"] = pol;
+    save_locked();
+  }
+  pool_.reset();
+  g_->barrier();
+
+  const json ex = time_exchanges();
+  const double gather_ms = ex["counts_allgather_ms"]["median"].get<double>();
+  const double dc_ms = ex["dispatch_plus_combine_ms"]["median"].get<double>();
+  const json sim = simulate_steps();
+  const double static_total = quantile_of(series[0].total_ms, 0.5), static_fwd = quantile_of(series[0].fwd_ms, 0.5),
+               static_bwd = quantile_of(series[0].bwd_ms, 0.5);
+  for (size_t p = 0; p < policies.size(); ++p) {
+    const PolicySeries& ps = series[p];
+    json& j = pol[policies[p]];
+    const double total = quantile_of(ps.total_ms, 0.5), fwd = quantile_of(ps.fwd_ms, 0.5), bwd = quantile_of(ps.bwd_ms, 0.5);
+    j["ep_overhead_pct"] = total > 0 ? 100.0 * gather_ms / total : 0.0;
+    j["ep_overhead_fwd_pct"] = fwd > 0 ? 100.0 * gather_ms / fwd : 0.0;
+    // Forward and backward each run one dispatch and one combine of the same sizes.
+    j["dispatch_combine_pct"] = total > 0 ? 100.0 * 2 * dc_ms / total : 0.0;
+    j["dispatch_combine_fwd_pct"] = fwd > 0 ? 100.0 * dc_ms / fwd : 0.0;
+    j["speedup_vs_static"] = {{"fwd_bwd", total > 0 ? static_total / total : 0.0},
+                              {"fwd", fwd > 0 ? static_fwd / fwd : 0.0},
+                              {"bwd", bwd > 0 ? static_bwd / bwd : 0.0}};
+    if (sim.contains(policies[p])) {
+      j["predicted"] = sim[policies[p]];
+      j["gemm_straggler_ms"]["predicted_simulator"] = sim[policies[p]]["gemm_straggler_ms"];
+    }
+    log0("{:<12} fwd {:7.3f} ms  bwd {:7.3f} ms  (x{:.3f} vs static)  token straggler {:6.0f} rows  GEMM straggler "
+         "{:.3f} ms measured, {:.3f} predicted  wait fwd {:.3f} ms  EP overhead {:.2f}%  dispatch+combine {:.1f}%",
+         policies[p], fwd, bwd, total > 0 ? static_total / total : 0.0, quantile_of(ps.token_straggler, 0.5),
+         quantile_of(ps.gemm_meas_fwd_ms, 0.5), quantile_of(ps.gemm_pred_ms, 0.5), quantile_of(ps.wait_fwd_ms, 0.5),
+         j["ep_overhead_pct"].get<double>(), j["dispatch_combine_pct"].get<double>());
+  }
+  pol["fastermoe"] = {
+      {"ran_on_gpu", false},
+      {"why", "the GPU layer runs static, feplb-paper, feplb and oracle only: FasterMoE shadows hot experts' "
+              "weights to the tokens' source GPUs, a dispatch this layer does not implement"},
+      {"predicted", sim.value("fastermoe", json::object())}};
+  if (sim.contains("fastermoe")) {
+    log0("fastermoe    (simulation only) token straggler {:.0f} rows, GEMM straggler {:.3f} ms predicted",
+         sim["fastermoe"]["token_straggler_rows"]["median"].get<double>(),
+         sim["fastermoe"]["gemm_straggler_ms"]["median"].get<double>());
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_doc_mu);
+    g_doc["policies"] = pol;
+    g_doc["exchange_alone"] = ex;
+    g_doc["definitions"] = {
+        {"layer_time", "per step, max over ranks of each rank's CUDA-event time around forward() / backward() "
+                       "(a barrier before each step); spreads are median, p10, p90, mean over the measured steps"},
+        {"token_straggler_rows", "max over GPUs - mean of the token-expert rows each GPU computes, from the plan "
+                                 "the layer ran (layer.last_plan())"},
+        {"gemm_straggler_ms.measured_forward", "max - mean over ranks of ForwardStats static_ms + guest_ms (own "
+                                               "and guest experts' GEMMs, CUDA events)"},
+        {"gemm_straggler_ms.measured_backward", "the same from BackwardStats"},
+        {"gemm_straggler_ms.predicted_forward", "the cost model (cost_model) on the plan the layer ran"},
+        {"gemm_straggler_ms.predicted_simulator", "feplb simulate's planner on the same steps in the same order"},
+        {"wait_ms", "idle time on the compute stream waiting for phase-2 inputs after the own experts (exposed copy "
+                    "time), ForwardStats / BackwardStats"},
+        {"ep_overhead_pct", "FEPLB's extra exchange round: 100 x the counts all-gather (timed alone, once per "
+                            "forward; backward reuses the plan) / layer forward + backward time (median). The paper "
+                            "claims < 1%. This layer runs the all-gather for static too. _fwd_pct: / forward only"},
+        {"dispatch_combine_pct", "the plain EP dispatch + combine (phase-1 all-to-all-v and the reverse one, timed "
+                                 "alone with the layer's chunk sizes; forward and backward each run one of each) "
+                                 "as 100 x 2 x (dispatch + combine) / layer forward + backward; _fwd_pct: one of "
+                                 "each / forward only. Not an overhead of FEPLB: phase 1 is the same for every "
+                                 "policy"},
+        {"speedup_vs_static", "static's median layer time / this policy's"}};
+    g_doc["complete"] = true;
+    save_locked();
+  }
+  if (rank_ == 0 && !o_.out.empty()) log0("wrote {}", o_.out);
+  g_->barrier();
+  return 0;
+}
+
+}  // namespace
+}  // namespace feplb::cuda
+
+int main(int argc, char** argv) {
+  using feplb::cuda::Options;
+  Options o;
+  CLI::App app{"feplb_dist_layer_bench: the FEPLB layer (forward + backward) on N GPUs, one process per GPU"};
+  app.add_option("--out", o.out, "JSON results (written by rank 0; partial on a deadline or an error)");
+  app.add_option("--trace", o.trace_path, "routing trace; regenerated from --prior when its ranks != WORLD_SIZE");
+  app.add_option("--prior", o.prior_path, "expert-popularity prior for the regenerated routing");
+  app.add_option("--table", o.table_path, "GEMM cost table (feplb-gemm-table-v1); roofline when missing");
+  app.add_option("--shape", o.shape, "expert shape by model name (glm5, qwen3-235b, olmoe, mixtral-8x7b)");
+  app.add_option("--steps", o.steps, "measured steps per policy")->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::Range(0, 1000));
+  app.add_option("--exchange-reps", o.exchange_reps, "timed repetitions of the exchanges alone, per step")
+      ->check(CLI::Range(1, 10000));
+  app.add_option("--seed", o.seed, "weights, activations and regenerated routing");
+  app.add_option("--knob", o.knobs, "NAME=VALUE, a planner knob (feplb knobs lists them); repeatable");
+  app.add_option("--timeout", o.timeout_s, "a peer silent this long is an error (s)")->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--deadline", o.deadline_s, "write what is measured and exit 3 after this many seconds")
+      ->check(CLI::Range(1.0, 86400.0));
+  CLI11_PARSE(app, argc, argv);
+  // The layer's streams wait on stream memory operations; give each its own hardware queue.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  feplb::dist::LaunchEnv env;
+  try {
+    env = feplb::dist::launch_env_from_process();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "feplb_dist_layer_bench: %s\n", e.what());
+    return 2;
+  }
+  feplb::cuda::g_rank = env.rank;
+  feplb::cuda::g_out = o.out;
+  // Watchdog: a hung GPU or peer must not eat the whole lease.
+  std::thread([deadline_s = o.deadline_s, rank = env.rank] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(deadline_s));
+    std::fprintf(stderr, "feplb_dist_layer_bench: rank %d: deadline of %.0f s reached; saving partial results\n", rank,
+                 deadline_s);
+    {
+      std::lock_guard<std::mutex> lock(feplb::cuda::g_doc_mu);
+      feplb::cuda::g_doc["incomplete"] = "deadline reached";
+      try {
+        feplb::cuda::save_locked();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "feplb_dist_layer_bench: could not save: %s\n", e.what());
+      }
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }).detach();
+  feplb::cuda::Bench bench(o, env);
+  try {
+    return bench.run();
+  } catch (const feplb::InputError& e) {
+    bench.fail(2, e.what());
+  } catch (const std::exception& e) {
+    bench.fail(1, e.what());
+  }
+}
