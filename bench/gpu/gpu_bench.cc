@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <thread>
 
@@ -27,6 +28,7 @@
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/stream_ops.h"
 #include "feplb/cuda/trace_runner.h"
+#include "feplb/cuda/trainer.h"
 
 namespace feplb::cuda {
 namespace {
@@ -277,8 +279,11 @@ std::vector<int64_t> skewed_rows(const Trace& t, const Knobs& knobs, const GemmC
 }
 
 // ---- exposure, one helper at a time, copies at an emulated NVLink rate -----------------------
+// Backward (pass kBackward): the helper's own experts' backward while its guests' dY rows arrive,
+// with their weights again when `recopy` (the slot was reused by another layer since forward).
 json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs, const GemmCostModel& cost,
-                       double ce_gbps, double link_gbps, int nsteps, double lead_us) {
+                       double ce_gbps, double link_gbps, int nsteps, double lead_us,
+                       ExpertBench::Pass pass = ExpertBench::Pass::kForward, bool recopy = true) {
   std::vector<size_t> steps;
   for (int i = 0; i < nsteps; ++i) steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
   const Topology topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
@@ -296,7 +301,7 @@ json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs, cons
   for (const PlannedStep& ps : plan_trace(t, {"feplb"}, knobs, cost, steps)) {
     const auto per_gpu = ExpertBench::rows_per_gpu(ps.plan, t.num_ranks);
     double gmax = 0;
-    for (const auto& rows : per_gpu) gmax = std::max(gmax, eb.run_ms(rows, 1, 3));
+    for (const auto& rows : per_gpu) gmax = std::max(gmax, eb.run_ms(rows, 1, 3, pass));
     double worst = 0;
     for (int h = 0; h < t.num_ranks; ++h) {
       std::vector<int64_t> own, guest;
@@ -307,7 +312,7 @@ json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs, cons
           own.push_back(s.rows);
         } else {
           guest.push_back(s.rows);
-          ++in_weights;
+          in_weights += (pass == ExpertBench::Pass::kForward || recopy) ? 1 : 0;
           in_rows += s.rows;
         }
       }
@@ -329,7 +334,7 @@ json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs, cons
       // The counts round trip and the planner come before the first copy.
       FEPLB_CUDA_CHECK(kernels::gpu_delay(static_cast<int64_t>(lead_us * 1e3), copy.get()));
       ce_copy_and_signal(copy.get(), copies, flag.get(), seq);
-      eb.enqueue(own, 1);
+      eb.enqueue(own, 1, pass);
       own_done.record(s);
       stream_wait_u32_geq(s, flag.get(), seq);
       waited.record(s);
@@ -346,6 +351,142 @@ json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs, cons
                          "incoming weights and rows are copied (copy engine, bytes x inflate to emulate the link "
                          "rate, after a lead for counts + plan) and a flag set; exposed = time the stream then "
                          "waits on the flag; pct of the slowest rank's GEMM time; worst helper per step"}};
+}
+
+// ---- layer time per policy, forward and backward, each rank timed alone ---------------------
+// The mean over steps of the GPU-level max/mean load of a trace (rows per GPU, contiguous homes).
+double gpu_max_over_mean(const Trace& t) {
+  std::vector<double> v;
+  const int per = t.num_experts / t.num_ranks;
+  for (const RoutingStep& st : t.steps) {
+    std::vector<double> load(static_cast<size_t>(t.num_ranks), 0.0);
+    for (int e = 0; e < t.num_experts; ++e) load[e / per] += static_cast<double>(st.expert_counts[e]);
+    v.push_back(*std::max_element(load.begin(), load.end()) / mean_of(load));
+  }
+  return mean_of(v);
+}
+
+// A lognormal-popularity trace whose GPU-level max/mean is closest to `target` (the expert-level
+// skew is searched over a grid; routing drawn like every bundled trace).
+Trace trace_with_gpu_skew(double target, int steps, double* got) {
+  Trace best;
+  double best_err = 1e9;
+  for (double expert_skew : {1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0}) {
+    WorkloadSpec spec;
+    spec.num_ranks = 8;
+    spec.num_steps = steps;
+    spec.seed = 7;
+    Trace t = generate_trace(lognormal_prior(128, expert_skew, 1, 7), spec);
+    const double m = gpu_max_over_mean(t);
+    if (std::abs(m - target) < best_err) best_err = std::abs(m - target), best = t, *got = m;
+  }
+  return best;
+}
+
+// layer_fwd_ms / layer_bwd_ms per policy: per step, each rank's experts (own and guests) timed
+// alone on this GPU, forward and backward; the step's layer time is the slowest rank's.
+// "balanced": the step's rows split evenly over the GPUs (and over each GPU's experts), each
+// GPU's share timed separately and the slowest taken, exactly like the policies' times (a max of
+// R noisy timings sits above their mean by the timing noise floor, so comparing a max with a mean
+// would flatter the floor). "static_mean": the mean over GPUs of the static plan's per-GPU times
+// (the same work with its own GEMM shapes, without the max's noise).
+json layer_times(ExpertBench& eb, const Trace& t, const Knobs& knobs, const GemmCostModel& cost, int nsteps, int reps) {
+  std::vector<size_t> steps;
+  for (int i = 0; i < nsteps; ++i) steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
+  const int R = t.num_ranks, per = t.num_experts / t.num_ranks;
+  std::map<std::string, std::vector<double>> fwd, bwd;
+  for (const std::string& policy : {"static", "feplb-paper", "feplb"}) {
+    for (const PlannedStep& ps : plan_trace(t, {policy}, knobs, cost, steps)) {
+      std::vector<double> f, b;
+      for (const auto& rows : ExpertBench::rows_per_gpu(ps.plan, R)) {
+        f.push_back(eb.run_ms(rows, 1, reps, ExpertBench::Pass::kForward));
+        b.push_back(eb.run_ms(rows, 1, reps, ExpertBench::Pass::kBackward));
+      }
+      fwd[policy].push_back(*std::max_element(f.begin(), f.end()));
+      bwd[policy].push_back(*std::max_element(b.begin(), b.end()));
+      if (policy == "static") {
+        fwd["static_mean"].push_back(mean_of(f));
+        bwd["static_mean"].push_back(mean_of(b));
+      }
+    }
+  }
+  for (size_t i : steps) {
+    const int64_t total = t.steps[i].total_rows();
+    std::vector<int64_t> rows(static_cast<size_t>(per), total / (static_cast<int64_t>(R) * per));
+    double f = 0, b = 0;
+    for (int g = 0; g < R; ++g) {
+      f = std::max(f, eb.run_ms(rows, 1, reps, ExpertBench::Pass::kForward));
+      b = std::max(b, eb.run_ms(rows, 1, reps, ExpertBench::Pass::kBackward));
+    }
+    fwd["balanced"].push_back(f);
+    bwd["balanced"].push_back(b);
+  }
+  json out{{"gpu_max_over_mean", gpu_max_over_mean(t)}, {"steps", steps.size()}};
+  json lf = json::object(), lb = json::object(), total = json::object();
+  const double st_total = mean_of(fwd["static"]) + mean_of(bwd["static"]);
+  const double bal_total = mean_of(fwd["balanced"]) + mean_of(bwd["balanced"]);
+  for (const std::string& p : {"static", "feplb-paper", "feplb", "balanced", "static_mean"}) {
+    lf[p] = quantile_of(fwd[p], 0.5);
+    lb[p] = quantile_of(bwd[p], 0.5);
+    const double tot = mean_of(fwd[p]) + mean_of(bwd[p]);
+    total[p] = {{"fwd_bwd_ms_mean", tot}, {"speedup_vs_static", st_total / tot},
+                {"above_balanced_pct", 100.0 * (tot / bal_total - 1.0)},
+                {"fwd_ms", spread(fwd[p])}, {"bwd_ms", spread(bwd[p])}};
+    log("  {:<12} fwd {:.3f} ms  bwd {:.3f} ms  fwd+bwd {:.3f} ms  x{:.3f} vs static  {:+.1f}% vs balanced", p,
+        quantile_of(fwd[p], 0.5), quantile_of(bwd[p], 0.5), tot, st_total / tot, 100.0 * (tot / bal_total - 1.0));
+  }
+  out["layer_fwd_ms"] = lf;
+  out["layer_bwd_ms"] = lb;
+  out["fwd_bwd"] = total;
+  out["method"] = "per step: each GPU's expert work of the plan (own + guest slices, cuBLAS per-expert loop + SwiGLU; "
+                  "backward = dW into fp32 + dX from saved activations) timed alone on this H200, median of reps; the "
+                  "step's layer time is the slowest GPU's; the table holds the median over steps. Phase-1 dispatch "
+                  "and combine (the same for every policy) are not included; exposed copy time is measured "
+                  "separately (exposed_pct, backward_exposed_pct).";
+  return out;
+}
+
+// Training steps on 8 virtual ranks sharing this GPU: balancing on vs off. The ranks' work is
+// serialised on one GPU, so the step time is the sum of all ranks' work: the difference between
+// policies is the cost of balancing (copies, planner), not its gain (layer_times shows that).
+json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
+  json out = json::object();
+  const ExpertShape shape{2048, 768, Dtype::kBf16};  // Qwen3-30B-A3B-like experts: 8 ranks x layers fit
+  for (const std::string& policy : {"static", "feplb"}) {
+    TrainConfig c;
+    c.layer.topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
+    c.layer.shape = shape;
+    c.layer.top_k = t.top_k;
+    c.layer.max_tokens = t.tokens_per_rank;
+    c.layer.policy = policy;
+    c.layer.timing = true;
+    c.layer.timeout_s = timeout_s;
+    c.layer.guest_capacity_rows = t.tokens_per_rank * t.top_k;
+    c.layer.recv_capacity_rows = worst_receiver_rows(t, c.layer.topo);
+    c.layers = layers;
+    c.steps = steps;
+    c.micro_batches = 2;
+    c.lr = 1e-3f;
+    const TrainResult r = run_virtual_training(c, routing_from_trace(t, c.micro_batches, layers));
+    std::vector<double> warm(r.step_ms.begin() + 1, r.step_ms.end());
+    out[policy] = {{"loss", r.loss}, {"step_ms", spread(warm)}, {"fwd_wait_ms", spread(r.fwd_wait_ms)},
+                   {"bwd_wait_ms", spread(r.bwd_wait_ms)}, {"weight_recopies", r.weight_recopies},
+                   {"pool_gib_per_rank", static_cast<double>(r.pool_bytes) / (1 << 30)},
+                   {"layer_gib_per_rank", static_cast<double>(r.layer_bytes) / (1 << 30)}};
+    log("  training {:<7} step {:.1f} ms (median of {}), loss {:.5f} -> {:.5f}, weight re-copies {}, pool {:.2f} GiB/rank",
+        policy, quantile_of(warm, 0.5), warm.size(), r.loss.front(), r.loss.back(), r.weight_recopies,
+        static_cast<double>(r.pool_bytes) / (1 << 30));
+  }
+  double max_rel = 0;
+  for (size_t i = 0; i < out["static"]["loss"].size(); ++i) {
+    const double a = out["static"]["loss"][i].get<double>(), b = out["feplb"]["loss"][i].get<double>();
+    max_rel = std::max(max_rel, std::abs(a - b) / std::abs(a));
+  }
+  out["loss_max_rel_diff_on_vs_off"] = max_rel;
+  out["shape"] = {{"hidden", shape.hidden}, {"ffn", shape.ffn}, {"layers", layers}, {"micro_batches", 2},
+                  {"tokens_per_rank", t.tokens_per_rank}, {"top_k", t.top_k}, {"experts", t.num_experts}};
+  out["note"] = "8 virtual ranks share one GPU: step time = all ranks' work serialised; on - off = balancing's cost";
+  return out;
 }
 
 }  // namespace
@@ -366,7 +507,7 @@ int main(int argc, char** argv) {
   app.add_option("--prior", prior_path);
   app.add_option("--table-in", table_in, "GEMM table to use when the table section is not run");
   double deadline_s = 420;
-  std::string sections = "peak,grouped,table,skewed,copy,slowdown,straggler,noise,exposure,layer";
+  std::string sections = "peak,grouped,table,skewed,copy,slowdown,straggler,noise,exposure,layertime,bwdexposure,layer,training";
   app.add_option("--sections", sections, "comma-separated sections to run (default all)");
   app.add_flag("--quick", quick);
   app.add_option("--deadline", deadline_s, "write what is measured and exit after this many seconds");
@@ -506,6 +647,33 @@ int main(int argc, char** argv) {
           knobs.copy_gbps, expo["exposed_pct"]["median"].get<double>(), expo["exposed_pct"]["max"].get<double>());
       save();
     }
+    if (want("layertime")) {
+      double got = 0;
+      const Trace paper_like = trace_with_gpu_skew(1.25, quick ? 2 : 6, &got);
+      log("layer time per policy, paper-like skew (GPU max/mean {:.3f}):", got);
+      json paper = layer_times(*eb, paper_like, knobs, table, quick ? 2 : 6, quick ? 3 : 9);
+      log("layer time per policy, heavy skew ({}: GPU max/mean {:.3f}):", trace_path, gpu_max_over_mean(trace));
+      json heavy = layer_times(*eb, trace, knobs, table, quick ? 2 : 6, quick ? 3 : 9);
+      doc["layer_fwd_ms"] = {{"paper_like", paper["layer_fwd_ms"]}, {"heavy", heavy["layer_fwd_ms"]}};
+      doc["layer_bwd_ms"] = {{"paper_like", paper["layer_bwd_ms"]}, {"heavy", heavy["layer_bwd_ms"]}};
+      doc["layer_times"] = {{"paper_like", paper}, {"heavy", heavy}};
+      save();
+    }
+    if (want("bwdexposure")) {
+      const double lead = 30.0;
+      const json recopy = isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps, quick ? 2 : 8, lead,
+                                            ExpertBench::Pass::kBackward, true);
+      const json kept = isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps, quick ? 2 : 8, lead,
+                                          ExpertBench::Pass::kBackward, false);
+      doc["backward_exposed_pct"] = recopy["exposed_pct"]["median"];
+      doc["backward_exposure"] = {{"weights_copied_again", recopy}, {"weights_still_in_slots", kept},
+                                  {"note", "backward_exposed_pct is the worse case: every guest's weights copied "
+                                           "again (its slot was reused by another layer since forward)"}};
+      log("backward exposed (isolated): {:.2f}% (weights copied again), {:.2f}% (weights kept) median; max {:.2f}%",
+          recopy["exposed_pct"]["median"].get<double>(), kept["exposed_pct"]["median"].get<double>(),
+          recopy["exposed_pct"]["max"].get<double>());
+      save();
+    }
     eb.reset();  // its streams would share hardware queues with the virtual ranks'
     if (want("layer")) {
       const VirtualLayerStats lay = run_virtual_layer(trace, kGlm5, "feplb", knobs, quick ? 4 : 16, 8, 60);
@@ -514,15 +682,25 @@ int main(int argc, char** argv) {
           {"policy", "feplb"}, {"virtual_ranks", trace.num_ranks}, {"forwards", lay.forwards},
           {"counts_to_first_copy_us", spread(lay.counts_to_first_copy_us)},
           {"counts_to_host_us", spread(lay.counts_to_host_us)}, {"plan_us", spread(lay.plan_us)},
+          {"counts_to_plan_us", spread(lay.counts_to_plan_us)},
           {"wait_ms", spread(lay.wait_ms)}, {"wait_pct_of_forward", spread(lay.wait_pct)},
           {"forward_ms", spread(lay.forward_ms)},
           {"note", "8 virtual ranks share one GPU (their GEMMs run concurrently, copies are same-device); latency "
-                   "is from counts ready on the GPU (stream synchronised) to the first phase-2 copy issued"}};
+                   "is from counts ready on the GPU (stream synchronised) to the first phase-2 copy issued. The "
+                   "copies are issued once the plan is ready AND this rank's phase-1 all-to-all is enqueued (the "
+                   "copy stream waits for it by event); with virtual ranks that all-to-all enqueue includes an "
+                   "in-process barrier of all 8 ranks' threads, so counts_to_plan_us is the scheduler's own part"}};
       log("plan latency (counts ready on GPU -> first copy issued): median {:.1f} us, p90 {:.1f}, max {:.1f}; "
-          "counts to host {:.1f} us, plan {:.1f} us",
+          "counts to host {:.1f} us, plan {:.1f} us, counts to plan ready {:.1f} us",
           doc["plan_latency_us"]["median"].get<double>(), doc["plan_latency_us"]["p90"].get<double>(),
           doc["plan_latency_us"]["max"].get<double>(), quantile_of(lay.counts_to_host_us, 0.5),
-          quantile_of(lay.plan_us, 0.5));
+          quantile_of(lay.plan_us, 0.5), quantile_of(lay.counts_to_plan_us, 0.5));
+      save();
+    }
+    if (want("training")) {
+      doc["training"] = training_steps(trace, quick ? 2 : 4, quick ? 3 : 6, 120);
+      log("training loss on vs off: max relative difference {:.2e}",
+          doc["training"]["loss_max_rel_diff_on_vs_off"].get<double>());
     }
     save();
     log("wrote {} and {}", out, table_out);

@@ -1,12 +1,12 @@
 #include "feplb/cuda/moe_layer.h"
 
 #include <algorithm>
-#include <immintrin.h>
 
 #include "feplb/cuda/ce_copy.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
 #include "feplb/cuda/kernels/kernels.h"
+#include "feplb/cuda/spin_wait.h"
 
 namespace feplb::cuda {
 
@@ -194,7 +194,7 @@ void MoeLayer::wait_seq(const std::atomic<uint32_t>& seq, uint32_t target, const
     if ((spins & 1023) == 0 && Clock::now() > deadline) {
       throw Error(fmt::format("layer rank {}: waited {:.0f} s for the scheduler ({})", rank_, cfg_.timeout_s, what));
     }
-    _mm_pause();
+    spin_pause(spins);
   }
 }
 
@@ -204,10 +204,11 @@ void MoeLayer::wait_seq(const std::atomic<uint32_t>& seq, uint32_t target, const
 
 void MoeLayer::scheduler_loop() {
   uint32_t handled = 0;
+  uint64_t idle = 0;
   try {
     while (!stop_.load(std::memory_order_acquire)) {
       if (request_seq_.load(std::memory_order_acquire) == handled) {
-        _mm_pause();
+        spin_pause(idle++);
         continue;
       }
       handled = request_seq_.load(std::memory_order_acquire);
@@ -233,7 +234,7 @@ void MoeLayer::plan_step() {
       throw Error(fmt::format("layer rank {}: counts never reached the host in {:.0f} s", rank_, cfg_.timeout_s));
     }
     if (stop_.load(std::memory_order_acquire)) return;
-    _mm_pause();
+    spin_pause(spins);
   }
   const auto t_seen = Clock::now();
   const int R = world_;

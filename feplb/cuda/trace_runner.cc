@@ -9,10 +9,23 @@
 #include "feplb/cuda/expert_ffn.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/moe_layer.h"
+#include "feplb/cuda/rank_threads.h"
 
 namespace feplb::cuda {
 
 void request_stream_connections() { setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0); }
+
+int64_t worst_receiver_rows(const Trace& t, const Topology& topo) {
+  int64_t worst = 0;
+  for (const RoutingStep& s : t.steps) {
+    for (int d = 0; d < topo.num_ranks(); ++d) {
+      int64_t rows = 0;
+      for (int e : topo.local_experts(d)) rows += s.expert_counts[e];
+      worst = std::max(worst, rows);
+    }
+  }
+  return worst;
+}
 
 VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, const std::string& policy,
                                     const Knobs& knobs, int steps, int gpus_per_node, double timeout_s) {
@@ -29,16 +42,7 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, co
   c.max_tokens = S;
   c.policy = policy;
   c.knobs = knobs;
-  // Room for the trace's worst receiver, not the dropless worst case (R x memory).
-  int64_t worst = 0;
-  for (const RoutingStep& s : t.steps) {
-    for (int d = 0; d < R; ++d) {
-      int64_t rows = 0;
-      for (int e : c.topo.local_experts(d)) rows += s.expert_counts[e];
-      worst = std::max(worst, rows);
-    }
-  }
-  c.recv_capacity_rows = worst;
+  c.recv_capacity_rows = worst_receiver_rows(t, c.topo);  // not the dropless worst case (R x memory)
   c.guest_capacity_rows = S * K;
   c.timing = true;
   c.sync_before_counts = true;
@@ -46,48 +50,37 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, co
   c.name = "run." + policy;
   InProcessGroup group(R, timeout_s);
   std::vector<VirtualLayerStats> per(static_cast<size_t>(R));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(R));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        MoeLayer layer(c, group.endpoint(r));
-        Stream s;
-        DeviceBuffer<__nv_bfloat16> w(static_cast<size_t>(c.topo.experts_per_rank() * expert_weight_elems(H, F)));
-        DeviceBuffer<__nv_bfloat16> x(static_cast<size_t>(S * H)), out(static_cast<size_t>(S * H));
-        DeviceBuffer<int32_t> idx(static_cast<size_t>(S * K));
-        DeviceBuffer<float> wt(static_cast<size_t>(S * K));
-        FEPLB_CUDA_CHECK(kernels::fill_random(w.get(), w.size(), 100 + r, 1.0f / 64, s.get()));
-        FEPLB_CUDA_CHECK(kernels::fill_random(x.get(), x.size(), 200 + r, 1.0f, s.get()));
-        const std::vector<float> wts(static_cast<size_t>(S * K), 1.0f / static_cast<float>(K));
-        if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpyAsync(wt.get(), wts.data(), wt.bytes(), cudaMemcpyHostToDevice, s.get()));
-        layer.set_weights(w.get(), s.get());
-        for (int i = 0; i < steps + 2; ++i) {
-          const RoutingStep& step = t.steps[static_cast<size_t>(i) % t.steps.size()];
-          const auto topk = topk_from_counts(step.row(r), S, static_cast<int>(K));
-          if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpyAsync(idx.get(), topk.data(), idx.bytes(), cudaMemcpyHostToDevice, s.get()));
-          sync_with_timeout(s.get(), timeout_s, "routing upload");
-          layer.forward(x.get(), idx.get(), wt.get(), S, out.get(), s.get());
-          sync_with_timeout(s.get(), timeout_s, "layer forward");
-          if (i < 2) continue;  // warm-up
-          const ForwardStats& st = layer.last_stats();
-          VirtualLayerStats& p = per[r];
-          p.counts_to_host_us.push_back(st.counts_to_host_us);
-          p.plan_us.push_back(st.plan_us);
-          if (st.copies > 0) p.counts_to_first_copy_us.push_back(st.counts_to_first_copy_us);
-          p.wait_ms.push_back(st.wait_ms);
-          p.wait_pct.push_back(st.forward_ms > 0 ? 100.0 * st.wait_ms / st.forward_ms : 0.0);
-          p.forward_ms.push_back(st.forward_ms);
-        }
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  run_rank_threads(R, [&](int r) {
+    MoeLayer layer(c, group.endpoint(r));
+    Stream s;
+    DeviceBuffer<__nv_bfloat16> w(static_cast<size_t>(c.topo.experts_per_rank() * expert_weight_elems(H, F)));
+    DeviceBuffer<__nv_bfloat16> x(static_cast<size_t>(S * H)), out(static_cast<size_t>(S * H));
+    DeviceBuffer<int32_t> idx(static_cast<size_t>(S * K));
+    DeviceBuffer<float> wt(static_cast<size_t>(S * K));
+    FEPLB_CUDA_CHECK(kernels::fill_random(w.get(), w.size(), 100 + r, 1.0f / 64, s.get()));
+    FEPLB_CUDA_CHECK(kernels::fill_random(x.get(), x.size(), 200 + r, 1.0f, s.get()));
+    const std::vector<float> wts(static_cast<size_t>(S * K), 1.0f / static_cast<float>(K));
+    if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpyAsync(wt.get(), wts.data(), wt.bytes(), cudaMemcpyHostToDevice, s.get()));
+    layer.set_weights(w.get(), s.get());
+    for (int i = 0; i < steps + 2; ++i) {
+      const RoutingStep& step = t.steps[static_cast<size_t>(i) % t.steps.size()];
+      const auto topk = topk_from_counts(step.row(r), S, static_cast<int>(K));
+      if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpyAsync(idx.get(), topk.data(), idx.bytes(), cudaMemcpyHostToDevice, s.get()));
+      sync_with_timeout(s.get(), timeout_s, "routing upload");
+      layer.forward(x.get(), idx.get(), wt.get(), S, out.get(), s.get());
+      sync_with_timeout(s.get(), timeout_s, "layer forward");
+      if (i < 2) continue;  // warm-up
+      const ForwardStats& st = layer.last_stats();
+      VirtualLayerStats& p = per[r];
+      p.counts_to_host_us.push_back(st.counts_to_host_us);
+      p.plan_us.push_back(st.plan_us);
+      p.counts_to_plan_us.push_back(st.counts_to_host_us + st.plan_us);
+      if (st.copies > 0) p.counts_to_first_copy_us.push_back(st.counts_to_first_copy_us);
+      p.wait_ms.push_back(st.wait_ms);
+      p.wait_pct.push_back(st.forward_ms > 0 ? 100.0 * st.wait_ms / st.forward_ms : 0.0);
+      p.forward_ms.push_back(st.forward_ms);
+    }
+  });
   VirtualLayerStats all;
   all.forwards = steps;
   auto cat = [](std::vector<double>& a, const std::vector<double>& b) { a.insert(a.end(), b.begin(), b.end()); };
@@ -95,6 +88,7 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, co
     cat(all.counts_to_first_copy_us, p.counts_to_first_copy_us);
     cat(all.counts_to_host_us, p.counts_to_host_us);
     cat(all.plan_us, p.plan_us);
+    cat(all.counts_to_plan_us, p.counts_to_plan_us);
     cat(all.wait_ms, p.wait_ms);
     cat(all.wait_pct, p.wait_pct);
     cat(all.forward_ms, p.forward_ms);

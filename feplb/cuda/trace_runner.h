@@ -10,17 +10,23 @@
 #include "feplb/core/knobs.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/routing.h"
+#include "feplb/core/topology.h"
 #include "feplb/cuda/expert_bench.h"
 
 namespace feplb::cuda {
 
-// Virtual ranks put 3 streams each on one GPU; a stream memory wait at the head of a hardware
-// queue would block every stream sharing it. Call before the first CUDA call of the process.
+// Virtual ranks put 3 streams each on one GPU; give each its own hardware queue. Call before the
+// first CUDA call of the process.
 void request_stream_connections();
+
+// The most rows any rank receives in phase 1 over the trace's steps (a layer's recv capacity for
+// it, instead of the dropless worst case of R x tokens x top_k rows).
+int64_t worst_receiver_rows(const Trace& trace, const Topology& topo);
 
 struct VirtualLayerStats {
   std::vector<double> counts_to_first_copy_us;  // ranks that issued phase-2 copies
   std::vector<double> counts_to_host_us, plan_us;
+  std::vector<double> counts_to_plan_us;  // counts ready -> plan ready (every rank)
   std::vector<double> wait_ms, wait_pct, forward_ms;  // per rank and forward
   int forwards = 0;
 };

@@ -1,13 +1,12 @@
 #include "feplb/cuda/trainer.h"
 
 #include <cmath>
-#include <exception>
-#include <thread>
 
 #include "feplb/core/workload.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
 #include "feplb/cuda/kernels/kernels.h"
+#include "feplb/cuda/rank_threads.h"
 
 namespace feplb::cuda {
 
@@ -50,121 +49,109 @@ TrainResult run_virtual_training(const TrainConfig& cfg, const TrainRouting& rou
   result.loss.assign(static_cast<size_t>(cfg.steps), 0.0);
   result.step_ms.assign(static_cast<size_t>(cfg.steps), 0.0);
   std::vector<TrainResult> per(static_cast<size_t>(R));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(R));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        TrainResult& me = per[r];
-        me.loss.assign(static_cast<size_t>(cfg.steps), 0.0);
-        me.step_ms.assign(static_cast<size_t>(cfg.steps), 0.0);
-        Transport& tp = group.endpoint(r);
-        ExpertSlotPool pool(tp, lc.shape, static_cast<int>(lc.knobs.max_num_dyn), default_staging_slots(lc.knobs),
-                            "train.pool");
-        std::vector<std::unique_ptr<MoeLayer>> layers;
-        for (int l = 0; l < L; ++l) {
-          LayerConfig c = lc;
-          c.training = true;
-          c.pool = &pool;
-          c.name = "train.l" + std::to_string(l);
-          layers.push_back(std::make_unique<MoeLayer>(c, tp));
+  run_rank_threads(R, [&](int r) {
+    TrainResult& me = per[r];
+    me.loss.assign(static_cast<size_t>(cfg.steps), 0.0);
+    me.step_ms.assign(static_cast<size_t>(cfg.steps), 0.0);
+    Transport& tp = group.endpoint(r);
+    ExpertSlotPool pool(tp, lc.shape, static_cast<int>(lc.knobs.max_num_dyn), default_staging_slots(lc.knobs),
+                        "train.pool");
+    std::vector<std::unique_ptr<MoeLayer>> layers;
+    for (int l = 0; l < L; ++l) {
+      LayerConfig c = lc;
+      c.training = true;
+      c.pool = &pool;
+      c.name = "train.l" + std::to_string(l);
+      layers.push_back(std::make_unique<MoeLayer>(c, tp));
+    }
+    me.pool_bytes = pool.device_bytes();
+    me.layer_bytes = layers[0]->device_bytes();
+    Stream s;
+    // Optimizer state per layer: fp32 master weights, Adam moments.
+    std::vector<DeviceBuffer<float>> master, mom1, mom2;
+    for (int l = 0; l < L; ++l) {
+      bf16* w = layers[l]->mutable_weights();
+      FEPLB_CUDA_CHECK(kernels::fill_random(w, static_cast<size_t>(W), cfg.seed * 1000 + 17 * l + r,
+                                            1.0f / std::sqrt(static_cast<float>(H)), s.get()));
+      master.emplace_back(static_cast<size_t>(W));
+      mom1.emplace_back(static_cast<size_t>(W));
+      mom2.emplace_back(static_cast<size_t>(W));
+      FEPLB_CUDA_CHECK(kernels::bf16_to_f32(w, master[l].get(), W, s.get()));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(mom1[l].get(), 0, mom1[l].bytes(), s.get()));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(mom2[l].get(), 0, mom2[l].bytes(), s.get()));
+      layers[l]->zero_grad(s.get());
+    }
+    // Inputs, targets and routing per micro-batch; activations h_0..h_L; gradients.
+    const size_t act = static_cast<size_t>(S * H);
+    std::vector<DeviceBuffer<bf16>> x, target;
+    std::vector<std::vector<DeviceBuffer<int32_t>>> idx(static_cast<size_t>(M));
+    for (int m = 0; m < M; ++m) {
+      x.emplace_back(act);
+      target.emplace_back(act);
+      FEPLB_CUDA_CHECK(kernels::fill_random(x[m].get(), act, cfg.seed * 7919 + 31 * m + r, 1.0f, s.get()));
+      FEPLB_CUDA_CHECK(kernels::fill_random(target[m].get(), act, cfg.seed * 104729 + 31 * m + r, 1.0f, s.get()));
+      for (int l = 0; l < L; ++l) {
+        idx[m].emplace_back(static_cast<size_t>(S * K));
+        if (S > 0) {
+          FEPLB_CUDA_CHECK(cudaMemcpyAsync(idx[m][l].get(), routing[m][l][r].data(), idx[m][l].bytes(),
+                                           cudaMemcpyHostToDevice, s.get()));
         }
-        me.pool_bytes = pool.device_bytes();
-        me.layer_bytes = layers[0]->device_bytes();
-        Stream s;
-        // Optimizer state per layer: fp32 master weights, Adam moments.
-        std::vector<DeviceBuffer<float>> master, mom1, mom2;
-        for (int l = 0; l < L; ++l) {
-          bf16* w = layers[l]->mutable_weights();
-          FEPLB_CUDA_CHECK(kernels::fill_random(w, static_cast<size_t>(W), cfg.seed * 1000 + 17 * l + r,
-                                                1.0f / std::sqrt(static_cast<float>(H)), s.get()));
-          master.emplace_back(static_cast<size_t>(W));
-          mom1.emplace_back(static_cast<size_t>(W));
-          mom2.emplace_back(static_cast<size_t>(W));
-          FEPLB_CUDA_CHECK(kernels::bf16_to_f32(w, master[l].get(), W, s.get()));
-          FEPLB_CUDA_CHECK(cudaMemsetAsync(mom1[l].get(), 0, mom1[l].bytes(), s.get()));
-          FEPLB_CUDA_CHECK(cudaMemsetAsync(mom2[l].get(), 0, mom2[l].bytes(), s.get()));
-          layers[l]->zero_grad(s.get());
-        }
-        // Inputs, targets and routing per micro-batch; activations h_0..h_L; gradients.
-        const size_t act = static_cast<size_t>(S * H);
-        std::vector<DeviceBuffer<bf16>> x, target;
-        std::vector<std::vector<DeviceBuffer<int32_t>>> idx(static_cast<size_t>(M));
-        for (int m = 0; m < M; ++m) {
-          x.emplace_back(act);
-          target.emplace_back(act);
-          FEPLB_CUDA_CHECK(kernels::fill_random(x[m].get(), act, cfg.seed * 7919 + 31 * m + r, 1.0f, s.get()));
-          FEPLB_CUDA_CHECK(kernels::fill_random(target[m].get(), act, cfg.seed * 104729 + 31 * m + r, 1.0f, s.get()));
-          for (int l = 0; l < L; ++l) {
-            idx[m].emplace_back(static_cast<size_t>(S * K));
-            if (S > 0) {
-              FEPLB_CUDA_CHECK(cudaMemcpyAsync(idx[m][l].get(), routing[m][l][r].data(), idx[m][l].bytes(),
-                                               cudaMemcpyHostToDevice, s.get()));
-            }
-          }
-        }
-        std::vector<DeviceBuffer<bf16>> h;
-        for (int l = 0; l <= L; ++l) h.emplace_back(act);
-        DeviceBuffer<bf16> g(act), gx(act);
-        DeviceBuffer<float> wt(static_cast<size_t>(S * K)), gw(static_cast<size_t>(S * K)), loss(1);
-        const std::vector<float> w_host(static_cast<size_t>(S * K), 1.0f / static_cast<float>(K));
-        if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpyAsync(wt.get(), w_host.data(), wt.bytes(), cudaMemcpyHostToDevice, s.get()));
-        Event t0(true), t1(true);
-        kernels::AdamParams adam;
-        adam.lr = cfg.lr;
-        for (int step = 0; step < cfg.steps; ++step) {
-          FEPLB_CUDA_CHECK(cudaMemsetAsync(loss.get(), 0, sizeof(float), s.get()));
-          t0.record(s.get());
-          for (int m = 0; m < M; ++m) {
-            FEPLB_CUDA_CHECK(cudaMemcpyAsync(h[0].get(), x[m].get(), act * sizeof(bf16), cudaMemcpyDeviceToDevice,
-                                             s.get()));
-            for (int l = 0; l < L; ++l) {
-              layers[l]->forward(h[l].get(), idx[m][l].get(), wt.get(), S, h[l + 1].get(), s.get());
-              FEPLB_CUDA_CHECK(kernels::add_bf16(h[l + 1].get(), h[l].get(), static_cast<int64_t>(act), s.get()));
-            }
-            FEPLB_CUDA_CHECK(kernels::mse_loss_grad(h[L].get(), target[m].get(), static_cast<int64_t>(act), g.get(),
-                                                    loss.get(), s.get()));
-            for (int l = L - 1; l >= 0; --l) {
-              layers[l]->backward(g.get(), wt.get(), gx.get(), gw.get(), s.get());
-              FEPLB_CUDA_CHECK(kernels::add_bf16(g.get(), gx.get(), static_cast<int64_t>(act), s.get()));
-            }
-            if (lc.timing) {
-              sync_with_timeout(s.get(), lc.timeout_s, "training micro-batch");
-              for (int l = 0; l < L; ++l) {
-                me.fwd_wait_ms.push_back(layers[l]->last_stats().wait_ms);
-                me.bwd_wait_ms.push_back(layers[l]->last_backward_stats().wait_ms);
-              }
-            }
-            for (int l = 0; l < L; ++l) {
-              me.weight_recopies += layers[l]->last_backward_stats().weight_recopies;
-              me.migrated_slices += layers[l]->last_stats().guest_rows > 0 ? 1 : 0;
-            }
-          }
-          const double b1 = std::pow(adam.beta1, step + 1), b2 = std::pow(adam.beta2, step + 1);
-          adam.bias1 = static_cast<float>(1 - b1);
-          adam.bias2 = static_cast<float>(1 - b2);
-          for (int l = 0; l < L; ++l) {
-            layers[l]->sync_gradients(s.get());
-            FEPLB_CUDA_CHECK(kernels::adam_step(master[l].get(), layers[l]->main_grad(), mom1[l].get(), mom2[l].get(),
-                                                layers[l]->mutable_weights(), W, adam, s.get()));
-            layers[l]->zero_grad(s.get());
-          }
-          t1.record(s.get());
-          float host_loss = 0;
-          FEPLB_CUDA_CHECK(cudaMemcpyAsync(&host_loss, loss.get(), sizeof(float), cudaMemcpyDeviceToHost, s.get()));
-          sync_with_timeout(s.get(), lc.timeout_s, "training step");
-          me.loss[step] = host_loss;
-          me.step_ms[step] = elapsed_ms(t0, t1);
-        }
-      } catch (...) {
-        errors[r] = std::current_exception();
       }
-    });
-  }
-  for (auto& th : threads) th.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+    }
+    std::vector<DeviceBuffer<bf16>> h;
+    for (int l = 0; l <= L; ++l) h.emplace_back(act);
+    DeviceBuffer<bf16> g(act), gx(act);
+    DeviceBuffer<float> wt(static_cast<size_t>(S * K)), gw(static_cast<size_t>(S * K)), loss(1);
+    const std::vector<float> w_host(static_cast<size_t>(S * K), 1.0f / static_cast<float>(K));
+    if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpyAsync(wt.get(), w_host.data(), wt.bytes(), cudaMemcpyHostToDevice, s.get()));
+    Event t0(true), t1(true);
+    kernels::AdamParams adam;
+    adam.lr = cfg.lr;
+    for (int step = 0; step < cfg.steps; ++step) {
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(loss.get(), 0, sizeof(float), s.get()));
+      t0.record(s.get());
+      for (int m = 0; m < M; ++m) {
+        FEPLB_CUDA_CHECK(cudaMemcpyAsync(h[0].get(), x[m].get(), act * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                                         s.get()));
+        for (int l = 0; l < L; ++l) {
+          layers[l]->forward(h[l].get(), idx[m][l].get(), wt.get(), S, h[l + 1].get(), s.get());
+          FEPLB_CUDA_CHECK(kernels::add_bf16(h[l + 1].get(), h[l].get(), static_cast<int64_t>(act), s.get()));
+        }
+        FEPLB_CUDA_CHECK(kernels::mse_loss_grad(h[L].get(), target[m].get(), static_cast<int64_t>(act), g.get(),
+                                                loss.get(), s.get()));
+        for (int l = L - 1; l >= 0; --l) {
+          layers[l]->backward(g.get(), wt.get(), gx.get(), gw.get(), s.get());
+          FEPLB_CUDA_CHECK(kernels::add_bf16(g.get(), gx.get(), static_cast<int64_t>(act), s.get()));
+        }
+        if (lc.timing) {
+          sync_with_timeout(s.get(), lc.timeout_s, "training micro-batch");
+          for (int l = 0; l < L; ++l) {
+            me.fwd_wait_ms.push_back(layers[l]->last_stats().wait_ms);
+            me.bwd_wait_ms.push_back(layers[l]->last_backward_stats().wait_ms);
+          }
+        }
+        for (int l = 0; l < L; ++l) {
+          me.weight_recopies += layers[l]->last_backward_stats().weight_recopies;
+          me.migrated_slices += layers[l]->last_stats().guest_rows > 0 ? 1 : 0;
+        }
+      }
+      const double b1 = std::pow(adam.beta1, step + 1), b2 = std::pow(adam.beta2, step + 1);
+      adam.bias1 = static_cast<float>(1 - b1);
+      adam.bias2 = static_cast<float>(1 - b2);
+      for (int l = 0; l < L; ++l) {
+        layers[l]->sync_gradients(s.get());
+        FEPLB_CUDA_CHECK(kernels::adam_step(master[l].get(), layers[l]->main_grad(), mom1[l].get(), mom2[l].get(),
+                                            layers[l]->mutable_weights(), W, adam, s.get()));
+        layers[l]->zero_grad(s.get());
+      }
+      t1.record(s.get());
+      float host_loss = 0;
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(&host_loss, loss.get(), sizeof(float), cudaMemcpyDeviceToHost, s.get()));
+      sync_with_timeout(s.get(), lc.timeout_s, "training step");
+      me.loss[step] = host_loss;
+      me.step_ms[step] = elapsed_ms(t0, t1);
+    }
+  });
   for (const TrainResult& p : per) {
     for (int i = 0; i < cfg.steps; ++i) {
       result.loss[i] += p.loss[i];

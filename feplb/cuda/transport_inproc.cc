@@ -1,13 +1,12 @@
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <immintrin.h>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/resources.h"
+#include "feplb/cuda/spin_wait.h"
 #include "feplb/cuda/transport.h"
 
 namespace feplb::cuda {
@@ -17,9 +16,8 @@ struct InProcessGroup::State {
   int world = 0;
   double timeout_s = 60.0;
   std::mutex mu;
-  std::condition_variable cv;
-  int arrived = 0;
-  uint64_t generation = 0;
+  std::atomic<int> arrived{0};
+  std::atomic<uint64_t> generation{0};
   std::vector<std::vector<Chunk>> recvs;   // [rank] recv chunks posted for the current exchange
   std::vector<cudaEvent_t> ready, done;    // [rank]
   std::map<std::string, std::vector<void*>> buffers;
@@ -32,20 +30,23 @@ struct InProcessGroup::State {
   std::map<std::string, std::unique_ptr<SignalSlot[]>> signals;
   std::vector<cudaEvent_t> all_signal_events;
 
+  // A spinning barrier (the ranks' threads arrive within microseconds of each other; a sleeping
+  // thread would wait for a free core to be woken). The last to arrive resets the count, then
+  // opens the barrier.
   void barrier(int rank, const char* where) {
-    std::unique_lock<std::mutex> lock(mu);
-    const uint64_t gen = generation;
-    if (++arrived == world) {
-      arrived = 0;
-      ++generation;
-      cv.notify_all();
+    const uint64_t gen = generation.load(std::memory_order_acquire);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == world) {
+      arrived.store(0, std::memory_order_relaxed);
+      generation.fetch_add(1, std::memory_order_release);
       return;
     }
-    const bool ok = cv.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                                [&] { return generation != gen; });
-    if (!ok) {
-      throw Error(fmt::format("in-process transport: rank {} waited {:.0f} s at {} for a peer that never "
-                              "arrived", rank, timeout_s, where));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    for (uint64_t spins = 0; generation.load(std::memory_order_acquire) == gen; ++spins) {
+      if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline) {
+        throw Error(fmt::format("in-process transport: rank {} waited {:.0f} s at {} for a peer that never "
+                                "arrived", rank, timeout_s, where));
+      }
+      spin_pause(spins);
     }
   }
 };
@@ -79,7 +80,7 @@ class InProcessSignals final : public Transport::Signals {
         throw Error(fmt::format("in-process transport: rank {} waited {:.0f} s for signal {} to reach {}", rank_,
                                 st_->timeout_s, slot, value));
       }
-      _mm_pause();
+      spin_pause(spins);
     }
     FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, s.ev[value & 1], 0));
   }

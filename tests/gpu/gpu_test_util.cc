@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "feplb/cuda/check.h"
+#include "feplb/cuda/rank_threads.h"
 #include "feplb/cuda/resources.h"
 #include "feplb/cuda/trace_runner.h"
 
@@ -18,54 +19,42 @@ std::vector<RankResult> run_layer(const cuda::LayerConfig& config, const Referen
   const int R = config.topo.num_ranks();
   cuda::InProcessGroup group(R, config.timeout_s);
   std::vector<RankResult> results(static_cast<size_t>(R));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(R));
   const int64_t H = config.shape.hidden, F = config.shape.ffn;
   const int per = config.topo.experts_per_rank();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        cuda::MoeLayer layer(config, group.endpoint(r));
-        cuda::Stream stream;
-        const RankInputs& in = inputs[r];
-        const int64_t S = in.tokens;
-        // This rank's experts' weights, in its local order.
-        std::vector<float> local;
-        for (int e : config.topo.local_experts(r)) {
-          const float* w = experts.expert_weights(e);
-          local.insert(local.end(), w, w + 3 * H * F);
-        }
-        const auto w16 = to_bf16(local), x16 = to_bf16(in.hidden);
-        cuda::DeviceBuffer<__nv_bfloat16> w(static_cast<size_t>(per * 3 * H * F)), x(x16.size()), out(x16.size());
-        cuda::DeviceBuffer<int32_t> idx(in.topk_idx.size());
-        cuda::DeviceBuffer<float> wt(in.topk_weight.size());
-        FEPLB_CUDA_CHECK(cudaMemcpy(w.get(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
-        if (S > 0) {
-          FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
-          FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in.topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
-          FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in.topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
-        }
-        layer.set_weights(w.get(), stream.get());
-        for (int f = 0; f < forwards; ++f) {
-          if (S > 0) FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream.get()));  // NaN
-          layer.forward(x.get(), idx.get(), wt.get(), S, out.get(), stream.get());
-          cuda::sync_with_timeout(stream.get(), config.timeout_s, "test forward");
-        }
-        std::vector<uint16_t> o16(x16.size());
-        if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
-        results[r].out.resize(o16.size());
-        for (size_t i = 0; i < o16.size(); ++i) results[r].out[i] = bf16_to_float(o16[i]);
-        results[r].plan = layer.last_plan();
-        results[r].stats = layer.last_stats();
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  cuda::run_rank_threads(R, [&](int r) {
+    cuda::MoeLayer layer(config, group.endpoint(r));
+    cuda::Stream stream;
+    const RankInputs& in = inputs[r];
+    const int64_t S = in.tokens;
+    // This rank's experts' weights, in its local order.
+    std::vector<float> local;
+    for (int e : config.topo.local_experts(r)) {
+      const float* w = experts.expert_weights(e);
+      local.insert(local.end(), w, w + 3 * H * F);
+    }
+    const auto w16 = to_bf16(local), x16 = to_bf16(in.hidden);
+    cuda::DeviceBuffer<__nv_bfloat16> w(static_cast<size_t>(per * 3 * H * F)), x(x16.size()), out(x16.size());
+    cuda::DeviceBuffer<int32_t> idx(in.topk_idx.size());
+    cuda::DeviceBuffer<float> wt(in.topk_weight.size());
+    FEPLB_CUDA_CHECK(cudaMemcpy(w.get(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+    if (S > 0) {
+      FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
+      FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in.topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
+      FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in.topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
+    }
+    layer.set_weights(w.get(), stream.get());
+    for (int f = 0; f < forwards; ++f) {
+      if (S > 0) FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream.get()));  // NaN
+      layer.forward(x.get(), idx.get(), wt.get(), S, out.get(), stream.get());
+      cuda::sync_with_timeout(stream.get(), config.timeout_s, "test forward");
+    }
+    std::vector<uint16_t> o16(x16.size());
+    if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+    results[r].out.resize(o16.size());
+    for (size_t i = 0; i < o16.size(); ++i) results[r].out[i] = bf16_to_float(o16[i]);
+    results[r].plan = layer.last_plan();
+    results[r].stats = layer.last_stats();
+  });
   return results;
 }
 
@@ -104,75 +93,63 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(const cuda::LayerCon
   cuda::InProcessGroup group(R, config.timeout_s);
   std::vector<std::vector<BackwardResult>> results(static_cast<size_t>(layers),
                                                    std::vector<BackwardResult>(static_cast<size_t>(R)));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(R));
   const int64_t H = config.shape.hidden, F = config.shape.ffn, K = config.top_k;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        cuda::ExpertSlotPool pool(group.endpoint(r), config.shape, static_cast<int>(config.knobs.max_num_dyn),
-                                  cuda::default_staging_slots(config.knobs), "test.pool");
-        std::vector<std::unique_ptr<cuda::MoeLayer>> ls;
-        for (int l = 0; l < layers; ++l) {
-          cuda::LayerConfig c = config;
-          c.training = true;
-          c.pool = &pool;
-          c.name = "test.l" + std::to_string(l);
-          ls.push_back(std::make_unique<cuda::MoeLayer>(c, group.endpoint(r)));
-        }
-        cuda::Stream stream;
-        const cudaStream_t s = stream.get();
-        const RankInputs& in = inputs[r];
-        const int64_t S = in.tokens;
-        std::vector<float> local;
-        for (int e : config.topo.local_experts(r)) {
-          const float* w = experts.expert_weights(e);
-          local.insert(local.end(), w, w + 3 * H * F);
-        }
-        const auto w = upload_bf16(local);
-        const auto x = upload_bf16(in.hidden);
-        const auto go = upload_bf16(grad_out[r]);
-        const auto idx = upload(in.topk_idx);
-        const auto wt = upload(in.topk_weight);
-        std::vector<cuda::DeviceBuffer<__nv_bfloat16>> out, gx;
-        std::vector<cuda::DeviceBuffer<float>> gw;
-        for (int l = 0; l < layers; ++l) {
-          out.emplace_back(static_cast<size_t>(S * H));
-          gx.emplace_back(static_cast<size_t>(S * H));
-          gw.emplace_back(static_cast<size_t>(S * K));
-          ls[l]->set_weights(w.get(), s);
-          ls[l]->zero_grad(s);
-          FEPLB_CUDA_CHECK(cudaMemsetAsync(out[l].get(), 0xff, out[l].bytes(), s));  // NaN
-          FEPLB_CUDA_CHECK(cudaMemsetAsync(gx[l].get(), 0xff, gx[l].bytes(), s));
-          FEPLB_CUDA_CHECK(cudaMemsetAsync(gw[l].get(), 0xff, gw[l].bytes(), s));
-        }
-        for (int l = 0; l < layers; ++l) ls[l]->forward(x.get(), idx.get(), wt.get(), S, out[l].get(), s);
-        for (int l = layers - 1; l >= 0; --l) ls[l]->backward(go.get(), wt.get(), gx[l].get(), gw[l].get(), s);
-        for (int l = 0; l < layers; ++l) ls[l]->sync_gradients(s);
-        cuda::sync_with_timeout(s, config.timeout_s, "test backward");
-        for (int l = 0; l < layers; ++l) {
-          BackwardResult& res = results[l][r];
-          res.out = download_bf16(out[l]);
-          res.grad_hidden = download_bf16(gx[l]);
-          res.grad_topk_weight.resize(gw[l].size());
-          if (!res.grad_topk_weight.empty()) {
-            FEPLB_CUDA_CHECK(cudaMemcpy(res.grad_topk_weight.data(), gw[l].get(), gw[l].bytes(), cudaMemcpyDeviceToHost));
-          }
-          res.main_grad.resize(local.size());
-          FEPLB_CUDA_CHECK(cudaMemcpy(res.main_grad.data(), ls[l]->main_grad(), local.size() * sizeof(float),
-                                      cudaMemcpyDeviceToHost));
-          res.plan = ls[l]->last_plan();
-          res.stats = ls[l]->last_backward_stats();
-        }
-      } catch (...) {
-        errors[r] = std::current_exception();
+  cuda::run_rank_threads(R, [&](int r) {
+    cuda::ExpertSlotPool pool(group.endpoint(r), config.shape, static_cast<int>(config.knobs.max_num_dyn),
+                              cuda::default_staging_slots(config.knobs), "test.pool");
+    std::vector<std::unique_ptr<cuda::MoeLayer>> ls;
+    for (int l = 0; l < layers; ++l) {
+      cuda::LayerConfig c = config;
+      c.training = true;
+      c.pool = &pool;
+      c.name = "test.l" + std::to_string(l);
+      ls.push_back(std::make_unique<cuda::MoeLayer>(c, group.endpoint(r)));
+    }
+    cuda::Stream stream;
+    const cudaStream_t s = stream.get();
+    const RankInputs& in = inputs[r];
+    const int64_t S = in.tokens;
+    std::vector<float> local;
+    for (int e : config.topo.local_experts(r)) {
+      const float* w = experts.expert_weights(e);
+      local.insert(local.end(), w, w + 3 * H * F);
+    }
+    const auto w = upload_bf16(local);
+    const auto x = upload_bf16(in.hidden);
+    const auto go = upload_bf16(grad_out[r]);
+    const auto idx = upload(in.topk_idx);
+    const auto wt = upload(in.topk_weight);
+    std::vector<cuda::DeviceBuffer<__nv_bfloat16>> out, gx;
+    std::vector<cuda::DeviceBuffer<float>> gw;
+    for (int l = 0; l < layers; ++l) {
+      out.emplace_back(static_cast<size_t>(S * H));
+      gx.emplace_back(static_cast<size_t>(S * H));
+      gw.emplace_back(static_cast<size_t>(S * K));
+      ls[l]->set_weights(w.get(), s);
+      ls[l]->zero_grad(s);
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(out[l].get(), 0xff, out[l].bytes(), s));  // NaN
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(gx[l].get(), 0xff, gx[l].bytes(), s));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(gw[l].get(), 0xff, gw[l].bytes(), s));
+    }
+    for (int l = 0; l < layers; ++l) ls[l]->forward(x.get(), idx.get(), wt.get(), S, out[l].get(), s);
+    for (int l = layers - 1; l >= 0; --l) ls[l]->backward(go.get(), wt.get(), gx[l].get(), gw[l].get(), s);
+    for (int l = 0; l < layers; ++l) ls[l]->sync_gradients(s);
+    cuda::sync_with_timeout(s, config.timeout_s, "test backward");
+    for (int l = 0; l < layers; ++l) {
+      BackwardResult& res = results[l][r];
+      res.out = download_bf16(out[l]);
+      res.grad_hidden = download_bf16(gx[l]);
+      res.grad_topk_weight.resize(gw[l].size());
+      if (!res.grad_topk_weight.empty()) {
+        FEPLB_CUDA_CHECK(cudaMemcpy(res.grad_topk_weight.data(), gw[l].get(), gw[l].bytes(), cudaMemcpyDeviceToHost));
       }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+      res.main_grad.resize(local.size());
+      FEPLB_CUDA_CHECK(cudaMemcpy(res.main_grad.data(), ls[l]->main_grad(), local.size() * sizeof(float),
+                                  cudaMemcpyDeviceToHost));
+      res.plan = ls[l]->last_plan();
+      res.stats = ls[l]->last_backward_stats();
+    }
+  });
   return results;
 }
 

@@ -61,9 +61,9 @@ void run_gpu(const RunOptions& o) {
   struct Row {
     std::string policy;
     std::vector<Plan> plans;
-    std::vector<double> st, sg_pred, sg_meas;
+    std::vector<double> st, sg_pred, sg_meas, fwd_alone, bwd_alone;
     double fwd_ms = 0, wait_ms = 0;
-    std::vector<double> latency_us, plan_us, to_host_us;
+    std::vector<double> latency_us, plan_us, to_host_us, to_plan_us;
   };
   std::vector<Row> rows;
   int64_t max_rows = 1;
@@ -96,6 +96,12 @@ void run_gpu(const RunOptions& o) {
       r.st.push_back(m.token_straggler);
       r.sg_pred.push_back(m.gemm_straggler_ms);
       r.sg_meas.push_back(*std::max_element(g.begin(), g.end()) - mean_of(g));
+      r.fwd_alone.push_back(*std::max_element(g.begin(), g.end()));
+      double b = 0;
+      for (const auto& gpu_rows : cuda::ExpertBench::rows_per_gpu(plan, topo.num_ranks())) {
+        b = std::max(b, bench.run_ms(gpu_rows, 1, 5, cuda::ExpertBench::Pass::kBackward));
+      }
+      r.bwd_alone.push_back(b);
     }
     if (!o.no_layer) {
       const cuda::VirtualLayerStats lay =
@@ -105,36 +111,44 @@ void run_gpu(const RunOptions& o) {
       r.latency_us = lay.counts_to_first_copy_us;
       r.plan_us = lay.plan_us;
       r.to_host_us = lay.counts_to_host_us;
+      r.to_plan_us = lay.counts_to_plan_us;
     }
   }
-  std::printf("\n%-12s %16s %16s %16s %8s %16s %12s\n", "policy", "token straggler", "GEMM straggler", "GEMM straggler",
-              "error", "layer forward", "copy wait");
-  std::printf("%-12s %16s %16s %16s %8s %16s %12s\n", "", "rows (plan)", "predicted ms", "measured ms", "", "ms (virtual)",
-              "ms (virtual)");
+  std::printf("\n%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "policy", "token straggler", "GEMM straggler",
+              "GEMM straggler", "error", "experts fwd", "experts bwd", "layer forward", "copy wait");
+  std::printf("%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "", "rows (plan)", "predicted ms", "measured ms", "",
+              "ms (slowest)", "ms (slowest)", "ms (virtual)", "ms (virtual)");
   nlohmann::ordered_json doc;
   doc["trace"] = path;
   doc["gpu"] = devs[0].name;
   doc["cost_model"] = cost_choice.label;
   for (const Row& r : rows) {
     const double pred = mean_of(r.sg_pred), meas = mean_of(r.sg_meas);
-    std::printf("%-12s %16.0f %16.3f %16.3f %7.0f%% %16s %12s\n", r.policy.c_str(), mean_of(r.st), pred, meas,
-                meas > 0 ? (pred / meas - 1) * 100 : 0.0, o.no_layer ? "-" : fmt::format("{:.2f}", r.fwd_ms).c_str(),
+    std::printf("%-12s %16.0f %16.3f %16.3f %7.0f%% %12.3f %12.3f %16s %12s\n", r.policy.c_str(), mean_of(r.st), pred,
+                meas, meas > 0 ? (pred / meas - 1) * 100 : 0.0, mean_of(r.fwd_alone), mean_of(r.bwd_alone),
+                o.no_layer ? "-" : fmt::format("{:.2f}", r.fwd_ms).c_str(),
                 o.no_layer ? "-" : fmt::format("{:.3f}", r.wait_ms).c_str());
     doc["policies"][r.policy] = {{"token_straggler", mean_of(r.st)}, {"gemm_straggler_predicted_ms", pred},
-                                 {"gemm_straggler_measured_ms", meas}, {"layer_forward_virtual_ms", r.fwd_ms},
+                                 {"gemm_straggler_measured_ms", meas},
+                                 {"experts_forward_slowest_gpu_ms", mean_of(r.fwd_alone)},
+                                 {"experts_backward_slowest_gpu_ms", mean_of(r.bwd_alone)},
+                                 {"layer_forward_virtual_ms", r.fwd_ms},
                                  {"copy_wait_virtual_ms", r.wait_ms},
                                  {"counts_to_first_copy_us", r.latency_us}, {"plan_us", r.plan_us},
-                                 {"counts_to_host_us", r.to_host_us}};
+                                 {"counts_to_host_us", r.to_host_us}, {"counts_to_plan_us", r.to_plan_us}};
   }
   for (const Row& r : rows) {
     if (r.latency_us.empty()) continue;
-    std::printf("%-12s counts ready on the GPU -> first phase-2 copy issued: median %.1f us, p99 %.1f us (%zu "
-                "forwards x ranks with copies); counts to host %.1f us, plan %.1f us (medians)\n",
-                r.policy.c_str(), quantile_of(r.latency_us, 0.5), quantile_of(r.latency_us, 0.99), r.latency_us.size(),
-                quantile_of(r.to_host_us, 0.5), quantile_of(r.plan_us, 0.5));
+    std::printf("%-12s counts ready on the GPU -> plan ready: median %.1f us (counts to host %.1f, plan %.1f); -> "
+                "first phase-2 copy issued: median %.1f us, p99 %.1f us (%zu forwards x ranks with copies; waits "
+                "for the rank's all-to-all to be enqueued)\n",
+                r.policy.c_str(), quantile_of(r.to_plan_us, 0.5), quantile_of(r.to_host_us, 0.5),
+                quantile_of(r.plan_us, 0.5), quantile_of(r.latency_us, 0.5), quantile_of(r.latency_us, 0.99),
+                r.latency_us.size());
   }
-  std::printf("\nmeasured GEMM straggler: each rank's experts timed alone (median of 5); layer forward: the\n"
-              "trace's %d ranks as virtual ranks sharing this GPU (their GEMMs overlap; not an R-GPU time)\n",
+  std::printf("\nmeasured GEMM straggler and experts fwd/bwd: each rank's experts (own + guests) timed alone (median\n"
+              "of 5), the slowest GPU's time; layer forward: the trace's %d ranks as virtual ranks sharing this\n"
+              "GPU (their GEMMs overlap; not an R-GPU time)\n",
               topo.num_ranks());
   if (!o.json_out.empty()) {
     write_file(o.json_out, doc.dump(2) + "\n", o.force);
