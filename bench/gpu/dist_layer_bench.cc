@@ -2,6 +2,15 @@
 // GPU, torchrun-style environment; scripts/gpu-dist starts them), per policy (static, feplb-paper,
 // feplb) over the steps of a routing trace, against the simulator's prediction for the same steps.
 //
+// Every policy's layer is built up front (one shared ExpertSlotPool) and the policies are
+// interleaved per step: step i runs each policy once, in an order rotated every step (policy k at
+// position (k - i) mod n), so A/B comparisons come from the same moments and no policy is always
+// first. When the other layers would not fit in the free device memory (measured after the first
+// layer; --interleave auto), the policies run one after another instead, each after its own GPU
+// warm-up ("interleaved": false in the JSON). Before the first step (each policy's, when
+// sequential) a cuBLAS GEMM burn of the layer's expert FFN runs >= --gpu-warmup s (2) and until
+// its per-iteration time is stable, so clocks ramping up from idle do not land on one policy.
+//
 // Per measured step (2 warm-up steps first), every rank times its forward and its backward with
 // CUDA events (a barrier before each step) and keeps the layer's own ForwardStats/BackwardStats;
 // the ranks all-gather them, so a step's layer time is the max over ranks. The plan the layer ran
@@ -44,6 +53,7 @@
 #include "feplb/core/workload.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
+#include "feplb/cuda/expert_ffn.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/nccl_comm.h"
@@ -68,6 +78,8 @@ struct Options {
   std::vector<std::string> knobs;  // NAME=VALUE
   int steps = 16, warmup = 2, exchange_reps = 10;
   double deadline_s = 480, timeout_s = 60;
+  double gpu_warmup_s = 2;             // GEMM burn before the first step (0: none)
+  std::string interleave = "auto";     // auto (if the layers fit), on, off
   uint64_t seed = 1;
 };
 
@@ -197,7 +209,10 @@ class Bench {
 
  private:
   void load_workload();
-  json run_policy(const std::string& policy, PolicySeries& series);
+  std::unique_ptr<MoeLayer> make_layer(const std::string& policy);
+  void run_step(MoeLayer& layer, const std::string& policy, size_t i, PolicySeries& ps);
+  json policy_json(const PolicySeries& ps) const;
+  json warm_gpu(const std::string& label);
   json time_exchanges();
   json simulate_steps();
   void upload_routing(size_t i);
@@ -230,7 +245,7 @@ class Bench {
   DeviceBuffer<bf16> a2a_send_, a2a_recv_, a2a_back_;
   DeviceBuffer<int32_t> counts_, counts_all_;
   std::unique_ptr<Event> e0_, e1_, e2_;
-  std::unique_ptr<MoeLayer> layer_;
+  std::vector<std::unique_ptr<MoeLayer>> layers_;  // one per policy (interleaved) or the current one
 };
 
 void Bench::load_workload() {
@@ -301,7 +316,8 @@ void Bench::upload_routing(size_t i) {
   sync_with_timeout(s_->get(), o_.timeout_s, "routing upload");
 }
 
-json Bench::run_policy(const std::string& policy, PolicySeries& ps) {
+// One policy's training layer on the shared pool (collective), the same weights for every policy.
+std::unique_ptr<MoeLayer> Bench::make_layer(const std::string& policy) {
   LayerConfig c;
   c.topo = *topo_;
   c.shape = shape_;
@@ -315,83 +331,89 @@ json Bench::run_policy(const std::string& policy, PolicySeries& ps) {
   c.training = true;
   c.pool = pool_.get();
   c.name = "dist." + policy;
-  layer_ = std::make_unique<MoeLayer>(c, *t_, cost_);  // collective
+  auto layer = std::make_unique<MoeLayer>(c, *t_, cost_);  // collective
   const cudaStream_t s = s_->get();
   // The same weights for every policy (seeded by rank).
-  FEPLB_CUDA_CHECK(kernels::fill_random(layer_->mutable_weights(), static_cast<size_t>(layer_->weight_elems()),
+  FEPLB_CUDA_CHECK(kernels::fill_random(layer->mutable_weights(), static_cast<size_t>(layer->weight_elems()),
                                         o_.seed * 1000 + 100 + static_cast<uint64_t>(rank_),
                                         1.0f / std::sqrt(static_cast<float>(H_)), s));
-  layer_->zero_grad(s);
+  layer->zero_grad(s);
   sync_with_timeout(s, o_.timeout_s, "weights");
-  const size_t n = static_cast<size_t>(o_.warmup + o_.steps);
-  for (size_t i = 0; i < n; ++i) {
-    upload_routing(i);
-    g_->barrier();
-    e0_->record(s);
-    layer_->forward(x_.get(), idx_.get(), wt_.get(), S_, out_.get(), s);
-    e1_->record(s);
-    layer_->backward(gout_.get(), wt_.get(), gx_.get(), gw_.get(), s);
-    e2_->record(s);
-    sync_with_timeout(s, o_.timeout_s, "layer forward + backward");
-    const double fwd = elapsed_ms(*e0_, *e1_), bwd = elapsed_ms(*e1_, *e2_);
-    const ForwardStats& f = layer_->last_stats();
-    const BackwardStats& b = layer_->last_backward_stats();
-    std::vector<double> v(kNumFields, 0.0);
-    v[kFwdMs] = fwd;
-    v[kBwdMs] = bwd;
-    v[kStFwdMs] = f.forward_ms;
-    v[kStStaticMs] = f.static_ms;
-    v[kStWaitMs] = f.wait_ms;
-    v[kStGuestMs] = f.guest_ms;
-    v[kBwBwdMs] = b.backward_ms;
-    v[kBwStaticMs] = b.static_ms;
-    v[kBwWaitMs] = b.wait_ms;
-    v[kBwGuestMs] = b.guest_ms;
-    v[kBwResultsWaitMs] = b.results_wait_ms;
-    v[kPlanUs] = f.plan_us;
-    v[kCountsToCopyUs] = f.copies > 0 ? f.counts_to_first_copy_us : -1.0;
-    v[kCopies] = static_cast<double>(f.copies + b.copies);
-    v[kGuestRows] = static_cast<double>(f.guest_rows);
-    v[kRecopies] = static_cast<double>(b.weight_recopies);
-    const StepMetrics m = measure_plan(layer_->last_plan(), *topo_, *cost_, knobs_, 0.0);
-    // Untimed: the helpers' gradient contributions land, the main gradient starts again at zero.
-    layer_->sync_gradients(s);
-    layer_->zero_grad(s);
-    sync_with_timeout(s, o_.timeout_s, "gradients");
-    const auto all = g_->all(v);  // every rank's numbers; also keeps the ranks in step
-    if (i < static_cast<size_t>(o_.warmup)) continue;
-    std::vector<double> total, gf, gb;
-    for (const auto& r : all) {
-      total.push_back(r[kFwdMs] + r[kBwdMs]);
-      gf.push_back(r[kStStaticMs] + r[kStGuestMs]);
-      gb.push_back(r[kBwStaticMs] + r[kBwGuestMs]);
-      ps.plan_us.push_back(r[kPlanUs]);
-      if (r[kCountsToCopyUs] >= 0) ps.counts_to_first_copy_us.push_back(r[kCountsToCopyUs]);
-      ps.copies += r[kCopies];
-      ps.guest_rows += r[kGuestRows];
-      ps.weight_recopies += r[kRecopies];
-    }
-    ps.fwd_ms.push_back(max_of(Gather::column(all, kFwdMs)));
-    ps.bwd_ms.push_back(max_of(Gather::column(all, kBwdMs)));
-    ps.total_ms.push_back(max_of(total));
-    ps.gemm_meas_fwd_ms.push_back(max_minus_mean(gf));
-    ps.gemm_meas_bwd_ms.push_back(max_minus_mean(gb));
-    const auto wf = Gather::column(all, kStWaitMs), wb = Gather::column(all, kBwWaitMs);
-    ps.wait_fwd_ms.push_back(max_of(wf));
-    ps.wait_bwd_ms.push_back(max_of(wb));
-    ps.wait_fwd_mean_ms.push_back(mean_of(wf));
-    ps.wait_bwd_mean_ms.push_back(mean_of(wb));
-    ps.token_straggler.push_back(m.token_straggler);
-    ps.token_max_over_mean.push_back(m.token_max_over_mean);
-    ps.gemm_pred_ms.push_back(m.gemm_straggler_ms);
-    log0("  {:<12} step {:>3}: fwd {:7.3f} ms  bwd {:7.3f} ms  token straggler {:6.0f} rows  GEMM straggler "
-         "{:.3f} ms (predicted {:.3f})  wait fwd {:.3f} bwd {:.3f} ms",
-         policy, i - static_cast<size_t>(o_.warmup), ps.fwd_ms.back(), ps.bwd_ms.back(), m.token_straggler,
-         ps.gemm_meas_fwd_ms.back(), m.gemm_straggler_ms, ps.wait_fwd_ms.back(), ps.wait_bwd_ms.back());
+  return layer;
+}
+
+// Step i (warm-up steps first) of one policy's layer: forward + backward, timed, gathered; the
+// measured ones appended to ps.
+void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, PolicySeries& ps) {
+  const cudaStream_t s = s_->get();
+  upload_routing(i);
+  g_->barrier();
+  e0_->record(s);
+  layer.forward(x_.get(), idx_.get(), wt_.get(), S_, out_.get(), s);
+  e1_->record(s);
+  layer.backward(gout_.get(), wt_.get(), gx_.get(), gw_.get(), s);
+  e2_->record(s);
+  sync_with_timeout(s, o_.timeout_s, "layer forward + backward");
+  const double fwd = elapsed_ms(*e0_, *e1_), bwd = elapsed_ms(*e1_, *e2_);
+  const ForwardStats& f = layer.last_stats();
+  const BackwardStats& b = layer.last_backward_stats();
+  std::vector<double> v(kNumFields, 0.0);
+  v[kFwdMs] = fwd;
+  v[kBwdMs] = bwd;
+  v[kStFwdMs] = f.forward_ms;
+  v[kStStaticMs] = f.static_ms;
+  v[kStWaitMs] = f.wait_ms;
+  v[kStGuestMs] = f.guest_ms;
+  v[kBwBwdMs] = b.backward_ms;
+  v[kBwStaticMs] = b.static_ms;
+  v[kBwWaitMs] = b.wait_ms;
+  v[kBwGuestMs] = b.guest_ms;
+  v[kBwResultsWaitMs] = b.results_wait_ms;
+  v[kPlanUs] = f.plan_us;
+  v[kCountsToCopyUs] = f.copies > 0 ? f.counts_to_first_copy_us : -1.0;
+  v[kCopies] = static_cast<double>(f.copies + b.copies);
+  v[kGuestRows] = static_cast<double>(f.guest_rows);
+  v[kRecopies] = static_cast<double>(b.weight_recopies);
+  const StepMetrics m = measure_plan(layer.last_plan(), *topo_, *cost_, knobs_, 0.0);
+  // Untimed: the helpers' gradient contributions land, the main gradient starts again at zero.
+  layer.sync_gradients(s);
+  layer.zero_grad(s);
+  sync_with_timeout(s, o_.timeout_s, "gradients");
+  const auto all = g_->all(v);  // every rank's numbers; also keeps the ranks in step
+  if (i < static_cast<size_t>(o_.warmup)) return;
+  std::vector<double> total, gf, gb;
+  for (const auto& r : all) {
+    total.push_back(r[kFwdMs] + r[kBwdMs]);
+    gf.push_back(r[kStStaticMs] + r[kStGuestMs]);
+    gb.push_back(r[kBwStaticMs] + r[kBwGuestMs]);
+    ps.plan_us.push_back(r[kPlanUs]);
+    if (r[kCountsToCopyUs] >= 0) ps.counts_to_first_copy_us.push_back(r[kCountsToCopyUs]);
+    ps.copies += r[kCopies];
+    ps.guest_rows += r[kGuestRows];
+    ps.weight_recopies += r[kRecopies];
   }
-  g_->barrier();  // nobody frees buffers a peer may still address
-  layer_.reset();
-  const double steps = static_cast<double>(o_.steps);
+  ps.fwd_ms.push_back(max_of(Gather::column(all, kFwdMs)));
+  ps.bwd_ms.push_back(max_of(Gather::column(all, kBwdMs)));
+  ps.total_ms.push_back(max_of(total));
+  ps.gemm_meas_fwd_ms.push_back(max_minus_mean(gf));
+  ps.gemm_meas_bwd_ms.push_back(max_minus_mean(gb));
+  const auto wf = Gather::column(all, kStWaitMs), wb = Gather::column(all, kBwWaitMs);
+  ps.wait_fwd_ms.push_back(max_of(wf));
+  ps.wait_bwd_ms.push_back(max_of(wb));
+  ps.wait_fwd_mean_ms.push_back(mean_of(wf));
+  ps.wait_bwd_mean_ms.push_back(mean_of(wb));
+  ps.token_straggler.push_back(m.token_straggler);
+  ps.token_max_over_mean.push_back(m.token_max_over_mean);
+  ps.gemm_pred_ms.push_back(m.gemm_straggler_ms);
+  log0("  {:<12} step {:>3}: fwd {:7.3f} ms  bwd {:7.3f} ms  token straggler {:6.0f} rows  GEMM straggler "
+       "{:.3f} ms (predicted {:.3f})  wait fwd {:.3f} bwd {:.3f} ms",
+       policy, i - static_cast<size_t>(o_.warmup), ps.fwd_ms.back(), ps.bwd_ms.back(), m.token_straggler,
+       ps.gemm_meas_fwd_ms.back(), m.gemm_straggler_ms, ps.wait_fwd_ms.back(), ps.wait_bwd_ms.back());
+}
+
+// One policy's results from its measured steps so far (all of them at the end; partial JSON).
+json Bench::policy_json(const PolicySeries& ps) const {
+  const double steps = static_cast<double>(std::max<size_t>(1, ps.fwd_ms.size()));
   json j;
   j["ran_on_gpu"] = true;
   j["token_straggler_rows"] = spread(ps.token_straggler);
@@ -412,6 +434,70 @@ json Bench::run_policy(const std::string& policy, PolicySeries& ps) {
   j["guest_rows_per_step"] = ps.guest_rows / steps;
   j["backward_weight_recopies_per_step"] = ps.weight_recopies / steps;
   return j;
+}
+
+// GPU warm-up before measuring: clocks ramp up from idle over the first second or so under load,
+// which would land on whichever policy runs first. Back-to-back cuBLAS forward passes of one
+// expert FFN of the layer's shape (rows sized for ~0.4 TFLOP per pass, 8 passes an iteration,
+// CUDA events), for at least --gpu-warmup s and until the last 10 iterations agree within 3% on
+// every rank (at most max(2 x, + 5 s) of it). Touches no layer: the planners' history stays the
+// trace's steps. Every rank stops at the same iteration (the decision is from gathered values).
+json Bench::warm_gpu(const std::string& label) {
+  if (o_.gpu_warmup_s <= 0) return json{{"skipped", "--gpu-warmup 0"}};
+  const cudaStream_t s = s_->get();
+  const int64_t H = shape_.hidden, F = shape_.ffn;
+  const int64_t rows = std::clamp<int64_t>(
+      (static_cast<int64_t>(4e11 / (6.0 * static_cast<double>(H) * static_cast<double>(F))) + 255) / 256 * 256, 256,
+      16384);
+  const int passes = 8, window = 10;
+  const double tolerance = 0.03, cap_s = std::max(2 * o_.gpu_warmup_s, o_.gpu_warmup_s + 5);
+  DeviceBuffer<bf16> w(static_cast<size_t>(expert_weight_elems(H, F))), xb(static_cast<size_t>(rows * H)),
+      gu(static_cast<size_t>(rows * 2 * F)), act(static_cast<size_t>(rows * F)), y(static_cast<size_t>(rows * H));
+  FEPLB_CUDA_CHECK(kernels::fill_random(w.get(), w.size(), o_.seed * 1000 + 900 + static_cast<uint64_t>(rank_),
+                                        1.0f / std::sqrt(static_cast<float>(H)), s));
+  FEPLB_CUDA_CHECK(kernels::fill_random(xb.get(), xb.size(), o_.seed * 1000 + 901 + static_cast<uint64_t>(rank_),
+                                        1.0f, s));
+  sync_with_timeout(s, o_.timeout_s, "GPU warm-up buffers");
+  CublasHandle cublas;
+  g_->barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<double> iter_ms;
+  bool stable = false;
+  double seconds = 0;
+  for (;;) {
+    e0_->record(s);
+    for (int k = 0; k < passes; ++k) expert_ffn(cublas.get(), s, xb.get(), rows, w.get(), gu.get(), act.get(), y.get(), H, F);
+    e1_->record(s);
+    sync_with_timeout(s, o_.timeout_s, "GPU warm-up");
+    iter_ms.push_back(elapsed_ms(*e0_, *e1_));
+    bool mine = false;
+    if (iter_ms.size() >= static_cast<size_t>(window)) {
+      const std::vector<double> last(iter_ms.end() - window, iter_ms.end());
+      const double med = quantile_of(last, 0.5);
+      mine = med > 0 && (*std::max_element(last.begin(), last.end()) - *std::min_element(last.begin(), last.end())) <=
+                            tolerance * med;
+    }
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto all = g_->all({el, mine ? 1.0 : 0.0});
+    const std::vector<double> els = Gather::column(all, 0), st = Gather::column(all, 1);
+    seconds = max_of(els);
+    stable = *std::min_element(st.begin(), st.end()) > 0.5;
+    if ((*std::min_element(els.begin(), els.end()) >= o_.gpu_warmup_s && stable) || seconds >= cap_s) break;
+  }
+  const double first = iter_ms.front(), last = iter_ms.back();
+  const std::vector<double> tail(iter_ms.end() - std::min<size_t>(iter_ms.size(), window), iter_ms.end());
+  log0("GPU warm-up{}: {} iterations of {} x expert FFN ({} rows) in {:.2f} s: {:.3f} -> {:.3f} ms per iteration{}",
+       label.empty() ? std::string() : " (" + label + ")", iter_ms.size(), passes, rows, seconds, first, last,
+       stable ? "" : " (not stable within 3% by the cap)");
+  return json{{"method", fmt::format("cuBLAS forward of one {}x{} expert FFN, {} rows, {} passes per iteration, "
+                                     ">= {} s and until the last {} iterations agree within {}% on every rank "
+                                     "(cap {} s)",
+                                     H, F, rows, passes, o_.gpu_warmup_s, window, tolerance * 100, cap_s)},
+              {"seconds", seconds},
+              {"iterations", iter_ms.size()},
+              {"first_iteration_ms", first},
+              {"last_iterations_ms", spread(tail)},
+              {"stable", stable}};
 }
 
 // The phase-1 all-to-all-v and the reverse one alone, chunked exactly as MoeLayer::dispatch_chunks
@@ -624,14 +710,84 @@ int Bench::run() {
   pool_ = std::make_unique<ExpertSlotPool>(*t_, shape_, static_cast<int>(knobs_.max_num_dyn),
                                            default_staging_slots(knobs_), "dist.pool");  // collective
 
-  std::vector<PolicySeries> series(policies.size());
-  json pol;
-  for (size_t p = 0; p < policies.size(); ++p) {
-    log0("{}: {} steps after {} warm-up", policies[p], o_.steps, o_.warmup);
-    pol[policies[p]] = run_policy(policies[p], series[p]);
+  // The first policy's layer, then: do the others fit next to it (on every rank)?
+  const size_t np = policies.size(), n_steps = static_cast<size_t>(o_.warmup + o_.steps);
+  layers_.push_back(make_layer(policies[0]));
+  const double gib = 1024.0 * 1024.0 * 1024.0, margin_gib = 4;
+  const double layer_gib = static_cast<double>(layers_[0]->device_bytes()) / gib;
+  size_t free_b = 0, total_b = 0;
+  FEPLB_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const double others_gib = static_cast<double>(np - 1) * layer_gib;
+  const bool fits = others_gib + margin_gib <= static_cast<double>(free_b) / gib;
+  const auto mem_all = g_->all({fits ? 1.0 : 0.0, static_cast<double>(free_b) / gib});
+  const std::vector<double> fit_col = Gather::column(mem_all, 0), free_col = Gather::column(mem_all, 1);
+  const bool all_fit = *std::min_element(fit_col.begin(), fit_col.end()) > 0.5;
+  const double min_free_gib = *std::min_element(free_col.begin(), free_col.end());
+  const bool interleaved = o_.interleave == "on" || (o_.interleave == "auto" && all_fit);
+  const double pool_gib = static_cast<double>(pool_->device_bytes()) / gib;
+  log0("memory per rank: {:.2f} GiB per layer, {:.2f} GiB shared slot pool; {} policies' layers + pool {:.2f} GiB; "
+       "{:.2f} GiB free (min over ranks) after the first layer -> {}",
+       layer_gib, pool_gib, np, static_cast<double>(np) * layer_gib + pool_gib, min_free_gib,
+       interleaved ? "interleaved (all layers built up front)" : "sequential (one layer at a time)");
+  {
     std::lock_guard<std::mutex> lock(g_doc_mu);
-    g_doc["policies"] = pol;
+    g_doc["interleaved"] = interleaved;
+    g_doc["policy_order"] =
+        interleaved ? "interleaved: step i runs every policy once, in the order policies[(j + i) mod n] for "
+                      "j = 0..n-1 (rotated each step), all layers built up front on one shared slot pool"
+                    : "sequential: one policy's steps after another's, each after its own GPU warm-up";
+    g_doc["memory_gib"] = {{"per_layer", layer_gib},
+                           {"slot_pool", pool_gib},
+                           {"all_layers_and_pool", static_cast<double>(np) * layer_gib + pool_gib},
+                           {"free_after_first_layer_min_over_ranks", min_free_gib},
+                           {"device_total", static_cast<double>(total_b) / gib},
+                           {"margin", margin_gib},
+                           {"mode", o_.interleave},
+                           {"rule", "--interleave auto: interleaved when the other policies' layers + the margin "
+                                    "fit in the free memory on every rank, measured after the first layer"}};
     save_locked();
+  }
+
+  std::vector<PolicySeries> series(np);
+  json pol, warmups;
+  if (interleaved) {
+    for (size_t p = 1; p < np; ++p) layers_.push_back(make_layer(policies[p]));
+    warmups["all"] = warm_gpu("");
+    {
+      std::lock_guard<std::mutex> lock(g_doc_mu);
+      g_doc["gpu_warmup"] = warmups;
+      save_locked();
+    }
+    std::string names_list;
+    for (const std::string& name : policies) names_list += (names_list.empty() ? "" : ", ") + name;
+    log0("{}: {} steps after {} warm-up, interleaved", names_list, o_.steps, o_.warmup);
+    for (size_t i = 0; i < n_steps; ++i) {
+      for (size_t j = 0; j < np; ++j) {
+        const size_t p = (j + i) % np;
+        run_step(*layers_[p], policies[p], i, series[p]);
+      }
+      if (i < static_cast<size_t>(o_.warmup)) continue;
+      for (size_t p = 0; p < np; ++p) pol[policies[p]] = policy_json(series[p]);
+      std::lock_guard<std::mutex> lock(g_doc_mu);
+      g_doc["policies"] = pol;
+      save_locked();
+    }
+    g_->barrier();  // nobody frees buffers a peer may still address
+    layers_.clear();
+  } else {
+    for (size_t p = 0; p < np; ++p) {
+      if (p > 0) layers_.push_back(make_layer(policies[p]));
+      warmups[policies[p]] = warm_gpu(policies[p]);
+      log0("{}: {} steps after {} warm-up", policies[p], o_.steps, o_.warmup);
+      for (size_t i = 0; i < n_steps; ++i) run_step(*layers_.back(), policies[p], i, series[p]);
+      g_->barrier();  // nobody frees buffers a peer may still address
+      layers_.clear();
+      pol[policies[p]] = policy_json(series[p]);
+      std::lock_guard<std::mutex> lock(g_doc_mu);
+      g_doc["gpu_warmup"] = warmups;
+      g_doc["policies"] = pol;
+      save_locked();
+    }
   }
   pool_.reset();
   g_->barrier();
@@ -723,6 +879,12 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::Range(0, 1000));
   app.add_option("--exchange-reps", o.exchange_reps, "timed repetitions of the exchanges alone, per step")
       ->check(CLI::Range(1, 10000));
+  app.add_option("--gpu-warmup", o.gpu_warmup_s,
+                 "GPU warm-up (s) before the first step: a cuBLAS GEMM burn until its time is stable; 0: none")
+      ->check(CLI::Range(0.0, 600.0));
+  app.add_option("--interleave", o.interleave,
+                 "auto: interleave the policies per step when all their layers fit in memory; on; off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--seed", o.seed, "weights, activations and regenerated routing");
   app.add_option("--knob", o.knobs, "NAME=VALUE, a planner knob (feplb knobs lists them); repeatable");
   app.add_option("--timeout", o.timeout_s, "a peer silent this long is an error (s)")->check(CLI::Range(1.0, 3600.0));
