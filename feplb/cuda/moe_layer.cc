@@ -413,6 +413,60 @@ void MoeLayer::dispatch_chunks(bf16* send_base, bf16* recv_base) {
   }
 }
 
+// Phase 1 over this step's chunks (send_ -> `recv_base`), then the event the copy stream waits for.
+void MoeLayer::phase1(bf16* recv_base, cudaStream_t s) {
+  dispatch_chunks(send_.get(), recv_base);
+  transport_.exchange(sends_, recvs_, s);
+  ev_dispatched_.record(s);
+  dispatched_seq_.store(seq_, std::memory_order_release);
+}
+
+// This rank's own experts' slices that stay home, static experts first: f(slice, first recv row).
+void MoeLayer::for_each_home_slice(const std::function<void(const Slice&, int64_t)>& f) const {
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < plan_.slices.size(); ++i) {
+      const Slice& sl = plan_.slices[i];
+      if (sl.gpu != rank_ || cfg_.topo.home(sl.expert) != rank_ || plan_.dynamic[sl.expert] != pass) continue;
+      f(sl, expert_base_[sl.expert] + slice_offset_[i]);
+    }
+  }
+}
+
+// Results of this rank's guest slices back into their owners' yrecv_ rows (forward: outputs;
+// backward: dX), owner by owner, each batch ended by signal R + rank. Returns the copies issued.
+int64_t MoeLayer::send_rows_back(cudaStream_t co) {
+  const size_t row_bytes = static_cast<size_t>(H_) * sizeof(bf16);
+  int64_t copies = 0;
+  for (int d = 0; d < world_; ++d) {
+    out_batch_.clear();
+    for (size_t i = 0; i < plan_.slices.size(); ++i) {
+      const Slice& sl = plan_.slices[i];
+      if (sl.gpu != rank_ || guest_slot_[i] < 0 || cfg_.topo.home(sl.expert) != d) continue;
+      out_batch_.push_back({peers_[d].yrecv + (expert_base_[sl.expert] + slice_offset_[i]) * H_,
+                            guest_out_.get() + guest_off_[i] * H_, static_cast<size_t>(sl.rows) * row_bytes});
+    }
+    if (out_batch_.empty()) continue;
+    ce_copy_and_signal(co, out_batch_, nullptr, 0);
+    signals_->signal(d, world_ + rank_, seq_, co);
+    copies += static_cast<int64_t>(out_batch_.size());
+  }
+  return copies;
+}
+
+// The reverse all-to-all-v: yrecv_ rows (laid out like the phase-1 receives, which point into
+// `recv_base`) back to the tokens' ranks, into ybuf_ in send order.
+void MoeLayer::reverse_exchange(const bf16* recv_base, cudaStream_t s) {
+  back_sends_.clear();
+  back_recvs_.clear();
+  for (const Chunk& c : recvs_) {
+    back_sends_.push_back({c.peer, yrecv_.get() + (static_cast<const bf16*>(c.ptr) - recv_base), c.bytes});
+  }
+  for (const Chunk& c : sends_) {
+    back_recvs_.push_back({c.peer, ybuf_.get() + (static_cast<const bf16*>(c.ptr) - send_.get()), c.bytes});
+  }
+  transport_.exchange(back_sends_, back_recvs_, s);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The caller's thread.
 
@@ -421,7 +475,6 @@ void MoeLayer::forward(const bf16* hidden, const int32_t* topk_idx, const float*
   if (failed_.load(std::memory_order_acquire)) std::rethrow_exception(error_);
   FEPLB_REQUIRE_INPUT(num_tokens >= 0 && num_tokens <= cfg_.max_tokens, "layer: {} tokens, max_tokens is {}",
                       num_tokens, cfg_.max_tokens);
-  const Topology& topo = cfg_.topo;
   const int R = world_;
   const cudaStream_t s = stream;
   ++seq_;
@@ -455,23 +508,15 @@ void MoeLayer::forward(const bf16* hidden, const int32_t* topk_idx, const float*
   }
 
   // 3. Phase 1: rows to their experts' homes, expert-major on the receiver.
-  dispatch_chunks(send_.get(), recv_.get());
-  transport_.exchange(sends_, recvs_, s);
-  ev_dispatched_.record(s);  // phase 1 landed: the copy stream may start
-  dispatched_seq_.store(seq_, std::memory_order_release);
+  phase1(recv_.get(), s);
   if (cfg_.timing) t_dispatched_.record(s);
 
   // 4. Own experts: static ones first, then the dynamic ones' rows that stay home.
   const int64_t w = expert_weight_elems(H_, F_);
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < plan_.slices.size(); ++i) {
-      const Slice& sl = plan_.slices[i];
-      if (sl.gpu != rank_ || topo.home(sl.expert) != rank_ || plan_.dynamic[sl.expert] != pass) continue;
-      const int64_t row = expert_base_[sl.expert] + slice_offset_[i];
-      expert_ffn(cublas_.get(), s, recv_.get() + row * H_, sl.rows, weights_.get() + local_index_[sl.expert] * w,
-                 gu_.get() + row * 2 * F_, act_.get() + row * F_, yrecv_.get() + row * H_, H_, F_);
-    }
-  }
+  for_each_home_slice([&](const Slice& sl, int64_t row) {
+    expert_ffn(cublas_.get(), s, recv_.get() + row * H_, sl.rows, weights_.get() + local_index_[sl.expert] * w,
+               gu_.get() + row * 2 * F_, act_.get() + row * F_, yrecv_.get() + row * H_, H_, F_);
+  });
   if (cfg_.timing) t_static_.record(s);
 
   // 5. Guests: wait (no SM) for each owner's signal, then compute.
@@ -493,22 +538,10 @@ void MoeLayer::forward(const bf16* hidden, const int32_t* topk_idx, const float*
   stats_.guest_rows = guests;
 
   // 6. Guest outputs back to their owners (copy engine), owner by owner, each ended by a signal.
-  const size_t row_bytes = static_cast<size_t>(H_) * sizeof(bf16);
   ev_guest_done_.record(s);
   const cudaStream_t co = copy_out_.get();
   FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, ev_guest_done_.get(), 0));
-  for (int d = 0; d < R; ++d) {
-    out_batch_.clear();
-    for (size_t i = 0; i < plan_.slices.size(); ++i) {
-      const Slice& sl = plan_.slices[i];
-      if (sl.gpu != rank_ || guest_slot_[i] < 0 || topo.home(sl.expert) != d) continue;
-      out_batch_.push_back({peers_[d].yrecv + (expert_base_[sl.expert] + slice_offset_[i]) * H_,
-                            guest_out_.get() + guest_off_[i] * H_, static_cast<size_t>(sl.rows) * row_bytes});
-    }
-    if (out_batch_.empty()) continue;
-    ce_copy_and_signal(co, out_batch_, nullptr, 0);
-    signals_->signal(d, R + rank_, seq_, co);
-  }
+  send_rows_back(co);
   ev_copy_out_done_.record(co);
   // My exported rows' outputs: wait for each helper's signal.
   for (int h = 0; h < R; ++h) {
@@ -516,15 +549,7 @@ void MoeLayer::forward(const bf16* hidden, const int32_t* topk_idx, const float*
   }
 
   // 7. Reverse all-to-all-v (outputs back to the tokens' ranks) and the weighted combine.
-  back_sends_.clear();
-  back_recvs_.clear();
-  for (const Chunk& c : recvs_) {
-    back_sends_.push_back({c.peer, yrecv_.get() + (static_cast<bf16*>(c.ptr) - recv_.get()), c.bytes});
-  }
-  for (const Chunk& c : sends_) {
-    back_recvs_.push_back({c.peer, ybuf_.get() + (static_cast<bf16*>(c.ptr) - send_.get()), c.bytes});
-  }
-  transport_.exchange(back_sends_, back_recvs_, s);
+  reverse_exchange(recv_.get(), s);
   FEPLB_CUDA_CHECK(kernels::combine(ybuf_.get(), pair_pos_.get(), topk_weight, num_tokens, static_cast<int>(K_), H_,
                                     out, s));
 
@@ -570,28 +595,24 @@ void MoeLayer::backward(const bf16* grad_out, const float* topk_weight, bf16* gr
   // 1. dY in send order (weighted by the router) and the router weights' gradient.
   FEPLB_CUDA_CHECK(kernels::scatter_grad(grad_out, pair_pos_.get(), topk_weight, ybuf_.get(), num_tokens_,
                                          static_cast<int>(K_), H_, send_.get(), grad_topk_weight, s));
-  // 2. Phase 1: dY rows to the experts' homes (the forward's all-to-all, same sizes).
-  dispatch_chunks(send_.get(), dyrecv_.get());
-  transport_.exchange(sends_, recvs_, s);
-  ev_dispatched_.record(s);
-  dispatched_seq_.store(seq_, std::memory_order_release);
+  // 2. Phase 1: dY rows to the experts' homes (the forward's all-to-all, same sizes). First a
+  // one-int all-gather, the collective that orders this rank's phase-2 copies into its peers'
+  // slots after the peers' last use of them (the forward's counts all-gather does this there; an
+  // all-to-all alone does not, as zero-byte chunks are never sent).
+  transport_.all_gather_i32(counts_.get(), counts_all_.get(), 1, s);
+  phase1(dyrecv_.get(), s);
   if (cfg_.timing) tb_dispatched_.record(s);
 
   // 3. Own experts' backward, static first; dX into yrecv_, dW straight into the main gradient.
   const int64_t w = expert_weight_elems(H_, F_);
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < plan_.slices.size(); ++i) {
-      const Slice& sl = plan_.slices[i];
-      if (sl.gpu != rank_ || topo.home(sl.expert) != rank_ || plan_.dynamic[sl.expert] != pass) continue;
-      const int64_t row = expert_base_[sl.expert] + slice_offset_[i];
-      const int64_t li = local_index_[sl.expert];
-      bf16* gu = gu_.get() + row * 2 * F_;
-      bf16* act = act_.get() + row * F_;
-      expert_ffn_backward(cublas_.get(), s, recv_.get() + row * H_, sl.rows, weights_.get() + li * w, gu, act,
-                          dyrecv_.get() + row * H_, main_grad_.get() + li * w, 1.0f, yrecv_.get() + row * H_, gu,
-                          act, H_, F_);
-    }
-  }
+  for_each_home_slice([&](const Slice& sl, int64_t row) {
+    const int64_t li = local_index_[sl.expert];
+    bf16* gu = gu_.get() + row * 2 * F_;
+    bf16* act = act_.get() + row * F_;
+    expert_ffn_backward(cublas_.get(), s, recv_.get() + row * H_, sl.rows, weights_.get() + li * w, gu, act,
+                        dyrecv_.get() + row * H_, main_grad_.get() + li * w, 1.0f, yrecv_.get() + row * H_, gu, act,
+                        H_, F_);
+  });
   if (cfg_.timing) tb_static_.record(s);
 
   // 4. Guests: wait for each owner's dY (and weights), then dX and dW (into the pool's grad slots,
@@ -618,24 +639,11 @@ void MoeLayer::backward(const bf16* grad_out, const float* topk_weight, bf16* gr
   // 5. Results to their owners by copy engine, owner by owner: dX rows into the owner's yrecv_
   // (signal R + h: the owner's reverse all-to-all waits for it), then dW into its staging slots
   // (signal 2R + h: only the owner's gradient accumulation waits for it, off the critical path).
-  const size_t row_bytes = static_cast<size_t>(H_) * sizeof(bf16);
   int64_t result_copies = 0;
   ev_guest_done_.record(s);
   const cudaStream_t co = copy_out_.get();
   FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, ev_guest_done_.get(), 0));
-  for (int d = 0; d < R; ++d) {
-    if (d == rank_ || !guests_from(d)) continue;
-    out_batch_.clear();
-    for (size_t i = 0; i < plan_.slices.size(); ++i) {
-      const Slice& sl = plan_.slices[i];
-      if (sl.gpu != rank_ || guest_slot_[i] < 0 || topo.home(sl.expert) != d) continue;
-      out_batch_.push_back({peers_[d].yrecv + (expert_base_[sl.expert] + slice_offset_[i]) * H_,
-                            guest_out_.get() + guest_off_[i] * H_, static_cast<size_t>(sl.rows) * row_bytes});
-    }
-    ce_copy_and_signal(co, out_batch_, nullptr, 0);
-    signals_->signal(d, R + rank_, seq_, co);
-    result_copies += static_cast<int64_t>(out_batch_.size());
-  }
+  result_copies += send_rows_back(co);
   for (int d = 0; d < R; ++d) {
     if (d == rank_ || !guests_from(d)) continue;
     out_batch_.clear();
@@ -672,15 +680,7 @@ void MoeLayer::backward(const bf16* grad_out, const float* topk_weight, bf16* gr
 
   // 7. dX back to the tokens' ranks (reverse all-to-all into ybuf_, free since step 1) and summed
   // over each token's k choices (the router weights are already in dY).
-  back_sends_.clear();
-  back_recvs_.clear();
-  for (const Chunk& c : recvs_) {
-    back_sends_.push_back({c.peer, yrecv_.get() + (static_cast<bf16*>(c.ptr) - dyrecv_.get()), c.bytes});
-  }
-  for (const Chunk& c : sends_) {
-    back_recvs_.push_back({c.peer, ybuf_.get() + (static_cast<bf16*>(c.ptr) - send_.get()), c.bytes});
-  }
-  transport_.exchange(back_sends_, back_recvs_, s);
+  reverse_exchange(dyrecv_.get(), s);
   FEPLB_CUDA_CHECK(kernels::combine(ybuf_.get(), pair_pos_.get(), nullptr, num_tokens_, static_cast<int>(K_), H_,
                                     grad_hidden, s));
 

@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -147,6 +148,10 @@ class MoeLayer {
   bool exports_to(int helper) const;   // this rank sends slices to `helper` this step
   bool guests_from(int owner) const;   // this rank computes slices of `owner`'s experts
   void dispatch_chunks(__nv_bfloat16* send_base, __nv_bfloat16* recv_base);
+  int64_t send_rows_back(cudaStream_t copy_stream);
+  void phase1(__nv_bfloat16* recv_base, cudaStream_t stream);
+  void for_each_home_slice(const std::function<void(const Slice&, int64_t)>& f) const;
+  void reverse_exchange(const __nv_bfloat16* recv_base, cudaStream_t stream);
   void wait_seq(const std::atomic<uint32_t>& seq, uint32_t target, const char* what) const;
 
   LayerConfig cfg_;

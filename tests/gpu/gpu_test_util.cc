@@ -14,6 +14,16 @@ namespace feplb::testing {
 // before main, so before the first CUDA call.
 const bool kConnectionsRequested = (cuda::request_stream_connections(), true);
 
+// This rank's experts' weights, in its local order: [experts_per_rank, 3HF].
+std::vector<float> local_weights(const ReferenceMoe& experts, const Topology& topo, int rank) {
+  std::vector<float> local;
+  for (int e : topo.local_experts(rank)) {
+    const float* w = experts.expert_weights(e);
+    local.insert(local.end(), w, w + 3 * experts.hidden * experts.ffn);
+  }
+  return local;
+}
+
 std::vector<RankResult> run_layer(const cuda::LayerConfig& config, const ReferenceMoe& experts,
                                   const std::vector<RankInputs>& inputs, int forwards) {
   const int R = config.topo.num_ranks();
@@ -26,12 +36,7 @@ std::vector<RankResult> run_layer(const cuda::LayerConfig& config, const Referen
     cuda::Stream stream;
     const RankInputs& in = inputs[r];
     const int64_t S = in.tokens;
-    // This rank's experts' weights, in its local order.
-    std::vector<float> local;
-    for (int e : config.topo.local_experts(r)) {
-      const float* w = experts.expert_weights(e);
-      local.insert(local.end(), w, w + 3 * H * F);
-    }
+    const std::vector<float> local = local_weights(experts, config.topo, r);
     const auto w16 = to_bf16(local), x16 = to_bf16(in.hidden);
     cuda::DeviceBuffer<__nv_bfloat16> w(static_cast<size_t>(per * 3 * H * F)), x(x16.size()), out(x16.size());
     cuda::DeviceBuffer<int32_t> idx(in.topk_idx.size());
@@ -93,7 +98,7 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(const cuda::LayerCon
   cuda::InProcessGroup group(R, config.timeout_s);
   std::vector<std::vector<BackwardResult>> results(static_cast<size_t>(layers),
                                                    std::vector<BackwardResult>(static_cast<size_t>(R)));
-  const int64_t H = config.shape.hidden, F = config.shape.ffn, K = config.top_k;
+  const int64_t H = config.shape.hidden, K = config.top_k;
   cuda::run_rank_threads(R, [&](int r) {
     cuda::ExpertSlotPool pool(group.endpoint(r), config.shape, static_cast<int>(config.knobs.max_num_dyn),
                               cuda::default_staging_slots(config.knobs), "test.pool");
@@ -109,11 +114,7 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(const cuda::LayerCon
     const cudaStream_t s = stream.get();
     const RankInputs& in = inputs[r];
     const int64_t S = in.tokens;
-    std::vector<float> local;
-    for (int e : config.topo.local_experts(r)) {
-      const float* w = experts.expert_weights(e);
-      local.insert(local.end(), w, w + 3 * H * F);
-    }
+    const std::vector<float> local = local_weights(experts, config.topo, r);
     const auto w = upload_bf16(local);
     const auto x = upload_bf16(in.hidden);
     const auto go = upload_bf16(grad_out[r]);

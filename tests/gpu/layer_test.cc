@@ -67,6 +67,17 @@ std::vector<RankInputs> skewed_inputs(uint64_t seed, int ranks, int experts, int
   return in;
 }
 
+// R in {1, 2, 4, 8} x every policy the GPU layer runs; test names like ep4_feplb_paper.
+auto RanksAndPolicies() {
+  return ::testing::Combine(::testing::Values(1, 2, 4, 8),
+                            ::testing::Values("static", "feplb-paper", "feplb", "oracle"));
+}
+std::string RankPolicyName(const ::testing::TestParamInfo<std::tuple<int, std::string>>& info) {
+  std::string p = std::get<1>(info.param);
+  std::replace(p.begin(), p.end(), '-', '_');
+  return "ep" + std::to_string(std::get<0>(info.param)) + "_" + p;
+}
+
 class LayerTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {
  protected:
   void SetUp() override { FEPLB_SKIP_WITHOUT_GPU(); }
@@ -91,13 +102,7 @@ TEST_P(LayerTest, ForwardMatchesFloat64Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, LayerTest,
-                         ::testing::Combine(::testing::Values(1, 2, 4, 8),
-                                            ::testing::Values("static", "feplb-paper", "feplb", "oracle")),
-                         [](const auto& param_info) {
-                           std::string p = std::get<1>(param_info.param);
-                           std::replace(p.begin(), p.end(), '-', '_');
-                           return "ep" + std::to_string(std::get<0>(param_info.param)) + "_" + p;
-                         });
+                         RanksAndPolicies(), RankPolicyName);
 
 TEST(Layer, BalancingOnAndOffAgree) {
   FEPLB_SKIP_WITHOUT_GPU();
@@ -114,22 +119,26 @@ TEST(Layer, BalancingOnAndOffAgree) {
   }
 }
 
+// Edge cases of forward and backward: top_k, tokens per rank, skew, and a hot expert (-1: none).
+struct EdgeCase {
+  const char* name;
+  int top_k;
+  int64_t tokens;
+  double skew;
+  int hot;
+};
+const EdgeCase kEdgeCases[] = {{"zero tokens", 2, 0, 2.0, -1},
+                               {"one token", 2, 1, 2.0, -1},
+                               {"77 tokens (no tile multiple)", 3, 77, 4.0, -1},
+                               {"every token to expert 5", 1, 64, 2.0, 5},
+                               {"most experts empty", 2, 50, 15.0, -1}};
+
 TEST(Layer, EdgeCases) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16;
   Rng rng(9);
   const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
-  struct Case {
-    const char* name;
-    int top_k;
-    int64_t tokens;
-    double skew;
-    int hot;
-  };
-  for (const Case& c : {Case{"zero tokens", 2, 0, 2.0, -1}, Case{"one token", 2, 1, 2.0, -1},
-                        Case{"77 tokens (no tile multiple)", 3, 77, 4.0, -1},
-                        Case{"every token to expert 5", 1, 64, 2.0, 5},
-                        Case{"most experts empty", 2, 50, 15.0, -1}}) {
+  for (const EdgeCase& c : kEdgeCases) {
     for (const char* policy : {"static", "feplb", "oracle"}) {
       const auto in = skewed_inputs(3, ranks, experts, c.top_k, c.tokens, c.skew, c.hot);
       const auto got = run_layer(config_for(ranks, experts, c.top_k, std::max<int64_t>(c.tokens, 1), policy), m, in, 2);
@@ -252,13 +261,7 @@ TEST_P(LayerBackwardTest, GradientsMatchFloat64Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, LayerBackwardTest,
-                         ::testing::Combine(::testing::Values(1, 2, 4, 8),
-                                            ::testing::Values("static", "feplb-paper", "feplb", "oracle")),
-                         [](const auto& param_info) {
-                           std::string p = std::get<1>(param_info.param);
-                           std::replace(p.begin(), p.end(), '-', '_');
-                           return "ep" + std::to_string(std::get<0>(param_info.param)) + "_" + p;
-                         });
+                         RanksAndPolicies(), RankPolicyName);
 
 // Two layers share one slot pool: the second layer's forward refills the slots the first one's
 // guests used, so the first layer's backward must copy those weights again (and still be exact);
@@ -306,16 +309,7 @@ TEST(LayerBackward, EdgeCases) {
   const int ranks = 4, experts = 16;
   Rng rng(19);
   const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
-  struct Case {
-    const char* name;
-    int top_k;
-    int64_t tokens;
-    double skew;
-    int hot;
-  };
-  for (const Case& k : {Case{"zero tokens", 2, 0, 2.0, -1}, Case{"one token", 2, 1, 2.0, -1},
-                        Case{"77 tokens", 3, 77, 4.0, -1}, Case{"every token to expert 5", 1, 64, 2.0, 5},
-                        Case{"most experts empty", 2, 50, 15.0, -1}}) {
+  for (const EdgeCase& k : kEdgeCases) {
     for (const char* policy : {"static", "feplb", "oracle"}) {
       const auto in = skewed_inputs(23, ranks, experts, k.top_k, k.tokens, k.skew, k.hot);
       const auto go = random_grad_out(24, in);
