@@ -54,15 +54,15 @@ json spread(std::vector<double> v) {
 double gemm_tflops(int64_t m, int64_t n, int64_t k, int reps) {
   DeviceBuffer<bf16> a(m * k), b(k * n), c(m * n);
   Stream s;
-  CublasHandle h;
+  GemmEngine h;
   FEPLB_CUDA_CHECK(kernels::fill_random(a.get(), a.size(), 11, 1.0f, s.get()));
   FEPLB_CUDA_CHECK(kernels::fill_random(b.get(), b.size(), 12, 1.0f, s.get()));
   Event e0(true), e1(true);
-  for (int i = 0; i < 3; ++i) gemm_bf16(h.get(), s.get(), a.get(), b.get(), c.get(), m, n, k);
+  for (int i = 0; i < 3; ++i) gemm_bf16(h, s.get(), a.get(), b.get(), c.get(), m, n, k);
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
     e0.record(s.get());
-    gemm_bf16(h.get(), s.get(), a.get(), b.get(), c.get(), m, n, k);
+    gemm_bf16(h, s.get(), a.get(), b.get(), c.get(), m, n, k);
     e1.record(s.get());
     FEPLB_CUDA_CHECK(cudaEventSynchronize(e1.get()));
     ms.push_back(elapsed_ms(e0, e1));

@@ -6,12 +6,14 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/topology.h"
+#include "feplb/cuda/gemm.h"
 #include "feplb/cuda/resources.h"
 
 namespace feplb::cuda {
@@ -53,7 +55,8 @@ class ExpertBench {
   DeviceBuffer<float> grad_w_;                         // [sets, 3HF] fp32
   std::vector<Stream> streams_;
   std::vector<Event> joins_;
-  CublasHandle cublas_;
+  CublasHandle cublas_;               // the grouped-GEMM comparison
+  std::vector<std::unique_ptr<GemmEngine>> gemm_;  // [max_streams]
   Event start_{true}, stop_{true};
 };
 

@@ -12,6 +12,10 @@ namespace feplb::cuda {
 
 using Clock = std::chrono::steady_clock;
 
+// Host time a forward or backward may spend, after enqueueing its GPU work, choosing exact GEMM
+// algorithms for row counts it met for the first time (feplb/cuda/gemm.h).
+constexpr double kGemmRefineBudgetMs = 1.0;
+
 struct MoeLayer::Peer {
   bf16* guest_in = nullptr;  // [guest_cap, H]
   bf16* guest_dy = nullptr;  // [guest_cap, H] (training)
@@ -514,7 +518,7 @@ void MoeLayer::forward(const bf16* hidden, const int32_t* topk_idx, const float*
   // 4. Own experts: static ones first, then the dynamic ones' rows that stay home.
   const int64_t w = expert_weight_elems(H_, F_);
   for_each_home_slice([&](const Slice& sl, int64_t row) {
-    expert_ffn(cublas_.get(), s, recv_.get() + row * H_, sl.rows, weights_.get() + local_index_[sl.expert] * w,
+    expert_ffn(gemm_, s, recv_.get() + row * H_, sl.rows, weights_.get() + local_index_[sl.expert] * w,
                gu_.get() + row * 2 * F_, act_.get() + row * F_, yrecv_.get() + row * H_, H_, F_);
   });
   if (cfg_.timing) t_static_.record(s);
@@ -529,7 +533,7 @@ void MoeLayer::forward(const bf16* hidden, const int32_t* topk_idx, const float*
     const Slice& sl = plan_.slices[i];
     if (sl.gpu != rank_ || guest_slot_[i] < 0) continue;
     const int64_t row = recv_cap_ + guest_off_[i];
-    expert_ffn(cublas_.get(), s, guest_in_.get() + guest_off_[i] * H_, sl.rows,
+    expert_ffn(gemm_, s, guest_in_.get() + guest_off_[i] * H_, sl.rows,
                pool_->slot(static_cast<int>(guest_slot_[i])), gu_.get() + row * 2 * F_, act_.get() + row * F_,
                guest_out_.get() + guest_off_[i] * H_, H_, F_);
     guests += sl.rows;
@@ -559,6 +563,7 @@ void MoeLayer::forward(const bf16* hidden, const int32_t* topk_idx, const float*
   FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, ev_copy_out_done_.get(), 0));
   if (cfg_.timing) t_end_.record(s);
   saved_for_backward_ = cfg_.training;
+  gemm_.refine(kGemmRefineBudgetMs);
 }
 
 void MoeLayer::backward(const bf16* grad_out, const float* topk_weight, bf16* grad_hidden, float* grad_topk_weight,
@@ -609,7 +614,7 @@ void MoeLayer::backward(const bf16* grad_out, const float* topk_weight, bf16* gr
     const int64_t li = local_index_[sl.expert];
     bf16* gu = gu_.get() + row * 2 * F_;
     bf16* act = act_.get() + row * F_;
-    expert_ffn_backward(cublas_.get(), s, recv_.get() + row * H_, sl.rows, weights_.get() + li * w, gu, act,
+    expert_ffn_backward(gemm_, s, recv_.get() + row * H_, sl.rows, weights_.get() + li * w, gu, act,
                         dyrecv_.get() + row * H_, main_grad_.get() + li * w, 1.0f, yrecv_.get() + row * H_, gu, act,
                         H_, F_);
   });
@@ -629,7 +634,7 @@ void MoeLayer::backward(const bf16* grad_out, const float* topk_weight, bf16* gr
     const int slot = static_cast<int>(guest_slot_[i]);
     bf16* gu = gu_.get() + row * 2 * F_;
     bf16* act = act_.get() + row * F_;
-    expert_ffn_backward(cublas_.get(), s, guest_in_.get() + guest_off_[i] * H_, sl.rows, pool_->slot(slot), gu, act,
+    expert_ffn_backward(gemm_, s, guest_in_.get() + guest_off_[i] * H_, sl.rows, pool_->slot(slot), gu, act,
                         guest_dy_.get() + guest_off_[i] * H_, pool_->grad_slot(slot), 0.0f,
                         guest_out_.get() + guest_off_[i] * H_, gu, act, H_, F_);
     bstats_.guest_rows += sl.rows;
@@ -689,6 +694,7 @@ void MoeLayer::backward(const bf16* grad_out, const float* topk_weight, bf16* gr
   FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, ev_copy_in_done_.get(), 0));
   FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, ev_copy_out_done_.get(), 0));  // dX and dW sent (not the adds)
   if (cfg_.timing) tb_end_.record(s);
+  gemm_.refine(kGemmRefineBudgetMs);
 }
 
 }  // namespace feplb::cuda

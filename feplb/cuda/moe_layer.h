@@ -43,6 +43,7 @@
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
 #include "feplb/cuda/ce_copy.h"
+#include "feplb/cuda/gemm.h"
 #include "feplb/cuda/resources.h"
 #include "feplb/cuda/slot_pool.h"
 #include "feplb/cuda/transport.h"
@@ -134,6 +135,11 @@ class MoeLayer {
   size_t device_bytes() const;
   const ExpertSlotPool& pool() const { return *pool_; }
 
+  // Chooses exact GEMM algorithms for the row counts this layer met for the first time, for at
+  // most `budget_ms` of host time (< 0: all). forward() and backward() spend up to 1 ms on it after
+  // enqueueing their work; call it when the host has time to spare (feplb/cuda/gemm.h).
+  void refine_gemm_algorithms(double budget_ms) { gemm_.refine(budget_ms); }
+
   const Plan& last_plan() const { return plan_; }
   const RoutingStep& last_routing() const { return routing_; }
   const ForwardStats& last_stats() const;  // timing fields need the stream to have finished
@@ -189,7 +195,7 @@ class MoeLayer {
   int64_t recv_cap_ = 0, guest_cap_ = 0;
 
   Stream copy_in_, copy_out_;
-  CublasHandle cublas_;
+  GemmEngine gemm_;
   Event ev_counts_, ev_dispatched_, ev_copy_in_done_, ev_guest_done_, ev_copy_out_done_, ev_grads_done_;
   Event t_start_{true}, t_dispatched_{true}, t_static_{true}, t_waited_{true}, t_guest_{true}, t_end_{true};
   Event tb_start_{true}, tb_dispatched_{true}, tb_static_{true}, tb_waited_{true}, tb_guest_{true},
