@@ -637,14 +637,7 @@ int Bench::run() {
   FEPLB_CHECK(rank_ == env_.rank && world_ == env_.world_size, "NCCL says rank {} of {}, the environment {} of {}",
               rank_, world_, env_.rank, env_.world_size);
   std::vector<KnobOverride> overrides;
-  for (const std::string& kv : o_.knobs) {
-    const size_t eq = kv.find('=');
-    FEPLB_REQUIRE_INPUT(eq != std::string::npos && eq > 0, "--knob: '{}' is not NAME=VALUE", kv);
-    char* end = nullptr;
-    const double v = std::strtod(kv.c_str() + eq + 1, &end);
-    FEPLB_REQUIRE_INPUT(end && *end == '\0' && end != kv.c_str() + eq + 1, "--knob: '{}': bad value", kv);
-    overrides.push_back({kv.substr(0, eq), v});
-  }
+  for (const std::string& kv : o_.knobs) overrides.push_back(parse_knob_override(kv));
   apply_knobs(knobs_, overrides);
   validate_knobs(knobs_);
   load_workload();

@@ -510,6 +510,8 @@ int main(int argc, char** argv) {
   std::string sections = "peak,grouped,table,skewed,copy,slowdown,straggler,noise,exposure,layertime,bwdexposure,layer,training";
   app.add_option("--sections", sections, "comma-separated sections to run (default all)");
   app.add_flag("--quick", quick);
+  std::vector<std::string> knob_args;
+  app.add_option("--knob", knob_args, "NAME=VALUE: a knob for the planners (repeatable; feplb knobs lists them)");
   app.add_option("--deadline", deadline_s, "write what is measured and exit after this many seconds");
   CLI11_PARSE(app, argc, argv);
   json doc;
@@ -580,6 +582,11 @@ int main(int argc, char** argv) {
     }
     const TableCostModel& table = *table_ptr;
     Knobs knobs;
+    std::vector<KnobOverride> overrides;
+    for (const std::string& kv : knob_args) overrides.push_back(parse_knob_override(kv));
+    apply_knobs(knobs, overrides);
+    validate_knobs(knobs);
+    if (!knob_args.empty()) doc["knobs"] = knob_args;
     const RooflineCostModel roofline(kGlm5, knobs);
     const Trace trace = read_trace(trace_path);
     if (want("skewed")) {
@@ -704,6 +711,9 @@ int main(int argc, char** argv) {
     }
     save();
     log("wrote {} and {}", out, table_out);
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "feplb_gpu_bench: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "feplb_gpu_bench: %s\n", e.what());
     return 1;

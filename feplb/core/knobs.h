@@ -40,5 +40,7 @@ struct KnobOverride {
 };
 // Sets each named knob (integers truncated); InputError "variant: unknown knob" otherwise.
 void apply_knobs(Knobs& knobs, const std::vector<KnobOverride>& overrides);
+// "NAME=VALUE" (a benchmark's --knob) -> override; InputError naming the text otherwise.
+KnobOverride parse_knob_override(const std::string& name_eq_value);
 
 }  // namespace feplb

@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <chrono>
+#include <mutex>
 
 #include "feplb/cuda/check.h"
 
@@ -30,8 +31,10 @@ int64_t bucket_of(int64_t m) {
 
 using Key = GemmEngine::Key;
 
-Key key_of(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, bool c_f32, uint32_t align) {
-  return {m, n, k, static_cast<uint32_t>((trans_a << 0) | (trans_b << 1) | (c_f32 << 2)) | (align << 8)};
+Key key_of(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, bool c_f32, uint32_t align, int device) {
+  return {m, n, k,
+          static_cast<uint32_t>((trans_a << 0) | (trans_b << 1) | (c_f32 << 2)) | (align << 8) |
+              (static_cast<uint32_t>(device) << 20)};
 }
 
 void set_layout(cublasLtMatrixLayout_t l, cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld) {
@@ -43,7 +46,22 @@ void set_layout(cublasLtMatrixLayout_t l, cudaDataType_t type, uint64_t rows, ui
 
 }  // namespace
 
+GemmEngine::Shared& GemmEngine::shared() {
+  static Shared s;
+  return s;
+}
+
+bool GemmEngine::find(const std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash>& map, const Key& key,
+                      cublasLtMatmulAlgo_t* algo) {
+  std::shared_lock<std::shared_mutex> lock(shared().mu);
+  const auto it = map.find(key);
+  if (it == map.end()) return false;
+  *algo = it->second;
+  return true;
+}
+
 GemmEngine::GemmEngine() : workspace_(kWorkspaceBytes) {
+  FEPLB_CUDA_CHECK(cudaGetDevice(&device_));
   FEPLB_CUBLAS_CHECK(cublasLtCreate(&lt_));
   FEPLB_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   FEPLB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_));
@@ -99,46 +117,56 @@ void GemmEngine::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m,
     return cublasLtMatmul(lt_, desc_, &one, b, a_, a, b_, &beta, c, c_, c, c_, &algo, workspace_.get(),
                           workspace_.bytes(), stream);
   };
-  const Key ekey = key_of(m, n, k, trans_a, trans_b, c_f32, align);
-  if (auto ex = exact_algo_.find(ekey); ex != exact_algo_.end()) {
+  Shared& sh = shared();
+  const Key ekey = key_of(m, n, k, trans_a, trans_b, c_f32, align, device_);
+  cublasLtMatmulAlgo_t algo{};
+  if (find(sh.exact, ekey, &algo)) {
     set_shape(trans_a, trans_b, m, n, k, c_f32);
-    FEPLB_CUBLAS_CHECK(matmul(ex->second));
+    FEPLB_CUBLAS_CHECK(matmul(algo));
     return;
   }
   if (queued_.emplace(ekey, true).second) pending_.push_back({ekey, trans_a, trans_b, c_f32, m, n, k});
   const int64_t bm = rows_in_k ? m : bucket_of(m), bk = rows_in_k ? bucket_of(k) : k;
-  const Key bkey = key_of(bm, n, bk, trans_a, trans_b, c_f32, align);
-  auto it = bucket_algo_.find(bkey);
-  if (it == bucket_algo_.end()) {
+  const Key bkey = key_of(bm, n, bk, trans_a, trans_b, c_f32, align, device_);
+  bool have = find(sh.bucket, bkey, &algo);
+  if (!have) {
     set_alignment(align);
     set_shape(trans_a, trans_b, bm, n, bk, c_f32);
-    cublasLtMatmulAlgo_t algo{};
-    if (query(&algo)) it = bucket_algo_.emplace(bkey, algo).first;
+    if ((have = query(&algo))) {
+      std::unique_lock<std::shared_mutex> lock(sh.mu);
+      sh.bucket.emplace(bkey, algo);
+    }
   }
   set_shape(trans_a, trans_b, m, n, k, c_f32);
-  if (it != bucket_algo_.end() && matmul(it->second) == CUBLAS_STATUS_SUCCESS) return;
+  if (have && matmul(algo) == CUBLAS_STATUS_SUCCESS) return;
   // The bucket's algorithm does not take this shape: the exact shape's own, now.
   set_alignment(align);
-  cublasLtMatmulAlgo_t algo{};
   FEPLB_CHECK(query(&algo), "cuBLASLt has no algorithm for a {}x{}x{} bf16 GEMM", m, n, k);
-  exact_algo_.emplace(ekey, algo);
+  {
+    std::unique_lock<std::shared_mutex> lock(sh.mu);
+    sh.exact.emplace(ekey, algo);
+  }
   FEPLB_CUBLAS_CHECK(matmul(algo));
 }
 
 void GemmEngine::refine(double budget_ms) {
   const auto t0 = std::chrono::steady_clock::now();
+  Shared& sh = shared();
   while (!pending_.empty()) {
     if (budget_ms >= 0 &&
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() >= budget_ms) {
       return;
     }
-    const Shape sh = pending_.back();
+    const Shape shape = pending_.back();
     pending_.pop_back();
-    if (exact_algo_.count(sh.key)) continue;
-    set_alignment(sh.key.flags >> 8);
-    set_shape(sh.trans_a, sh.trans_b, sh.m, sh.n, sh.k, sh.c_f32);
     cublasLtMatmulAlgo_t algo{};
-    if (query(&algo)) exact_algo_.emplace(sh.key, algo);  // else the bucket's stays in use
+    if (find(sh.exact, shape.key, &algo)) continue;  // another engine chose it meanwhile
+    set_alignment((shape.key.flags >> 8) & 0xfff);
+    set_shape(shape.trans_a, shape.trans_b, shape.m, shape.n, shape.k, shape.c_f32);
+    if (query(&algo)) {  // else the bucket's stays in use
+      std::unique_lock<std::shared_mutex> lock(sh.mu);
+      sh.exact.emplace(shape.key, algo);
+    }
   }
 }
 

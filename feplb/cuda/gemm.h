@@ -8,7 +8,8 @@
 // The engine keeps every exact shape's algorithm it has ever chosen (no eviction: a model has a
 // few GEMM kinds x the row counts it meets). A shape not known yet runs at once with the
 // algorithm of its bucket (row counts rounded up to 1/8 of their power of two, at least 64; one
-// query per bucket) and is queued; refine() asks the heuristic for queued shapes when the caller
+// query per bucket) and is queued; the algorithms are shared by every engine of the process (the
+// layers of a rank have the same shapes: the first layer's queries serve all); refine() asks the heuristic for queued shapes when the caller
 // has time to spare (the layer: after enqueueing a forward or backward, bounded). Bucket
 // algorithms measured 5-10% slower than exact ones on skewed expert sizes, so the exact one takes
 // over from the next use. The row count is m (activations, dX) or k (weight gradients: rows are
@@ -23,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <shared_mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -52,7 +54,7 @@ class GemmEngine {
 
   struct Key {
     int64_t m, n, k;
-    uint32_t flags;  // transposes, output type, alignment
+    uint32_t flags;  // transposes, output type, alignment, device
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
@@ -80,8 +82,16 @@ class GemmEngine {
     bool trans_a, trans_b, c_f32;
     int64_t m, n, k;
   };
-  std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> bucket_algo_, exact_algo_;
-  std::unordered_map<Key, bool, KeyHash> queued_;  // shapes waiting for refine() (or refused)
+  // The process's algorithms: buckets' and exact shapes', every engine's (thread-safe).
+  struct Shared {
+    std::shared_mutex mu;
+    std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> bucket, exact;
+  };
+  static Shared& shared();
+  static bool find(const std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash>& map, const Key& key,
+                   cublasLtMatmulAlgo_t* algo);
+  int device_ = 0;
+  std::unordered_map<Key, bool, KeyHash> queued_;  // shapes this engine queued for refine()
   std::vector<Shape> pending_;
   int64_t queries_ = 0;
 };
