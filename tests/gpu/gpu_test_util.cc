@@ -14,55 +14,6 @@ namespace feplb::testing {
 // before main, so before the first CUDA call.
 const bool kConnectionsRequested = (cuda::request_stream_connections(), true);
 
-// This rank's experts' weights, in its local order: [experts_per_rank, 3HF].
-std::vector<float> local_weights(const ReferenceMoe& experts, const Topology& topo, int rank) {
-  std::vector<float> local;
-  for (int e : topo.local_experts(rank)) {
-    const float* w = experts.expert_weights(e);
-    local.insert(local.end(), w, w + 3 * experts.hidden * experts.ffn);
-  }
-  return local;
-}
-
-std::vector<RankResult> run_layer(const cuda::LayerConfig& config, const ReferenceMoe& experts,
-                                  const std::vector<RankInputs>& inputs, int forwards) {
-  const int R = config.topo.num_ranks();
-  cuda::InProcessGroup group(R, config.timeout_s);
-  std::vector<RankResult> results(static_cast<size_t>(R));
-  const int64_t H = config.shape.hidden, F = config.shape.ffn;
-  const int per = config.topo.experts_per_rank();
-  cuda::run_rank_threads(R, [&](int r) {
-    cuda::MoeLayer layer(config, group.endpoint(r));
-    cuda::Stream stream;
-    const RankInputs& in = inputs[r];
-    const int64_t S = in.tokens;
-    const std::vector<float> local = local_weights(experts, config.topo, r);
-    const auto w16 = to_bf16(local), x16 = to_bf16(in.hidden);
-    cuda::DeviceBuffer<__nv_bfloat16> w(static_cast<size_t>(per * 3 * H * F)), x(x16.size()), out(x16.size());
-    cuda::DeviceBuffer<int32_t> idx(in.topk_idx.size());
-    cuda::DeviceBuffer<float> wt(in.topk_weight.size());
-    FEPLB_CUDA_CHECK(cudaMemcpy(w.get(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
-    if (S > 0) {
-      FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
-      FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in.topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
-      FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in.topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
-    }
-    layer.set_weights(w.get(), stream.get());
-    for (int f = 0; f < forwards; ++f) {
-      if (S > 0) FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream.get()));  // NaN
-      layer.forward(x.get(), idx.get(), wt.get(), S, out.get(), stream.get());
-      cuda::sync_with_timeout(stream.get(), config.timeout_s, "test forward");
-    }
-    std::vector<uint16_t> o16(x16.size());
-    if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
-    results[r].out.resize(o16.size());
-    for (size_t i = 0; i < o16.size(); ++i) results[r].out[i] = bf16_to_float(o16[i]);
-    results[r].plan = layer.last_plan();
-    results[r].stats = layer.last_stats();
-  });
-  return results;
-}
-
 namespace {
 
 std::vector<float> download_bf16(const cuda::DeviceBuffer<__nv_bfloat16>& d) {
@@ -88,6 +39,45 @@ cuda::DeviceBuffer<T> upload(const std::vector<T>& v) {
 }
 
 }  // namespace
+
+// This rank's experts' weights, in its local order: [experts_per_rank, 3HF].
+std::vector<float> local_weights(const ReferenceMoe& experts, const Topology& topo, int rank) {
+  std::vector<float> local;
+  for (int e : topo.local_experts(rank)) {
+    const float* w = experts.expert_weights(e);
+    local.insert(local.end(), w, w + 3 * experts.hidden * experts.ffn);
+  }
+  return local;
+}
+
+std::vector<RankResult> run_layer(const cuda::LayerConfig& config, const ReferenceMoe& experts,
+                                  const std::vector<RankInputs>& inputs, int forwards) {
+  const int R = config.topo.num_ranks();
+  cuda::InProcessGroup group(R, config.timeout_s);
+  std::vector<RankResult> results(static_cast<size_t>(R));
+  cuda::run_rank_threads(R, [&](int r) {
+    cuda::MoeLayer layer(config, group.endpoint(r));
+    cuda::Stream stream;
+    const RankInputs& in = inputs[r];
+    const int64_t S = in.tokens;
+    const auto w = upload_bf16(local_weights(experts, config.topo, r));
+    const auto x = upload_bf16(in.hidden);
+    const auto idx = upload(in.topk_idx);
+    const auto wt = upload(in.topk_weight);
+    cuda::DeviceBuffer<__nv_bfloat16> out(x.size());
+    layer.set_weights(w.get(), stream.get());
+    for (int f = 0; f < forwards; ++f) {
+      if (S > 0) FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream.get()));  // NaN
+      layer.forward(x.get(), idx.get(), wt.get(), S, out.get(), stream.get());
+      cuda::sync_with_timeout(stream.get(), config.timeout_s, "test forward");
+    }
+    results[r].out = download_bf16(out);
+    results[r].plan = layer.last_plan();
+    results[r].stats = layer.last_stats();
+  });
+  return results;
+}
+
 
 std::vector<std::vector<BackwardResult>> run_layer_backward(const cuda::LayerConfig& config,
                                                             const ReferenceMoe& experts,
