@@ -10,8 +10,8 @@
 
 #include "feplb/core/placement.h"
 #include "feplb/core/placer.h"
-#include "feplb/core/prior.h"
-#include "feplb/core/workload.h"
+#include "feplb/sim/prior.h"
+#include "feplb/sim/workload.h"
 
 namespace feplb {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "feplb/core/workload.h"
+#include "feplb/sim/workload.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
 #include "feplb/cuda/kernels/kernels.h"

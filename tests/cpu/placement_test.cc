@@ -11,9 +11,9 @@
 
 #include "feplb/core/error.h"
 #include "feplb/core/placer.h"
-#include "feplb/core/prior.h"
-#include "feplb/core/simulate.h"
-#include "feplb/core/workload.h"
+#include "feplb/sim/prior.h"
+#include "feplb/sim/simulate.h"
+#include "feplb/sim/workload.h"
 #include "test_util.h"
 
 namespace feplb {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "feplb/core/bf16.h"
-#include "feplb/core/reference_moe.h"
+#include "bench/harness/reference_moe.h"
 
 namespace feplb {
 namespace {

@@ -6,8 +6,8 @@
 
 #include "feplb/core/cost_model.h"
 #include "feplb/core/planners/planner.h"
-#include "feplb/core/prior.h"
-#include "feplb/core/workload.h"
+#include "feplb/sim/prior.h"
+#include "feplb/sim/workload.h"
 
 namespace feplb::testing {
 

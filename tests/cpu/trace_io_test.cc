@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "feplb/core/error.h"
-#include "feplb/core/prior.h"
+#include "feplb/sim/prior.h"
 #include "feplb/core/trace_io.h"
 
 namespace feplb {

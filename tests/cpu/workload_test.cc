@@ -4,10 +4,10 @@
 #include <numeric>
 
 #include "feplb/core/error.h"
-#include "feplb/core/prior.h"
+#include "feplb/sim/prior.h"
 #include "feplb/core/topology.h"
 #include "feplb/core/trace_io.h"
-#include "feplb/core/workload.h"
+#include "feplb/sim/workload.h"
 
 namespace feplb {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "feplb/core/bf16.h"
-#include "feplb/core/reference_moe.h"
+#include "bench/harness/reference_moe.h"
 #include "feplb/core/rng.h"
 #include "feplb/cuda/device.h"
 #include "feplb/cuda/moe_layer.h"

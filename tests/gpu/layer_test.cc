@@ -9,7 +9,7 @@
 
 #include <numeric>
 
-#include "feplb/core/prior.h"
+#include "feplb/sim/prior.h"
 #include "feplb/cuda/nccl_comm.h"
 #include "feplb/cuda/trainer.h"
 #include "feplb/dist/launch.h"

@@ -9,12 +9,12 @@
 #include <sstream>
 
 #include "cli.h"
-#include "feplb/core/balance.h"
+#include "feplb/sim/balance.h"
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
-#include "feplb/core/placement_report.h"
+#include "feplb/sim/placement_report.h"
 #include "feplb/core/planners/planner.h"
-#include "feplb/core/sweep.h"
+#include "feplb/sim/sweep.h"
 
 namespace feplb::cli {
 namespace {

@@ -10,8 +10,8 @@
 #include "feplb/core/file_io.h"
 #include "feplb/core/placement.h"
 #include "feplb/core/planners/planner.h"
-#include "feplb/core/report.h"
-#include "feplb/core/simulate.h"
+#include "feplb/sim/report.h"
+#include "feplb/sim/simulate.h"
 #include "feplb/core/trace_io.h"
 
 namespace feplb::cli {

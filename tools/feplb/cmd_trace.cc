@@ -9,11 +9,11 @@
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
 #include "feplb/core/metrics.h"
-#include "feplb/core/prior.h"
+#include "feplb/sim/prior.h"
 #include "feplb/core/stats.h"
 #include "feplb/core/topology.h"
 #include "feplb/core/trace_io.h"
-#include "feplb/core/workload.h"
+#include "feplb/sim/workload.h"
 
 namespace feplb::cli {
 namespace {

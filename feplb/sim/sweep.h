@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "feplb/core/simulate.h"
+#include "feplb/sim/simulate.h"
 
 namespace feplb {
 

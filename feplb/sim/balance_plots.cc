@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "feplb/core/balance.h"
+#include "feplb/sim/balance.h"
 
 namespace feplb {
 namespace {

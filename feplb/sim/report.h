@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "feplb/core/simulate.h"
+#include "feplb/sim/simulate.h"
 
 namespace feplb {
 

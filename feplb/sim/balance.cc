@@ -1,4 +1,4 @@
-#include "feplb/core/balance.h"
+#include "feplb/sim/balance.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "feplb/core/placement.h"
 #include "feplb/core/placer.h"
 #include "feplb/core/planners/eplb_rebalance.h"
-#include "feplb/core/prior.h"
+#include "feplb/sim/prior.h"
 #include "feplb/core/stats.h"
 
 namespace feplb {

@@ -1,6 +1,6 @@
 // The placement report: every setting simulated per group and prior, pooled, and written as
 // Markdown (targets, tables, what the numbers show) and JSON.
-#include "feplb/core/placement_report.h"
+#include "feplb/sim/placement_report.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,7 +15,7 @@
 #include "feplb/core/error.h"
 #include "feplb/core/placement.h"
 #include "feplb/core/placer.h"
-#include "feplb/core/prior.h"
+#include "feplb/sim/prior.h"
 #include "feplb/core/stats.h"
 
 namespace feplb {

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "feplb/core/simulate.h"
+#include "feplb/sim/simulate.h"
 
 namespace feplb {
 

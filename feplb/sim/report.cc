@@ -1,4 +1,4 @@
-#include "feplb/core/report.h"
+#include "feplb/sim/report.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

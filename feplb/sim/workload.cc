@@ -1,4 +1,4 @@
-#include "feplb/core/workload.h"
+#include "feplb/sim/workload.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

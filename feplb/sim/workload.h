@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "feplb/core/prior.h"
+#include "feplb/sim/prior.h"
 #include "feplb/core/routing.h"
 
 namespace feplb {

@@ -1,10 +1,10 @@
-#include "feplb/core/sweep.h"
+#include "feplb/sim/sweep.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "feplb/core/error.h"
-#include "feplb/core/prior.h"
+#include "feplb/sim/prior.h"
 
 namespace feplb {
 namespace {

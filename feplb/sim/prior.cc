@@ -1,4 +1,4 @@
-#include "feplb/core/prior.h"
+#include "feplb/sim/prior.h"
 
 #include <algorithm>
 #include <cmath>

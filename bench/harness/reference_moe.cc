@@ -1,4 +1,4 @@
-#include "feplb/core/reference_moe.h"
+#include "bench/harness/reference_moe.h"
 
 #include <algorithm>
 #include <cmath>

@@ -13,7 +13,7 @@
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
-#include "feplb/core/workload.h"
+#include "feplb/sim/workload.h"
 
 namespace feplb {
 

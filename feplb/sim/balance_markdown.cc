@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "feplb/core/balance.h"
+#include "feplb/sim/balance.h"
 #include "feplb/core/error.h"
 
 namespace feplb {

@@ -1,4 +1,4 @@
-#include "feplb/core/simulate.h"
+#include "feplb/sim/simulate.h"
 
 #include <algorithm>
 #include <chrono>
