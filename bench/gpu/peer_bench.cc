@@ -21,6 +21,7 @@
 #include "feplb/core/stats.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
+#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/nccl_comm.h"
 #include "feplb/cuda/resources.h"

@@ -85,6 +85,9 @@ struct PlanLimits {
   bool intra_domain_only = true;  // copies never leave an NVLink domain
   // Per GPU: non-home experts whose weights it holds in this micro-batch, copied or resident.
   int64_t max_guest_experts = std::numeric_limits<int64_t>::max();
+  // Every slice's rows are dispatched to the expert's home in phase 1 (RowSource::kHome) and moved
+  // on from there: the two-phase plans the GPU layer (feplb/cuda) runs.
+  bool rows_via_homes = false;
 };
 
 // Throws Error naming the first violated rule: every row computed exactly once, slices on valid

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "feplb/cuda/host/step_layout.h"
 #include "test_util.h"
 
 namespace {
@@ -95,6 +96,32 @@ TEST(NoAlloc, PlacementDynamicSetsDoNotAllocateOnceWarm) {
       const int64_t before = g_news.load();
       planner->plan(s, plan);
       EXPECT_EQ(g_news.load() - before, 0) << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace feplb
+
+namespace feplb {
+namespace {
+
+// The GPU runtime's host work per step: the plan, then its layout on every rank. Once the
+// layout's vectors have grown to the largest step, neither touches the heap.
+TEST(NoAlloc, StepLayoutDoesNotAllocateOnceWarm) {
+  testing::Bench b(8, 8, 128);
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 6; ++seed) steps.push_back(testing::random_step(8, 128, 8, 4096, 6.0, seed));
+  auto planner = b.make("feplb");
+  Plan plan;
+  cuda::StepLayout layout;
+  const cuda::LayoutCapacity cap{1 << 30, 1 << 30, 64, 64};
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const RoutingStep& s : steps) {
+      const int64_t before = g_news.load();
+      planner->plan(s, plan);
+      for (int r = 0; r < 8; ++r) layout.build(b.topo, s, plan, r, cap);
+      if (pass == 1) EXPECT_EQ(g_news.load() - before, 0);
     }
   }
 }
