@@ -56,8 +56,8 @@ void stream_barrier_write_u32(cudaStream_t stream, uint32_t* flag, uint32_t valu
 
 void stream_wait_u32_geq(cudaStream_t stream, const uint32_t* flag, uint32_t value,
                          bool flush_remote_writes) {
-  const unsigned flags =
-      CU_STREAM_WAIT_VALUE_GEQ | (flush_remote_writes ? CU_STREAM_WAIT_VALUE_FLUSH : 0u);
+  unsigned flags = CU_STREAM_WAIT_VALUE_GEQ;
+  if (flush_remote_writes) flags |= CU_STREAM_WAIT_VALUE_FLUSH;
   FEPLB_CU_CHECK(ops().wait(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(flag),
                             value, flags));
 }
