@@ -92,10 +92,10 @@ Header header_here(const std::string& name, int rank, int world, int count,
   h.mechanism = static_cast<int32_t>(mechanism);
   h.name_hash = fnv1a(name);
   put(h.name, name);
-  const PeerLocation here = this_location();
-  h.device = here.device;
-  h.pid = here.pid;
-  put(h.host, here.host);
+  h.pid = static_cast<int64_t>(::getpid());
+  std::array<char, 256> host{};
+  if (::gethostname(host.data(), host.size() - 1) == 0) put(h.host, host.data());
+  h.device = -1;  // set by the caller's setup (a CUDA call, which may fail)
   return h;
 }
 
@@ -304,6 +304,7 @@ class EventSignals final : public Transport::Signals {
     Header mine = header_here(name, rank, world, count, SignalMechanism::kEvent);
     std::vector<EventEntry> entries(per_rank);
     try {
+      FEPLB_CUDA_CHECK(cudaGetDevice(&mine.device));
       own_.v.reserve(per_rank);
       for (size_t i = 0; i < per_rank; ++i) {
         cudaEvent_t e = nullptr;
@@ -463,6 +464,7 @@ class FlagSignals final : public Transport::Signals {
         last_sent_(static_cast<size_t>(world) * count, 0) {
     Header mine = header_here(name, rank, world, count, mechanism);
     try {
+      FEPLB_CUDA_CHECK(cudaGetDevice(&mine.device));
       flags_ = DeviceBuffer<uint32_t>(static_cast<size_t>(count));
       if (mechanism == SignalMechanism::kCeFlag)
         staging_ = DeviceBuffer<uint32_t>(static_cast<size_t>(world) * count);
