@@ -4,10 +4,8 @@
 // transport with one process per GPU.
 // Each test spawns this binary again as its ranks (torchrun-style environment, FEPLB_MP_CASE
 // naming the rank's job); the parent never hangs: children get a deadline, then SIGKILL.
-#include "feplb/cuda/peer_memory.h"
-
-#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -31,6 +29,7 @@
 #include "feplb/cuda/device.h"
 #include "feplb/cuda/ipc_signals.h"
 #include "feplb/cuda/nccl_comm.h"
+#include "feplb/cuda/peer_memory.h"
 #include "feplb/cuda/resources.h"
 #include "feplb/dist/launch.h"
 
