@@ -447,8 +447,8 @@ class EventSignals final : public Transport::Signals {
   OwnedEvents own_;                  // [receiver][slot][k]: recorded by this rank
   OwnedEvents opened_;               // peers' events opened here
   std::vector<cudaEvent_t> in_;      // [signaller][slot][k]: what this rank waits on (not owned)
-  SharedCounters
-      counters_;  // [receiver][slot][signaller][k]: the value each event was recorded for
+  // [receiver][slot][signaller][k]: the value each event was last recorded for.
+  SharedCounters counters_;
 };
 
 // SignalMechanism::kStreamMemop and kCeFlag (see ipc_signals.h).
@@ -466,8 +466,9 @@ class FlagSignals final : public Transport::Signals {
     try {
       FEPLB_CUDA_CHECK(cudaGetDevice(&mine.device));
       flags_ = DeviceBuffer<uint32_t>(static_cast<size_t>(count));
-      if (mechanism == SignalMechanism::kCeFlag)
-        staging_ = DeviceBuffer<uint32_t>(static_cast<size_t>(world) * count);
+      if (mechanism == SignalMechanism::kCeFlag) {
+        staging_ = DeviceBuffer<uint32_t>(static_cast<size_t>(world) * count * kSignalRing);
+      }
       Stream setup;
       FEPLB_CUDA_CHECK(cudaMemsetAsync(flags_.get(), 0, flags_.bytes(), setup.get()));
       if (staging_.size())
@@ -503,7 +504,10 @@ class FlagSignals final : public Transport::Signals {
     if (mechanism_ == SignalMechanism::kStreamMemop) {
       stream_barrier_write_u32(stream, flag, value);
     } else {
-      uint32_t* word = staging_.get() + static_cast<size_t>(peer) * count_ + slot;
+      // A word per value modulo the ring: a later signal of this slot issued from another stream
+      // does not overwrite the word before this copy has read it.
+      uint32_t* word = staging_.get() + (static_cast<size_t>(peer) * count_ + slot) * kSignalRing +
+                       value % kSignalRing;
       stream_write_u32(stream, word, value);
       FEPLB_CUDA_CHECK(
           cudaMemcpyAsync(flag, word, sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream));
@@ -524,10 +528,10 @@ class FlagSignals final : public Transport::Signals {
   int count_, rank_, world_;
   SignalMechanism mechanism_;
   bool flush_ = false;
-  std::vector<uint32_t> last_sent_;    // [receiver][slot]
-  DeviceBuffer<uint32_t> flags_;       // [count], this rank's slots
-  DeviceBuffer<uint32_t> staging_;     // kCeFlag: [receiver][slot], the words the copy engine sends
-  std::unique_ptr<PeerMemory> mem_;    // declared after flags_: closes the peers' mappings first
+  std::vector<uint32_t> last_sent_;  // [receiver][slot]
+  DeviceBuffer<uint32_t> flags_;     // [count], this rank's slots
+  DeviceBuffer<uint32_t> staging_;   // kCeFlag: [receiver][slot][ring], what the copy engine sends
+  std::unique_ptr<PeerMemory> mem_;  // declared after flags_: closes the peers' mappings first
   std::vector<uint32_t*> peer_flags_;  // [world], each rank's flags as addressed here
 };
 

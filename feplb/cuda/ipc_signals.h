@@ -29,21 +29,22 @@
 // prior work in stream order, and the waiter's later work starts only once the flag reached v.
 // What does not: CUDA documents no ordering between the completion of a copy-engine copy into
 // another GPU's memory and a later stream memory write reaching that GPU. Between two H200s over
-// NVLink a copy of 8 MiB + 13 bytes followed by a plain write was seen to let the flag arrive
-// before the copy's last 13 bytes (the driver appears to split the copy at 8 MiB). The barrier
-// is the strongest fence a stream memory operation offers; whether it closes that gap is for
-// the two-GPU tests to show. CU_STREAM_WAIT_VALUE_FLUSH only makes remote writes that already
-// reached the waiter's GPU visible to its later work, and is reported by few platforms;
-// cuFlushGPUDirectRDMAWrites is a host call for writes from third-party devices (NICs) and has
-// no place in a stream. A wait on a flag nobody writes never times out on the GPU: hosts bound
+// NVLink, a copy of 8 MiB + 13 bytes followed by a plain stream write (no barrier) let the flag
+// arrive before the copy's last 13 bytes (the boundary suggests the copy ran in pieces, split at
+// 8 MiB). The barrier is the strongest fence a stream memory operation offers; whether it closes
+// that gap is for the two-GPU tests to show. CU_STREAM_WAIT_VALUE_FLUSH only makes remote writes
+// that already reached the waiter's GPU visible to its later work, and few platforms report it;
+// cuFlushGPUDirectRDMAWrites is a host call for writes from third-party devices (NICs) and has no
+// place in a stream. A wait on a flag nobody writes never times out on the GPU: hosts bound
 // it with sync_with_timeout.
 //
-// kCeFlag. The same flags and wait; signal writes v into a local staging word (per peer and slot)
-// with a stream memory write, then copies that word into the peer's flag with cudaMemcpyAsync on
-// the same stream, so the flag leaves through the copy engine after the data copies before it,
-// the way NCCL's copy-engine collectives raise their completion flags. What holds: stream order
-// (the flag copy starts after the data copies completed). What does not: as for kStreamMemop,
-// no documented guarantee that the data's writes reach the other GPU first; the tests decide.
+// kCeFlag. The same flags and wait; signal writes v into a local staging word (per peer, slot and
+// v % kSignalRing) with a stream memory write, then copies that word into the peer's flag with
+// cudaMemcpyAsync on the same stream, so the flag leaves through the copy engine after the data
+// copies before it, the way NCCL's copy-engine collectives raise their completion flags. What
+// holds: stream order (the flag copy starts after the data copies completed). What does not: as for
+// kStreamMemop, no documented guarantee that the data's writes reach the other GPU first; the tests
+// decide.
 //
 // Collective construction: every rank calls it with the same name, count and mechanism (checked:
 // a mismatch, a rank on another host, a failed shared-memory or IPC step is an Error on every
