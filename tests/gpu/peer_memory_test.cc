@@ -204,13 +204,16 @@ int copy_signal_rounds(int rank, int peer, cuda::Transport::Signals& signals, ui
     cuda::sync_with_timeout(s, kRankTimeoutS, "copy and signal round");
     const int64_t bad = first_pattern_mismatch(in.get(), peer, k, bytes);
     if (bad >= 0) {
+      size_t differ = 0;
+      for (size_t i = static_cast<size_t>(bad); i < bytes; ++i) {
+        differ += in.get()[i] != pattern_byte(peer, k, i);
+      }
       std::fprintf(stderr,
                    "rank %d (%s, %s) round %d: copy of %zu bytes to offset %zu: byte %lld is %d, "
-                   "expected %d "
-                   "(%zu bytes from that one on differ or not)\n",
+                   "expected %d; %zu of the %zu bytes from there on differ\n",
                    rank, where.c_str(), mech.c_str(), k, bytes, dst_off,
                    static_cast<long long>(bad), in.get()[bad],
-                   pattern_byte(peer, k, static_cast<size_t>(bad)),
+                   pattern_byte(peer, k, static_cast<size_t>(bad)), differ,
                    bytes - static_cast<size_t>(bad));
       return 1;
     }
@@ -261,8 +264,9 @@ int rank_nccl_signals_stress(const dist::LaunchEnv& env, cuda::SignalMechanism m
   const auto t = comm.transport();
   const int rank = t->rank(), peer = 1 - rank;
   if (t->world_size() != 2) throw Error(fmt::format("needs 2 ranks, got {}", t->world_size()));
-  if (!t->supports_peer_copies())
+  if (!t->supports_peer_copies()) {
     throw Error("supports_peer_copies() is false on a multi-GPU node");
+  }
   const size_t capacity = stress_capacity();
   cuda::DeviceBuffer<uint8_t> recv(capacity);
   FEPLB_CUDA_CHECK(cudaMemset(recv.get(), 0, recv.bytes()));
@@ -319,9 +323,8 @@ int rank_signals_timeout(const dist::LaunchEnv& env, cuda::SignalMechanism mecha
   gather("timed out");  // rank 1 signals only once rank 0 has seen the error
   if (rank == 1) {
     signals->signal(0, 0, 1, s.get());
-  } else {
-    if (mechanism == cuda::SignalMechanism::kEvent)
-      signals->wait(0, 1, s.get());  // the memops wait is still queued
+  } else if (mechanism == cuda::SignalMechanism::kEvent) {
+    signals->wait(0, 1, s.get());  // (the memory-operation mechanisms' wait is still queued)
   }
   cuda::sync_with_timeout(s.get(), kRankTimeoutS, "the late signal");
   gather("done");
