@@ -503,14 +503,16 @@ int main(int argc, char** argv) {
   std::string out = "h200.json", table_out = "gemm_table.json", trace_path = "data/traces/default.json";
   std::string prior_path = "data/priors/mixtral-8x7b__olmoe-repo__c4.json";
   std::string table_in = "data/cost/h200-glm5.json";
+  std::string table_dir = ".";
   bool quick = false;
   app.add_option("--out", out);
   app.add_option("--table-out", table_out);
   app.add_option("--trace", trace_path);
   app.add_option("--prior", prior_path);
   app.add_option("--table-in", table_in, "GEMM table to use when the table section is not run");
+  app.add_option("--table-dir", table_dir, "where section shape_tables writes h200-<shape>.json (Qwen3 shapes)");
   double deadline_s = 420;
-  std::string sections = "peak,grouped,table,skewed,copy,slowdown,straggler,noise,exposure,layertime,bwdexposure,layer,training";
+  std::string sections = "peak,grouped,table,shape_tables,skewed,copy,slowdown,straggler,noise,exposure,layertime,bwdexposure,layer,training";
   app.add_option("--sections", sections, "comma-separated sections to run (default all)");
   app.add_flag("--quick", quick);
   std::vector<std::string> knob_args;
@@ -571,6 +573,23 @@ int main(int argc, char** argv) {
                              {"cublas_grouped_batched_tflops", tf(f16, grouped)}, {"pct_of_peak", pct(best)}};
       log("grouped GEMM 16x4096: loop {:.0f}, loop x4 streams {:.0f}, cublasGemmGroupedBatchedEx {:.0f} TFLOP/s ({:.0f}% of peak)",
           tf(f16, loop1), tf(f16, loop4), tf(f16, grouped), pct(best));
+      save();
+    }
+    if (want("shape_tables")) {
+      // Per-expert FFN time tables of other expert shapes, for the simulator's cost model.
+      const std::vector<std::pair<std::string, ExpertShape>> shapes = {
+          {"qwen3-235b", ExpertShape{4096, 1536, Dtype::kBf16}}, {"qwen3-30b", ExpertShape{2048, 768, Dtype::kBf16}}};
+      json files = json::object();
+      for (const auto& [name, shape] : shapes) {
+        ExpertBench sb(shape, 16 * 4096 + 8192, 16, 1);
+        const TableCostModel t = gemm_table(sb, quick);
+        const std::string path = table_dir + "/h200-" + name + ".json";
+        write_file(path, format_gemm_table(t), true);
+        files[name] = {{"file", path}, {"ms_at_4096_rows", t.expert_ms(4096)}};
+        log("GEMM table {} ({}): 4096 rows -> {:.3f} ms per expert, wrote {}", name, shape.describe(), t.expert_ms(4096),
+            path);
+      }
+      doc["shape_tables"] = files;
       save();
     }
     std::unique_ptr<TableCostModel> table_ptr;
