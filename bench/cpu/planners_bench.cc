@@ -17,9 +17,9 @@
 #include "feplb/core/knobs.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/planners/planner.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
+#include "feplb/sim/prior.h"
 #include "feplb/sim/workload.h"
 
 // Every heap allocation of this process is counted, so that each benchmark can report how many
@@ -79,14 +79,19 @@ struct BenchConfig {
   int experts;
   int gpus_per_node;
   PriorKind prior;
+  double skew = 4.0;  // lognormal max/mean over experts
 };
 
 // (a) EP=8, E=128: one NVLink domain. (b) EP=64, E=256: 8 domains of 8 GPUs, with the OLMoE prior
-// and with a lognormal prior of max/mean 4. All: top-8, 4096 tokens per rank, GLM-5 expert shape.
+// and with a lognormal prior of max/mean 4. (c) Rack scale, one NVLink domain of 72 GPUs (E=288)
+// and of 256 (E=1024), 4 experts per GPU, lognormal max/mean 5 (`trace gen --skew 5`). All:
+// top-8, 4096 tokens per rank, GLM-5 expert shape.
 constexpr BenchConfig kConfigs[] = {
     {"ep8_e128", 8, 128, 8, PriorKind::kOlmoeArxiv},
     {"ep64_e256", 64, 256, 8, PriorKind::kOlmoeArxiv},
     {"ep64_e256_lognormal", 64, 256, 8, PriorKind::kLognormal},
+    {"ep72_e288_one_domain", 72, 288, 72, PriorKind::kLognormal, 5.0},
+    {"ep256_e1024_one_domain", 256, 1024, 256, PriorKind::kLognormal, 5.0},
 };
 
 constexpr int kTopK = 8;
@@ -102,7 +107,7 @@ struct Workload {
 Workload make_workload(const BenchConfig& cfg) {
   const Prior prior = cfg.prior == PriorKind::kOlmoeArxiv
                           ? expand_prior(read_prior(kOlmoePrior), cfg.experts, kSeed)
-                          : lognormal_prior(cfg.experts, 4.0, 1, kSeed);
+                          : lognormal_prior(cfg.experts, cfg.skew, 1, kSeed);
   WorkloadSpec spec;
   spec.num_ranks = cfg.ranks;
   spec.tokens_per_rank = kTokensPerRank;

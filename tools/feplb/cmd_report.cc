@@ -108,6 +108,7 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
   c.warmup_steps = o.warmup;
   c.sim = o.sweep.sim;
   c.model = o.sweep.model;
+  if (o.cost_model != "roofline") c.cost_dir = data_dir() + "/cost";
   if (!o.plots_dir.empty()) {
     FEPLB_REQUIRE_INPUT(fs::is_directory(o.plots_dir, ec), "--plots: {} is not a directory",
                         o.plots_dir);
