@@ -33,7 +33,7 @@ def int_array(value, name: str, axes: str) -> np.ndarray:
         raise ValueError(f"{name}: expected integers, got dtype {arr.dtype}")
     if arr.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} axes [{axes}], got shape {arr.shape}")
-    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.uint64(np.iinfo(np.int64).max):
         raise ValueError(f"{name}: {arr.max()} does not fit in int64")
     return np.ascontiguousarray(arr, dtype=np.int64)
 

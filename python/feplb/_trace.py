@@ -188,9 +188,10 @@ class Trace:
 
 def _entries(counts, step_ids, layer_ids):
     """counts in any accepted form -> ([N, R, E] int64, step ids [N], layer ids [N])."""
-    if isinstance(counts, (list, tuple)):
-        if not counts:
-            raise ValueError("counts: empty; a trace needs at least one step")
+    if isinstance(counts, (list, tuple)) and not counts:
+        raise ValueError("counts: empty; a trace needs at least one step")
+    if isinstance(counts, (list, tuple)) and _ndim(counts[0]) == 2:
+        # One [ranks, experts] array per entry (numpy arrays, CPU tensors or nested lists).
         parts = [_args.int_array(c, f"counts[{i}]", "ranks, experts") for i, c in enumerate(counts)]
         for i, p in enumerate(parts):
             if p.shape != parts[0].shape:
@@ -226,6 +227,13 @@ def _entries(counts, step_ids, layer_ids):
     steps = _ids(step_ids, "step_ids", n, np.arange(n))
     layers = _ids(layer_ids, "layer_ids", n, np.zeros(n, dtype=np.int64))
     return arr, steps, layers
+
+
+def _ndim(value) -> int:
+    try:
+        return np.ndim(value)
+    except (ValueError, TypeError):  # ragged
+        return -1
 
 
 def _ids(value, name: str, n: int, default: np.ndarray) -> np.ndarray:

@@ -130,6 +130,14 @@ void require_counts(const Int64Array& a, std::string_view name, std::vector<py::
 void bind_core(py::module_& m) {
   register_errors();
 
+  m.def(
+      "_raise_for_test",
+      [](const std::string& kind, const std::string& message) {
+        if (kind == "input") throw InputError(message);
+        throw Error(message);
+      },
+      "Throws feplb::InputError (kind 'input') or feplb::Error: tests the exception mapping.");
+
   m.def("policies", &planner_names, "Names of every planner, in the CLI's order.");
 
   m.def(
