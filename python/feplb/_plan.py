@@ -223,7 +223,8 @@ def plan(
         try:
             topology = _feplb.Topology(counts.shape[0], counts.shape[1], gpn)
         except ValueError as e:
-            raise ValueError(f"counts: shape {counts.shape} [num_ranks, num_experts]: {e}") from None
+            msg = f"counts: shape {counts.shape} [num_ranks, num_experts]: {e}"
+            raise ValueError(msg) from None
     elif gpus_per_node is not None:
         raise ValueError("gpus_per_node: give it to feplb.Topology, not with topology=")
     planner = Planner(

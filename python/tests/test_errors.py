@@ -41,9 +41,8 @@ def test_negative_counts_name_the_entry(counts):
 
 def test_counts_must_match_the_topology(counts):
     topo = feplb.Topology(8, 16)
-    with pytest.raises(
-        ValueError, match=r"counts: shape \(4, 16\), expected \(num_ranks, num_experts\) = \(8, 16\)"
-    ):
+    expected = r"counts: shape \(4, 16\), expected \(num_ranks, num_experts\) = \(8, 16\)"
+    with pytest.raises(ValueError, match=expected):
         feplb.plan(counts, topology=topo, shape=SHAPE)
     with pytest.raises(ValueError, match="gpus_per_node"):
         feplb.plan(counts, topology=feplb.Topology(4, 16), gpus_per_node=4, shape=SHAPE)

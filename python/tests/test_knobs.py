@@ -11,7 +11,8 @@ from conftest import REPO
 def parse_knobs_def():
     text = (REPO / "feplb" / "core" / "knobs.def").read_text()
     text = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("//"))
-    pattern = r'FEPLB_KNOB\(\s*(int64_t|double)\s*,\s*(\w+)\s*,\s*([-\d.e]+)\s*,\s*([-\d.e]+)\s*,\s*"([^"]*)"'
+    number = r"\s*([-\d.e]+)\s*,"
+    pattern = r"FEPLB_KNOB\(\s*(int64_t|double)\s*,\s*(\w+)\s*," + number * 2 + r'\s*"([^"]*)"'
     return [
         (name, "int" if t == "int64_t" else "float", float(d), float(m), unit)
         for t, name, d, m, unit in re.findall(pattern, text)
@@ -25,7 +26,8 @@ def test_knobs_are_the_declared_ones():
     assert list(knobs) == [d[0] for d in declared]
     for name, type_, default, minimum, unit in declared:
         k = knobs[name]
-        assert (k.name, k.type, k.default, k.minimum, k.unit) == (name, type_, default, minimum, unit)
+        got = (k.name, k.type, k.default, k.minimum, k.unit)
+        assert got == (name, type_, default, minimum, unit)
         assert isinstance(k.default, int if type_ == "int" else float)
         assert k.help
 

@@ -36,7 +36,8 @@ def check_invariants(p, counts, topo):
         if g == topo.homes[e] or src != "home":
             continue
         to_g = (c.expert == e) & (c.dst_gpu == g)
-        assert (to_g & (c.kind == "token_rows")).any() and c.rows[to_g & (c.kind == "token_rows")].sum() == rows
+        rows_to_g = to_g & (c.kind == "token_rows")
+        assert rows_to_g.any() and c.rows[rows_to_g].sum() == rows
         assert (to_g & (c.kind == "weights")).any() or (
             (p.resident[:, 0] == e) & (p.resident[:, 1] == g)
         ).any()

@@ -67,8 +67,9 @@ def test_options_equal_the_cli_flags(cli, tmp_path, default_trace_path):
 
 
 def test_walk_forward_and_placement_equal_the_cli(cli, tmp_path, default_trace_path):
-    cli_doc = cli_json(cli, tmp_path / "cli.json", ["--trace", default_trace_path, "--walk-forward", "4",
-                                       "--window", "8", "--policies", "feplb"])
+    cli_doc = cli_json(cli, tmp_path / "cli.json", ["--trace", default_trace_path,
+                                                    "--walk-forward", "4", "--window", "8",
+                                                    "--policies", "feplb"])
     py_doc = feplb.simulate(default_trace_path, ["feplb"], walk_forward=4, window=8)
     assert len(py_doc["config"]["placement"]["replans"]) == 3
     assert_same(cli_doc, py_doc)
@@ -92,7 +93,7 @@ def test_bad_options(default_trace_path, tmp_path):
         feplb.simulate(t, ["feplb", "feplb"])
     with pytest.raises(ValueError, match="policies: '' is not a policy name"):
         feplb.simulate(t, "feplb,")
-    with pytest.raises(ValueError, match="gpus_per_node: 3 does not divide the trace's num_ranks 8"):
+    with pytest.raises(ValueError, match="gpus_per_node: 3 does not divide the trace's num_ranks"):
         feplb.simulate(t, gpus_per_node=3)
     with pytest.raises(ValueError, match="window: only with walk_forward"):
         feplb.simulate(t, window=4)

@@ -51,7 +51,8 @@ def test_load_errors(tmp_path):
         feplb.Trace.load(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"format":"feplb-trace-v1","num_experts":4,"top_k":1,"num_ranks":2,'
-                   '"tokens_per_rank":2,"steps":[{"step":0,"layer":0,"counts":[[1,1,0,0],[2,0,0]]}]}')
+                   '"tokens_per_rank":2,'
+                   '"steps":[{"step":0,"layer":0,"counts":[[1,1,0,0],[2,0,0]]}]}')
     with pytest.raises(ValueError, match=r"bad.json: steps\[0\].counts\[1\]: has 3 entries"):
         feplb.Trace.load(bad)
 
