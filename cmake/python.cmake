@@ -37,5 +37,6 @@ if(FEPLB_WITH_PYTHON)
 elseif(FEPLB_PYTHON STREQUAL "OFF")
   message(STATUS "feplb: Python module OFF")
 else()
-  message(STATUS "feplb: Python module OFF (${feplb_python_why})")
+  message(STATUS "feplb: Python module OFF (${feplb_python_why}; pick an interpreter with "
+                 "-DPython_EXECUTABLE=...)")
 endif()
