@@ -77,15 +77,14 @@ class PyPlanner {
     load(counts, layer);
     Plan plan;
     double planner_us = 0;
-    {
-      py::gil_scoped_release release;
-      const auto t0 = std::chrono::steady_clock::now();
-      planner_->plan(step_, plan);
-      planner_us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      validate(plan, topo_, step_, shape_, planner_->limits());
-      if (observe) planner_->observe(step_);
-    }
+    // The GIL stays held: planning takes microseconds, and it keeps two Python threads from
+    // planning on one Planner's state at once.
+    const auto t0 = std::chrono::steady_clock::now();
+    planner_->plan(step_, plan);
+    planner_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    validate(plan, topo_, step_, shape_, planner_->limits());
+    if (observe) planner_->observe(step_);
     ++steps_;
     GpuLoads loads;
     StepMetrics m = measure_plan(plan, topo_, *cost_.model, knobs_, planner_us, &loads);
