@@ -63,30 +63,12 @@ std::string data_dir() {
 void add_cost_flag(CLI::App& cmd, std::string& choice) {
   cmd.add_option(
       "--cost-model", choice,
-      "GEMM cost model: auto (the measured table in data/cost/ whose shape matches the experts, "
-      "else the roofline), roofline, or a feplb-gemm-table-v1 file (default auto)");
+      "GEMM cost model: auto (measured H200 table from data/cost/ when the shape matches, else "
+      "roofline), roofline, or a feplb-gemm-table-v1 file (default auto)");
 }
 
 CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs) {
-  CostChoice c;
-  if (choice == "roofline") {
-    c.label = roofline_label(knobs);
-    return c;
-  }
-  if (choice == "auto" || choice.empty()) {  // the measured table of this shape, if data/ has one
-    CostModelChoice found = find_gemm_table(data_dir() + "/cost", "data/cost", shape, knobs);
-    c.model = std::move(found.model);
-    c.label = std::move(found.label);
-    return c;
-  }
-  auto table = std::make_unique<TableCostModel>(read_gemm_table(choice));
-  FEPLB_REQUIRE_INPUT(table->shape().hidden == shape.hidden && table->shape().ffn == shape.ffn &&
-                          table->shape().dtype == shape.dtype,
-                      "--cost-model: {} is for {}, the experts are {}", choice,
-                      table->shape().describe(), shape.describe());
-  c.label = fmt::format("measured per-expert table ({}, {})", table->device(), choice);
-  c.model = std::move(table);
-  return c;
+  return choose_cost_model(choice, shape, knobs, data_dir(), "--cost-model");
 }
 
 std::string default_trace_path() { return data_dir() + "/traces/default.json"; }

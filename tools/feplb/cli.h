@@ -10,6 +10,7 @@
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/routing.h"
+#include "feplb/sim/cost_choice.h"
 
 namespace feplb::cli {
 
@@ -26,10 +27,6 @@ ExpertShape resolve_shape(const ShapeFlags& flags, const Trace* trace, const std
 
 // --cost-model auto|roofline|FILE: the GEMM cost model. auto = the measured table in data/cost/
 // whose shape matches (H200, bf16), else the roofline from the knobs.
-struct CostChoice {
-  std::unique_ptr<GemmCostModel> model;  // null: roofline (simulate builds it)
-  std::string label;
-};
 void add_cost_flag(CLI::App& cmd, std::string& choice);
 CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs);
 
