@@ -250,7 +250,8 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
   FEPLB_REQUIRE_INPUT(!config.ranks.empty(), "--ranks: none given");
   FEPLB_REQUIRE_INPUT(config.warmup_steps >= 0, "--warmup: {} must be at least 0",
                       config.warmup_steps);
-  BalanceResult result{config, {}, {}};
+  BalanceResult result;
+  result.config = config;
   std::vector<std::string>& policies = result.config.sim.policies;
   if (std::find(policies.begin(), policies.end(), "static") == policies.end()) {
     policies.insert(policies.begin(), "static");

@@ -40,6 +40,8 @@ std::string_view copy_kind_name(CopyKind k) {
       return "output_rows";
     case CopyKind::kReplicaWeights:
       return "replica_weights";
+    case CopyKind::kPrefetchWeights:
+      return "prefetch_weights";
   }
   return "?";
 }
