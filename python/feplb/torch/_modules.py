@@ -1,0 +1,94 @@
+"""feplb.torch.MoE: the experts of one MoE layer, expert-parallel, with FEPLB balancing."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _ops
+from ._runtime import Runtime
+
+
+class MoE(torch.nn.Module):
+    """The experts of one MoE layer over a feplb Runtime, balanced every call.
+
+    forward(hidden, topk_idx, topk_weight) -> out:
+      hidden [S, H] bf16, topk_idx [S, K] global expert ids (int32 or int64), topk_weight [S, K]
+      (floating; used as float32) -> out [S, H] bf16: sum_k topk_weight[t, k] * FFN_{e}(hidden[t])
+      with e = topk_idx[t, k] and SwiGLU experts. With a Runtime of R virtual ranks every tensor
+      has a leading [R] dimension (one slice per rank).
+    Every rank calls it for the same micro-batch (a collective). Inputs on the runtime's device;
+    non-contiguous ones are made contiguous (a copy). S <= the runtime's max_tokens.
+
+    Parameters: this rank's experts, ordinary nn.Parameters, bf16: gate_up[i] [H, 2F] (gate's F
+    columns, then up's) and down[i] [F, H], i over the rank's experts (virtual ranks: rank r's
+    expert i at r * experts_per_rank + i). Backward writes their .grad, or adds into an fp32
+    `main_grad` when every parameter has one (Megatron's convention).
+    """
+
+    def __init__(self, runtime: Runtime, top_k: int, *, policy: str = "feplb", name: str | None = None,
+                 init_std: float | None = None):
+        super().__init__()
+        if not isinstance(runtime, Runtime):
+            raise ValueError("MoE: runtime must be a feplb.torch.Runtime")
+        self.runtime = runtime
+        self.top_k = top_k
+        self.policy = policy
+        name = name or f"moe{runtime._layers}"
+        self._key = _ops.register(runtime, runtime.make_layers(top_k, policy, name))
+        H, F, n = runtime.hidden, runtime.ffn, runtime.local_ranks * runtime.experts_per_rank
+        dev = torch.device("cuda", runtime.device)
+        std_in = init_std or 1.0 / math.sqrt(H)
+        std_down = init_std or 1.0 / math.sqrt(F)
+        self.gate_up = torch.nn.ParameterList(
+            torch.nn.Parameter((torch.randn(H, 2 * F, device=dev) * std_in).to(torch.bfloat16)) for _ in range(n))
+        self.down = torch.nn.ParameterList(
+            torch.nn.Parameter((torch.randn(F, H, device=dev) * std_down).to(torch.bfloat16)) for _ in range(n))
+
+    def __del__(self):
+        try:
+            _ops.unregister(self._key)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def _check(self, hidden, topk_idx, topk_weight):
+        rt = self.runtime
+        lead = (rt.local_ranks,) if rt.local_ranks > 1 else ()
+        dev = torch.device("cuda", rt.device)
+        for name, t in (("hidden", hidden), ("topk_idx", topk_idx), ("topk_weight", topk_weight)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"MoE: {name} must be a tensor")
+            if t.device != dev:
+                raise ValueError(f"MoE: {name} is on {t.device}, the runtime on {dev}")
+        if hidden.dtype != torch.bfloat16:
+            raise ValueError(f"MoE: hidden must be bfloat16, not {hidden.dtype}")
+        if hidden.dim() != len(lead) + 2 or tuple(hidden.shape[:len(lead)]) != lead or hidden.shape[-1] != rt.hidden:
+            raise ValueError(f"MoE: hidden has shape {tuple(hidden.shape)}, expected {lead + ('S', rt.hidden)}")
+        S = hidden.shape[-2]
+        if S > rt.max_tokens:
+            raise ValueError(f"MoE: hidden has {S} tokens, the runtime's max_tokens is {rt.max_tokens}")
+        if topk_idx.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"MoE: topk_idx must be int32 or int64, not {topk_idx.dtype}")
+        if not topk_weight.is_floating_point():
+            raise ValueError(f"MoE: topk_weight must be floating point, not {topk_weight.dtype}")
+        want = lead + (S, self.top_k)
+        for name, t in (("topk_idx", topk_idx), ("topk_weight", topk_weight)):
+            if tuple(t.shape) != want:
+                raise ValueError(f"MoE: {name} has shape {tuple(t.shape)}, expected {want}")
+
+    def forward(self, hidden: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:
+        self._check(hidden, topk_idx, topk_weight)
+        keep = torch.is_grad_enabled() and self.runtime.training and (
+            hidden.requires_grad or topk_weight.requires_grad or any(p.requires_grad for p in self.parameters()))
+        out, _ = _ops.moe_forward(hidden.contiguous(), topk_idx.to(torch.int32).contiguous(),
+                                  topk_weight.to(torch.float32).contiguous(), list(self.gate_up), list(self.down),
+                                  self._key, keep)
+        return out
+
+    def stats(self):
+        """The last forward and backward, per local rank (a list with virtual ranks): rows per GPU
+        before and after balancing, experts and rows moved, weight and token bytes, planner and
+        copy latencies, copy waits."""
+        s = _ops.layer_stats(self._key)
+        return s if self.runtime.local_ranks > 1 else s[0]

@@ -1,0 +1,200 @@
+"""The layer as torch.library custom ops (with fake implementations, so torch.compile keeps one
+graph) and their autograd: feplb::moe_forward returns the output and the micro-batch handles,
+feplb::moe_backward consumes them.
+
+Compute runs on torch's current stream (virtual ranks: on a stream each, fenced with events);
+the copy engine's copies run on the runtime's own streams, ordered by events inside the library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+
+import torch
+
+from . import _capi
+from ._capi import check, lib
+
+# Layers by key (custom ops take ints, not Python objects).
+_layers: dict[int, "LayerEntry"] = {}
+_next_key = [1]
+_lock = threading.Lock()
+# Micro-batch handles a forward kept and no backward has consumed yet.
+_live: set[int] = set()
+
+
+class LayerEntry:
+    def __init__(self, runtime, c_layers):
+        self.runtime = runtime
+        self.c_layers = c_layers
+        self.local_ranks = runtime.local_ranks
+        self.experts = runtime.experts_per_rank
+
+    def streams(self):
+        return self.runtime.streams or [torch.cuda.current_stream()]
+
+
+def register(runtime, c_layers) -> int:
+    with _lock:
+        key = _next_key[0]
+        _next_key[0] += 1
+        _layers[key] = LayerEntry(runtime, c_layers)
+    return key
+
+
+def unregister(key: int) -> None:
+    entry = _layers.pop(key, None)
+    if entry:
+        for layer in entry.c_layers:
+            lib.feplb_layer_destroy(layer)
+
+
+def _drop(ids):
+    for i in ids:
+        if i in _live:
+            _live.discard(i)
+            lib.feplb_handle_drop(i)
+
+
+def _ptrs(tensors):
+    return _capi.pointer_array([t.data_ptr() for t in tensors])
+
+
+def _fence_in(entry):
+    cur = torch.cuda.current_stream()
+    streams = entry.streams()
+    if entry.local_ranks > 1:
+        for s in streams:
+            s.wait_stream(cur)
+    return cur, streams
+
+
+def _fence_out(entry, cur, streams):
+    if entry.local_ranks > 1:
+        for s in streams:
+            cur.wait_stream(s)
+
+
+@torch.library.custom_op("feplb::moe_forward", mutates_args=())
+def moe_forward(hidden: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor,
+                gate_up: list[torch.Tensor], down: list[torch.Tensor], key: int,
+                keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    entry = _layers[key]
+    R, E = entry.local_ranks, entry.experts
+    out = torch.empty_like(hidden)
+    cur, streams = _fence_in(entry)
+    args = (_capi.ForwardArgs * R)()
+    alive = []  # pointer arrays the call reads
+    for r in range(R):
+        a = args[r]
+        gu, dn = _ptrs(gate_up[r * E:(r + 1) * E]), _ptrs(down[r * E:(r + 1) * E])
+        alive += [gu, dn]
+        h = hidden[r] if R > 1 else hidden
+        a.layer, a.gate_up, a.down, a.num_experts = entry.c_layers[r], gu, dn, E
+        a.hidden = h.data_ptr()
+        a.topk_idx = (topk_idx[r] if R > 1 else topk_idx).data_ptr()
+        a.topk_weight = (topk_weight[r] if R > 1 else topk_weight).data_ptr()
+        a.num_tokens = h.shape[0]
+        a.out = (out[r] if R > 1 else out).data_ptr()
+        a.stream = streams[r].cuda_stream
+    code = lib.feplb_forward(R, args)
+    _fence_out(entry, cur, streams)
+    ids = [args[r].handle for r in range(R)]
+    _live.update(i for i in ids if i)
+    check(code)
+    handles = torch.tensor(ids, dtype=torch.int64)
+    if keep:
+        weakref.finalize(handles, _drop, list(ids))  # a graph freed without its backward
+    else:
+        _drop(ids)
+    return out, handles
+
+
+@moe_forward.register_fake
+def _(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
+    return torch.empty_like(hidden), torch.empty((_layers[key].local_ranks,), dtype=torch.int64, device="cpu")
+
+
+@torch.library.custom_op("feplb::moe_backward", mutates_args=("grad_gate_up", "grad_down"))
+def moe_backward(grad_out: torch.Tensor, topk_weight: torch.Tensor, handles: torch.Tensor,
+                 gate_up: list[torch.Tensor], down: list[torch.Tensor], grad_gate_up: list[torch.Tensor],
+                 grad_down: list[torch.Tensor], key: int, accumulate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    entry = _layers[key]
+    R, E = entry.local_ranks, entry.experts
+    grad_hidden = torch.empty_like(grad_out)
+    grad_w = torch.empty_like(topk_weight)
+    ids = handles.tolist()
+    for i in ids:
+        if i not in _live:
+            raise ValueError(f"feplb backward: micro-batch {i} was consumed already (backward twice, or "
+                             "retain_graph=True?) or dropped")
+    cur, streams = _fence_in(entry)
+    args = (_capi.BackwardArgs * R)()
+    alive = []
+    for r in range(R):
+        a = args[r]
+        arrays = [_ptrs(x[r * E:(r + 1) * E]) for x in (gate_up, down, grad_gate_up, grad_down)]
+        alive += arrays
+        a.layer, a.handle, a.num_experts = entry.c_layers[r], ids[r], E
+        a.gate_up, a.down, a.grad_gate_up, a.grad_down = arrays
+        a.grad_out = (grad_out[r] if R > 1 else grad_out).data_ptr()
+        a.topk_weight = (topk_weight[r] if R > 1 else topk_weight).data_ptr()
+        a.grad_hidden = (grad_hidden[r] if R > 1 else grad_hidden).data_ptr()
+        a.grad_topk_weight = (grad_w[r] if R > 1 else grad_w).data_ptr()
+        a.accumulate = 1 if accumulate else 0
+        a.stream = streams[r].cuda_stream
+    _live.difference_update(ids)
+    code = lib.feplb_backward(R, args)
+    if code == _capi.OK:
+        # The helpers' weight gradients are added on the runtime's copy stream: later work sees them.
+        for r in range(R):
+            check(lib.feplb_layer_sync_gradients(entry.c_layers[r], streams[r].cuda_stream))
+    _fence_out(entry, cur, streams)
+    check(code)
+    return grad_hidden, grad_w
+
+
+@moe_backward.register_fake
+def _(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
+    return torch.empty_like(grad_out), torch.empty_like(topk_weight)
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, topk_idx, topk_weight, gate_up, down, key, keep = inputs
+    _, handles = output
+    ctx.save_for_backward(topk_weight, handles)
+    ctx.params = (list(gate_up), list(down))
+    ctx.key = key
+
+
+def _backward(ctx, grad_out, _grad_handles):
+    topk_weight, handles = ctx.saved_tensors
+    gate_up, down = ctx.params
+    params = gate_up + down
+    # Megatron's convention: an fp32 `main_grad` on every parameter is accumulated into directly;
+    # otherwise fp32 gradients are written, then handed to autograd in the parameters' dtype.
+    use_main = all(getattr(p, "main_grad", None) is not None for p in params)
+    if use_main:
+        g_gu, g_dn = [p.main_grad for p in gate_up], [p.main_grad for p in down]
+    else:
+        g_gu = [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in gate_up]
+        g_dn = [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in down]
+    grad_hidden, grad_w = moe_backward(grad_out.contiguous(), topk_weight, handles, gate_up, down, g_gu, g_dn,
+                                       ctx.key, use_main)
+    if use_main:
+        return grad_hidden, None, grad_w, None, None, None, None
+    return (grad_hidden, None, grad_w, [g.to(p.dtype) for g, p in zip(g_gu, gate_up)],
+            [g.to(p.dtype) for g, p in zip(g_dn, down)], None, None)
+
+
+moe_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def layer_stats(key: int) -> list[dict]:
+    entry = _layers[key]
+    return [_capi.get_json(lib.feplb_layer_stats_json, layer) for layer in entry.c_layers]
+
+
+_ = ctypes  # the ctypes structures are built in _capi
