@@ -56,7 +56,7 @@ def reference_grads(hidden, idx, w, gate_up, down, grad_out):
     n = len(gate_up)
     out = reference(leaves[0], idx, leaves[1], leaves[2:2 + n], leaves[2 + n:])
     out.backward(grad_out.double())
-    return out.detach(), [t.grad for t in leaves]
+    return out.detach(), [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]
 
 
 def runtime(ranks, experts, tokens, top_k, **kw):

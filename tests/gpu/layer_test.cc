@@ -600,3 +600,41 @@ TEST(Layer, NcclTransportWithOneRankMatchesReference) {
 
 }  // namespace
 }  // namespace feplb
+
+namespace feplb {
+namespace {
+
+// A framework's current stream is often the legacy default stream: the layer runs there too.
+TEST(Layer, RunsOnTheLegacyDefaultStream) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int experts = 8, top_k = 2;
+  Rng rng(31);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(32, 1, experts, top_k, 48, 3.0);
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, experts, top_k, 48, "feplb").runtime;
+  c.training = false;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer layer(rt, {top_k, "default-stream"}, cuda::make_gpu_planner(rt, "feplb"));
+  const auto x16 = testing::to_bf16(in[0].hidden);
+  const auto w16 = testing::to_bf16(testing::local_weights(m, c.topo, 0));
+  cuda::LocalExperts w(experts, kHidden, kFfn, false);
+  cuda::DeviceBuffer<__nv_bfloat16> x(x16.size()), out(x16.size());
+  cuda::DeviceBuffer<int32_t> idx(in[0].topk_idx.size());
+  cuda::DeviceBuffer<float> wt(in[0].topk_weight.size());
+  FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in[0].topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in[0].topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+  layer.forward(w.params(), x.get(), idx.get(), wt.get(), 48, out.get(), nullptr);
+  FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> o16(x16.size());
+  FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+  std::vector<testing::RankResult> got(1);
+  for (uint16_t v : o16) got[0].out.push_back(bf16_to_float(v));
+  expect_matches_reference(got, m, in, top_k, "default stream");
+}
+
+}  // namespace
+}  // namespace feplb

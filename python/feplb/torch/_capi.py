@@ -137,11 +137,16 @@ def check(code: int) -> None:
 
 
 def get_json(fn, obj) -> dict:
-    need = ctypes.c_size_t(0)
-    check(fn(obj, None, 0, ctypes.byref(need)))
-    buf = ctypes.create_string_buffer(need.value)
-    check(fn(obj, buf, need.value, ctypes.byref(need)))
-    return json.loads(buf.value.decode())
+    """A JSON answer of the library; the buffer grows until it holds the whole text (numbers such
+    as a thread's CPU time may lengthen it between two calls)."""
+    cap = 4096
+    while True:
+        buf = ctypes.create_string_buffer(cap)
+        need = ctypes.c_size_t(0)
+        check(fn(obj, buf, cap, ctypes.byref(need)))
+        if need.value <= cap:
+            return json.loads(buf.value.decode())
+        cap = 2 * need.value
 
 
 def pointer_array(pointers) -> ctypes.Array:

@@ -81,10 +81,9 @@ class MoE(torch.nn.Module):
         self._check(hidden, topk_idx, topk_weight)
         keep = torch.is_grad_enabled() and self.runtime.training and (
             hidden.requires_grad or topk_weight.requires_grad or any(p.requires_grad for p in self.parameters()))
-        out, _ = _ops.moe_forward(hidden.contiguous(), topk_idx.to(torch.int32).contiguous(),
-                                  topk_weight.to(torch.float32).contiguous(), list(self.gate_up), list(self.down),
-                                  self._key, keep)
-        return out
+        return _ops.apply(hidden.contiguous(), topk_idx.to(torch.int32).contiguous(),
+                          topk_weight.to(torch.float32).contiguous(), list(self.gate_up), list(self.down), self._key,
+                          keep)
 
     def stats(self):
         """The last forward and backward, per local rank (a list with virtual ranks): rows per GPU

@@ -1,6 +1,7 @@
 """The layer as torch.library custom ops (with fake implementations, so torch.compile keeps one
 graph) and their autograd: feplb::moe_forward returns the output and the micro-batch handles,
-feplb::moe_backward consumes them.
+feplb::moe_backward consumes them. In eager mode the same implementation runs through a plain
+torch.autograd.Function, which costs less host time per call than the custom-op dispatch.
 
 Compute runs on torch's current stream (virtual ranks: on a stream each, fenced with events);
 the copy engine's copies run on the runtime's own streams, ordered by events inside the library.
@@ -8,7 +9,6 @@ the copy engine's copies run on the runtime's own streams, ordered by events ins
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import weakref
 
@@ -31,9 +31,22 @@ class LayerEntry:
         self.c_layers = c_layers
         self.local_ranks = runtime.local_ranks
         self.experts = runtime.experts_per_rank
+        self._arrays = {}  # pointer arrays of the parameters, by their addresses
 
     def streams(self):
         return self.runtime.streams or [torch.cuda.current_stream()]
+
+    def arrays(self, tensors, r):
+        """rank r's slice of `tensors` as a C array of device pointers (cached: parameters keep
+        their storage)."""
+        E = self.experts
+        ptrs = tuple(t.data_ptr() for t in tensors[r * E:(r + 1) * E])
+        arr = self._arrays.get(ptrs)
+        if arr is None:
+            if len(self._arrays) > 64:
+                self._arrays.clear()
+            arr = self._arrays[ptrs] = _capi.pointer_array(ptrs)
+        return arr
 
 
 def register(runtime, c_layers) -> int:
@@ -77,22 +90,17 @@ def _fence_out(entry, cur, streams):
             cur.wait_stream(s)
 
 
-@torch.library.custom_op("feplb::moe_forward", mutates_args=())
-def moe_forward(hidden: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor,
-                gate_up: list[torch.Tensor], down: list[torch.Tensor], key: int,
-                keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_impl(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
     entry = _layers[key]
     R, E = entry.local_ranks, entry.experts
     out = torch.empty_like(hidden)
     cur, streams = _fence_in(entry)
     args = (_capi.ForwardArgs * R)()
-    alive = []  # pointer arrays the call reads
     for r in range(R):
         a = args[r]
-        gu, dn = _ptrs(gate_up[r * E:(r + 1) * E]), _ptrs(down[r * E:(r + 1) * E])
-        alive += [gu, dn]
         h = hidden[r] if R > 1 else hidden
-        a.layer, a.gate_up, a.down, a.num_experts = entry.c_layers[r], gu, dn, E
+        a.layer, a.num_experts = entry.c_layers[r], E
+        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
         a.hidden = h.data_ptr()
         a.topk_idx = (topk_idx[r] if R > 1 else topk_idx).data_ptr()
         a.topk_weight = (topk_weight[r] if R > 1 else topk_weight).data_ptr()
@@ -106,23 +114,15 @@ def moe_forward(hidden: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch
     check(code)
     handles = torch.tensor(ids, dtype=torch.int64)
     if keep:
-        weakref.finalize(handles, _drop, list(ids))  # a graph freed without its backward
+        weakref.finalize(handles, _drop, ids)  # a graph freed without its backward
     else:
         _drop(ids)
     return out, handles
 
 
-@moe_forward.register_fake
-def _(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
-    return torch.empty_like(hidden), torch.empty((_layers[key].local_ranks,), dtype=torch.int64, device="cpu")
-
-
-@torch.library.custom_op("feplb::moe_backward", mutates_args=("grad_gate_up", "grad_down"))
-def moe_backward(grad_out: torch.Tensor, topk_weight: torch.Tensor, handles: torch.Tensor,
-                 gate_up: list[torch.Tensor], down: list[torch.Tensor], grad_gate_up: list[torch.Tensor],
-                 grad_down: list[torch.Tensor], key: int, accumulate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def backward_impl(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
     entry = _layers[key]
-    R, E = entry.local_ranks, entry.experts
+    R = entry.local_ranks
     grad_hidden = torch.empty_like(grad_out)
     grad_w = torch.empty_like(topk_weight)
     ids = handles.tolist()
@@ -132,13 +132,15 @@ def moe_backward(grad_out: torch.Tensor, topk_weight: torch.Tensor, handles: tor
                              "retain_graph=True?) or dropped")
     cur, streams = _fence_in(entry)
     args = (_capi.BackwardArgs * R)()
-    alive = []
+    alive = []  # gradient pointer arrays the call reads
     for r in range(R):
         a = args[r]
-        arrays = [_ptrs(x[r * E:(r + 1) * E]) for x in (gate_up, down, grad_gate_up, grad_down)]
-        alive += arrays
-        a.layer, a.handle, a.num_experts = entry.c_layers[r], ids[r], E
-        a.gate_up, a.down, a.grad_gate_up, a.grad_down = arrays
+        g_gu, g_dn = _ptrs(grad_gate_up[r * entry.experts:(r + 1) * entry.experts]), _ptrs(
+            grad_down[r * entry.experts:(r + 1) * entry.experts])
+        alive += [g_gu, g_dn]
+        a.layer, a.handle, a.num_experts = entry.c_layers[r], ids[r], entry.experts
+        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
+        a.grad_gate_up, a.grad_down = g_gu, g_dn
         a.grad_out = (grad_out[r] if R > 1 else grad_out).data_ptr()
         a.topk_weight = (topk_weight[r] if R > 1 else topk_weight).data_ptr()
         a.grad_hidden = (grad_hidden[r] if R > 1 else grad_hidden).data_ptr()
@@ -156,9 +158,44 @@ def moe_backward(grad_out: torch.Tensor, topk_weight: torch.Tensor, handles: tor
     return grad_hidden, grad_w
 
 
+@torch.library.custom_op("feplb::moe_forward", mutates_args=())
+def moe_forward(hidden: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor,
+                gate_up: list[torch.Tensor], down: list[torch.Tensor], key: int,
+                keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward_impl(hidden, topk_idx, topk_weight, gate_up, down, key, keep)
+
+
+@moe_forward.register_fake
+def _(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
+    return torch.empty_like(hidden), torch.empty((_layers[key].local_ranks,), dtype=torch.int64, device="cpu")
+
+
+@torch.library.custom_op("feplb::moe_backward", mutates_args=("grad_gate_up", "grad_down"))
+def moe_backward(grad_out: torch.Tensor, topk_weight: torch.Tensor, handles: torch.Tensor,
+                 gate_up: list[torch.Tensor], down: list[torch.Tensor], grad_gate_up: list[torch.Tensor],
+                 grad_down: list[torch.Tensor], key: int, accumulate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return backward_impl(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate)
+
+
 @moe_backward.register_fake
 def _(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
     return torch.empty_like(grad_out), torch.empty_like(topk_weight)
+
+
+def _weight_grads(gate_up, down):
+    """Where the weight gradients go: every parameter's fp32 `main_grad` (Megatron's convention,
+    accumulated into), else new fp32 buffers (written, then handed to autograd in the parameters'
+    dtype)."""
+    if all(getattr(p, "main_grad", None) is not None for p in (*gate_up, *down)):
+        return [p.main_grad for p in gate_up], [p.main_grad for p in down], True
+    return ([torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in gate_up],
+            [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in down], False)
+
+
+def _param_grads(g_gu, g_dn, gate_up, down, accumulated):
+    if accumulated:  # a list input takes a list of gradients, here all None
+        return [None] * len(gate_up), [None] * len(down)
+    return [g.to(p.dtype) for g, p in zip(g_gu, gate_up)], [g.to(p.dtype) for g, p in zip(g_dn, down)]
 
 
 def _setup_context(ctx, inputs, output):
@@ -172,29 +209,47 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_out, _grad_handles):
     topk_weight, handles = ctx.saved_tensors
     gate_up, down = ctx.params
-    params = gate_up + down
-    # Megatron's convention: an fp32 `main_grad` on every parameter is accumulated into directly;
-    # otherwise fp32 gradients are written, then handed to autograd in the parameters' dtype.
-    use_main = all(getattr(p, "main_grad", None) is not None for p in params)
-    if use_main:
-        g_gu, g_dn = [p.main_grad for p in gate_up], [p.main_grad for p in down]
-    else:
-        g_gu = [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in gate_up]
-        g_dn = [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in down]
+    g_gu, g_dn, acc = _weight_grads(gate_up, down)
     grad_hidden, grad_w = moe_backward(grad_out.contiguous(), topk_weight, handles, gate_up, down, g_gu, g_dn,
-                                       ctx.key, use_main)
-    if use_main:
-        return grad_hidden, None, grad_w, None, None, None, None
-    return (grad_hidden, None, grad_w, [g.to(p.dtype) for g, p in zip(g_gu, gate_up)],
-            [g.to(p.dtype) for g, p in zip(g_dn, down)], None, None)
+                                       ctx.key, acc)
+    return (grad_hidden, None, grad_w, *_param_grads(g_gu, g_dn, gate_up, down, acc), None, None)
 
 
 moe_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+class MoEFunction(torch.autograd.Function):
+    """The eager path: the same implementation without the custom-op dispatch. Parameters come
+    as one flat tail of the arguments (gate_up then down)."""
+
+    @staticmethod
+    def forward(ctx, hidden, topk_idx, topk_weight, key, keep, n, *params):
+        gate_up, down = list(params[:n]), list(params[n:])
+        out, handles = forward_impl(hidden, topk_idx, topk_weight, gate_up, down, key, keep)
+        ctx.save_for_backward(topk_weight, handles)
+        ctx.params = (gate_up, down)
+        ctx.key = key
+        ctx.mark_non_differentiable(handles)
+        return out, handles
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_handles):
+        topk_weight, handles = ctx.saved_tensors
+        gate_up, down = ctx.params
+        g_gu, g_dn, acc = _weight_grads(gate_up, down)
+        grad_hidden, grad_w = backward_impl(grad_out.contiguous(), topk_weight, handles, gate_up, down, g_gu, g_dn,
+                                            ctx.key, acc)
+        p_gu, p_dn = _param_grads(g_gu, g_dn, gate_up, down, acc)
+        return (grad_hidden, None, grad_w, None, None, None, *p_gu, *p_dn)
+
+
+def apply(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
+    """The layer's forward: the custom op while torch.compile traces, the autograd.Function in eager."""
+    if torch.compiler.is_compiling():
+        return moe_forward(hidden, topk_idx, topk_weight, gate_up, down, key, keep)[0]
+    return MoEFunction.apply(hidden, topk_idx, topk_weight, key, keep, len(gate_up), *gate_up, *down)[0]
+
+
 def layer_stats(key: int) -> list[dict]:
     entry = _layers[key]
     return [_capi.get_json(lib.feplb_layer_stats_json, layer) for layer in entry.c_layers]
-
-
-_ = ctypes  # the ctypes structures are built in _capi
