@@ -68,22 +68,25 @@ def main():
     xr = x.clone().requires_grad_()
     wr = w.clone().requires_grad_()
 
-    def via_torch(use_main):
+    def prepare(use_main):  # untimed: what the caller's training loop does between steps
         for p, m in zip(params, main):
             p.main_grad = m if use_main else None
             p.grad = None
         xr.grad = wr.grad = None
+
+    def via_torch():
         moe(xr, idx, wr).backward(g)
 
-    cases = {"direct_c_api": direct, "torch_main_grad": lambda: via_torch(True),
-             "torch_grad_bf16": lambda: via_torch(False)}
+    cases = {"direct_c_api": (lambda: None, direct), "torch_main_grad": (lambda: prepare(True), via_torch),
+             "torch_grad_bf16": (lambda: prepare(False), via_torch)}
     times = {k: [] for k in cases}
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for i in range(a.warmup + a.reps):
         for name in (list(cases)[i % 3:] + list(cases)[:i % 3]):  # rotated order
+            cases[name][0]()
             torch.cuda.synchronize()
             e0.record()
-            cases[name]()
+            cases[name][1]()
             e1.record()
             torch.cuda.synchronize()
             if i >= a.warmup:
@@ -93,7 +96,9 @@ def main():
            "torch": torch.__version__, "shape": {"experts": E, "hidden": H, "ffn": F, "tokens": S, "top_k": K},
            "reps": a.reps, "warmup": a.warmup,
            "method": "forward + backward (+ gradient sync) per repetition, CUDA events around each on the "
-                     "current stream after a synchronize, the three cases interleaved in rotated order",
+                     "current stream after a synchronize (so host time before the first kernel counts: the layer "
+                     "waits for its counts on the host, so the host never runs ahead of it), the three cases "
+                     "interleaved in rotated order; resetting .grad / main_grad between steps is untimed",
            "cases": {}}
     for name, t in times.items():
         t = sorted(t)

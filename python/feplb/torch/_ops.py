@@ -37,13 +37,13 @@ class LayerEntry:
         return self.runtime.streams or [torch.cuda.current_stream()]
 
     def arrays(self, tensors, r):
-        """rank r's slice of `tensors` as a C array of device pointers (cached: parameters keep
-        their storage)."""
+        """rank r's slice of `tensors` as a C array of device pointers (cached: parameters and
+        main_grad buffers keep their storage)."""
         E = self.experts
         ptrs = tuple(t.data_ptr() for t in tensors[r * E:(r + 1) * E])
         arr = self._arrays.get(ptrs)
         if arr is None:
-            if len(self._arrays) > 64:
+            if len(self._arrays) > 256:
                 self._arrays.clear()
             arr = self._arrays[ptrs] = _capi.pointer_array(ptrs)
         return arr
@@ -69,10 +69,6 @@ def _drop(ids):
         if i in _live:
             _live.discard(i)
             lib.feplb_handle_drop(i)
-
-
-def _ptrs(tensors):
-    return _capi.pointer_array([t.data_ptr() for t in tensors])
 
 
 def _fence_in(entry):
@@ -132,15 +128,11 @@ def backward_impl(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, g
                              "retain_graph=True?) or dropped")
     cur, streams = _fence_in(entry)
     args = (_capi.BackwardArgs * R)()
-    alive = []  # gradient pointer arrays the call reads
     for r in range(R):
         a = args[r]
-        g_gu, g_dn = _ptrs(grad_gate_up[r * entry.experts:(r + 1) * entry.experts]), _ptrs(
-            grad_down[r * entry.experts:(r + 1) * entry.experts])
-        alive += [g_gu, g_dn]
         a.layer, a.handle, a.num_experts = entry.c_layers[r], ids[r], entry.experts
         a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
-        a.grad_gate_up, a.grad_down = g_gu, g_dn
+        a.grad_gate_up, a.grad_down = entry.arrays(grad_gate_up, r), entry.arrays(grad_down, r)
         a.grad_out = (grad_out[r] if R > 1 else grad_out).data_ptr()
         a.topk_weight = (topk_weight[r] if R > 1 else topk_weight).data_ptr()
         a.grad_hidden = (grad_hidden[r] if R > 1 else grad_hidden).data_ptr()
