@@ -394,6 +394,42 @@ int feplb_backward(int n, const feplb_backward_args* args) {
   });
 }
 
+int feplb_forward_dispatched(int n, feplb_dispatched_forward_args* args) {
+  return guarded([&] {
+    require_ptr(args, "args");
+    on_ranks(n, [&](int r) {
+      feplb_dispatched_forward_args& a = args[r];
+      require_ptr(a.layer, "layer");
+      fill_params(a.layer, a.gate_up, a.down, a.num_experts);
+      FEPLB_REQUIRE_INPUT(a.num_experts == 0 || a.rows_per_expert, "rows_per_expert is null");
+      MicroBatch mb = a.layer->layer->forward_dispatched(
+          a.layer->params, static_cast<const bf16*>(a.rows),
+          std::span<const int64_t>(a.rows_per_expert, static_cast<size_t>(a.num_experts)),
+          static_cast<bf16*>(a.out_rows), static_cast<cudaStream_t>(a.stream));
+      a.handle = mb.valid() ? handles().put(std::move(mb)) : 0;
+    });
+  });
+}
+
+int feplb_backward_dispatched(int n, const feplb_dispatched_backward_args* args) {
+  return guarded([&] {
+    require_ptr(args, "args");
+    on_ranks(n, [&](int r) {
+      const feplb_dispatched_backward_args& a = args[r];
+      require_ptr(a.layer, "layer");
+      fill_params(a.layer, a.gate_up, a.down, a.num_experts);
+      FEPLB_REQUIRE_INPUT(a.num_experts == 0 || (a.grad_gate_up && a.grad_down), "gradients: null pointer arrays");
+      a.layer->grads.resize(static_cast<size_t>(a.num_experts));
+      for (int i = 0; i < a.num_experts; ++i) a.layer->grads[i] = {a.grad_gate_up[i], a.grad_down[i]};
+      MicroBatch mb = handles().take(a.handle);
+      a.layer->layer->backward_dispatched(std::move(mb), a.layer->params, static_cast<const bf16*>(a.grad_out_rows),
+                                          static_cast<bf16*>(a.grad_rows), a.layer->grads,
+                                          a.accumulate ? GradMode::kAccumulate : GradMode::kOverwrite,
+                                          static_cast<cudaStream_t>(a.stream));
+    });
+  });
+}
+
 int feplb_handle_drop(int64_t handle) {
   return guarded([&] { MicroBatch mb = handles().take(handle); });
 }

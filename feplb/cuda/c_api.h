@@ -101,6 +101,37 @@ typedef struct {
  * failure. */
 int feplb_forward(int n, feplb_forward_args* args);
 int feplb_backward(int n, const feplb_backward_args* args);
+/* Rows a framework dispatched itself (MoeLayer::forward_dispatched): rows at this rank's experts,
+ * grouped by local expert; phase 2 and the GEMMs only; outputs per row, before any combine. */
+typedef struct {
+  feplb_layer* layer;
+  const void* const* gate_up;
+  const void* const* down;
+  int num_experts;
+  const void* rows;                /* [N, H] bf16 */
+  const int64_t* rows_per_expert;  /* [num_experts] host values, summing to N */
+  void* out_rows;                  /* [N, H] bf16 */
+  void* stream;
+  int64_t handle;                  /* out */
+} feplb_dispatched_forward_args;
+
+typedef struct {
+  feplb_layer* layer;
+  int64_t handle;
+  const void* const* gate_up;
+  const void* const* down;
+  int num_experts;
+  const void* grad_out_rows; /* [N, H] bf16 */
+  void* grad_rows;           /* [N, H] bf16 */
+  float* const* grad_gate_up;
+  float* const* grad_down;
+  int accumulate;
+  void* stream;
+} feplb_dispatched_backward_args;
+
+int feplb_forward_dispatched(int n, feplb_dispatched_forward_args* args);
+int feplb_backward_dispatched(int n, const feplb_dispatched_backward_args* args);
+
 /* Gives an unused micro-batch's memory back. Unknown or consumed handles are an input error. */
 int feplb_handle_drop(int64_t handle);
 /* Later work on `stream` sees every weight gradient the layer's backwards produced. */

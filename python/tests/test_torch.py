@@ -236,3 +236,40 @@ def test_torch_compile_keeps_one_graph():
     loss.backward()
     assert rel_l2(loss, eager) <= 1e-3
     assert rel_l2(x.grad, g_eager) <= 1e-2
+
+
+def test_balancer_on_dispatched_rows_matches_the_reference():
+    """Rows a framework dispatched itself (each rank's, grouped by its experts; one hot expert):
+    per-row expert outputs, dL/drows and every expert's dL/dW."""
+    ranks, experts = 4, 16
+    per = experts // ranks
+    gen = torch.Generator().manual_seed(21)
+    bal = ft.Balancer(runtime(ranks, experts, 512, 1, recv_capacity_rows=1024))
+    counts = [[600 if (r == 0 and i == 0) else 16 + 5 * i + 3 * r for i in range(per)] for r in range(ranks)]
+    rows = [torch.randn(sum(c), H, generator=gen).cuda().to(torch.bfloat16).requires_grad_() for c in counts]
+    grads = [torch.randn(sum(c), H, generator=gen).cuda().to(torch.bfloat16) for c in counts]
+    outs = bal(rows, torch.tensor(counts))
+    torch.autograd.backward(outs, grads)
+    torch.cuda.synchronize()
+    gu, dn = list(bal.gate_up), list(bal.down)
+    total = [torch.zeros_like(p, dtype=torch.float64) for p in gu + dn]
+    for r in range(ranks):
+        idx = torch.repeat_interleave(torch.arange(r * per, (r + 1) * per), torch.tensor(counts[r])).cuda()
+        ref_out, g = reference_grads(rows[r], idx.view(-1, 1), torch.ones(len(idx), 1, device="cuda"), gu, dn,
+                                     grads[r])
+        assert rel_l2(outs[r], ref_out) <= REL, f"rank {r} out rows"
+        assert rel_l2(rows[r].grad, g[0]) <= REL, f"rank {r} d rows"
+        total = [a + b for a, b in zip(total, g[2:])]
+    for p, ref in zip(gu + dn, total):
+        if ref.abs().max() > 0:
+            assert rel_l2(p.grad, ref) <= REL
+    assert sum(s["rows_moved"] for s in bal.stats()) > 0, "a hot expert, yet nothing moved"
+    with pytest.raises(ValueError, match="summing to"):
+        bal(rows, torch.tensor(counts) + 1)
+    # Megatron's permuted_probs scale each row's output.
+    probs = [torch.rand(sum(c), generator=gen).cuda() for c in counts]
+    with torch.no_grad():
+        plain = bal(rows, counts)
+        scaled = bal(rows, counts, probs)
+    for p, a, b in zip(probs, plain, scaled):
+        assert rel_l2(b, a.float() * p.unsqueeze(1)) <= 1e-2

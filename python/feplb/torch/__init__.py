@@ -13,7 +13,7 @@ never against torch's headers) behind torch.library custom ops with fake impleme
 a CUDA, NCCL or peer failure raises RuntimeError.
 """
 
-from ._modules import MoE
+from ._modules import Balancer, MoE
 from ._runtime import Runtime
 
-__all__ = ["MoE", "Runtime"]
+__all__ = ["Balancer", "MoE", "Runtime"]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import weakref
 
+import ctypes
+
 import torch
 
 from . import _capi
@@ -23,6 +25,7 @@ _next_key = [1]
 _lock = threading.Lock()
 # Micro-batch handles a forward kept and no backward has consumed yet.
 _live: set[int] = set()
+ctypes_int64 = ctypes.c_int64
 
 
 class LayerEntry:
@@ -240,6 +243,144 @@ def apply(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
     if torch.compiler.is_compiling():
         return moe_forward(hidden, topk_idx, topk_weight, gate_up, down, key, keep)[0]
     return MoEFunction.apply(hidden, topk_idx, topk_weight, key, keep, len(gate_up), *gate_up, *down)[0]
+
+
+# ---- rows a framework dispatched itself (Balancer) -------------------------------------------
+
+
+def dispatched_forward_impl(rows, counts, gate_up, down, key, keep):
+    """rows: one [N_r, H] tensor per local rank; counts: [R][E_local] rows per local expert."""
+    entry = _layers[key]
+    R = entry.local_ranks
+    outs = [torch.empty_like(x) for x in rows]
+    cur, streams = _fence_in(entry)
+    args = (_capi.DispatchedForwardArgs * R)()
+    alive = []
+    for r in range(R):
+        a = args[r]
+        c = (ctypes_int64 * max(1, entry.experts))(*counts[r])
+        alive.append(c)
+        a.layer, a.num_experts = entry.c_layers[r], entry.experts
+        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
+        a.rows, a.rows_per_expert, a.out_rows = rows[r].data_ptr(), c, outs[r].data_ptr()
+        a.stream = streams[r].cuda_stream
+    code = lib.feplb_forward_dispatched(R, args)
+    _fence_out(entry, cur, streams)
+    ids = [args[r].handle for r in range(R)]
+    _live.update(i for i in ids if i)
+    check(code)
+    handles = torch.tensor(ids, dtype=torch.int64)
+    if keep:
+        weakref.finalize(handles, _drop, ids)
+    else:
+        _drop(ids)
+    return outs, handles
+
+
+def dispatched_backward_impl(grad_outs, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
+    entry = _layers[key]
+    R = entry.local_ranks
+    grad_rows = [torch.empty_like(g) for g in grad_outs]
+    ids = handles.tolist()
+    for i in ids:
+        if i not in _live:
+            raise ValueError(f"feplb backward: micro-batch {i} was consumed already or dropped")
+    cur, streams = _fence_in(entry)
+    args = (_capi.DispatchedBackwardArgs * R)()
+    for r in range(R):
+        a = args[r]
+        a.layer, a.handle, a.num_experts = entry.c_layers[r], ids[r], entry.experts
+        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
+        a.grad_gate_up, a.grad_down = entry.arrays(grad_gate_up, r), entry.arrays(grad_down, r)
+        a.grad_out_rows, a.grad_rows = grad_outs[r].data_ptr(), grad_rows[r].data_ptr()
+        a.accumulate = 1 if accumulate else 0
+        a.stream = streams[r].cuda_stream
+    _live.difference_update(ids)
+    code = lib.feplb_backward_dispatched(R, args)
+    if code == _capi.OK:
+        for r in range(R):
+            check(lib.feplb_layer_sync_gradients(entry.c_layers[r], streams[r].cuda_stream))
+    _fence_out(entry, cur, streams)
+    check(code)
+    return grad_rows
+
+
+# One list out: the R output tensors, then the handles.
+@torch.library.custom_op("feplb::dispatched_forward", mutates_args=())
+def dispatched_forward(rows: list[torch.Tensor], counts: list[int], gate_up: list[torch.Tensor],
+                       down: list[torch.Tensor], key: int, keep: bool) -> list[torch.Tensor]:
+    E = _layers[key].experts
+    outs, handles = dispatched_forward_impl(rows, [counts[r * E:(r + 1) * E] for r in range(len(rows))], gate_up,
+                                            down, key, keep)
+    return [*outs, handles]
+
+
+@dispatched_forward.register_fake
+def _(rows, counts, gate_up, down, key, keep):
+    return [*(torch.empty_like(x) for x in rows), torch.empty((len(rows),), dtype=torch.int64, device="cpu")]
+
+
+@torch.library.custom_op("feplb::dispatched_backward", mutates_args=("grad_gate_up", "grad_down"))
+def dispatched_backward(grad_outs: list[torch.Tensor], handles: torch.Tensor, gate_up: list[torch.Tensor],
+                        down: list[torch.Tensor], grad_gate_up: list[torch.Tensor], grad_down: list[torch.Tensor],
+                        key: int, accumulate: bool) -> list[torch.Tensor]:
+    return dispatched_backward_impl(grad_outs, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate)
+
+
+@dispatched_backward.register_fake
+def _(grad_outs, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
+    return [torch.empty_like(g) for g in grad_outs]
+
+
+def _dispatched_setup(ctx, inputs, output):
+    rows, counts, gate_up, down, key, keep = inputs
+    ctx.save_for_backward(output[-1])
+    ctx.params = (list(gate_up), list(down))
+    ctx.key = key
+    ctx.R = len(rows)
+
+
+def _dispatched_backward(ctx, grads):
+    (handles,) = ctx.saved_tensors
+    gate_up, down = ctx.params
+    g_gu, g_dn, acc = _weight_grads(gate_up, down)
+    grad_rows = dispatched_backward([g.contiguous() for g in grads[:ctx.R]], handles, gate_up, down, g_gu, g_dn,
+                                    ctx.key, acc)
+    return (grad_rows, None, *_param_grads(g_gu, g_dn, gate_up, down, acc), None, None)
+
+
+dispatched_forward.register_autograd(_dispatched_backward, setup_context=_dispatched_setup)
+
+
+class DispatchedFunction(torch.autograd.Function):
+    """The eager path of the Balancer (inputs: R rows tensors, then the parameters)."""
+
+    @staticmethod
+    def forward(ctx, key, keep, counts, R, n, *tensors):
+        rows, params = list(tensors[:R]), tensors[R:]
+        gate_up, down = list(params[:n]), list(params[n:])
+        outs, handles = dispatched_forward_impl(rows, counts, gate_up, down, key, keep)
+        ctx.save_for_backward(handles)
+        ctx.params, ctx.key, ctx.R = (gate_up, down), key, R
+        return (*outs, handles)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        (handles,) = ctx.saved_tensors
+        gate_up, down = ctx.params
+        g_gu, g_dn, acc = _weight_grads(gate_up, down)
+        grad_rows = dispatched_backward_impl([g.contiguous() for g in grads[:ctx.R]], handles, gate_up, down, g_gu,
+                                             g_dn, ctx.key, acc)
+        p_gu, p_dn = _param_grads(g_gu, g_dn, gate_up, down, acc)
+        return (None, None, None, None, None, *grad_rows, *p_gu, *p_dn)
+
+
+def apply_dispatched(rows, counts, gate_up, down, key, keep):
+    if torch.compiler.is_compiling():
+        flat = [c for per_rank in counts for c in per_rank]
+        return dispatched_forward(rows, flat, gate_up, down, key, keep)[:-1]
+    R = len(rows)
+    return list(DispatchedFunction.apply(key, keep, counts, R, len(gate_up), *rows, *gate_up, *down)[:R])
 
 
 def layer_stats(key: int) -> list[dict]:
