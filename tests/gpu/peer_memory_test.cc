@@ -493,7 +493,8 @@ std::vector<RankOutcome> run_ranks(const std::string& which, int world, const st
       const std::string kv = *e;
       const std::string key = kv.substr(0, kv.find('='));
       if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE" ||
-          key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "FEPLB_MP_CASE") {
+          key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "FEPLB_RENDEZVOUS_PORT" ||
+          key == "FEPLB_MP_CASE") {
         continue;
       }
       env_s.push_back(kv);
@@ -506,6 +507,7 @@ std::vector<RankOutcome> run_ranks(const std::string& which, int world, const st
     env_s.push_back(fmt::format("LOCAL_WORLD_SIZE={}", local_world));
     env_s.push_back("MASTER_ADDR=127.0.0.1");
     env_s.push_back(fmt::format("MASTER_PORT={}", port));
+    env_s.push_back(fmt::format("FEPLB_RENDEZVOUS_PORT={}", port));  // nothing else listens here
     std::vector<char*> envp;
     for (auto& kv : env_s) envp.push_back(kv.data());
     envp.push_back(nullptr);
@@ -607,7 +609,7 @@ TEST(PeerMemoryMp, APeerThatNeverArrivesIsAnErrorNotAHang) {
     dist::LaunchEnv env;
     env.rank = rank;
     env.world_size = 2;
-    env.master_port = free_port();
+    env.rendezvous_port = free_port();
     const auto t0 = std::chrono::steady_clock::now();
     std::string what;
     try {

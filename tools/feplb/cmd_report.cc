@@ -108,7 +108,7 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
   c.warmup_steps = o.warmup;
   c.sim = o.sweep.sim;
   c.model = o.sweep.model;
-  if (o.cost_model != "roofline") c.cost_dir = data_dir() + "/cost";
+  if (o.cost_model != "roofline") c.cost_dir = data_path("cost");
   if (!o.plots_dir.empty()) {
     FEPLB_REQUIRE_INPUT(fs::is_directory(o.plots_dir, ec), "--plots: {} is not a directory",
                         o.plots_dir);
@@ -179,7 +179,7 @@ std::string given_command(const CLI::App& cmd) {
 
 void run_report(ReportOptions o, const std::string& command) {
   namespace fs = std::filesystem;
-  const std::string dir = o.priors_dir.empty() ? data_dir() + "/priors" : o.priors_dir;
+  const std::string dir = o.priors_dir.empty() ? data_path("priors") : o.priors_dir;
   std::error_code ec;
   FEPLB_REQUIRE_INPUT(fs::is_directory(dir, ec), "--priors: {} is not a directory", dir);
   for (const auto& entry : fs::directory_iterator(dir)) {
