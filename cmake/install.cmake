@@ -38,6 +38,7 @@ set(feplb_public_headers
 )
 set(feplb_public_cuda_headers
   feplb/runtime.h
+  feplb/cuda/c_api.h
   feplb/cuda/device.h
   feplb/cuda/moe_layer.h
   feplb/cuda/nccl_comm.h
@@ -67,6 +68,8 @@ if(FEPLB_WITH_CUDA)
           LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development)
   install(EXPORT feplbCudaTargets NAMESPACE feplb:: DESTINATION ${feplb_cmake_dir} COMPONENT development)
+  # The C API (feplb/cuda/c_api.h) that bindings load at run time (feplb.torch: FEPLB_LIBRARY).
+  install(TARGETS feplb_c LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime)
 endif()
 
 # The CLI (and the GPU one, where it is a separate binary) and the data they read.
