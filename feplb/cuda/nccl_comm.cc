@@ -22,8 +22,8 @@ NcclCommunicator NcclCommunicator::borrow(ncclComm* comm) {
   return c;
 }
 
-NcclCommunicator::NcclCommunicator(int rank, int world_size, int device, const dist::AllGatherBlobs& all_gather,
-                                   double timeout_s)
+NcclCommunicator::NcclCommunicator(int rank, int world_size, int device,
+                                   const dist::AllGatherBlobs& all_gather, double timeout_s)
     : device_(device) {
   FEPLB_REQUIRE_INPUT(timeout_s > 0, "NCCL init: timeout {} s is not positive", timeout_s);
   FEPLB_CUDA_CHECK(cudaSetDevice(device_));
@@ -32,9 +32,10 @@ NcclCommunicator::NcclCommunicator(int rank, int world_size, int device, const d
     const ncclResult_t r = ncclGetUniqueId(&id);
     FEPLB_CHECK(r == ncclSuccess, "ncclGetUniqueId: {}", ncclGetErrorString(r));
   }
-  const std::string mine = rank == 0 ? std::string(id.internal, sizeof(id.internal)) : std::string();
-  const std::string root =
-      dist::share_from_rank0("feplb-nccl-unique-id", rank, world_size, mine, sizeof(id.internal), all_gather);
+  const std::string mine =
+      rank == 0 ? std::string(id.internal, sizeof(id.internal)) : std::string();
+  const std::string root = dist::share_from_rank0("feplb-nccl-unique-id", rank, world_size, mine,
+                                                  sizeof(id.internal), all_gather);
   std::memcpy(id.internal, root.data(), sizeof(id.internal));
   // Non-blocking init so a peer that never joins is a timeout, not a hang.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -45,8 +46,9 @@ NcclCommunicator::NcclCommunicator(int rank, int world_size, int device, const d
   while (r == ncclInProgress) {
     if (std::chrono::steady_clock::now() > deadline) {
       ncclCommAbort(comm);
-      throw Error(fmt::format("NCCL init: rank {} of {} not ready after {:.0f} s (a peer never joined?)", rank,
-                              world_size, timeout_s));
+      throw Error(
+          fmt::format("NCCL init: rank {} of {} not ready after {:.0f} s (a peer never joined?)",
+                      rank, world_size, timeout_s));
     }
     ncclCommGetAsyncError(comm, &r);
   }
@@ -58,7 +60,8 @@ NcclCommunicator::NcclCommunicator(int rank, int world_size, int device, const d
 }
 
 NcclCommunicator::NcclCommunicator(const dist::LaunchEnv& env, double timeout_s)
-    : NcclCommunicator(env.rank, env.world_size, env.local_rank, dist::tcp_all_gather(env, timeout_s), timeout_s) {}
+    : NcclCommunicator(env.rank, env.world_size, env.local_rank,
+                       dist::tcp_all_gather(env, timeout_s), timeout_s) {}
 
 NcclCommunicator::~NcclCommunicator() {
   if (comm_ && owned_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));

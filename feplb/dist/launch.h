@@ -19,8 +19,8 @@ struct LaunchEnv {
   int rank = 0, world_size = 1;
   int local_rank = 0, local_world_size = 1;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;    // the launcher's (torchrun's store); feplb never binds it
-  int rendezvous_port = 0;    // rank 0's rendezvous listens here; 0: master_port + 1
+  int master_port = 29500;  // the launcher's (torchrun's store); feplb never binds it
+  int rendezvous_port = 0;  // rank 0's rendezvous listens here; 0: master_port + 1
 };
 
 // The port rendezvous_all_gather uses: env.rendezvous_port, or master_port + 1 when 0.
@@ -38,7 +38,8 @@ LaunchEnv launch_env_from_process();
 // Every rank calls it with its blob; every rank gets all blobs in rank order. Rank 0 listens on
 // rendezvous_port(env); the others connect (retrying until rank 0 listens). Throws Error after
 // `timeout_s` naming the ranks that never arrived (on rank 0) or the unreachable address.
-std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::string& blob, double timeout_s);
+std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::string& blob,
+                                               double timeout_s);
 
 // An all-gather of one blob per rank: called collectively with this rank's blob, returns every
 // rank's, in rank order. A framework's process group provides one (torch.distributed's
@@ -55,7 +56,8 @@ AllGatherBlobs tcp_all_gather(const LaunchEnv& env, double timeout_s);
 // (prefixed with `what`) when the all-gather throws, returns other than `world_size` entries,
 // returns an entry from another rank, world size or purpose, or rank 0's payload is not
 // `expected_bytes` long.
-std::string share_from_rank0(std::string_view what, int rank, int world_size, const std::string& root_blob,
-                             size_t expected_bytes, const AllGatherBlobs& all_gather);
+std::string share_from_rank0(std::string_view what, int rank, int world_size,
+                             const std::string& root_blob, size_t expected_bytes,
+                             const AllGatherBlobs& all_gather);
 
 }  // namespace feplb::dist

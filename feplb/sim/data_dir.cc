@@ -35,13 +35,15 @@ fs::path folder_of(const fs::path& path) {
 // The folder of the shared library (or executable) this function was linked into.
 fs::path library_folder() {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<const void*>(&library_folder), &info) == 0 || !info.dli_fname) return {};
+  if (dladdr(reinterpret_cast<const void*>(&library_folder), &info) == 0 || !info.dli_fname)
+    return {};
   return folder_of(info.dli_fname);
 }
 
 }  // namespace
 
-std::vector<std::string> data_search_path(const char* env_dir, const std::vector<std::string>& installed) {
+std::vector<std::string> data_search_path(const char* env_dir,
+                                          const std::vector<std::string>& installed) {
   std::vector<std::string> places;
   const auto add = [&](const std::string& p) {
     if (p.empty()) return;
@@ -61,7 +63,8 @@ std::vector<std::string> data_search_path(const std::vector<std::string>& extra_
   if (const fs::path exe = folder_of("/proc/self/exe"); !exe.empty()) {
     installed.push_back((exe / FEPLB_BIN_TO_DATA).string());
   }
-  if (const fs::path lib = library_folder(); !lib.empty()) installed.push_back((lib / FEPLB_LIB_TO_DATA).string());
+  if (const fs::path lib = library_folder(); !lib.empty())
+    installed.push_back((lib / FEPLB_LIB_TO_DATA).string());
   return data_search_path(std::getenv("FEPLB_DATA_DIR"), installed);
 }
 
@@ -82,7 +85,9 @@ std::string find_data(std::string_view relative, const std::vector<std::string>&
   return (fs::path(find_data_dir(relative, search)) / relative).string();
 }
 
-std::string find_data_dir(std::string_view relative) { return find_data_dir(relative, data_search_path()); }
+std::string find_data_dir(std::string_view relative) {
+  return find_data_dir(relative, data_search_path());
+}
 
 std::string find_data(std::string_view relative) { return find_data(relative, data_search_path()); }
 

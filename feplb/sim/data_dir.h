@@ -19,7 +19,8 @@ namespace feplb {
 
 // The places in order, without duplicates: `env_dir` (the value of FEPLB_DATA_DIR; null or empty:
 // skipped), then `installed`, then the source tree's data/ (compiled in). Pure: reads nothing.
-std::vector<std::string> data_search_path(const char* env_dir, const std::vector<std::string>& installed);
+std::vector<std::string> data_search_path(const char* env_dir,
+                                          const std::vector<std::string>& installed);
 
 // This process's places: FEPLB_DATA_DIR from the environment, then the installed copy relative to
 // the running executable and to the library, then the source tree's data/. Extra installed places

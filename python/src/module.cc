@@ -11,8 +11,10 @@ PYBIND11_MODULE(_feplb, m) {
   // The bundled data (the measured GEMM tables, the default trace), looked for as the CLI does
   // (feplb/sim/data_dir.h): $FEPLB_DATA_DIR, then `installed` (the package's own copy), then the
   // installed share/feplb/data, then the repository's data/ this module was built from.
-  m.def("data_search_path", [](const std::vector<std::string>& installed) { return feplb::data_search_path(installed); },
-        pybind11::arg("installed"));
+  m.def(
+      "data_search_path",
+      [](const std::vector<std::string>& installed) { return feplb::data_search_path(installed); },
+      pybind11::arg("installed"));
   m.def(
       "find_data_dir",
       [](const std::string& relative, const std::vector<std::string>& installed) {

@@ -24,7 +24,8 @@ constexpr int64_t kHidden = 256, kFfn = 128, kTokens = 128;
 template <typename T>
 T* device_copy(const std::vector<T>& host) {
   void* p = nullptr;
-  if (cudaMalloc(&p, host.size() * sizeof(T)) != cudaSuccess) throw feplb::Error("cudaMalloc failed");
+  if (cudaMalloc(&p, host.size() * sizeof(T)) != cudaSuccess)
+    throw feplb::Error("cudaMalloc failed");
   cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
   return static_cast<T*>(p);
 }
@@ -37,7 +38,8 @@ struct Experts {
   explicit Experts(int seed) {
     const int64_t per_expert = 3 * kHidden * kFfn, gate_up = 2 * kHidden * kFfn;
     std::vector<bf16> w(static_cast<size_t>(kExperts * per_expert));
-    for (size_t i = 0; i < w.size(); ++i) w[i] = __float2bfloat16(0.02f * static_cast<float>((i * 7 + seed) % 11) - 0.1f);
+    for (size_t i = 0; i < w.size(); ++i)
+      w[i] = __float2bfloat16(0.02f * static_cast<float>((i * 7 + seed) % 11) - 0.1f);
     const bf16* wd = device_copy(w);
     grad_base = device_copy(std::vector<float>(w.size(), 0.0f));
     for (int e = 0; e < kExperts; ++e) {
@@ -68,10 +70,12 @@ int main() {
     cudaStreamCreate(&stream);
     // Inputs of one micro-batch: hidden [S, H], routing [S, K] (ids, weights), grad_out [S, H].
     std::vector<bf16> x_h(kTokens * kHidden);
-    for (size_t i = 0; i < x_h.size(); ++i) x_h[i] = __float2bfloat16(0.01f * static_cast<float>(i % 13));
+    for (size_t i = 0; i < x_h.size(); ++i)
+      x_h[i] = __float2bfloat16(0.01f * static_cast<float>(i % 13));
     std::vector<int32_t> idx_h(kTokens * kTopK);
     for (int64_t t = 0; t < kTokens; ++t) {
-      for (int k = 0; k < kTopK; ++k) idx_h[t * kTopK + k] = static_cast<int32_t>((t + 3 * k) % kExperts);
+      for (int k = 0; k < kTopK; ++k)
+        idx_h[t * kTopK + k] = static_cast<int32_t>((t + 3 * k) % kExperts);
     }
     const bf16* x = device_copy(x_h);
     const bf16* dy = x;
@@ -97,8 +101,9 @@ int main() {
     // 3. The layers, in the same order on every rank, each with its planner.
     std::vector<std::unique_ptr<cuda::MoeLayer>> layers;
     for (int l = 0; l < kLayers; ++l) {
-      layers.push_back(std::make_unique<cuda::MoeLayer>(*runtime, cuda::LayerConfig{kTopK, "moe" + std::to_string(l)},
-                                                        cuda::make_gpu_planner(*runtime, "feplb")));
+      layers.push_back(std::make_unique<cuda::MoeLayer>(
+          *runtime, cuda::LayerConfig{kTopK, "moe" + std::to_string(l)},
+          cuda::make_gpu_planner(*runtime, "feplb")));
     }
     // 4. Forward: each layer returns the handle its backward consumes (several may be in flight).
     std::vector<cuda::MicroBatch> saved;
@@ -122,12 +127,15 @@ int main() {
     cudaMemcpy(dx_h.data(), dx, dx_h.size() * sizeof(bf16), cudaMemcpyDeviceToHost);
     for (bf16 v : dx_h) got.push_back(__bfloat162float(v));
     std::vector<float> grads(static_cast<size_t>(kExperts * 3 * kHidden * kFfn));
-    cudaMemcpy(grads.data(), experts[0].grad_base, grads.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(grads.data(), experts[0].grad_base, grads.size() * sizeof(float),
+               cudaMemcpyDeviceToHost);
     bool nonzero = false;
     for (float g : grads) nonzero = nonzero || g != 0.0f;
-    const bool ok = all_finite(got) && all_finite(grads) && nonzero && cudaGetLastError() == cudaSuccess;
-    std::printf("lifecycle: %d layers forward + backward on one rank: %s\n", kLayers,
-                ok ? "finite outputs, non-zero weight gradients" : "FAILED (non-finite or zero gradients)");
+    const bool ok =
+        all_finite(got) && all_finite(grads) && nonzero && cudaGetLastError() == cudaSuccess;
+    std::printf(
+        "lifecycle: %d layers forward + backward on one rank: %s\n", kLayers,
+        ok ? "finite outputs, non-zero weight gradients" : "FAILED (non-finite or zero gradients)");
     return ok ? 0 : 1;
   } catch (const feplb::Error& e) {
     std::fprintf(stderr, "lifecycle: %s\n", e.what());

@@ -19,8 +19,9 @@ int main(int argc, char** argv) {
     routing.sum_experts();
 
     const feplb::ExpertShape shape{.hidden = 4096, .ffn = 1536};
-    feplb::PlannerContext ctx{feplb::Topology::contiguous(routing.num_ranks, 8, routing.num_experts), shape,
-                              feplb::Knobs{}};
+    feplb::PlannerContext ctx{
+        feplb::Topology::contiguous(routing.num_ranks, 8, routing.num_experts), shape,
+        feplb::Knobs{}};
     const feplb::RooflineCostModel cost(shape, ctx.knobs);
     ctx.cost = &cost;
     const auto planner = feplb::make_planner("feplb", ctx);
@@ -32,9 +33,11 @@ int main(int argc, char** argv) {
 
     const feplb::StepMetrics before = feplb::measure_plan(base, ctx.topo, cost, ctx.knobs, 0);
     const feplb::StepMetrics after = feplb::measure_plan(plan, ctx.topo, cost, ctx.knobs, 0);
-    std::printf("%d ranks, %d experts, %lld rows: token straggler %.0f rows (static) -> %.0f (feplb), %zu copies\n",
-                routing.num_ranks, routing.num_experts, static_cast<long long>(routing.total_rows()),
-                before.token_straggler, after.token_straggler, plan.copies.size());
+    std::printf(
+        "%d ranks, %d experts, %lld rows: token straggler %.0f rows (static) -> %.0f (feplb), %zu "
+        "copies\n",
+        routing.num_ranks, routing.num_experts, static_cast<long long>(routing.total_rows()),
+        before.token_straggler, after.token_straggler, plan.copies.size());
     return after.token_straggler <= before.token_straggler ? 0 : 1;
   } catch (const feplb::Error& e) {
     std::fprintf(stderr, "plan_step: %s\n", e.what());

@@ -1,5 +1,7 @@
 // Where the bundled data is found (feplb/sim/data_dir.h): $FEPLB_DATA_DIR, then the installed
 // copies, then the source tree's data/; an error listing every place when none has the file.
+#include "feplb/sim/data_dir.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,7 +11,6 @@
 #include <fstream>
 
 #include "feplb/core/errors.h"
-#include "feplb/sim/data_dir.h"
 
 namespace feplb {
 namespace {
@@ -68,7 +69,8 @@ TEST(DataDir, TheFirstPlaceHoldingTheFileWins) {
   // Folders count too (the CLI looks for "cost" and "priors").
   EXPECT_EQ(find_data_dir("traces", search), env.str());
   // Neither: the source tree's own files are still found.
-  EXPECT_EQ(find_data("traces/default.json", search), (fs::path(search[2]) / "traces/default.json").string());
+  EXPECT_EQ(find_data("traces/default.json", search),
+            (fs::path(search[2]) / "traces/default.json").string());
 }
 
 TEST(DataDir, NoPlaceHoldingItIsAnInputErrorListingEveryPlace) {
@@ -80,7 +82,8 @@ TEST(DataDir, NoPlaceHoldingItIsAnInputErrorListingEveryPlace) {
   } catch (const InputError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("traces/no-such-trace.json not found in"), std::string::npos) << what;
-    for (const std::string& place : search) EXPECT_NE(what.find(place), std::string::npos) << place << ": " << what;
+    for (const std::string& place : search)
+      EXPECT_NE(what.find(place), std::string::npos) << place << ": " << what;
     EXPECT_NE(what.find("FEPLB_DATA_DIR"), std::string::npos) << what;
   }
   EXPECT_THROW(find_data("x", {}), InputError);

@@ -1,8 +1,9 @@
 // Multi-process launch plumbing: torchrun/mpirun environments, the TCP rendezvous (ranks as
 // threads on localhost) on its own port (never MASTER_PORT), peers that never arrive, and sharing
 // rank 0's id through an all-gather (the caller's or the rendezvous), with its error paths.
-#include <gtest/gtest.h>
+#include "feplb/dist/launch.h"
 
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,7 +14,6 @@
 #include <thread>
 
 #include "feplb/core/error.h"
-#include "feplb/dist/launch.h"
 
 namespace feplb::dist {
 namespace {
@@ -39,8 +39,12 @@ int free_port() {
 }
 
 TEST(LaunchEnv, TorchrunMpirunAndSingleProcess) {
-  auto e = launch_env(env_of({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                              {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "1234"}}));
+  auto e = launch_env(env_of({{"RANK", "5"},
+                              {"WORLD_SIZE", "8"},
+                              {"LOCAL_RANK", "1"},
+                              {"LOCAL_WORLD_SIZE", "4"},
+                              {"MASTER_ADDR", "node0"},
+                              {"MASTER_PORT", "1234"}}));
   EXPECT_EQ(e.rank, 5);
   EXPECT_EQ(e.world_size, 8);
   EXPECT_EQ(e.local_rank, 1);
@@ -57,11 +61,14 @@ TEST(LaunchEnv, TorchrunMpirunAndSingleProcess) {
   EXPECT_THROW(launch_env(env_of({{"RANK", "8"}, {"WORLD_SIZE", "8"}})), InputError);
   EXPECT_THROW(launch_env(env_of({{"RANK", "x"}, {"WORLD_SIZE", "8"}})), InputError);
   EXPECT_THROW(launch_env(env_of({{"RANK", "0"}})), InputError);
-  EXPECT_THROW(launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}})), InputError);
+  EXPECT_THROW(launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}})),
+               InputError);
 }
 
 TEST(LaunchEnv, RendezvousPortFromItsOwnVariableOrMasterPortPlusOne) {
-  auto e = launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"},
+  auto e = launch_env(env_of({{"RANK", "0"},
+                              {"WORLD_SIZE", "2"},
+                              {"MASTER_PORT", "29500"},
                               {"FEPLB_RENDEZVOUS_PORT", "40000"}}));
   EXPECT_EQ(e.master_port, 29500);
   EXPECT_EQ(rendezvous_port(e), 40000);
@@ -75,13 +82,17 @@ TEST(LaunchEnv, RendezvousPortFromItsOwnVariableOrMasterPortPlusOne) {
     launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "65535"}}));
     ADD_FAILURE() << "no error";
   } catch (const InputError& err) {
-    EXPECT_NE(std::string(err.what()).find("FEPLB_RENDEZVOUS_PORT"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("FEPLB_RENDEZVOUS_PORT"), std::string::npos)
+        << err.what();
   }
-  e = launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "65535"},
+  e = launch_env(env_of({{"RANK", "0"},
+                         {"WORLD_SIZE", "2"},
+                         {"MASTER_PORT", "65535"},
                          {"FEPLB_RENDEZVOUS_PORT", "2000"}}));
   EXPECT_EQ(rendezvous_port(e), 2000);
-  EXPECT_THROW(launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"FEPLB_RENDEZVOUS_PORT", "0"}})),
-               InputError);
+  EXPECT_THROW(
+      launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"FEPLB_RENDEZVOUS_PORT", "0"}})),
+      InputError);
 }
 
 // A listening socket on `port` (127.0.0.1 and every address), as torchrun's store holds
@@ -145,7 +156,8 @@ TEST(Rendezvous, APortAlreadyTakenIsAnInputErrorNamingTheVariable) {
     rendezvous_all_gather(e, "x", 1);
     ADD_FAILURE() << "no error";
   } catch (const InputError& err) {
-    EXPECT_NE(std::string(err.what()).find("FEPLB_RENDEZVOUS_PORT: cannot listen on port " + std::to_string(port)),
+    EXPECT_NE(std::string(err.what())
+                  .find("FEPLB_RENDEZVOUS_PORT: cannot listen on port " + std::to_string(port)),
               std::string::npos)
         << err.what();
   }
@@ -162,13 +174,15 @@ TEST(Rendezvous, AllGathersEveryRanksBlobInRankOrder) {
       e.rank = r;
       e.world_size = world;
       e.rendezvous_port = port;
-      got[r] = rendezvous_all_gather(e, std::string(static_cast<size_t>(r) * 1000, static_cast<char>('a' + r)), 10);
+      got[r] = rendezvous_all_gather(
+          e, std::string(static_cast<size_t>(r) * 1000, static_cast<char>('a' + r)), 10);
     });
   }
   for (auto& t : ts) t.join();
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(got[r].size(), static_cast<size_t>(world));
-    for (int s = 0; s < world; ++s) EXPECT_EQ(got[r][s], std::string(static_cast<size_t>(s) * 1000, static_cast<char>('a' + s)));
+    for (int s = 0; s < world; ++s)
+      EXPECT_EQ(got[r][s], std::string(static_cast<size_t>(s) * 1000, static_cast<char>('a' + s)));
   }
 }
 
@@ -187,7 +201,8 @@ TEST(Rendezvous, BackToBackRoundsOnOnePort) {
         for (int k = 0; k < rounds; ++k) {
           const auto all = rendezvous_all_gather(e, std::to_string(k * 100 + r), 10);
           for (int s = 0; s < world; ++s) {
-            if (all[s] != std::to_string(k * 100 + s)) got[r].push_back(fmt::format("round {} rank {}: {}", k, s, all[s]));
+            if (all[s] != std::to_string(k * 100 + s))
+              got[r].push_back(fmt::format("round {} rank {}: {}", k, s, all[s]));
           }
         }
       } catch (const Error& err) {
@@ -196,7 +211,8 @@ TEST(Rendezvous, BackToBackRoundsOnOnePort) {
     });
   }
   for (auto& t : ts) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(got[r].empty()) << "rank " << r << ": " << got[r].front();
+  for (int r = 0; r < world; ++r)
+    EXPECT_TRUE(got[r].empty()) << "rank " << r << ": " << got[r].front();
 }
 
 TEST(Rendezvous, APeerThatNeverArrivesIsNamedWithinTheTimeout) {
@@ -276,13 +292,15 @@ TEST(ShareFromRank0, EveryRankGetsRankZerosIdThroughTheRendezvous) {
       e.rank = r;
       e.world_size = world;
       e.rendezvous_port = port;
-      got[r] = share_from_rank0(kWhat, r, world, r == 0 ? kId : "", kId.size(), tcp_all_gather(e, 10));
+      got[r] =
+          share_from_rank0(kWhat, r, world, r == 0 ? kId : "", kId.size(), tcp_all_gather(e, 10));
     });
   }
   for (auto& t : ts) t.join();
   for (int r = 0; r < world; ++r) EXPECT_EQ(got[r], kId) << "rank " << r;
   // One rank: the caller's all-gather of one entry.
-  EXPECT_EQ(share_from_rank0(kWhat, 0, 1, kId, kId.size(), [](const std::string& b) { return std::vector{b}; }),
+  EXPECT_EQ(share_from_rank0(kWhat, 0, 1, kId, kId.size(),
+                             [](const std::string& b) { return std::vector{b}; }),
             kId);
 }
 
@@ -313,12 +331,14 @@ TEST(ShareFromRank0, APeerThatNeverAnswersIsAnErrorWithinTheTimeout) {
 
 TEST(ShareFromRank0, AnAllGatherThatThrowsIsAnErrorKeepingItsMessage) {
   try {
-    share_from_rank0(kWhat, 1, 2, "", kId.size(), [](const std::string&) -> std::vector<std::string> {
-      throw std::runtime_error("process group timed out");
-    });
+    share_from_rank0(kWhat, 1, 2, "", kId.size(),
+                     [](const std::string&) -> std::vector<std::string> {
+                       throw std::runtime_error("process group timed out");
+                     });
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "test-id: the all-gather failed on rank 1 of 2: process group timed out");
+    EXPECT_EQ(std::string(e.what()),
+              "test-id: the all-gather failed on rank 1 of 2: process group timed out");
   }
 }
 
@@ -327,17 +347,22 @@ TEST(ShareFromRank0, WrongEntriesAreErrorsNamingWhatIsWrong) {
   ASSERT_FALSE(e0.empty());
   ASSERT_FALSE(e1.empty());
   EXPECT_EQ(error_with(1, 2, {e0, e1}), "");  // the right entries
-  EXPECT_NE(error_with(1, 2, {e0}).find("returned 1 entries on rank 1, expected one per rank (2)"), std::string::npos);
+  EXPECT_NE(error_with(1, 2, {e0}).find("returned 1 entries on rank 1, expected one per rank (2)"),
+            std::string::npos);
   // Out of rank order, or the same rank twice.
-  EXPECT_NE(error_with(1, 2, {e1, e0}).find("entry 0 of the all-gather on rank 1 is 'test-id 1 2', expected 'test-id 0 2'"),
-            std::string::npos)
+  EXPECT_NE(
+      error_with(1, 2, {e1, e0})
+          .find("entry 0 of the all-gather on rank 1 is 'test-id 1 2', expected 'test-id 0 2'"),
+      std::string::npos)
       << error_with(1, 2, {e1, e0});
   EXPECT_NE(error_with(0, 2, {e0, e0}).find("entry 1"), std::string::npos);
   // An entry from a group of another size, or made for another purpose.
-  EXPECT_NE(error_with(1, 2, {e0, entry_of(1, 3)}).find("is 'test-id 1 3', expected 'test-id 1 2'"), std::string::npos);
+  EXPECT_NE(error_with(1, 2, {e0, entry_of(1, 3)}).find("is 'test-id 1 3', expected 'test-id 1 2'"),
+            std::string::npos);
   EXPECT_NE(error_with(1, 2, {"other 0 2\n" + kId, e1}).find("entry 0"), std::string::npos);
   // Rank 0's payload cut short.
-  EXPECT_NE(error_with(1, 2, {e0.substr(0, e0.size() - 1), e1}).find("rank 0 sent 127 bytes, expected 128"),
+  EXPECT_NE(error_with(1, 2, {e0.substr(0, e0.size() - 1), e1})
+                .find("rank 0 sent 127 bytes, expected 128"),
             std::string::npos);
 }
 
