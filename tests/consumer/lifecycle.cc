@@ -88,8 +88,8 @@ int main() {
     for (int l = 0; l < kLayers; ++l) experts.emplace_back(l);
 
     // [lifecycle]
-    // 1. The rank's transport: here one rank in this process; in a training job, the framework's
-    //    communicator, borrowed: cuda::NcclCommunicator::borrow(comm).transport().
+    // 1. The rank's transport: one rank of this process here; in a training job, a transport over
+    //    the framework's NCCL communicator, borrowed (docs/gpu.md, "Bootstrap").
     cuda::InProcessGroup group(/*world_size=*/1);
     // 2. One runtime per rank, alive for the job (collective: it registers peer buffers).
     cuda::RuntimeConfig config;
