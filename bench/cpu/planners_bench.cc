@@ -17,9 +17,9 @@
 #include "feplb/core/knobs.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/planners/planner.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
+#include "feplb/sim/prior.h"
 #include "feplb/sim/workload.h"
 
 // Every heap allocation of this process is counted, so that each benchmark can report how many

@@ -28,7 +28,7 @@ class RooflineCostModel final : public GemmCostModel {
 
  private:
   ExpertShape shape_;
-  double peak_flops_;      // FLOP/s
+  double peak_flops_;  // FLOP/s
   double hbm_bytes_per_s_;
   int64_t num_sms_;
   double launch_ms_;
@@ -41,7 +41,8 @@ class RooflineCostModel final : public GemmCostModel {
 //  "rows":[increasing ints > 0],"ms":[same length]}.
 class TableCostModel final : public GemmCostModel {
  public:
-  TableCostModel(std::vector<int64_t> rows, std::vector<double> ms, ExpertShape shape, std::string device);
+  TableCostModel(std::vector<int64_t> rows, std::vector<double> ms, ExpertShape shape,
+                 std::string device);
   double expert_ms(int64_t rows) const override;
   const ExpertShape& shape() const { return shape_; }
   const std::string& device() const { return device_; }

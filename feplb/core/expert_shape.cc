@@ -32,8 +32,8 @@ std::string lower(std::string_view s) {
 }  // namespace
 
 std::string ExpertShape::describe() const {
-  return fmt::format("H={} F={} SwiGLU {} ({:.1f} MiB per expert)", hidden, ffn,
-                     dtype_name(dtype), static_cast<double>(weight_bytes()) / (1 << 20));
+  return fmt::format("H={} F={} SwiGLU {} ({:.1f} MiB per expert)", hidden, ffn, dtype_name(dtype),
+                     static_cast<double>(weight_bytes()) / (1 << 20));
 }
 
 std::optional<ExpertShape> shape_for_model(std::string_view model) {
@@ -46,10 +46,13 @@ std::optional<ExpertShape> shape_for_model(std::string_view model) {
 
 int64_t ExpertShape::dtype_bytes() const {
   switch (dtype) {
-    case Dtype::kFp8: return 1;
-    case Dtype::kFp32: return 4;
+    case Dtype::kFp8:
+      return 1;
+    case Dtype::kFp32:
+      return 4;
     case Dtype::kBf16:
-    case Dtype::kFp16: return 2;
+    case Dtype::kFp16:
+      return 2;
   }
   return 2;
 }
@@ -64,10 +67,14 @@ Dtype parse_dtype(std::string_view name, std::string_view field) {
 
 std::string_view dtype_name(Dtype dtype) {
   switch (dtype) {
-    case Dtype::kBf16: return "bf16";
-    case Dtype::kFp16: return "fp16";
-    case Dtype::kFp8: return "fp8";
-    case Dtype::kFp32: return "fp32";
+    case Dtype::kBf16:
+      return "bf16";
+    case Dtype::kFp16:
+      return "fp16";
+    case Dtype::kFp8:
+      return "fp8";
+    case Dtype::kFp32:
+      return "fp32";
   }
   return "?";
 }

@@ -20,7 +20,9 @@ struct ExpertShape {
   int64_t weight_bytes() const { return 3 * hidden * ffn * dtype_bytes(); }
   int64_t row_bytes() const { return hidden * dtype_bytes(); }
   // Forward FLOPs of one token-expert row: gate+up (2*H*2F) and down (2*F*H).
-  double flops_per_row() const { return 6.0 * static_cast<double>(hidden) * static_cast<double>(ffn); }
+  double flops_per_row() const {
+    return 6.0 * static_cast<double>(hidden) * static_cast<double>(ffn);
+  }
   std::string describe() const;
 };
 

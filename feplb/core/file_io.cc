@@ -28,8 +28,8 @@ void write_file(const std::string& path, std::string_view content, bool overwrit
   FEPLB_REQUIRE_INPUT(overwrite || !fs::exists(path, ec), "{}: exists; pass --force to overwrite",
                       path);
   const fs::path parent = fs::path(path).parent_path();
-  FEPLB_REQUIRE_INPUT(parent.empty() || fs::is_directory(parent, ec), "{}: directory {} does not exist",
-                      path, parent.string());
+  FEPLB_REQUIRE_INPUT(parent.empty() || fs::is_directory(parent, ec),
+                      "{}: directory {} does not exist", path, parent.string());
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

@@ -52,7 +52,8 @@ KnobOverride parse_knob_override(const std::string& kv) {
   FEPLB_REQUIRE_INPUT(eq != std::string::npos && eq > 0, "--knob: '{}' is not NAME=VALUE", kv);
   char* end = nullptr;
   const double v = std::strtod(kv.c_str() + eq + 1, &end);
-  FEPLB_REQUIRE_INPUT(end && *end == '\0' && end != kv.c_str() + eq + 1, "--knob: '{}': bad value", kv);
+  FEPLB_REQUIRE_INPUT(end && *end == '\0' && end != kv.c_str() + eq + 1, "--knob: '{}': bad value",
+                      kv);
   return {kv.substr(0, eq), v};
 }
 

@@ -18,8 +18,8 @@ struct Knobs {
 
 // One knob, described for listing and binding: `value` points into a Knobs object.
 struct KnobInfo {
-  std::string_view name;   // e.g. "max_num_dyn"
-  std::string flag;        // e.g. "--max-num-dyn"
+  std::string_view name;  // e.g. "max_num_dyn"
+  std::string flag;       // e.g. "--max-num-dyn"
   std::variant<int64_t*, double*> value;
   double default_value;
   double minimum;

@@ -14,13 +14,13 @@ double oracle_token_straggler(const Topology& topo, const std::vector<int64_t>& 
     total += expert_counts[e];
   }
   int64_t worst = 0;
-  for (int64_t t : dom_rows) worst = std::max(worst, (t + topo.domain_size() - 1) / topo.domain_size());
+  for (int64_t t : dom_rows)
+    worst = std::max(worst, (t + topo.domain_size() - 1) / topo.domain_size());
   return static_cast<double>(worst) - static_cast<double>(total) / topo.num_ranks();
 }
 
 StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                         const Knobs& knobs, double planner_us,
-                         GpuLoads* loads) {
+                         const Knobs& knobs, double planner_us, GpuLoads* loads) {
   const int R = topo.num_ranks(), E = topo.num_experts();
   StepMetrics m;
   m.planner_us = planner_us;
@@ -85,7 +85,8 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
     // Outputs go back after the GEMM; replicas are installed between micro-batches: neither is
     // waited for inside the window.
     if (c.kind == CopyKind::kOutputRows || c.kind == CopyKind::kReplicaWeights) continue;
-    const double gbps = topo.same_domain(c.src_gpu, c.dst_gpu) ? knobs.copy_gbps : knobs.internode_gbps;
+    const double gbps =
+        topo.same_domain(c.src_gpu, c.dst_gpu) ? knobs.copy_gbps : knobs.internode_gbps;
     const double t = static_cast<double>(c.bytes) / (gbps * 1e9) * 1e3 + knobs.copy_setup_us * 1e-3;
     const double end = std::max(in_ms[c.dst_gpu], out_ms[c.src_gpu]) + t;
     in_ms[c.dst_gpu] = out_ms[c.src_gpu] = end;
@@ -101,8 +102,9 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   m.window_slack_ms = std::isinf(slack) ? 0.0 : slack;
   double finish_max = 0.0;
   for (int g = 0; g < R; ++g) {
-    const double finish = num_in[g] == 0 ? gemm[g]
-                                         : std::max(window[g], start_ms + needed[g]) + (gemm[g] - window[g]);
+    const double finish = num_in[g] == 0
+                              ? gemm[g]
+                              : std::max(window[g], start_ms + needed[g]) + (gemm[g] - window[g]);
     finish_max = std::max(finish_max, finish);
   }
   m.copy_exposed_ms = std::max(0.0, finish_max - m.gemm_max_ms);

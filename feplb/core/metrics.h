@@ -15,15 +15,15 @@
 namespace feplb {
 
 struct StepMetrics {
-  double mean_rows = 0;              // mean token-expert rows per GPU
-  double token_straggler = 0;        // S_T = max_d T_d - mean_d T_d (rows)
-  double token_max_over_mean = 0;    // max_d T_d / mean_d T_d
-  double oracle_straggler = 0;       // the floor for in-domain balancing, same step
-  double gemm_straggler_ms = 0;      // S_G = max_d G_d - mean_d G_d (modelled)
+  double mean_rows = 0;            // mean token-expert rows per GPU
+  double token_straggler = 0;      // S_T = max_d T_d - mean_d T_d (rows)
+  double token_max_over_mean = 0;  // max_d T_d / mean_d T_d
+  double oracle_straggler = 0;     // the floor for in-domain balancing, same step
+  double gemm_straggler_ms = 0;    // S_G = max_d G_d - mean_d G_d (modelled)
   double gemm_max_ms = 0;
-  int64_t weight_bytes = 0;          // weight copies: phase 2, and replicas installed (EPLB)
-  int64_t token_bytes = 0;           // phase-2 token rows to helpers + outputs back
-  int64_t guest_experts = 0;         // (expert, helper) pairs holding copied weights (phase 2)
+  int64_t weight_bytes = 0;   // weight copies: phase 2, and replicas installed (EPLB)
+  int64_t token_bytes = 0;    // phase-2 token rows to helpers + outputs back
+  int64_t guest_experts = 0;  // (expert, helper) pairs holding copied weights (phase 2)
   // Every copy of the plan (weights and rows), by link: inside an NVLink domain, or between nodes.
   int64_t nvlink_bytes = 0;
   int64_t network_bytes = 0;
@@ -35,7 +35,7 @@ struct StepMetrics {
   // Every receiving GPU got its copies (after the counts round trip and the planner) before it
   // ran out of its own work: the GEMMs of its own experts' rows that stay on it.
   bool fits_static_window = true;
-  double window_slack_ms = 0;        // min over receiving GPUs of window - needed (0 if none)
+  double window_slack_ms = 0;  // min over receiving GPUs of window - needed (0 if none)
   // How much later the slowest GPU finishes because copies landed after a receiver ran out of
   // its own work (it idles, then runs its guests): max_d finish_d - max_d G_d, >= 0.
   double copy_exposed_ms = 0;
@@ -51,8 +51,7 @@ struct GpuLoads {
 
 // `planner_us` is the measured planning time; it delays every copy (with counts_to_host_us).
 StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                         const Knobs& knobs, double planner_us,
-                         GpuLoads* loads = nullptr);
+                         const Knobs& knobs, double planner_us, GpuLoads* loads = nullptr);
 
 // Fills the dispatch_* fields of `m`: the phase-1 traffic of the plan's rows. Per expert, the rows
 // that leave their source (all but kSource slices) are taken in source-rank order and handed to

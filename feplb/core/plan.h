@@ -49,7 +49,7 @@ struct Copy {
   int32_t expert = 0;
   int32_t src_gpu = 0;
   int32_t dst_gpu = 0;
-  int64_t rows = 0;   // token rows carried (0 for weights)
+  int64_t rows = 0;  // token rows carried (0 for weights)
   int64_t bytes = 0;
 };
 
@@ -61,7 +61,7 @@ struct ResidentReplica {
 };
 
 struct Plan {
-  std::vector<Slice> slices;     // rows > 0 only, in the order the planner emitted them
+  std::vector<Slice> slices;  // rows > 0 only, in the order the planner emitted them
   std::vector<Copy> copies;
   std::vector<uint8_t> dynamic;  // [num_experts]: 1 = computed after the plan (not static work)
   // Replica weights present on non-home GPUs during this micro-batch (the layout in force), whether

@@ -1,5 +1,6 @@
 // Routing data: how many token-expert rows each source rank sends to each expert, per
-// (micro-batch, layer), and a Trace of many of them (the feplb-trace-v1 file, see docs/trace-format.md).
+// (micro-batch, layer), and a Trace of many of them (the feplb-trace-v1 file, see
+// docs/trace-format.md).
 #pragma once
 
 #include <cstdint>
@@ -22,12 +23,15 @@ struct RoutingStep {
 
   RoutingStep() = default;
   RoutingStep(int64_t step_idx, int64_t layer_idx, int ranks, int experts);
-  int64_t& at(int src, int expert) { return counts[static_cast<size_t>(src) * num_experts + expert]; }
+  int64_t& at(int src, int expert) {
+    return counts[static_cast<size_t>(src) * num_experts + expert];
+  }
   int64_t at(int src, int expert) const {
     return counts[static_cast<size_t>(src) * num_experts + expert];
   }
   std::span<const int64_t> row(int src) const {
-    return {counts.data() + static_cast<size_t>(src) * num_experts, static_cast<size_t>(num_experts)};
+    return {counts.data() + static_cast<size_t>(src) * num_experts,
+            static_cast<size_t>(num_experts)};
   }
   // Recomputes expert_counts from counts.
   void sum_experts();
@@ -41,7 +45,7 @@ struct Trace {
   int num_ranks = 0;
   int64_t tokens_per_rank = 0;
   std::optional<ExpertShape> expert_shape;  // optional "expert_shape" object
-  std::string generator_json;               // optional "generator" object, kept verbatim ("" if none)
+  std::string generator_json;  // optional "generator" object, kept verbatim ("" if none)
   std::vector<RoutingStep> steps;
 
   int64_t rows_per_rank() const { return tokens_per_rank * top_k; }

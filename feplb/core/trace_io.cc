@@ -64,8 +64,9 @@ RoutingStep parse_step(const json& v, size_t index, const Trace& t) {
     int64_t sum = 0;
     for (int e = 0; e < t.num_experts; ++e) {
       // Each token picks top_k distinct experts, so no expert gets more than S rows from a rank.
-      const int64_t c = int_in(row[static_cast<size_t>(e)],
-                               fmt::format("{}.counts[{}][{}]", where, src, e), 0, t.tokens_per_rank);
+      const int64_t c =
+          int_in(row[static_cast<size_t>(e)], fmt::format("{}.counts[{}][{}]", where, src, e), 0,
+                 t.tokens_per_rank);
       s.at(src, e) = c;
       sum += c;
     }
@@ -92,13 +93,15 @@ Trace parse_trace(std::string_view text) {
     FEPLB_REQUIRE_INPUT(it->is_string(), "model: expected a string, got {}", type_of(*it));
     t.model = it->get<std::string>();
   }
-  t.num_experts = static_cast<int>(int_in(member(doc, "num_experts", ""), "num_experts", 1, kMaxExperts));
+  t.num_experts =
+      static_cast<int>(int_in(member(doc, "num_experts", ""), "num_experts", 1, kMaxExperts));
   t.num_ranks = static_cast<int>(int_in(member(doc, "num_ranks", ""), "num_ranks", 1, kMaxRanks));
   t.top_k = static_cast<int>(int_in(member(doc, "top_k", ""), "top_k", 1, t.num_experts));
   t.tokens_per_rank =
       int_in(member(doc, "tokens_per_rank", ""), "tokens_per_rank", 0, kMaxTokensPerRank);
   FEPLB_REQUIRE_INPUT(t.num_experts % t.num_ranks == 0,
-                      "num_experts: {} is not divisible by num_ranks {}", t.num_experts, t.num_ranks);
+                      "num_experts: {} is not divisible by num_ranks {}", t.num_experts,
+                      t.num_ranks);
   if (auto it = doc.find("expert_shape"); it != doc.end()) t.expert_shape = parse_shape(*it);
   if (auto it = doc.find("generator"); it != doc.end()) {
     FEPLB_REQUIRE_INPUT(it->is_object(), "generator: expected an object, got {}", type_of(*it));
@@ -136,7 +139,8 @@ std::string format_trace(const Trace& t) {
                             {"ffn", t.expert_shape->ffn},
                             {"dtype", dtype_name(t.expert_shape->dtype)}};
   }
-  if (!t.generator_json.empty()) head["generator"] = nlohmann::ordered_json::parse(t.generator_json);
+  if (!t.generator_json.empty())
+    head["generator"] = nlohmann::ordered_json::parse(t.generator_json);
   // The header as one JSON object, then "steps" with one step per line (diff-friendly).
   std::string out = head.dump();
   out.pop_back();  // the closing brace; "steps" is appended as the last member

@@ -56,18 +56,21 @@ double seconds_left(Clock::time_point deadline) {
 }
 
 // Reads or writes exactly n bytes before the deadline.
-void io_exact(int fd, void* buf, size_t n, bool write, Clock::time_point deadline, const std::string& what) {
+void io_exact(int fd, void* buf, size_t n, bool write, Clock::time_point deadline,
+              const std::string& what) {
   char* p = static_cast<char*>(buf);
   while (n > 0) {
     pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
     const double left = seconds_left(deadline);
     if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left * 1000) + 1) <= 0) {
-      throw Error(fmt::format("rendezvous: timed out {} {}", write ? "sending to" : "receiving from", what));
+      throw Error(fmt::format("rendezvous: timed out {} {}",
+                              write ? "sending to" : "receiving from", what));
     }
     const ssize_t r = write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
     if (r <= 0) {
       if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      throw Error(fmt::format("rendezvous: connection to {} closed ({})", what, r == 0 ? "EOF" : std::strerror(errno)));
+      throw Error(fmt::format("rendezvous: connection to {} closed ({})", what,
+                              r == 0 ? "EOF" : std::strerror(errno)));
     }
     p += r;
     n -= static_cast<size_t>(r);
@@ -95,7 +98,8 @@ sockaddr_in resolve(const LaunchEnv& env) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   const int rc = ::getaddrinfo(env.master_addr.c_str(), nullptr, &hints, &res);
-  FEPLB_REQUIRE_INPUT(rc == 0 && res, "MASTER_ADDR: cannot resolve '{}' ({})", env.master_addr, gai_strerror(rc));
+  FEPLB_REQUIRE_INPUT(rc == 0 && res, "MASTER_ADDR: cannot resolve '{}' ({})", env.master_addr,
+                      gai_strerror(rc));
   sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
   ::freeaddrinfo(res);
   addr.sin_port = htons(static_cast<uint16_t>(env.master_port));
@@ -128,9 +132,10 @@ LaunchEnv launch_env_from_process() {
   return launch_env([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
 }
 
-std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::string& blob, double timeout_s) {
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::string& blob,
+                                               double timeout_s) {
+  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                        std::chrono::duration<double>(timeout_s));
   if (env.world_size == 1) return {blob};
   const sockaddr_in addr = resolve(env);
   const std::string master = fmt::format("{}:{}", env.master_addr, env.master_port);
@@ -141,8 +146,9 @@ std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::
     ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     sockaddr_in any = addr;
     any.sin_addr.s_addr = htonl(INADDR_ANY);
-    FEPLB_REQUIRE_INPUT(::bind(listener.get(), reinterpret_cast<const sockaddr*>(&any), sizeof(any)) == 0,
-                        "MASTER_PORT: cannot listen on port {} ({})", env.master_port, std::strerror(errno));
+    FEPLB_REQUIRE_INPUT(
+        ::bind(listener.get(), reinterpret_cast<const sockaddr*>(&any), sizeof(any)) == 0,
+        "MASTER_PORT: cannot listen on port {} ({})", env.master_port, std::strerror(errno));
     FEPLB_CHECK(::listen(listener.get(), 128) == 0, "listen: {}", std::strerror(errno));
     std::vector<std::string> blobs(static_cast<size_t>(env.world_size));
     std::vector<Fd> peers(static_cast<size_t>(env.world_size));
@@ -156,15 +162,16 @@ std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::
         for (int r = 1; r < env.world_size; ++r) {
           if (peers[r].get() < 0) missing += fmt::format("{}{}", missing.empty() ? "" : ",", r);
         }
-        throw Error(fmt::format("rendezvous: rank(s) {} never connected to {} within {:.0f} s", missing, master,
-                                timeout_s));
+        throw Error(fmt::format("rendezvous: rank(s) {} never connected to {} within {:.0f} s",
+                                missing, master, timeout_s));
       }
       Fd c(::accept(listener.get(), nullptr, nullptr));
       if (c.get() < 0) continue;
       uint32_t r = 0;
       io_exact(c.get(), &r, sizeof(r), false, deadline, "a new peer");
       FEPLB_CHECK(r >= 1 && r < static_cast<uint32_t>(env.world_size) && peers[r].get() < 0,
-                  "rendezvous: a peer claims rank {} (world {}), out of range or twice", r, env.world_size);
+                  "rendezvous: a peer claims rank {} (world {}), out of range or twice", r,
+                  env.world_size);
       blobs[r] = recv_blob(c.get(), deadline, fmt::format("rank {}", r));
       peers[r] = std::move(c);
       ++arrived;
@@ -174,7 +181,8 @@ std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::
     // listener's backlog and being reset.
     listener = Fd();
     for (int r = 1; r < env.world_size; ++r) {
-      for (const std::string& b : blobs) send_blob(peers[r].get(), b, deadline, fmt::format("rank {}", r));
+      for (const std::string& b : blobs)
+        send_blob(peers[r].get(), b, deadline, fmt::format("rank {}", r));
     }
     return blobs;
   }
@@ -189,12 +197,14 @@ std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::
       io_exact(s.get(), &r, sizeof(r), true, deadline, "rank 0 at " + master);
       send_blob(s.get(), blob, deadline, "rank 0 at " + master);
       std::vector<std::string> blobs;
-      for (int i = 0; i < env.world_size; ++i) blobs.push_back(recv_blob(s.get(), deadline, "rank 0 at " + master));
+      for (int i = 0; i < env.world_size; ++i)
+        blobs.push_back(recv_blob(s.get(), deadline, "rank 0 at " + master));
       return blobs;
     }
     if (seconds_left(deadline) <= 0) {
-      throw Error(fmt::format("rendezvous: rank {} could not reach rank 0 at {} within {:.0f} s ({})", env.rank,
-                              master, timeout_s, std::strerror(errno)));
+      throw Error(
+          fmt::format("rendezvous: rank {} could not reach rank 0 at {} within {:.0f} s ({})",
+                      env.rank, master, timeout_s, std::strerror(errno)));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

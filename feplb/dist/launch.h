@@ -27,6 +27,7 @@ LaunchEnv launch_env_from_process();
 // Every rank calls it with its blob; every rank gets all blobs in rank order. Rank 0 listens on
 // master_port; the others connect (retrying until rank 0 listens). Throws Error after
 // `timeout_s` naming the ranks that never arrived (on rank 0) or the unreachable address.
-std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::string& blob, double timeout_s);
+std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::string& blob,
+                                               double timeout_s);
 
 }  // namespace feplb::dist

@@ -10,8 +10,8 @@
 #include "feplb/core/placement.h"
 #include "feplb/core/placer.h"
 #include "feplb/core/planners/eplb_rebalance.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/stats.h"
+#include "feplb/sim/prior.h"
 
 namespace feplb {
 namespace {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "feplb/sim/balance.h"
 #include "feplb/core/error.h"
+#include "feplb/sim/balance.h"
 
 namespace feplb {
 namespace {

@@ -15,8 +15,8 @@
 #include "feplb/core/error.h"
 #include "feplb/core/placement.h"
 #include "feplb/core/placer.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/stats.h"
+#include "feplb/sim/prior.h"
 
 namespace feplb {
 namespace {

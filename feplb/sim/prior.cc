@@ -52,17 +52,19 @@ Prior parse_prior(const std::string& text) {
     return *it;
   };
   Prior p;
-  if (auto it = doc.find("model"); it != doc.end() && it->is_string()) p.model = it->get<std::string>();
-  if (auto it = doc.find("source"); it != doc.end() && it->is_string()) p.source = it->get<std::string>();
+  if (auto it = doc.find("model"); it != doc.end() && it->is_string())
+    p.model = it->get<std::string>();
+  if (auto it = doc.find("source"); it != doc.end() && it->is_string())
+    p.source = it->get<std::string>();
   const json& experts = need("experts");
   FEPLB_REQUIRE_INPUT(experts.is_number_integer() && experts.get<int64_t>() >= 1 &&
                           experts.get<int64_t>() <= (1 << 16),
                       "experts: expected an integer in [1, 65536], got {}", experts.dump());
   const int num_experts = experts.get<int>();
   const json& top_k = need("top_k");
-  FEPLB_REQUIRE_INPUT(top_k.is_number_integer() && top_k.get<int64_t>() >= 1 &&
-                          top_k.get<int64_t>() <= num_experts,
-                      "top_k: expected an integer in [1, experts], got {}", top_k.dump());
+  FEPLB_REQUIRE_INPUT(
+      top_k.is_number_integer() && top_k.get<int64_t>() >= 1 && top_k.get<int64_t>() <= num_experts,
+      "top_k: expected an integer in [1, experts], got {}", top_k.dump());
   p.top_k = top_k.get<int>();
   const json& counts = need("counts");
   FEPLB_REQUIRE_INPUT(counts.is_array() && !counts.empty(), "counts: expected a non-empty array");
@@ -129,7 +131,8 @@ Prior lognormal_prior(int num_experts, double target, int num_layers, uint64_t s
 Prior expand_prior(const Prior& prior, int num_experts, uint64_t seed) {
   const int base = prior.num_experts();
   FEPLB_REQUIRE_INPUT(num_experts >= base && num_experts % base == 0,
-                      "experts: {} must be a multiple of the prior's {} experts", num_experts, base);
+                      "experts: {} must be a multiple of the prior's {} experts", num_experts,
+                      base);
   if (num_experts == base) return prior;
   const int copies = num_experts / base;
   Prior out = prior;

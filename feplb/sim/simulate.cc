@@ -55,7 +55,8 @@ PolicySummary summarise_steps(const std::vector<StepMetrics>& steps) {
   for (const StepMetrics& m : steps) {
     s.guest_slots_max = std::max(s.guest_slots_max, static_cast<double>(m.max_guest_slots));
   }
-  s.fits_static_window = mean_of(column([](const StepMetrics& m) { return m.fits_static_window ? 1 : 0; }));
+  s.fits_static_window =
+      mean_of(column([](const StepMetrics& m) { return m.fits_static_window ? 1 : 0; }));
   std::vector<double> slack;
   for (const StepMetrics& m : steps) {
     if (m.weight_bytes + m.token_bytes > 0) slack.push_back(m.window_slack_ms);
@@ -95,7 +96,8 @@ const PolicyResult* SimulationResult::find(const std::string& name) const {
   return nullptr;
 }
 
-SimulationResult simulate(const Trace& trace, const SimulationConfig& config, const Progress& progress) {
+SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
+                          const Progress& progress) {
   validate_knobs(config.knobs);
   FEPLB_REQUIRE_INPUT(config.shape.hidden > 0 && config.shape.ffn > 0,
                       "expert shape: unknown for model '{}'; pass --hidden and --ffn", trace.model);
@@ -132,7 +134,8 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
     FEPLB_REQUIRE_INPUT(std::count(names.begin(), names.end(), names[i]) == 1,
                         "policies: '{}' is listed twice", names[i]);
   }
-  if (std::find(names.begin(), names.end(), "static") == names.end()) names.insert(names.begin(), "static");
+  if (std::find(names.begin(), names.end(), "static") == names.end())
+    names.insert(names.begin(), "static");
   const auto uses = [&](const char* name) {
     return std::find(names.begin(), names.end(), name) != names.end();
   };

@@ -36,7 +36,7 @@ struct SimulationConfig {
   int64_t replan_window = 0;  // micro-batches of history per replan; 0: replan_interval
   ExpertShape shape;
   Knobs knobs;
-  std::string trace_label;            // shown in reports (e.g. the trace path)
+  std::string trace_label;  // shown in reports (e.g. the trace path)
   // GEMM cost model; null = roofline from the knobs. Must outlive simulate().
   const GemmCostModel* cost = nullptr;
   std::string cost_label = "roofline";  // how reports name the model
@@ -51,15 +51,15 @@ struct PolicySummary {
   double guest_experts_per_step = 0;
   double nvlink_bytes_per_step = 0, network_bytes_per_step = 0;  // the plan's copies, by link
   double dispatch_nvlink_bytes_per_step = 0, dispatch_network_bytes_per_step = 0;
-  double guest_slots_max = 0;             // max over steps of StepMetrics::max_guest_slots
-  double fits_static_window = 0;          // fraction of steps
-  double window_slack_ms_p5 = 0;          // 5th percentile over steps with copies
+  double guest_slots_max = 0;     // max over steps of StepMetrics::max_guest_slots
+  double fits_static_window = 0;  // fraction of steps
+  double window_slack_ms_p5 = 0;  // 5th percentile over steps with copies
   double copy_exposed_ms = 0, copy_exposed_ms_p95 = 0;
   double planner_us_median = 0, planner_us_p99 = 0;
-  double above_oracle_pct_of_mean = 0;    // mean of (S_T - S_T oracle) / mean rows * 100
-  double inter_node_floor = 0;            // mean of the in-domain floor (oracle's S_T): the
-                                          // imbalance between nodes that in-node balancing leaves
-  double token_straggler_reduction = 0;   // 1 - S_T / S_T(static), from the means
+  double above_oracle_pct_of_mean = 0;   // mean of (S_T - S_T oracle) / mean rows * 100
+  double inter_node_floor = 0;           // mean of the in-domain floor (oracle's S_T): the
+                                         // imbalance between nodes that in-node balancing leaves
+  double token_straggler_reduction = 0;  // 1 - S_T / S_T(static), from the means
   double gemm_straggler_reduction = 0;
 };
 

@@ -1,7 +1,8 @@
 // Multi-process launch plumbing: torchrun/mpirun environments and the TCP rendezvous (ranks as
 // threads on localhost), including peers that never arrive.
-#include <gtest/gtest.h>
+#include "feplb/dist/launch.h"
 
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,7 +11,6 @@
 #include <thread>
 
 #include "feplb/core/error.h"
-#include "feplb/dist/launch.h"
 
 namespace feplb::dist {
 namespace {
@@ -36,8 +36,12 @@ int free_port() {
 }
 
 TEST(LaunchEnv, TorchrunMpirunAndSingleProcess) {
-  auto e = launch_env(env_of({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                              {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "1234"}}));
+  auto e = launch_env(env_of({{"RANK", "5"},
+                              {"WORLD_SIZE", "8"},
+                              {"LOCAL_RANK", "1"},
+                              {"LOCAL_WORLD_SIZE", "4"},
+                              {"MASTER_ADDR", "node0"},
+                              {"MASTER_PORT", "1234"}}));
   EXPECT_EQ(e.rank, 5);
   EXPECT_EQ(e.world_size, 8);
   EXPECT_EQ(e.local_rank, 1);
@@ -52,7 +56,8 @@ TEST(LaunchEnv, TorchrunMpirunAndSingleProcess) {
   EXPECT_THROW(launch_env(env_of({{"RANK", "8"}, {"WORLD_SIZE", "8"}})), InputError);
   EXPECT_THROW(launch_env(env_of({{"RANK", "x"}, {"WORLD_SIZE", "8"}})), InputError);
   EXPECT_THROW(launch_env(env_of({{"RANK", "0"}})), InputError);
-  EXPECT_THROW(launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}})), InputError);
+  EXPECT_THROW(launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}})),
+               InputError);
 }
 
 TEST(Rendezvous, AllGathersEveryRanksBlobInRankOrder) {
@@ -65,13 +70,15 @@ TEST(Rendezvous, AllGathersEveryRanksBlobInRankOrder) {
       e.rank = r;
       e.world_size = world;
       e.master_port = port;
-      got[r] = rendezvous_all_gather(e, std::string(static_cast<size_t>(r) * 1000, static_cast<char>('a' + r)), 10);
+      got[r] = rendezvous_all_gather(
+          e, std::string(static_cast<size_t>(r) * 1000, static_cast<char>('a' + r)), 10);
     });
   }
   for (auto& t : ts) t.join();
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(got[r].size(), static_cast<size_t>(world));
-    for (int s = 0; s < world; ++s) EXPECT_EQ(got[r][s], std::string(static_cast<size_t>(s) * 1000, static_cast<char>('a' + s)));
+    for (int s = 0; s < world; ++s)
+      EXPECT_EQ(got[r][s], std::string(static_cast<size_t>(s) * 1000, static_cast<char>('a' + s)));
   }
 }
 
@@ -90,7 +97,8 @@ TEST(Rendezvous, BackToBackRoundsOnOnePort) {
         for (int k = 0; k < rounds; ++k) {
           const auto all = rendezvous_all_gather(e, std::to_string(k * 100 + r), 10);
           for (int s = 0; s < world; ++s) {
-            if (all[s] != std::to_string(k * 100 + s)) got[r].push_back(fmt::format("round {} rank {}: {}", k, s, all[s]));
+            if (all[s] != std::to_string(k * 100 + s))
+              got[r].push_back(fmt::format("round {} rank {}: {}", k, s, all[s]));
           }
         }
       } catch (const Error& err) {
@@ -99,7 +107,8 @@ TEST(Rendezvous, BackToBackRoundsOnOnePort) {
     });
   }
   for (auto& t : ts) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_TRUE(got[r].empty()) << "rank " << r << ": " << got[r].front();
+  for (int r = 0; r < world; ++r)
+    EXPECT_TRUE(got[r].empty()) << "rank " << r << ": " << got[r].front();
 }
 
 TEST(Rendezvous, APeerThatNeverArrivesIsNamedWithinTheTimeout) {

@@ -29,7 +29,8 @@ namespace {
 TEST(NoAlloc, PlannersDoNotAllocateOnceWarm) {
   testing::Bench b(16, 8, 128);
   std::vector<RoutingStep> steps;
-  for (uint64_t seed = 1; seed <= 6; ++seed) steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
+  for (uint64_t seed = 1; seed <= 6; ++seed)
+    steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
   for (const std::string& name : planner_names()) {
     auto planner = b.make(name);
     Plan plan;

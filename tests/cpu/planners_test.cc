@@ -22,8 +22,8 @@ struct Shape {
   int64_t tokens;
 };
 const Shape kShapes[] = {
-    {1, 8, 16, 2, 64},     {2, 8, 128, 8, 512},  {4, 8, 128, 8, 1024}, {8, 8, 128, 8, 4096},
-    {8, 8, 64, 8, 777},    {8, 4, 32, 2, 300},   {16, 8, 128, 8, 1024}, {8, 8, 8, 2, 1000},
+    {1, 8, 16, 2, 64},  {2, 8, 128, 8, 512}, {4, 8, 128, 8, 1024},  {8, 8, 128, 8, 4096},
+    {8, 8, 64, 8, 777}, {8, 4, 32, 2, 300},  {16, 8, 128, 8, 1024}, {8, 8, 8, 2, 1000},
 };
 
 int64_t max_of(const std::vector<int64_t>& v) { return *std::max_element(v.begin(), v.end()); }
@@ -49,7 +49,8 @@ TEST(Planners, EveryPlanValidatesOnVariedInputs) {
 
 TEST(Planners, ZeroTokensGiveAnEmptyValidPlan) {
   Bench b(8, 8, 128);
-  const RoutingStep s = step_from(std::vector<std::vector<int64_t>>(8, std::vector<int64_t>(128, 0)));
+  const RoutingStep s =
+      step_from(std::vector<std::vector<int64_t>>(8, std::vector<int64_t>(128, 0)));
   for (const std::string& name : planner_names()) {
     auto planner = b.make(name);
     Plan plan;
@@ -94,7 +95,8 @@ TEST(Planners, OneHotExpert) {
   exposed.copy_timing = 2;
   Bench timed(8, 8, 128, exposed);
   timed.make("feplb")->plan(s, plan);
-  const StepMetrics m = measure_plan(plan, timed.topo, *timed.cost, exposed, exposed.planner_budget_us);
+  const StepMetrics m =
+      measure_plan(plan, timed.topo, *timed.cost, exposed, exposed.planner_budget_us);
   b.make("static")->plan(s, plan);
   const StepMetrics none = measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0);
   EXPECT_LT(m.gemm_max_ms + m.copy_exposed_ms, 0.8 * none.gemm_max_ms);
@@ -104,7 +106,8 @@ TEST(Planners, OneHotExpert) {
 TEST(Planners, SameInputsGiveIdenticalPlanBytes) {
   Bench b(8, 8, 128);
   std::vector<RoutingStep> steps;
-  for (uint64_t seed = 1; seed <= 8; ++seed) steps.push_back(random_step(8, 128, 8, 4096, 3.0, seed));
+  for (uint64_t seed = 1; seed <= 8; ++seed)
+    steps.push_back(random_step(8, 128, 8, 4096, 3.0, seed));
   for (const std::string& name : planner_names()) {
     auto p1 = b.make(name), p2 = b.make(name);
     Plan a, c;
@@ -155,7 +158,8 @@ TEST(FeplbPaper, GreedyMovesWholeBusiestDynamicExpertsWhileTheMaxDrops) {
   k.dyn = 2;
   k.tau = 0;
   Bench b(2, 8, 8, k);
-  const RoutingStep s = step_from({{250, 200, 150, 50, 25, 25, 25, 25}, {250, 200, 150, 50, 25, 25, 25, 25}});
+  const RoutingStep s =
+      step_from({{250, 200, 150, 50, 25, 25, 25, 25}, {250, 200, 150, 50, 25, 25, 25, 25}});
   Plan plan;
   b.make("feplb-paper")->plan(s, plan);
   // Move 0 (500): loads 800 / 700. Next busiest dynamic expert of GPU 0 is 1 (400): 700+400 > 800,
@@ -173,7 +177,8 @@ TEST(FeplbPaper, TauStopsSmallExpertsAndHistoryPicksTheDynamicSet) {
   k.dyn = 1;
   k.tau = 600;
   Bench b(2, 8, 8, k);
-  const RoutingStep s = step_from({{250, 200, 150, 50, 25, 25, 25, 25}, {250, 200, 150, 50, 25, 25, 25, 25}});
+  const RoutingStep s =
+      step_from({{250, 200, 150, 50, 25, 25, 25, 25}, {250, 200, 150, 50, 25, 25, 25, 25}});
   auto planner = b.make("feplb-paper");
   Plan plan;
   planner->plan(s, plan);
@@ -246,8 +251,10 @@ TEST(Feplb, BalancesWithinToleranceUsingBoundedSlices) {
     planner->plan(s, plan);
     validate(plan, b.topo, s, b.shape, planner->limits());
     const auto rows = rows_per_gpu(plan, 8);
-    const double mean = static_cast<double>(std::accumulate(rows.begin(), rows.end(), int64_t{0})) / 8;
-    balanced += static_cast<double>(max_of(rows)) <= std::ceil(mean) + b.knobs.balance_tolerance * mean + 1;
+    const double mean =
+        static_cast<double>(std::accumulate(rows.begin(), rows.end(), int64_t{0})) / 8;
+    balanced +=
+        static_cast<double>(max_of(rows)) <= std::ceil(mean) + b.knobs.balance_tolerance * mean + 1;
     ++total;
     // Slices sent to helpers are at least min_slice_rows unless they carry a whole expert.
     std::vector<int> helpers(128, 0);

@@ -1,5 +1,7 @@
 // Trace and prior reader tests: format_trace/parse_trace round trips, and every kind of bad input
 // is an InputError whose one-line message names the field (and the step index where there is one).
+#include "feplb/core/trace_io.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,7 +13,6 @@
 
 #include "feplb/core/error.h"
 #include "feplb/sim/prior.h"
-#include "feplb/core/trace_io.h"
 
 namespace feplb {
 namespace {
@@ -21,8 +22,12 @@ using json = nlohmann::json;
 // A valid document: E=8 experts, R=4 ranks, S=2 tokens per rank, top-2, four steps
 // (micro-batches 0 and 1 x layers 0 and 1). Every row puts 2 rows on two different experts.
 json valid_doc() {
-  json doc = {{"format", "feplb-trace-v1"}, {"model", "unit-test"}, {"num_experts", 8},
-              {"top_k", 2},                 {"num_ranks", 4},       {"tokens_per_rank", 2}};
+  json doc = {{"format", "feplb-trace-v1"},
+              {"model", "unit-test"},
+              {"num_experts", 8},
+              {"top_k", 2},
+              {"num_ranks", 4},
+              {"tokens_per_rank", 2}};
   json steps = json::array();
   for (int i = 0; i < 4; ++i) {
     json rows = json::array();
@@ -114,9 +119,8 @@ Trace handmade_trace() {
   t.tokens_per_rank = 3;
   t.expert_shape = ExpertShape{64, 128, Dtype::kFp8};
   t.generator_json = R"({"seed":7,"tool":"test"})";
-  const int64_t rows[3][2][4] = {{{3, 1, 2, 0}, {0, 3, 3, 0}},
-                                 {{1, 1, 1, 3}, {2, 2, 2, 0}},
-                                 {{0, 0, 3, 3}, {3, 0, 0, 3}}};
+  const int64_t rows[3][2][4] = {
+      {{3, 1, 2, 0}, {0, 3, 3, 0}}, {{1, 1, 1, 3}, {2, 2, 2, 0}}, {{0, 0, 3, 3}, {3, 0, 0, 3}}};
   for (int i = 0; i < 3; ++i) {
     RoutingStep s(i, 5 - i, t.num_ranks, t.num_experts);
     for (int r = 0; r < 2; ++r) {
@@ -427,8 +431,8 @@ TEST(TraceIoErrors, StepMissingMembers) {
 
 TEST(TraceIoErrors, StepAndLayerBadValues) {
   for (const std::string key : {"step", "layer"}) {
-    for (const std::string bad : {"-1", "1.5", "\"0\"", "true", "1e30", "18446744073709551615",
-                                  "2147483648"}) {
+    for (const std::string bad :
+         {"-1", "1.5", "\"0\"", "true", "1e30", "18446744073709551615", "2147483648"}) {
       SCOPED_TRACE(key + " = " + bad);
       json doc = valid_doc();
       doc["steps"][1][key] = "@BAD@";
@@ -490,8 +494,8 @@ TEST(TraceIoErrors, NegativeCount) {
 }
 
 TEST(TraceIoErrors, NonIntegerCounts) {
-  for (const std::string bad : {"1.0", "3.0", "0.5", "2e0", "\"2\"", "true", "null", "[2]",
-                                "{}", "1e30", "18446744073709551615"}) {
+  for (const std::string bad : {"1.0", "3.0", "0.5", "2e0", "\"2\"", "true", "null", "[2]", "{}",
+                                "1e30", "18446744073709551615"}) {
     SCOPED_TRACE(bad);
     json doc = valid_doc();
     doc["steps"][3]["counts"][2][1] = "@BAD@";
@@ -588,10 +592,10 @@ TEST(TraceIoFiles, BadContentIsPrefixedWithThePath) {
 // --- Priors --------------------------------------------------------------------------------
 
 json valid_prior() {
-  return {{"model", "unit-prior"},          {"source", "test"},
-          {"experts", 4},                   {"top_k", 2},
-          {"layers", {0, 7}},               {"counts", {{10, 20, 30, 40}, {1, 1, 1, 1}}},
-          {"tokens_per_layer", 50},         {"domain", "test"}};
+  return {{"model", "unit-prior"},  {"source", "test"},
+          {"experts", 4},           {"top_k", 2},
+          {"layers", {0, 7}},       {"counts", {{10, 20, 30, 40}, {1, 1, 1, 1}}},
+          {"tokens_per_layer", 50}, {"domain", "test"}};
 }
 
 TEST(PriorIo, ValidPriorParses) {

@@ -1,13 +1,14 @@
 // The workload generator and priors: reproducible bytes, valid counts, the skew knob, widening.
+#include "feplb/sim/workload.h"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
 
 #include "feplb/core/error.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/topology.h"
 #include "feplb/core/trace_io.h"
-#include "feplb/sim/workload.h"
+#include "feplb/sim/prior.h"
 
 namespace feplb {
 namespace {
@@ -120,8 +121,8 @@ TEST(Topology, DomainsAndPlacement) {
   const Topology small = Topology::contiguous(2, 8, 128);  // an EP group inside one node
   EXPECT_EQ(small.num_domains(), 1);
   EXPECT_EQ(small.domain_size(), 2);
-  EXPECT_THROW(Topology::contiguous(12, 8, 120), InputError);  // 12 % 8 != 0
-  EXPECT_THROW(Topology::contiguous(8, 8, 100), InputError);   // 100 % 8 != 0
+  EXPECT_THROW(Topology::contiguous(12, 8, 120), InputError);              // 12 % 8 != 0
+  EXPECT_THROW(Topology::contiguous(8, 8, 100), InputError);               // 100 % 8 != 0
   EXPECT_THROW(Topology::with_placement(2, 8, {0, 0, 0, 1}), InputError);  // GPU 0 holds 3
 }
 

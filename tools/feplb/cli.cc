@@ -27,7 +27,8 @@ void add_shape_flags(CLI::App& cmd, ShapeFlags& f) {
       ->group("Expert shape");
   cmd.add_option("--ffn", f.ffn, "expert FFN size F (default: from the trace or model)")
       ->group("Expert shape");
-  cmd.add_option("--dtype", f.dtype, "weight/activation dtype: bf16, fp16, fp8, fp32 (default bf16)")
+  cmd.add_option("--dtype", f.dtype,
+                 "weight/activation dtype: bf16, fp16, fp8, fp32 (default bf16)")
       ->group("Expert shape");
 }
 
@@ -59,16 +60,17 @@ std::string data_dir() {
 }
 
 void add_cost_flag(CLI::App& cmd, std::string& choice) {
-  cmd.add_option("--cost-model", choice,
-                 "GEMM cost model: auto (measured H200 table from data/cost/ when the shape matches, else "
-                 "roofline), roofline, or a feplb-gemm-table-v1 file (default auto)");
+  cmd.add_option(
+      "--cost-model", choice,
+      "GEMM cost model: auto (measured H200 table from data/cost/ when the shape matches, else "
+      "roofline), roofline, or a feplb-gemm-table-v1 file (default auto)");
 }
 
 CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs) {
   CostChoice c;
   const auto roofline_label = [&] {
-    return fmt::format("roofline ({:.0f} TFLOP/s, {:.0f} GB/s HBM, {} SMs; not measured)", knobs.gemm_peak_tflops,
-                       knobs.hbm_gbps, knobs.num_sms);
+    return fmt::format("roofline ({:.0f} TFLOP/s, {:.0f} GB/s HBM, {} SMs; not measured)",
+                       knobs.gemm_peak_tflops, knobs.hbm_gbps, knobs.num_sms);
   };
   if (choice == "roofline") {
     c.label = roofline_label();
@@ -84,8 +86,10 @@ CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, con
     }
   }
   auto table = std::make_unique<TableCostModel>(read_gemm_table(path));
-  if (table->shape().hidden != shape.hidden || table->shape().ffn != shape.ffn || table->shape().dtype != shape.dtype) {
-    FEPLB_REQUIRE_INPUT(choice == "auto" || choice.empty(), "--cost-model: {} is for {}, the experts are {}", path,
+  if (table->shape().hidden != shape.hidden || table->shape().ffn != shape.ffn ||
+      table->shape().dtype != shape.dtype) {
+    FEPLB_REQUIRE_INPUT(choice == "auto" || choice.empty(),
+                        "--cost-model: {} is for {}, the experts are {}", path,
                         table->shape().describe(), shape.describe());
     c.label = roofline_label() + " (the measured table is for another shape)";
     return c;
@@ -107,7 +111,9 @@ void ProgressLine::operator()(int64_t done, int64_t total) {
   if (!enabled_) return;
   const auto now = std::chrono::steady_clock::now();
   const bool finished = done >= total;
-  if (now - start_ < std::chrono::seconds(1) || (!finished && now - last_ < std::chrono::seconds(1))) return;
+  if (now - start_ < std::chrono::seconds(1) ||
+      (!finished && now - last_ < std::chrono::seconds(1)))
+    return;
   if (finished && !printed_) return;
   last_ = now;
   const bool tty = isatty(STDERR_FILENO);

@@ -10,7 +10,8 @@ namespace feplb::cli {
 
 void add_knobs_command(CLI::App& app) {
   auto markdown = std::make_shared<bool>(false);
-  CLI::App* cmd = app.add_subcommand("knobs", "List every knob with its default (flags of simulate)");
+  CLI::App* cmd =
+      app.add_subcommand("knobs", "List every knob with its default (flags of simulate)");
   cmd->add_flag("--markdown", *markdown, "print a Markdown table");
   cmd->callback([markdown] {
     Knobs knobs;
@@ -21,8 +22,8 @@ void add_knobs_command(CLI::App& app) {
         std::printf("| `%s` | %s | %s | %s |\n", k.flag.c_str(), def.c_str(),
                     std::string(k.unit).c_str(), std::string(k.help).c_str());
       } else {
-        std::printf("%-26s %10s %-12s %s\n", k.flag.c_str(), def.c_str(), std::string(k.unit).c_str(),
-                    std::string(k.help).c_str());
+        std::printf("%-26s %10s %-12s %s\n", k.flag.c_str(), def.c_str(),
+                    std::string(k.unit).c_str(), std::string(k.help).c_str());
       }
     }
   });

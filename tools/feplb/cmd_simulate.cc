@@ -10,9 +10,9 @@
 #include "feplb/core/file_io.h"
 #include "feplb/core/placement.h"
 #include "feplb/core/planners/planner.h"
+#include "feplb/core/trace_io.h"
 #include "feplb/sim/report.h"
 #include "feplb/sim/simulate.h"
-#include "feplb/core/trace_io.h"
 
 namespace feplb::cli {
 namespace {
@@ -50,11 +50,13 @@ void check_output(const std::string& out, const std::string& input) {
 
 void run_simulate(const SimulateOptions& o) {
   const std::string path = o.trace.empty() ? default_trace_path() : o.trace;
-  FEPLB_REQUIRE_INPUT(o.gpus_per_node >= 1, "--gpus-per-node: {} must be at least 1", o.gpus_per_node);
+  FEPLB_REQUIRE_INPUT(o.gpus_per_node >= 1, "--gpus-per-node: {} must be at least 1",
+                      o.gpus_per_node);
   check_output(o.json_out, path);
   check_output(o.plot_out, path);
   check_output(o.save_placement, path);
-  FEPLB_REQUIRE_INPUT(o.json_out.empty() || o.json_out != o.plot_out, "--json and --plot name the same file");
+  FEPLB_REQUIRE_INPUT(o.json_out.empty() || o.json_out != o.plot_out,
+                      "--json and --plot name the same file");
   for (const std::string* out : {&o.json_out, &o.plot_out, &o.save_placement}) {
     std::error_code ec;
     FEPLB_REQUIRE_INPUT(
@@ -79,8 +81,8 @@ void run_simulate(const SimulateOptions& o) {
 
   const Trace trace = read_trace(path);
   FEPLB_REQUIRE_INPUT(trace.num_ranks <= o.gpus_per_node || trace.num_ranks % o.gpus_per_node == 0,
-                      "--gpus-per-node: {} does not divide the trace's num_ranks {}", o.gpus_per_node,
-                      trace.num_ranks);
+                      "--gpus-per-node: {} does not divide the trace's num_ranks {}",
+                      o.gpus_per_node, trace.num_ranks);
   SimulationConfig cfg;
   cfg.policies = policies;
   cfg.gpus_per_node = o.gpus_per_node;

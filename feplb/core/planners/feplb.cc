@@ -11,9 +11,9 @@
 //  3. Copies are timed (copy-engine bandwidth, first in first out on the sender's egress and the
 //     receiver's ingress, after the counts round trip and the planner's budget). A copy must land
 //     while the receiver still runs its own experts (hidden: copy_timing = 1, the default), or
-//     (copy_timing = 2) be one after which the receiver, idle until it lands, finishes before the donor: an
-//     exposed copy that never makes the layer slower (a little better balance on the most skewed
-//     priors, at a small exposure; docs/planners.md).
+//     (copy_timing = 2) be one after which the receiver, idle until it lands, finishes before the
+//     donor: an exposed copy that never makes the layer slower (a little better balance on the most
+//     skewed priors, at a small exposure; docs/planners.md).
 // Deterministic; O(E log E) per step with no allocation after the first call.
 #include <algorithm>
 #include <cmath>
@@ -46,7 +46,8 @@ class FeplbPlanner final : public Planner {
 
     int64_t total = 0;
     for (int64_t l : load_) total += l;
-    const int64_t tol = static_cast<int64_t>(std::floor(k.balance_tolerance * static_cast<double>(total) / R));
+    const int64_t tol =
+        static_cast<int64_t>(std::floor(k.balance_tolerance * static_cast<double>(total) / R));
 
     for (int dom = 0; dom < topo.num_domains(); ++dom) {
       const int first = topo.first_gpu_of_domain(dom), n = topo.domain_size();
@@ -127,14 +128,16 @@ class FeplbPlanner final : public Planner {
     if (lands_ms <= home_ms_[h]) return true;
     if (ctx_.knobs.copy_timing < 2) return false;
     const GemmCostModel& cost = *ctx_.cost;
-    const double donor_after_ms = home_ms_[d] - cost.expert_ms(remaining(e)) +
-                                  cost.expert_ms(remaining(e) - rows);
+    const double donor_after_ms =
+        home_ms_[d] - cost.expert_ms(remaining(e)) + cost.expert_ms(remaining(e) - rows);
     return lands_ms + guest_ms_[h] + cost.expert_ms(rows) <= donor_after_ms;
   }
 
   double copy_ms(int64_t rows) const {
-    const double bytes = static_cast<double>(ctx_.shape.weight_bytes() + rows * ctx_.shape.row_bytes());
-    return bytes / (ctx_.knobs.copy_gbps * 1e9) * 1e3 + 2 * ctx_.knobs.copy_setup_us * 1e-3;  // 2 copies
+    const double bytes =
+        static_cast<double>(ctx_.shape.weight_bytes() + rows * ctx_.shape.row_bytes());
+    return bytes / (ctx_.knobs.copy_gbps * 1e9) * 1e3 +
+           2 * ctx_.knobs.copy_setup_us * 1e-3;  // 2 copies
   }
 
   int64_t remaining(int e) const { return (*rows_)[e] - moved_[e]; }
@@ -157,7 +160,10 @@ class FeplbPlanner final : public Planner {
     int64_t lo = 0, hi = load_[d];  // the smallest level at which the helpers take what d sheds
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
-      if (fill(mid, num) >= load_[d] - mid) hi = mid; else lo = mid + 1;
+      if (fill(mid, num) >= load_[d] - mid)
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     if (lo <= target || load_[d] - lo > remaining(e)) return target;
     return lo;
@@ -165,14 +171,16 @@ class FeplbPlanner final : public Planner {
 
   // Rows of expert e that donor d gives helper h, which the level says should get `want`
   // (0: no worthwhile slice).
-  int64_t slice_for(int e, int d, int h, int64_t want, int64_t target, int64_t cap, int64_t tol) const {
+  int64_t slice_for(int e, int d, int h, int64_t want, int64_t target, int64_t cap,
+                    int64_t tol) const {
     const Knobs& k = ctx_.knobs;
     const int64_t avail = remaining(e), room = cap - load_[h];
     if (avail <= load_[d] - target + tol && avail <= room) return avail;  // the whole rest of e
     int64_t rows = std::min({avail, want, load_[d] - target});
     if (rows < avail) {
       const int64_t aligned = rows - rows % k.slice_align_rows;
-      if (aligned >= k.min_slice_rows && load_[d] - aligned <= std::max(cap, load_[d] - rows + tol)) {
+      if (aligned >= k.min_slice_rows &&
+          load_[d] - aligned <= std::max(cap, load_[d] - rows + tol)) {
         rows = aligned;
       }
     }
@@ -191,7 +199,8 @@ class FeplbPlanner final : public Planner {
       if (h != d && guests_[h] < k.max_num_dyn && load_[h] < cap) receivers_.push_back(h);
     }
     sort_ids_ascending(receivers_, [&](int g) { return load_[g]; });
-    const int num = static_cast<int>(std::min<int64_t>(receivers_.size(), k.max_helpers_per_expert));
+    const int num =
+        static_cast<int>(std::min<int64_t>(receivers_.size(), k.max_helpers_per_expert));
     const int64_t level = helper_level(e, d, num, target, rest_rows);
     int helpers = 0;
     for (size_t i = 0; i < receivers_.size() && helpers < k.max_helpers_per_expert; ++i) {
@@ -203,7 +212,8 @@ class FeplbPlanner final : public Planner {
       const double t = copy_ms(rows);
       if (k.copy_timing) {
         if (!copy_fits(e, d, h, rows, t)) continue;
-        home_ms_[d] += ctx_.cost->expert_ms(remaining(e) - rows) - ctx_.cost->expert_ms(remaining(e));
+        home_ms_[d] +=
+            ctx_.cost->expert_ms(remaining(e) - rows) - ctx_.cost->expert_ms(remaining(e));
         guest_ms_[h] += ctx_.cost->expert_ms(rows);
       }
       in_ms_[h] = std::max(in_ms_[h], out_ms_[d]) + t;
@@ -221,7 +231,7 @@ class FeplbPlanner final : public Planner {
   const std::vector<int64_t>* rows_ = nullptr;  // this step's expert_counts
   std::vector<int64_t> load_, moved_;
   std::vector<int64_t> guests_;
-  std::vector<double> in_ms_, out_ms_;     // [num_ranks] when the links' queued copies end
+  std::vector<double> in_ms_, out_ms_;      // [num_ranks] when the links' queued copies end
   std::vector<double> home_ms_, guest_ms_;  // [num_ranks] modelled GEMM time, own and guest
   std::vector<int> candidates_, candidate_begin_, order_, donors_, receivers_;
 };

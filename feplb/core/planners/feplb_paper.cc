@@ -55,7 +55,8 @@ class FeplbPaperPlanner final : public Planner {
         sort_ids_descending(movable_, [&](int e) { return c[e]; });
         bool moved_one = false;
         for (int e : movable_) {
-          if (c[e] < ctx_.knobs.tau || c[e] == 0) break;  // busier ones failed; smaller are below tau
+          if (c[e] < ctx_.knobs.tau || c[e] == 0)
+            break;  // busier ones failed; smaller are below tau
           int d_min = -1;
           for (int d = first; d < last; ++d) {
             if (d == d_max || guests_[d] >= ctx_.knobs.max_num_dyn) continue;

@@ -14,7 +14,9 @@ class OraclePlanner final : public Planner {
  public:
   using Planner::Planner;
   std::string_view name() const override { return "oracle"; }
-  PlanLimits limits() const override { return {true, static_cast<int64_t>(ctx_.topo.num_experts())}; }
+  PlanLimits limits() const override {
+    return {true, static_cast<int64_t>(ctx_.topo.num_experts())};
+  }
 
   void plan(const RoutingStep& routing, Plan& out) override {
     const Topology& topo = ctx_.topo;
@@ -46,9 +48,11 @@ class OraclePlanner final : public Planner {
           while (load_[donor] > quota_[donor] && moved_[e] < c[e]) {
             int h = -1;  // the receiver with the most room
             for (int g : gpus_) {
-              if (load_[g] < quota_[g] && (h < 0 || quota_[g] - load_[g] > quota_[h] - load_[h])) h = g;
+              if (load_[g] < quota_[g] && (h < 0 || quota_[g] - load_[g] > quota_[h] - load_[h]))
+                h = g;
             }
-            const int64_t rows = std::min({c[e] - moved_[e], load_[donor] - quota_[donor], quota_[h] - load_[h]});
+            const int64_t rows =
+                std::min({c[e] - moved_[e], load_[donor] - quota_[donor], quota_[h] - load_[h]});
             out.add_migration(e, donor, h, rows, ctx_.shape);
             out.dynamic[e] = 1;
             moved_[e] += rows;

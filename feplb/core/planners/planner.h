@@ -69,11 +69,13 @@ std::unique_ptr<Planner> make_planner(std::string_view name, const PlannerContex
 // stable sort of ascending ids gives, without the scratch buffer std::stable_sort allocates.
 template <typename Key>
 void sort_ids_descending(std::vector<int>& ids, const Key& key) {
-  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return key(a) != key(b) ? key(a) > key(b) : a < b; });
+  std::sort(ids.begin(), ids.end(),
+            [&](int a, int b) { return key(a) != key(b) ? key(a) > key(b) : a < b; });
 }
 template <typename Key>
 void sort_ids_ascending(std::vector<int>& ids, const Key& key) {
-  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return key(a) != key(b) ? key(a) < key(b) : a < b; });
+  std::sort(ids.begin(), ids.end(),
+            [&](int a, int b) { return key(a) != key(b) ? key(a) < key(b) : a < b; });
 }
 
 // Shared by planners: total rows per GPU when every expert stays home.  // [num_ranks]
