@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "feplb/core/expert_shape.h"
@@ -58,6 +59,7 @@ class TableCostModel final : public GemmCostModel {
 
 // Reads a feplb-gemm-table-v1 file; throws InputError naming the field.
 TableCostModel read_gemm_table(const std::string& path);
+TableCostModel parse_gemm_table(std::string_view text);
 std::string format_gemm_table(const TableCostModel& table);
 
 }  // namespace feplb

@@ -20,6 +20,11 @@ struct RoutingStep {
   int num_experts = 0;
   std::vector<int64_t> counts;         // [num_ranks, num_experts]: rows src rank -> expert
   std::vector<int64_t> expert_counts;  // [num_experts]: sum over source ranks
+  // Optional (docs/trace-format.md): [num_ranks] tokens each source rank had in this step (empty:
+  // the trace's tokens_per_rank for every rank), and the token-expert rows it dropped (capacity
+  // factor; empty: none). Row src sums to tokens[src] * top_k - dropped[src].
+  std::vector<int64_t> tokens;
+  std::vector<int64_t> dropped;
 
   RoutingStep() = default;
   RoutingStep(int64_t step_idx, int64_t layer_idx, int ranks, int experts);
@@ -48,7 +53,18 @@ struct Trace {
   std::string generator_json;  // optional "generator" object, kept verbatim ("" if none)
   std::vector<RoutingStep> steps;
 
-  int64_t rows_per_rank() const { return tokens_per_rank * top_k; }
+  // Token-expert rows rank `src` routed in `step`: tokens * top_k, less the rows it dropped.
+  int64_t tokens_of(const RoutingStep& step, int src) const {
+    return step.tokens.empty() ? tokens_per_rank : step.tokens[static_cast<size_t>(src)];
+  }
+  int64_t dropped_of(const RoutingStep& step, int src) const {
+    return step.dropped.empty() ? 0 : step.dropped[static_cast<size_t>(src)];
+  }
+  int64_t rows_of(const RoutingStep& step, int src) const {
+    return tokens_of(step, src) * top_k - dropped_of(step, src);
+  }
+  // Every rank has tokens_per_rank tokens and drops nothing, in every step.
+  bool uniform() const;
 };
 
 }  // namespace feplb

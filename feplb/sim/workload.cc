@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "feplb/core/error.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/rng.h"
 
 namespace feplb {
@@ -123,6 +124,19 @@ RoutingStep generate_step(const std::vector<double>& popularity, const WorkloadS
 Trace generate_trace(const Prior& prior, const WorkloadSpec& spec, const Progress& progress) {
   FEPLB_REQUIRE_INPUT(prior.num_layers() >= 1, "prior: has no layers");
   check_spec(spec, prior.num_experts());
+  // The trace format's limits (limits.h), checked before anything is allocated.
+  FEPLB_REQUIRE_INPUT(
+      spec.num_ranks <= limits::kMaxRanks && prior.num_experts() <= limits::kMaxExperts,
+      "ranks, experts: {} and {} are above the trace limits {} and {}", spec.num_ranks,
+      prior.num_experts(), limits::kMaxRanks, limits::kMaxExperts);
+  const double counts = static_cast<double>(spec.num_steps) * prior.num_layers() * spec.num_ranks *
+                        prior.num_experts();
+  FEPLB_REQUIRE_INPUT(
+      counts <= static_cast<double>(limits::kMaxTraceCounts),
+      "steps: {} micro-batches x {} layers x {} ranks x {} experts = {:.0f} counts, "
+      "above the limit of {} counts in a trace",
+      spec.num_steps, prior.num_layers(), spec.num_ranks, prior.num_experts(), counts,
+      limits::kMaxTraceCounts);
   Trace t;
   t.model = prior.model;
   t.num_experts = prior.num_experts();
