@@ -14,7 +14,8 @@ struct Preset {
   ExpertShape shape;
 };
 
-// Shapes from FEPLB.md §5 and the models' public configs.
+// Expert shapes (hidden H, per-expert FFN F) from the models' public configs: GLM-5 H=6144
+// F=2048, Qwen3-235B-A22B H=4096 F=1536, OLMoE-1B-7B H=2048 F=1024, Mixtral-8x7B H=4096 F=14336.
 constexpr std::array<Preset, 4> kPresets{{
     {"glm5", {6144, 2048, Dtype::kBf16}},
     {"qwen3-235b", {4096, 1536, Dtype::kBf16}},
@@ -43,6 +44,14 @@ std::optional<ExpertShape> shape_for_model(std::string_view model) {
   }
   return std::nullopt;
 }
+
+std::vector<std::pair<std::string_view, ExpertShape>> known_model_shapes() {
+  std::vector<std::pair<std::string_view, ExpertShape>> out;
+  for (const Preset& p : kPresets) out.emplace_back(p.prefix, p.shape);
+  return out;
+}
+
+ExpertShape default_shape() { return kPresets[0].shape; }
 
 int64_t ExpertShape::dtype_bytes() const {
   switch (dtype) {

@@ -8,10 +8,12 @@
 #include <variant>
 #include <vector>
 
+#include "feplb/core/limits.h"
+
 namespace feplb {
 
 struct Knobs {
-#define FEPLB_KNOB(type, name, def, min, unit, help) type name = def;
+#define FEPLB_KNOB(type, name, def, min, max, unit, help) type name = def;
 #include "feplb/core/knobs.def"
 #undef FEPLB_KNOB
 };
@@ -23,6 +25,7 @@ struct KnobInfo {
   std::variant<int64_t*, double*> value;
   double default_value;
   double minimum;
+  double maximum;
   std::string_view unit;
   std::string_view help;
 };
@@ -30,7 +33,7 @@ struct KnobInfo {
 // Every knob of `knobs`, in declaration order.
 std::vector<KnobInfo> list_knobs(Knobs& knobs);
 
-// Throws InputError naming the flag if a knob is below its minimum.
+// Throws InputError naming the flag if a knob is outside [minimum, maximum] (or not finite).
 void validate_knobs(const Knobs& knobs);
 
 // One knob set by name (reports' variants).

@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/metrics.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/stats.h"
@@ -23,12 +24,10 @@
 namespace feplb::cli {
 namespace {
 
-struct RunOptions {
-  std::string trace, policies = "static,feplb-paper,feplb", json_out, cost_model = "auto";
-  int gpus_per_node = 8, steps = 8;
+struct RunOptions : ModelFlags {
+  std::string trace, policies = "static,feplb-paper,feplb", json_out;
+  int steps = 8;
   bool force = false, no_layer = false;
-  ShapeFlags shape;
-  Knobs knobs;
 };
 
 #ifdef FEPLB_HAVE_CUDA
@@ -178,16 +177,14 @@ void add_run_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "run", "Run the layer on this GPU over a trace: measured vs predicted (needs a GPU)");
   cmd->add_option("--trace", o->trace, "feplb-trace-v1 file (default: data/traces/default.json)");
-  cmd->add_option("--policies", o->policies,
-                  "comma-separated GPU policies (default static,feplb-paper,feplb)");
-  cmd->add_option("--steps", o->steps, "trace steps to run, spread over the trace (default 8)");
-  cmd->add_option("--gpus-per-node", o->gpus_per_node, "GPUs per NVLink domain (default 8)");
+  add_policies(*cmd, o->policies,
+               "comma-separated GPU policies (default static,feplb-paper,feplb)");
+  add_int(*cmd, "--steps", o->steps, 1, limits::kMaxStepId,
+          "trace steps to run, spread over the trace (default 8)");
   cmd->add_option("--json", o->json_out, "write the results as JSON to this file");
   cmd->add_flag("--force", o->force, "overwrite an existing --json file");
   cmd->add_flag("--no-layer", o->no_layer, "skip the full layer forward (GEMM timing only)");
-  add_cost_flag(*cmd, o->cost_model);
-  add_shape_flags(*cmd, o->shape);
-  add_knob_flags(*cmd, o->knobs);
+  add_model_flags(*cmd, *o);
   cmd->callback([o] {
 #ifdef FEPLB_HAVE_CUDA
     run_gpu(*o);
