@@ -9,98 +9,13 @@
 #include <limits>
 
 #include "feplb/sim/balance.h"
+#include "feplb/sim/svg.h"
 
 namespace feplb {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
-constexpr const char* kFont = "Helvetica,Arial,sans-serif";
-
-const char* color_of(const std::string& policy) {
-  static const std::pair<const char*, const char*> kColors[] = {
-      {"static", "#888888"},    {"feplb-paper", "#9b59b6"}, {"feplb", "#1f5fbf"},
-      {"fastermoe", "#e8923a"}, {"oracle", "#000000"},      {"eplb", "#2a9d3a"},
-      {"llep", "#c0392b"},      {"moonep", "#16a0a0"},
-  };
-  for (const auto& [name, color] : kColors) {
-    if (policy == name) return color;
-  }
-  return "#555555";
-}
-
-std::string escape(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
-}
-
-class Svg {
- public:
-  Svg(double width, double height) {
-    s_ = fmt::format(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" "
-        "viewBox=\"0 0 {0:.0f} "
-        "{1:.0f}\" font-family=\"{2}\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-        width, height, kFont);
-  }
-  void text(double x, double y, const std::string& t, double size = 11,
-            const char* anchor = "start", const char* fill = "#222", bool bold = false) {
-    s_ += fmt::format(
-        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{}\" text-anchor=\"{}\" "
-        "fill=\"{}\"{}>{}</text>\n",
-        x, y, size, anchor, fill, bold ? " font-weight=\"bold\"" : "", escape(t));
-  }
-  void line(double x1, double y1, double x2, double y2, const char* stroke, double width = 1,
-            const char* dash = "") {
-    s_ += fmt::format(
-        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
-        "stroke-width=\"{}\"{}/>\n",
-        x1, y1, x2, y2, stroke, width, *dash ? fmt::format(" stroke-dasharray=\"{}\"", dash) : "");
-  }
-  void rect(double x, double y, double w, double h, const char* fill,
-            const std::string& title = "") {
-    s_ += fmt::format(
-        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
-        "fill=\"{}\">{}</rect>\n",
-        x, y, w, h, fill, title.empty() ? "" : "<title>" + escape(title) + "</title>");
-  }
-  void marker(double x, double y, double r, const char* fill, bool hollow,
-              const std::string& title) {
-    s_ += fmt::format(
-        "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\" stroke=\"{}\" "
-        "stroke-width=\"1.5\">"
-        "<title>{}</title></circle>\n",
-        x, y, r, hollow ? "white" : fill, fill, escape(title));
-  }
-  void polyline(const std::vector<std::pair<double, double>>& pts, const char* stroke, double width,
-                const char* dash = "") {
-    if (pts.size() < 2) return;
-    std::string p;
-    for (const auto& [x, y] : pts) p += fmt::format("{:.1f},{:.1f} ", x, y);
-    s_ +=
-        fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"{}\"{}/>\n",
-                    p, stroke, width, *dash ? fmt::format(" stroke-dasharray=\"{}\"", dash) : "");
-  }
-  std::string done() { return s_ + "</svg>\n"; }
-
- private:
-  std::string s_;
-};
 
 // A log axis over [lo, hi] mapped to pixels [p_lo, p_hi], with a separate position for 0 (values
 // <= 0 or below lo) one step beyond p_lo.
@@ -131,16 +46,6 @@ void y_log_ticks(Svg& svg, const LogAxis& y, double x0, double x1, const std::st
   if (!y.zero_row) return;
   svg.text(x0 - 5, y.zero() + 3.5, "0", 10, "end", "#555");
   svg.line(x0, y.zero(), x1, y.zero(), "#f0f0f0", 1, "2,3");
-}
-
-// A round axis maximum and its tick step (1, 2 or 5 times a power of ten; 4 to 7 ticks).
-std::pair<double, double> nice_axis(double max) {
-  const double mag = std::pow(10.0, std::floor(std::log10(std::max(max, 1e-9))));
-  for (double step : {0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0}) {
-    const double s = step * mag;
-    if (max / s <= 7) return {std::ceil(max / s) * s, s};
-  }
-  return {max, max / 4};
 }
 
 struct Series {
@@ -228,7 +133,7 @@ std::string two_panel_plot(const BalanceResult& r, const std::string& title,
         "{}{}", ranks, r.find(ranks, 0.0) && r.find(ranks, 0.0)->domains > 1 ? " (2 nodes)" : ""));
   for (double s : c.skews) skew_labels.push_back(fmt::format("{}", s));
   for (const auto& [label, dash] : labels) {
-    Series a{label, color_of(policy_of_label(label)), dash, {}}, b = a;
+    Series a{label, policy_color(policy_of_label(label)), dash, {}}, b = a;
     for (int ranks : c.ranks) {
       const BalanceGroup* g = r.find(ranks, 0.0);
       const BalanceCell* cl = g ? g->find(label) : nullptr;
@@ -293,7 +198,7 @@ std::string pareto_plot(const BalanceResult& r) {
       if (c.label.rfind(prefix, 0) == 0) pts.emplace_back(px(c), py(c));
     }
     std::sort(pts.begin(), pts.end());
-    svg.polyline(pts, color_of(policy), 1, "2,2");
+    svg.polyline(pts, policy_color(policy), 1, "2,2");
   }
   // The front.
   const std::vector<uint8_t> front = pareto_front(*g);
@@ -313,7 +218,7 @@ std::string pareto_plot(const BalanceResult& r) {
     const std::string tip = fmt::format("{}: {:.0f} MiB, {:.2f}% of mean", c.label,
                                         c.summary.weight_bytes_per_step / kMiB,
                                         c.summary.token_straggler / g->mean_rows * 100);
-    svg.marker(px(c), py(c), main ? 5.5 : 3.5, color_of(policy_of_label(c.label)), !main, tip);
+    svg.marker(px(c), py(c), main ? 5.5 : 3.5, policy_color(policy_of_label(c.label)), !main, tip);
   }
   // Labels of the main settings, moved up or down until they overlap no other label.
   std::vector<std::array<double, 4>> boxes;  // x0, y0, x1, y1
@@ -328,9 +233,9 @@ std::string pareto_plot(const BalanceResult& r) {
           });
       if (!clear && dy != 53.0) continue;
       if (dy != 14.0 && dy != -7.0) {
-        svg.line(px(c) + 3, py(c), tx - 1, ty - 4, color_of(policy_of_label(c.label)), 0.7);
+        svg.line(px(c) + 3, py(c), tx - 1, ty - 4, policy_color(policy_of_label(c.label)), 0.7);
       }
-      svg.text(tx, ty, c.label, 11, "start", color_of(policy_of_label(c.label)));
+      svg.text(tx, ty, c.label, 11, "start", policy_color(policy_of_label(c.label)));
       boxes.push_back({tx, ty - 10, tx + w, ty + 2});
       break;
     }
@@ -346,7 +251,7 @@ std::string pareto_plot(const BalanceResult& r) {
            {"  no duplicates, global", "eplb"},
            {"llep --llep-cap-factor 1.05..1.3", "llep"}}) {
     ly += 17;
-    svg.marker(lx + 5, ly - 4, 3.5, color_of(policy), true, text);
+    svg.marker(lx + 5, ly - 4, 3.5, policy_color(policy), true, text);
     svg.text(lx + 14, ly, text, 11);
   }
   ly += 26;
@@ -397,7 +302,7 @@ std::string cross_node_plot(const BalanceResult& r) {
   double yy = top;
   for (const BalanceCell& c : g->cells) {
     if (c.variant) continue;
-    const char* color = color_of(policy_of_label(c.label));
+    const char* color = policy_color(policy_of_label(c.label));
     const double st = c.summary.token_straggler / g->mean_rows * 100;
     const double floor = c.oracle_straggler / g->mean_rows * 100;
     svg.text(x0 - 8, yy + 14, c.label, 11, "end");
@@ -427,6 +332,11 @@ std::string cross_node_plot(const BalanceResult& r) {
 }
 
 }  // namespace
+
+std::vector<std::string> balance_plot_names() {
+  return {"balance-token-straggler.svg", "balance-gemm-straggler.svg", "balance-weight-bytes.svg",
+          "balance-pareto.svg", "balance-cross-node.svg"};
+}
 
 std::vector<std::pair<std::string, std::string>> balance_plots(const BalanceResult& r) {
   auto straggler = [](const BalanceGroup& g, const BalanceCell& c) {

@@ -65,7 +65,7 @@ struct PolicySummary {
 
 struct PolicyResult {
   std::string name;
-  Transport transport;
+  DataMovement movement;
   std::vector<StepMetrics> steps;  // [measured trace steps]
   std::vector<GpuLoads> loads;     // [measured trace steps]
   PolicySummary summary;

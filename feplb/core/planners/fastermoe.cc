@@ -1,5 +1,5 @@
 // fastermoe: FasterMoE's shadow-expert rule (PPoPP'22; laekov/fastmoe shadow_policy.py), applied to
-// per-expert global counts as the paper intends (research/anchors.md §4.1), with H200 constants:
+// per-expert global counts as the paper intends, with H200 constants:
 //   B = expert rows sorted descending; per-token compute comp = 6 H F / gemm_peak;
 //   per-token transfer feat = H * dtype / bw; one expert's weights model = weight_bytes / bw;
 //   shadow the k hottest experts for the largest prefix k where
@@ -24,7 +24,7 @@ class FasterMoePlanner final : public Planner {
     return {false, static_cast<int64_t>(ctx_.topo.num_experts())};
   }
   // FasterMoE's smart schedule exchanges tokens with NCCL send/recv and broadcasts shadows.
-  Transport transport() const override {
+  DataMovement data_movement() const override {
     return {"NCCL all-to-all", ctx_.knobs.nccl_sms, "NCCL broadcast", ctx_.knobs.nccl_sms, true};
   }
 

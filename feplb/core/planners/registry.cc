@@ -29,7 +29,7 @@ PlanLimits Planner::limits() const {
   return l;
 }
 
-Transport Planner::transport() const {
+DataMovement Planner::data_movement() const {
   return {"DeepEP", ctx_.knobs.deepep_sms, "copy engine", 0, true};
 }
 
