@@ -213,9 +213,9 @@ std::string plot_svg(const SimulationResult& r) {
   // rows and guest rows stacked, the mean dashed), on one y scale. Bottom: token straggler over
   // the steps, one line per policy in its colour. The bar colours and the mean line's are used
   // for nothing else.
-  constexpr const char* kOwn = "#b8c4d6";    // rows of the GPU's own experts
-  constexpr const char* kGuest = "#f3d36b";  // guest rows it computes for other GPUs
-  constexpr const char* kMean = "#555555";   // mean rows per GPU (dashed)
+  constexpr const char* kOwn = colors::kOwnRows;
+  constexpr const char* kGuest = colors::kGuestRows;
+  constexpr const char* kMean = colors::kMean;
   const size_t worst = worst_static_step(r);
   const int R = r.topo.num_ranks();
   const int n = static_cast<int>(r.policies.size());
@@ -244,12 +244,21 @@ std::string plot_svg(const SimulationResult& r) {
            fmt::format("{} | {} | top-{}, {} tokens/GPU", r.model, r.topo.describe(), r.top_k,
                        r.tokens_per_rank),
            12, "start", "#444");
-  svg.rect(gap, 54, 10, 10, kOwn);
-  svg.text(gap + 14, 63, "rows of the GPU's own experts", 12, "start", "#444");
-  svg.rect(gap + 200, 54, 10, 10, kGuest);
-  svg.text(gap + 214, 63, "guest rows it computes for other GPUs", 12, "start", "#444");
-  svg.line(gap + 445, 59, gap + 470, 59, kMean, 1.5, "5,3");
-  svg.text(gap + 476, 63, "mean rows per GPU", 12, "start", "#444");
+  // The legend, one entry after another (about 6.7 px per character at 12 px).
+  double lx = gap;
+  for (const auto& [color, label] : std::vector<std::pair<const char*, const char*>>{
+           {kOwn, "rows of the GPU's own experts"},
+           {kGuest, "guest rows it computes for other GPUs"},
+           {nullptr, "mean rows per GPU"}}) {
+    if (color) {
+      svg.rect(lx, 54, 10, 10, color);
+    } else {
+      svg.line(lx, 59, lx + 22, 59, kMean, 1.5, "5,3");
+      lx += 12;
+    }
+    svg.text(lx + 14, 63, label, 12, "start", "#444");
+    lx += 14 + 6.7 * static_cast<double>(std::string_view(label).size()) + 24;
+  }
   for (int i = 0; i < n; ++i) {
     const PolicyResult& p = r.policies[i];
     const double x0 = gap + axis_w + (i % cols) * (pw + axis_w + gap);

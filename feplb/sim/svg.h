@@ -19,6 +19,15 @@ std::string xml_escape(std::string_view s);
 // The colour of each policy, used for nothing else in any plot (#555555 for an unknown name).
 const char* policy_color(std::string_view policy);
 
+// The other colours of the plots, each with one meaning in every plot.
+namespace colors {
+inline constexpr const char* kOwnRows = "#b8c4d6";    // rows of a GPU's own experts (bars)
+inline constexpr const char* kGuestRows = "#f3d36b";  // guest rows a GPU computes for others
+inline constexpr const char* kMean = "#555555";       // the mean rows per GPU (dashed)
+inline constexpr const char* kFloor = "#d62789";      // the floor between nodes (dashed)
+inline constexpr const char* kFront = "#8c564b";      // the Pareto front
+}  // namespace colors
+
 // A round axis maximum >= max and its tick step (1, 2 or 5 times a power of ten; 4 to 7 ticks).
 std::pair<double, double> nice_axis(double max);
 
