@@ -57,7 +57,7 @@ CLI::Validator int_validator(int64_t lo, int64_t hi) {
         }
         return std::string();
       },
-      "", "int_range");
+      range_text(static_cast<double>(lo), static_cast<double>(hi)), "int_range");
 }
 
 template <typename Int>
@@ -114,7 +114,7 @@ CLI::Option* add_real(CLI::App& cmd, const std::string& flag, double& value, dou
             }
             return std::string();
           },
-          "", "real_range"));
+          range_text(lo, hi), "real_range"));
 }
 
 CLI::Option* add_choice(CLI::App& cmd, const std::string& flag, std::string& value,
@@ -180,8 +180,7 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f, bool cost) {
   }
   add_shape_flags(cmd, f.shape);
   for (const KnobInfo& k : list_knobs(f.knobs)) {
-    const std::string help = fmt::format("{} [{}; default {}; {}]", k.help, k.unit, k.default_value,
-                                         range_text(k.minimum, k.maximum));
+    const std::string help = fmt::format("{} [{}; default {}]", k.help, k.unit, k.default_value);
     std::visit(
         [&](auto* p) {
           using T = std::remove_pointer_t<decltype(p)>;
