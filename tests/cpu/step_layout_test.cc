@@ -221,9 +221,9 @@ TEST(JobThread, RunsJobsInOrder) {
   for (Ctx& c : ctx) {
     t.post(
         [](void* p) {
-          auto* c = static_cast<Ctx*>(p);
-          c->seen->push_back(c->id);
-          c->done->fetch_add(1);
+          auto* x = static_cast<Ctx*>(p);
+          x->seen->push_back(x->id);
+          x->done->fetch_add(1);
         },
         &c);
   }
