@@ -1,5 +1,8 @@
 // Planner microbenchmarks: the time of one Planner::plan() call for every registered planner, on
-// routing from the project's workload generator at EP=8/E=128 and EP=64/E=256 (scripts/bench-cpu).
+// routing from the project's workload generator (scripts/bench-cpu): EP=8/E=128 and EP=64/E=256
+// in NVLink domains of 8 GPUs, and rack-scale NVLink domains of 64 to 256 GPUs (the ep*_nvl*
+// cases: lognormal skew with 4 experts per GPU, and 2 experts per GPU with hot experts ~10x the
+// mean).
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -17,9 +20,9 @@
 #include "feplb/core/knobs.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/planners/planner.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
+#include "feplb/sim/prior.h"
 #include "feplb/sim/workload.h"
 
 // Every heap allocation of this process is counted, so that each benchmark can report how many
@@ -77,16 +80,27 @@ struct BenchConfig {
   std::string_view label;  // the last part of the benchmark name
   int ranks;
   int experts;
-  int gpus_per_node;
+  int gpus_per_node;  // GPUs per NVLink domain
   PriorKind prior;
+  double skew = 4.0;  // kLognormal: max/mean popularity over experts
 };
 
 // (a) EP=8, E=128: one NVLink domain. (b) EP=64, E=256: 8 domains of 8 GPUs, with the OLMoE prior
-// and with a lognormal prior of max/mean 4. All: top-8, 4096 tokens per rank, GLM-5 expert shape.
+// and with a lognormal prior of max/mean 4. (c) Rack scale, one NVLink domain of all the GPUs:
+// the routing of `feplb trace gen --skew 5 --experts E --ranks R` (lognormal max/mean 5, seed 1,
+// 4 experts per GPU) at EP=8/E=128, EP=72/E=288 and EP=256/E=1024; and 2 experts per GPU with hot
+// experts ~10x the mean: the OLMoE arXiv prior widened to 128 experts at EP=64 (its busiest
+// expert is 9-15x the mean per micro-batch), lognormal max/mean 10 at EP=72/E=144. All: top-8,
+// 4096 tokens per rank, GLM-5 expert shape.
 constexpr BenchConfig kConfigs[] = {
     {"ep8_e128", 8, 128, 8, PriorKind::kOlmoeArxiv},
     {"ep64_e256", 64, 256, 8, PriorKind::kOlmoeArxiv},
     {"ep64_e256_lognormal", 64, 256, 8, PriorKind::kLognormal},
+    {"ep8_e128_skew5", 8, 128, 8, PriorKind::kLognormal, 5.0},
+    {"ep72_e288_skew5_nvl72", 72, 288, 72, PriorKind::kLognormal, 5.0},
+    {"ep256_e1024_skew5_nvl256", 256, 1024, 256, PriorKind::kLognormal, 5.0},
+    {"ep64_e128_olmoe_nvl64", 64, 128, 64, PriorKind::kOlmoeArxiv},
+    {"ep72_e144_skew10_nvl72", 72, 144, 72, PriorKind::kLognormal, 10.0},
 };
 
 constexpr int kTopK = 8;
@@ -102,7 +116,7 @@ struct Workload {
 Workload make_workload(const BenchConfig& cfg) {
   const Prior prior = cfg.prior == PriorKind::kOlmoeArxiv
                           ? expand_prior(read_prior(kOlmoePrior), cfg.experts, kSeed)
-                          : lognormal_prior(cfg.experts, 4.0, 1, kSeed);
+                          : lognormal_prior(cfg.experts, cfg.skew, 1, kSeed);
   WorkloadSpec spec;
   spec.num_ranks = cfg.ranks;
   spec.tokens_per_rank = kTokensPerRank;
