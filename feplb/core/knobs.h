@@ -8,6 +8,8 @@
 #include <variant>
 #include <vector>
 
+#include "feplb/core/gpu_class.h"
+
 namespace feplb {
 
 struct Knobs {

@@ -10,8 +10,9 @@
 #include "feplb/core/placement.h"
 #include "feplb/core/placer.h"
 #include "feplb/core/planners/eplb_rebalance.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/stats.h"
+#include "feplb/sim/prior.h"
+#include "feplb/sim/report.h"
 
 namespace feplb {
 namespace {
@@ -20,25 +21,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr const char* kPlaced = ", placed homes";
 
 std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
-
-// Steps of one label, collected over the workloads of a group.
-struct Accumulator {
-  std::string label, policy;
-  Transport transport;
-  bool placed = false, variant = false;
-  std::vector<StepMetrics> steps;
-};
-
-void collect(std::vector<Accumulator>& acc, const std::string& label, const PolicyResult& pr,
-             bool placed, bool variant) {
-  for (Accumulator& a : acc) {
-    if (a.label == label) {
-      a.steps.insert(a.steps.end(), pr.steps.begin(), pr.steps.end());
-      return;
-    }
-  }
-  acc.push_back({label, pr.name, pr.transport, placed, variant, pr.steps});
-}
 
 // Simulates `trace` with each layer's homes placed once from the layer's warm-up micro-batches:
 // EPLB's hierarchical packing, no replicas (pack_homes in placer.h). Adds the experts re-homed
@@ -78,7 +60,20 @@ SimulationResult simulate_placed(const Trace& trace, const SimulationConfig& bas
   return simulate(trace, cfg);
 }
 
-BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<Accumulator>& acc) {
+}  // namespace
+
+void collect_steps(std::vector<BalanceSteps>& acc, const std::string& label, const PolicyResult& pr,
+                   bool placed, bool variant) {
+  for (BalanceSteps& a : acc) {
+    if (a.label == label) {
+      a.steps.insert(a.steps.end(), pr.steps.begin(), pr.steps.end());
+      return;
+    }
+  }
+  acc.push_back({label, pr.name, pr.transport, placed, variant, pr.steps});
+}
+
+BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<BalanceSteps>& acc) {
   BalanceGroup g;
   g.ranks = ranks;
   g.domains = domains;
@@ -89,7 +84,7 @@ BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<Ac
       acc.front().steps.empty() ? 0.0 : rows / static_cast<double>(acc.front().steps.size());
   std::vector<PolicySummary*> all;
   g.cells.reserve(acc.size());
-  for (Accumulator& a : acc) {
+  for (BalanceSteps& a : acc) {
     BalanceCell c;
     c.label = a.label;
     c.policy = a.policy;
@@ -114,8 +109,6 @@ BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<Ac
   apply_reductions(all, base->summary);
   return g;
 }
-
-}  // namespace
 
 std::vector<BalanceVariant> default_balance_variants() {
   std::vector<BalanceVariant> v;
@@ -205,7 +198,7 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
   int64_t done = 0;
   for (int ranks : config.ranks) {
     const Topology topo = Topology::contiguous(ranks, config.gpus_per_node, config.num_experts);
-    std::vector<Accumulator> real;
+    std::vector<BalanceSteps> real;
     double rehomed = 0;
     int64_t layers = 0;
     for (const Workload& w : workloads) {
@@ -219,15 +212,16 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
       sim.gpus_per_node = config.gpus_per_node;
       sim.warmup_steps = config.warmup_steps;
       const SimulationResult r = simulate(trace, sim);
-      std::vector<Accumulator> one;
-      std::vector<Accumulator>& acc = w.skew > 0 ? one : real;
-      for (const PolicyResult& p : r.policies) collect(acc, p.name, p, false, false);
+      std::vector<BalanceSteps> one;
+      std::vector<BalanceSteps>& acc = w.skew > 0 ? one : real;
+      for (const PolicyResult& p : r.policies) collect_steps(acc, p.name, p, false, false);
       if (w.skew == 0) {
         SimulationConfig placed = sim;
         placed.policies = config.placed_policies;
         const SimulationResult rp =
             simulate_placed(trace, placed, topo.num_domains(), rehomed, layers);
-        for (const PolicyResult& p : rp.policies) collect(acc, p.name + kPlaced, p, true, false);
+        for (const PolicyResult& p : rp.policies)
+          collect_steps(acc, p.name + kPlaced, p, true, false);
         if (ranks == config.pareto_ranks) {
           for (const BalanceVariant& v : config.variants) {
             SimulationConfig vs = sim;
@@ -239,7 +233,7 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
                 v.placed_homes
                     ? simulate_placed(trace, vs, topo.num_domains(), unused, unused_layers)
                     : simulate(trace, vs);
-            collect(acc, v.label, *rv.find(v.policy), v.placed_homes, true);
+            collect_steps(acc, v.label, *rv.find(v.policy), v.placed_homes, true);
           }
         }
       } else {
@@ -254,6 +248,42 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
     }
   }
   return result;
+}
+
+nlohmann::ordered_json balance_cell_json(const BalanceCell& cell) {
+  const PolicySummary& s = cell.summary;
+  return {{"label", cell.label},
+          {"policy", cell.policy},
+          {"placed_homes", cell.placed},
+          {"variant", cell.variant},
+          {"transport",
+           {{"dispatch", cell.transport.dispatch},
+            {"dispatch_sms", cell.transport.dispatch_sms},
+            {"balance", cell.transport.balance},
+            {"balance_sms", cell.transport.balance_sms},
+            {"balance_every_micro_batch", cell.transport.balance_every_micro_batch}}},
+          {"token_straggler", s.token_straggler},
+          {"token_straggler_p95", s.token_straggler_p95},
+          {"token_straggler_max", cell.max_token_straggler},
+          {"token_max_over_mean", s.token_max_over_mean},
+          {"token_max_over_mean_max", cell.max_token_max_over_mean},
+          {"gemm_straggler_ms", s.gemm_straggler_ms},
+          {"gemm_straggler_ms_p95", s.gemm_straggler_ms_p95},
+          {"weight_bytes_per_step", s.weight_bytes_per_step},
+          {"token_bytes_per_step", s.token_bytes_per_step},
+          {"nvlink_bytes_per_step", s.nvlink_bytes_per_step},
+          {"network_bytes_per_step", s.network_bytes_per_step},
+          {"dispatch_nvlink_bytes_per_step", s.dispatch_nvlink_bytes_per_step},
+          {"dispatch_network_bytes_per_step", s.dispatch_network_bytes_per_step},
+          {"guest_slots_max", cell.max_guest_slots},
+          {"network_bytes_max", cell.max_network_bytes},
+          {"fits_static_window", s.fits_static_window},
+          {"copy_exposed_ms", s.copy_exposed_ms},
+          {"planner_us_median", s.planner_us_median},
+          {"planner_us_p99", s.planner_us_p99},
+          {"inter_node_floor", cell.oracle_straggler},
+          {"token_straggler_reduction", s.token_straggler_reduction},
+          {"gemm_straggler_reduction", s.gemm_straggler_reduction}};
 }
 
 std::string format_balance_json(const BalanceResult& r, const std::string& command) {
@@ -282,47 +312,14 @@ std::string format_balance_json(const BalanceResult& r, const std::string& comma
                    {"concentration", c.workload.concentration},
                    {"seed", c.workload.seed},
                    {"policies", c.sim.policies},
+                   {"gpu", gpu_json(c.sim)},
                    {"pareto_ranks", c.pareto_ranks},
                    {"variants", variants}};
   doc["eplb_readme_phy2log"] = r.eplb_readme;
   json groups = json::array();
   for (const BalanceGroup& g : r.groups) {
     json cells = json::array();
-    for (const BalanceCell& cell : g.cells) {
-      const PolicySummary& s = cell.summary;
-      cells.push_back({{"label", cell.label},
-                       {"policy", cell.policy},
-                       {"placed_homes", cell.placed},
-                       {"variant", cell.variant},
-                       {"transport",
-                        {{"dispatch", cell.transport.dispatch},
-                         {"dispatch_sms", cell.transport.dispatch_sms},
-                         {"balance", cell.transport.balance},
-                         {"balance_sms", cell.transport.balance_sms},
-                         {"balance_every_micro_batch", cell.transport.balance_every_micro_batch}}},
-                       {"token_straggler", s.token_straggler},
-                       {"token_straggler_p95", s.token_straggler_p95},
-                       {"token_straggler_max", cell.max_token_straggler},
-                       {"token_max_over_mean", s.token_max_over_mean},
-                       {"token_max_over_mean_max", cell.max_token_max_over_mean},
-                       {"gemm_straggler_ms", s.gemm_straggler_ms},
-                       {"gemm_straggler_ms_p95", s.gemm_straggler_ms_p95},
-                       {"weight_bytes_per_step", s.weight_bytes_per_step},
-                       {"token_bytes_per_step", s.token_bytes_per_step},
-                       {"nvlink_bytes_per_step", s.nvlink_bytes_per_step},
-                       {"network_bytes_per_step", s.network_bytes_per_step},
-                       {"dispatch_nvlink_bytes_per_step", s.dispatch_nvlink_bytes_per_step},
-                       {"dispatch_network_bytes_per_step", s.dispatch_network_bytes_per_step},
-                       {"guest_slots_max", cell.max_guest_slots},
-                       {"network_bytes_max", cell.max_network_bytes},
-                       {"fits_static_window", s.fits_static_window},
-                       {"copy_exposed_ms", s.copy_exposed_ms},
-                       {"planner_us_median", s.planner_us_median},
-                       {"planner_us_p99", s.planner_us_p99},
-                       {"inter_node_floor", cell.oracle_straggler},
-                       {"token_straggler_reduction", s.token_straggler_reduction},
-                       {"gemm_straggler_reduction", s.gemm_straggler_reduction}});
-    }
+    for (const BalanceCell& cell : g.cells) cells.push_back(balance_cell_json(cell));
     groups.push_back(
         {{"ranks", g.ranks},
          {"nvlink_domains", g.domains},

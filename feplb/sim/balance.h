@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +81,23 @@ struct BalanceResult {
 
   const BalanceGroup* find(int ranks, double skew) const;
 };
+
+// Steps of one label (a policy, a variant, or a policy with placed homes), collected over the
+// workloads of a group before they are summarised (also used by the rack report, rack.h).
+struct BalanceSteps {
+  std::string label, policy;
+  Transport transport;
+  bool placed = false, variant = false;
+  std::vector<StepMetrics> steps;
+};
+// Appends `pr`'s steps to the entry labelled `label` (a new one if there is none).
+void collect_steps(std::vector<BalanceSteps>& acc, const std::string& label, const PolicyResult& pr,
+                   bool placed, bool variant);
+// One cell per entry of `acc` (its summary, worst steps and in-domain floor), reductions against
+// the entry labelled "static" (which must exist).
+BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<BalanceSteps>& acc);
+// The JSON of one cell, as format_balance_json writes it.
+nlohmann::ordered_json balance_cell_json(const BalanceCell& cell);
 
 // Per cell of `group`: 1 if it is on the token-straggler / weight-bytes Pareto front of the runtime
 // settings (the oracle, a yardstick, is left out): no other one has fewer or equal weight bytes and

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "feplb/sim/balance.h"
 #include "feplb/core/error.h"
+#include "feplb/sim/balance.h"
 
 namespace feplb {
 namespace {
@@ -149,14 +149,13 @@ std::string format_balance_markdown(const BalanceResult& r, const std::string& c
       "which "
       "every planner observes and none is measured on (EPLB's window and feplb-paper's dynamic set "
       "come from it), then {} measured micro-batches per layer. EP = {}, {} GPUs per NVLink domain "
-      "(EP=16: 2 nodes). Expert shape {}. Copies: {} GB/s per GPU inside a node, {} GB/s between "
-      "nodes; GEMM times from the {} model. "
+      "(EP=16: 2 nodes). Expert shape {}. {}; GEMM times from the {} model. "
       "Mean rows per GPU: {:.0f}, so 2% of the mean load is {:.0f} rows.\n\n",
       c.prior_paths.size(), c.num_experts, fmt::join(c.skews, ", "), c.skew_layers, c.skew_seed,
       c.top_k, c.workload.tokens_per_rank, c.workload.seq_len, c.workload.concentration,
       c.workload.seed, c.warmup_steps, c.workload.num_steps, fmt::join(c.ranks, ", "),
-      c.gpus_per_node, c.sim.shape.describe(), k.copy_gbps, k.internode_gbps, c.sim.cost_label,
-      r.groups.empty() ? 0.0 : r.groups.front().mean_rows,
+      c.gpus_per_node, c.sim.shape.describe(), describe_gpu(find_gpu_class(c.sim.gpu), k),
+      c.sim.cost_label, r.groups.empty() ? 0.0 : r.groups.front().mean_rows,
       kTargetShare * (r.groups.empty() ? 0.0 : r.groups.front().mean_rows));
   out +=
       "**Columns.** S_T = max - mean rows per GPU (mean over steps); S_G = slowest - mean modelled "

@@ -15,8 +15,9 @@
 #include "feplb/core/error.h"
 #include "feplb/core/placement.h"
 #include "feplb/core/placer.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/stats.h"
+#include "feplb/sim/prior.h"
+#include "feplb/sim/report.h"
 
 namespace feplb {
 namespace {
@@ -461,10 +462,11 @@ std::string format_placement_markdown(const PlacementReportResult& r, const std:
       "of history then {} measured, each with the prior's 3 layers; {} GPUs per NVLink domain; "
       "Dirichlet concentration per sequence as in each group's title (the generator's volatility: "
       "lower is more volatile). The priors are stationary: popularity does not drift over the "
-      "trace. Expert shape {}; GEMM times from the {} model.\n\n",
+      "trace. Expert shape {}; {}; GEMM times from the {} model.\n\n",
       c.prior_paths.size(), c.num_experts, c.top_k, c.workload.tokens_per_rank, c.workload.seq_len,
       c.workload.seed, c.warmup_steps, c.workload.num_steps, c.gpus_per_node,
-      c.sim.shape.describe(), c.sim.cost_label);
+      c.sim.shape.describe(), describe_gpu(find_gpu_class(c.sim.gpu), c.sim.knobs),
+      c.sim.cost_label);
   out += fmt::format(
       "**Settings.** *contiguous*: expert e on GPU e / (E/R), never moved. *walk-forward*: before "
       "micro-batch {} and every {} after, the placer (`feplb place`) recomputes homes and dynamic "
@@ -730,6 +732,7 @@ std::string format_placement_json(const PlacementReportResult& r, const std::str
                    {"place_dyn_score", c.sim.knobs.place_dyn_score},
                    {"dyn", c.sim.knobs.dyn},
                    {"optimizer_bytes_per_param", c.sim.knobs.optimizer_bytes_per_param},
+                   {"gpu", gpu_json(c.sim)},
                    {"cost_model", c.sim.cost_label}};
   json groups = json::array();
   for (const PlacementGroup& g : r.groups) {

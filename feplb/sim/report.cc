@@ -62,6 +62,20 @@ std::string format_placement_lines(const SimulationResult& r, double mean_rows) 
 
 }  // namespace
 
+nlohmann::ordered_json gpu_json(const SimulationConfig& c) {
+  const GpuClass& g = find_gpu_class(c.gpu);
+  return {{"class", g.name},
+          {"device", g.device},
+          {"measured", g.measured},
+          {"provenance", g.provenance()},
+          {"source", g.source},
+          {"copy_gbps", c.knobs.copy_gbps},
+          {"internode_gbps", c.knobs.internode_gbps},
+          {"gemm_peak_tflops", c.knobs.gemm_peak_tflops},
+          {"hbm_gbps", c.knobs.hbm_gbps},
+          {"num_sms", c.knobs.num_sms}};
+}
+
 size_t worst_static_step(const SimulationResult& r) {
   const PolicyResult* base = r.find("static");
   FEPLB_CHECK(base != nullptr && !base->steps.empty(), "no static policy in the result");
@@ -78,29 +92,29 @@ std::string format_table(const SimulationResult& r) {
   for (const StepMetrics& m : first) mean_rows += m.mean_rows / static_cast<double>(first.size());
   std::string out = fmt::format(
       "{} | {} steps | {} | {} | top-{} x {} tokens/GPU = {:.0f} rows/GPU on average\n"
-      "copy engine {:.0f} GB/s per GPU per direction; GEMM model: {}\n"
+      "{}; GEMM model: {}\n"
       "fits window: steps whose copies all land while the receivers run their own experts;\n"
       "exposed: how much later the slowest GPU finishes because a copy landed late (mean)\n\n",
       r.model.empty() ? "(unnamed model)" : r.model, first.size(), r.topo.describe(),
-      r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows, r.config.knobs.copy_gbps,
-      r.config.cost_label);
+      r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows,
+      describe_gpu(find_gpu_class(r.config.gpu), r.config.knobs), r.config.cost_label);
   out += format_placement_lines(r, mean_rows);
   out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>8} {:>13}\n",
                      "policy", "token straggler", "max/mean", "vs st.", "GEMM straggler", "vs st.",
                      "weights", "tokens", "fits", "exposed", "planner us");
-  out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>8} {:>13}\n", "",
-                     "mean (p95) rows", "mean", "", "mean (p95) ms", "", "MiB/step", "MiB/step",
+  out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>8} {:>13}\n",
+                     "", "mean (p95) rows", "mean", "", "mean (p95) ms", "", "MiB/step", "MiB/step",
                      "window", "ms", "median / p99");
   for (const PolicyResult& p : r.policies) {
     const PolicySummary& s = p.summary;
-    out += fmt::format("{:<12} {:>17} {:>9.3f} {:>7} {:>17} {:>7} {:>10.0f} {:>10.1f} {:>6.0f}% {:>8.3f} {:>13}\n",
-                       p.name, fmt::format("{:.0f} ({:.0f})", s.token_straggler, s.token_straggler_p95),
-                       s.token_max_over_mean, p.name == "static" ? "" : pct(s.token_straggler_reduction),
-                       fmt::format("{:.3f} ({:.3f})", s.gemm_straggler_ms, s.gemm_straggler_ms_p95),
-                       p.name == "static" ? "" : pct(s.gemm_straggler_reduction),
-                       s.weight_bytes_per_step / kMiB, s.token_bytes_per_step / kMiB,
-                       s.fits_static_window * 100.0, s.copy_exposed_ms,
-                       fmt::format("{:.1f} / {:.1f}", s.planner_us_median, s.planner_us_p99));
+    out += fmt::format(
+        "{:<12} {:>17} {:>9.3f} {:>7} {:>17} {:>7} {:>10.0f} {:>10.1f} {:>6.0f}% {:>8.3f} {:>13}\n",
+        p.name, fmt::format("{:.0f} ({:.0f})", s.token_straggler, s.token_straggler_p95),
+        s.token_max_over_mean, p.name == "static" ? "" : pct(s.token_straggler_reduction),
+        fmt::format("{:.3f} ({:.3f})", s.gemm_straggler_ms, s.gemm_straggler_ms_p95),
+        p.name == "static" ? "" : pct(s.gemm_straggler_reduction), s.weight_bytes_per_step / kMiB,
+        s.token_bytes_per_step / kMiB, s.fits_static_window * 100.0, s.copy_exposed_ms,
+        fmt::format("{:.1f} / {:.1f}", s.planner_us_median, s.planner_us_p99));
   }
   return out;
 }
@@ -125,9 +139,12 @@ std::string format_json(const SimulationResult& r) {
       {"warmup_steps", c.warmup_steps},
       {"gpus_per_node", c.gpus_per_node},
       {"nvlink_domains", r.topo.num_domains()},
-      {"expert_shape", {{"hidden", c.shape.hidden}, {"ffn", c.shape.ffn},
-                        {"dtype", dtype_name(c.shape.dtype)},
-                        {"weight_bytes", c.shape.weight_bytes()}}},
+      {"expert_shape",
+       {{"hidden", c.shape.hidden},
+        {"ffn", c.shape.ffn},
+        {"dtype", dtype_name(c.shape.dtype)},
+        {"weight_bytes", c.shape.weight_bytes()}}},
+      {"gpu", gpu_json(c)},
       {"cost_model", c.cost_label},
       {"policies", c.policies},
       {"knobs", knobs},
@@ -217,7 +234,8 @@ std::string plot_svg(const SimulationResult& r) {
   const double height = top + rows * (ph + gap) + line_h + 80;
   int64_t ymax = 1;
   for (const PolicyResult& p : r.policies) {
-    for (int g = 0; g < R; ++g) ymax = std::max(ymax, p.loads[worst].home_rows[g] + p.loads[worst].guest_rows[g]);
+    for (int g = 0; g < R; ++g)
+      ymax = std::max(ymax, p.loads[worst].home_rows[g] + p.loads[worst].guest_rows[g]);
   }
   const double mean = r.policies.front().steps[worst].mean_rows;
   const auto [step_id, layer_id] = r.step_ids[worst];
@@ -228,11 +246,13 @@ std::string plot_svg(const SimulationResult& r) {
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
       width, height);
   s += fmt::format(
-      "<text x=\"{:.0f}\" y=\"28\" font-size=\"18\" font-weight=\"bold\">Token-expert rows per GPU, "
+      "<text x=\"{:.0f}\" y=\"28\" font-size=\"18\" font-weight=\"bold\">Token-expert rows per "
+      "GPU, "
       "step {} layer {} (the step where static is worst)</text>\n",
       gap, step_id, layer_id);
   s += fmt::format(
-      "<text x=\"{0:.0f}\" y=\"47\" font-size=\"12\" fill=\"#444\">{1} | {2} | top-{3}, {4} tokens/GPU"
+      "<text x=\"{0:.0f}\" y=\"47\" font-size=\"12\" fill=\"#444\">{1} | {2} | top-{3}, {4} "
+      "tokens/GPU"
       "</text>\n<text x=\"{0:.0f}\" y=\"62\" font-size=\"12\" fill=\"#444\">"
       "<tspan fill=\"#4878a8\">\u25a0</tspan> rows of the GPU's own experts  "
       "<tspan fill=\"#e8923a\">\u25a0</tspan> guest rows it computes for other GPUs  "
@@ -244,77 +264,97 @@ std::string plot_svg(const SimulationResult& r) {
     const double plot_h = ph - 50, base_y = y0 + 30 + plot_h;
     const double bw = (pw - 20) / R;
     const StepMetrics& m = p.steps[worst];
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\">{}</text>\n",
-                     x0, y0 + 14, p.name);
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#444\">S_T {:.0f} rows "
-                     "({:.3f}x mean), {:.0f} MiB moved</text>\n",
-                     x0, y0 + 27, m.token_straggler, m.token_max_over_mean,
-                     static_cast<double>(m.weight_bytes) / kMiB);
-    s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#999\"/>\n",
-                     x0, base_y, x0 + pw - 10);
+    s += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\">{}</text>\n", x0,
+        y0 + 14, p.name);
+    s += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#444\">S_T {:.0f} rows "
+        "({:.3f}x mean), {:.0f} MiB moved</text>\n",
+        x0, y0 + 27, m.token_straggler, m.token_max_over_mean,
+        static_cast<double>(m.weight_bytes) / kMiB);
+    s += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#999\"/>\n", x0,
+        base_y, x0 + pw - 10);
     for (int g = 0; g < R; ++g) {
-      const double home_h = plot_h * static_cast<double>(p.loads[worst].home_rows[g]) / static_cast<double>(ymax);
-      const double guest_h = plot_h * static_cast<double>(p.loads[worst].guest_rows[g]) / static_cast<double>(ymax);
+      const double home_h =
+          plot_h * static_cast<double>(p.loads[worst].home_rows[g]) / static_cast<double>(ymax);
+      const double guest_h =
+          plot_h * static_cast<double>(p.loads[worst].guest_rows[g]) / static_cast<double>(ymax);
       const double bx = x0 + 5 + g * bw;
-      s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#4878a8\">"
-                       "<title>GPU {}: {} own rows</title></rect>\n",
-                       bx, base_y - home_h, bw * 0.8, home_h, g, p.loads[worst].home_rows[g]);
+      s += fmt::format(
+          "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#4878a8\">"
+          "<title>GPU {}: {} own rows</title></rect>\n",
+          bx, base_y - home_h, bw * 0.8, home_h, g, p.loads[worst].home_rows[g]);
       if (guest_h > 0) {
-        s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#e8923a\">"
-                         "<title>GPU {}: {} guest rows</title></rect>\n",
-                         bx, base_y - home_h - guest_h, bw * 0.8, guest_h, g, p.loads[worst].guest_rows[g]);
+        s += fmt::format(
+            "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#e8923a\">"
+            "<title>GPU {}: {} guest rows</title></rect>\n",
+            bx, base_y - home_h - guest_h, bw * 0.8, guest_h, g, p.loads[worst].guest_rows[g]);
       }
       if (R <= 16) {
-        s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"9\" text-anchor=\"middle\" fill=\"#666\">{}</text>\n",
-                         bx + bw * 0.4, base_y + 11, g);
+        s += fmt::format(
+            "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"9\" text-anchor=\"middle\" "
+            "fill=\"#666\">{}</text>\n",
+            bx + bw * 0.4, base_y + 11, g);
       }
     }
     const double mean_y = base_y - plot_h * mean / static_cast<double>(ymax);
-    s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#c00\" "
-                     "stroke-dasharray=\"5,3\"/>\n",
-                     x0, mean_y, x0 + pw - 10);
+    s += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#c00\" "
+        "stroke-dasharray=\"5,3\"/>\n",
+        x0, mean_y, x0 + pw - 10);
   }
 
   // Token straggler over the steps, one line per policy.
-  static const char* kColors[] = {"#888888", "#4878a8", "#2a9d3a", "#e8923a", "#000000", "#9b59b6",
-                                  "#c0392b", "#16a085"};
+  static const char* kColors[] = {"#888888", "#4878a8", "#2a9d3a", "#e8923a",
+                                  "#000000", "#9b59b6", "#c0392b", "#16a085"};
   const double lx0 = gap + 50, ly0 = top + rows * (ph + gap) + 30;
   const double lw = width - lx0 - gap - 210, lh = line_h - 60;
   double smax = 1.0;
   for (const PolicyResult& p : r.policies) {
     for (const StepMetrics& m : p.steps) smax = std::max(smax, m.token_straggler);
   }
-  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"14\" font-weight=\"bold\">Token straggler "
-                   "(max - mean rows per GPU) at every step</text>\n",
-                   gap, ly0 - 8);
-  s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#999\"/>\n",
-                   lx0, ly0 + 10, ly0 + 10 + lh);
-  s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#999\"/>\n",
-                   lx0, ly0 + 10 + lh, lx0 + lw);
+  s += fmt::format(
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"14\" font-weight=\"bold\">Token straggler "
+      "(max - mean rows per GPU) at every step</text>\n",
+      gap, ly0 - 8);
+  s += fmt::format(
+      "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#999\"/>\n", lx0,
+      ly0 + 10, ly0 + 10 + lh);
+  s += fmt::format(
+      "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#999\"/>\n", lx0,
+      ly0 + 10 + lh, lx0 + lw);
   for (int t = 0; t <= 4; ++t) {
     const double v = smax * t / 4, y = ly0 + 10 + lh - lh * t / 4;
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\" fill=\"#666\">{:.0f}</text>\n",
-                     lx0 - 4, y + 3, v);
+    s += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\" "
+        "fill=\"#666\">{:.0f}</text>\n",
+        lx0 - 4, y + 3, v);
   }
   const size_t nsteps = r.step_ids.size();
   for (int i = 0; i < n; ++i) {
     const PolicyResult& p = r.policies[i];
     std::string pts;
     for (size_t j = 0; j < nsteps; ++j) {
-      const double x = lx0 + (nsteps > 1 ? lw * static_cast<double>(j) / static_cast<double>(nsteps - 1) : lw / 2);
+      const double x =
+          lx0 +
+          (nsteps > 1 ? lw * static_cast<double>(j) / static_cast<double>(nsteps - 1) : lw / 2);
       const double y = ly0 + 10 + lh - lh * p.steps[j].token_straggler / smax;
       pts += fmt::format("{:.1f},{:.1f} ", x, y);
     }
     const char* color = kColors[i % 8];
-    s += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>\n", pts, color);
-    s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"3\" fill=\"{}\"/>"
-                     "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\">{} (mean {:.0f})</text>\n",
-                     lx0 + lw + 12, ly0 + 20 + i * 16, color, lx0 + lw + 28, ly0 + 24 + i * 16, p.name,
-                     p.summary.token_straggler);
+    s += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>\n",
+                     pts, color);
+    s += fmt::format(
+        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"3\" fill=\"{}\"/>"
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\">{} (mean {:.0f})</text>\n",
+        lx0 + lw + 12, ly0 + 20 + i * 16, color, lx0 + lw + 28, ly0 + 24 + i * 16, p.name,
+        p.summary.token_straggler);
   }
-  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" fill=\"#666\" text-anchor=\"middle\">"
-                   "trace step (micro-batch x layer)</text>\n",
-                   lx0 + lw / 2, ly0 + lh + 26);
+  s += fmt::format(
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" fill=\"#666\" text-anchor=\"middle\">"
+      "trace step (micro-batch x layer)</text>\n",
+      lx0 + lw / 2, ly0 + lh + 26);
   s += "</svg>\n";
   return s;
 }

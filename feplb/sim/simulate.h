@@ -40,6 +40,8 @@ struct SimulationConfig {
   // GEMM cost model; null = roofline from the knobs. Must outlive simulate().
   const GemmCostModel* cost = nullptr;
   std::string cost_label = "roofline";  // how reports name the model
+  // The GPU class the link and GEMM knobs came from (gpu_class.h), for the reports' headers.
+  std::string gpu = std::string(gpu_class_list().front().name);
 };
 
 // Aggregates over steps: means, p95 (steps) and median/p99 (planner timings).

@@ -1,8 +1,9 @@
 // The cost model (roofline with wave quantisation) and the plan metrics on hand examples.
+#include "feplb/core/metrics.h"
+
 #include <gtest/gtest.h>
 
 #include "feplb/core/error.h"
-#include "feplb/core/metrics.h"
 #include "test_util.h"
 
 namespace feplb {
@@ -86,9 +87,10 @@ TEST(Metrics, CopiesThatLandAfterTheOwnWorkDoNotFit) {
   const StepMetrics m = measure_plan(plan, topo, cost, k, 0.0);
   EXPECT_FALSE(m.fits_static_window);
   EXPECT_LT(m.window_slack_ms, 0);
-  // Weights + rows at 380 GB/s after the 21 us round trip: GPU 1 finishes at
+  // Weights + rows at copy_gbps after the 21 us round trip: GPU 1 finishes at
   // arrival + its guest GEMM, later than GPU 0's 6000-row GEMM? It is not: exposure is 0 here.
-  const double arrival_ms = 21e-3 + (3.0 * 6144 * 2048 * 2 + 2000.0 * 6144 * 2) / 380e9 * 1e3 + 2 * 5e-3;
+  const double arrival_ms =
+      21e-3 + (3.0 * 6144 * 2048 * 2 + 2000.0 * 6144 * 2) / (k.copy_gbps * 1e9) * 1e3 + 2 * 5e-3;
   const double gpu1_finish = std::max(cost.expert_ms(2), arrival_ms) + cost.expert_ms(2000);
   EXPECT_NEAR(m.copy_exposed_ms, std::max(0.0, gpu1_finish - m.gemm_max_ms), 1e-9);
 }
@@ -176,7 +178,7 @@ namespace {
 TEST(TableCostModel, InterpolatesAndExtrapolates) {
   const TableCostModel t({128, 256, 512}, {0.1, 0.15, 0.35}, testing::glm5(), "test");
   EXPECT_EQ(t.expert_ms(0), 0.0);
-  EXPECT_DOUBLE_EQ(t.expert_ms(64), 0.1);   // below the first point: its cost
+  EXPECT_DOUBLE_EQ(t.expert_ms(64), 0.1);  // below the first point: its cost
   EXPECT_DOUBLE_EQ(t.expert_ms(192), 0.125);
   EXPECT_DOUBLE_EQ(t.expert_ms(1024), 0.35 + 0.2 * 2);  // last slope
   EXPECT_THROW(TableCostModel({128, 64}, {0.1, 0.2}, testing::glm5(), ""), InputError);

@@ -27,7 +27,8 @@ void add_shape_flags(CLI::App& cmd, ShapeFlags& f) {
       ->group("Expert shape");
   cmd.add_option("--ffn", f.ffn, "expert FFN size F (default: from the trace or model)")
       ->group("Expert shape");
-  cmd.add_option("--dtype", f.dtype, "weight/activation dtype: bf16, fp16, fp8, fp32 (default bf16)")
+  cmd.add_option("--dtype", f.dtype,
+                 "weight/activation dtype: bf16, fp16, fp8, fp32 (default bf16)")
       ->group("Expert shape");
 }
 
@@ -58,25 +59,57 @@ std::string data_dir() {
   return FEPLB_DATA_DIR;
 }
 
-void add_cost_flag(CLI::App& cmd, std::string& choice) {
-  cmd.add_option("--cost-model", choice,
-                 "GEMM cost model: auto (measured H200 table from data/cost/ when the shape matches, else "
-                 "roofline), roofline, or a feplb-gemm-table-v1 file (default auto)");
+void add_gpu_flag(CLI::App& cmd, std::string& gpu) {
+  std::vector<std::string> names;
+  for (const GpuClass& g : gpu_class_list()) {
+    names.push_back(fmt::format("{} ({})", g.name, g.measured ? "measured" : "specifications"));
+  }
+  cmd.add_option("--gpu", gpu,
+                 fmt::format("GPU class: copy-engine rates inside and between NVLink domains and "
+                             "the GEMM model (docs/knobs.md): {}; knob flags override (default {})",
+                             fmt::join(names, ", "), gpu_class_list().front().name));
 }
 
-CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs) {
+const GpuClass& apply_gpu_flag(const CLI::App& cmd, const std::string& gpu, Knobs& knobs) {
+  const GpuClass& g = find_gpu_class(gpu.empty() ? gpu_class_list().front().name : gpu);
+  Knobs given = knobs;
+  apply_gpu_class(g, knobs);
+  std::vector<KnobInfo> from = list_knobs(given), to = list_knobs(knobs);
+  for (size_t i = 0; i < to.size(); ++i) {
+    if (cmd.count(to[i].flag) == 0) continue;  // not on the command line: the class's value
+    std::visit([&](auto* dst) { *dst = *std::get<decltype(dst)>(from[i].value); }, to[i].value);
+  }
+  return g;
+}
+
+void add_cost_flag(CLI::App& cmd, std::string& choice) {
+  cmd.add_option("--cost-model", choice,
+                 "GEMM cost model: auto (the GPU class's measured table from data/cost/ when the "
+                 "expert shape matches, else roofline), roofline, or a feplb-gemm-table-v1 file "
+                 "(default auto)");
+}
+
+CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs,
+                        const GpuClass& gpu) {
   CostChoice c;
   const auto roofline_label = [&] {
-    return fmt::format("roofline ({:.0f} TFLOP/s, {:.0f} GB/s HBM, {} SMs; not measured)", knobs.gemm_peak_tflops,
-                       knobs.hbm_gbps, knobs.num_sms);
+    return fmt::format(
+        "roofline ({:.0f} TFLOP/s, {:.0f} GB/s HBM, {} SMs; {})", knobs.gemm_peak_tflops,
+        knobs.hbm_gbps, knobs.num_sms,
+        gpu.measured ? "not measured" : "ceilings from specifications, not measured");
   };
   if (choice == "roofline") {
     c.label = roofline_label();
     return c;
   }
+  const bool bundled = choice == "auto" || choice.empty();
   std::string path = choice;
-  if (choice == "auto" || choice.empty()) {
-    path = data_dir() + "/cost/h200-glm5.json";
+  if (bundled) {
+    if (gpu.gemm_table.empty()) {
+      c.label = roofline_label();
+      return c;
+    }
+    path = data_dir() + "/cost/" + std::string(gpu.gemm_table);
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) {
       c.label = roofline_label();
@@ -84,15 +117,15 @@ CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, con
     }
   }
   auto table = std::make_unique<TableCostModel>(read_gemm_table(path));
-  if (table->shape().hidden != shape.hidden || table->shape().ffn != shape.ffn || table->shape().dtype != shape.dtype) {
-    FEPLB_REQUIRE_INPUT(choice == "auto" || choice.empty(), "--cost-model: {} is for {}, the experts are {}", path,
+  if (table->shape().hidden != shape.hidden || table->shape().ffn != shape.ffn ||
+      table->shape().dtype != shape.dtype) {
+    FEPLB_REQUIRE_INPUT(bundled, "--cost-model: {} is for {}, the experts are {}", path,
                         table->shape().describe(), shape.describe());
     c.label = roofline_label() + " (the measured table is for another shape)";
     return c;
   }
-  const bool bundled = choice == "auto" || choice.empty();
   c.label = fmt::format("measured per-expert table ({}, {})", table->device(),
-                        bundled ? "data/cost/h200-glm5.json" : path);
+                        bundled ? "data/cost/" + std::string(gpu.gemm_table) : path);
   c.model = std::move(table);
   return c;
 }
@@ -107,7 +140,9 @@ void ProgressLine::operator()(int64_t done, int64_t total) {
   if (!enabled_) return;
   const auto now = std::chrono::steady_clock::now();
   const bool finished = done >= total;
-  if (now - start_ < std::chrono::seconds(1) || (!finished && now - last_ < std::chrono::seconds(1))) return;
+  if (now - start_ < std::chrono::seconds(1) ||
+      (!finished && now - last_ < std::chrono::seconds(1)))
+    return;
   if (finished && !printed_) return;
   last_ = now;
   const bool tty = isatty(STDERR_FILENO);

@@ -8,6 +8,7 @@
 
 #include "feplb/core/cost_model.h"
 #include "feplb/core/expert_shape.h"
+#include "feplb/core/gpu_class.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/routing.h"
 
@@ -24,14 +25,22 @@ struct ShapeFlags {
 void add_shape_flags(CLI::App& cmd, ShapeFlags& flags);
 ExpertShape resolve_shape(const ShapeFlags& flags, const Trace* trace, const std::string& model);
 
-// --cost-model auto|roofline|FILE: the GEMM cost model. auto = the measured table in data/cost/
-// whose shape matches (H200, bf16), else the roofline from the knobs.
+// --gpu CLASS: the GPU class (gpu_classes.def) whose link rates and GEMM ceilings the knobs take.
+void add_gpu_flag(CLI::App& cmd, std::string& gpu);
+// Sets the knobs the class determines, except those whose flags were given to `cmd` (a knob flag
+// wins over the class). Returns the class; InputError naming --gpu for an unknown one.
+const GpuClass& apply_gpu_flag(const CLI::App& cmd, const std::string& gpu, Knobs& knobs);
+
+// --cost-model auto|roofline|FILE: the GEMM cost model. auto = the GPU class's measured table in
+// data/cost/ when the expert shape matches it (h200: H200, GLM-5 shape, bf16), else the roofline
+// from the knobs.
 struct CostChoice {
   std::unique_ptr<GemmCostModel> model;  // null: roofline (simulate builds it)
   std::string label;
 };
 void add_cost_flag(CLI::App& cmd, std::string& choice);
-CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs);
+CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs,
+                        const GpuClass& gpu = gpu_class_list().front());
 
 // The repository's data/ folder (bundled traces and priors).
 std::string data_dir();

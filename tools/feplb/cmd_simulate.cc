@@ -10,9 +10,9 @@
 #include "feplb/core/file_io.h"
 #include "feplb/core/placement.h"
 #include "feplb/core/planners/planner.h"
+#include "feplb/core/trace_io.h"
 #include "feplb/sim/report.h"
 #include "feplb/sim/simulate.h"
-#include "feplb/core/trace_io.h"
 
 namespace feplb::cli {
 namespace {
@@ -27,6 +27,8 @@ struct SimulateOptions {
   std::string json_out, plot_out;
   bool force = false, quiet = false;
   std::string cost_model = "auto";
+  std::string gpu;
+  const GpuClass* gpu_class = nullptr;  // from --gpu, applied to `knobs`
   ShapeFlags shape;
   Knobs knobs;
 };
@@ -50,11 +52,13 @@ void check_output(const std::string& out, const std::string& input) {
 
 void run_simulate(const SimulateOptions& o) {
   const std::string path = o.trace.empty() ? default_trace_path() : o.trace;
-  FEPLB_REQUIRE_INPUT(o.gpus_per_node >= 1, "--gpus-per-node: {} must be at least 1", o.gpus_per_node);
+  FEPLB_REQUIRE_INPUT(o.gpus_per_node >= 1, "--gpus-per-node: {} must be at least 1",
+                      o.gpus_per_node);
   check_output(o.json_out, path);
   check_output(o.plot_out, path);
   check_output(o.save_placement, path);
-  FEPLB_REQUIRE_INPUT(o.json_out.empty() || o.json_out != o.plot_out, "--json and --plot name the same file");
+  FEPLB_REQUIRE_INPUT(o.json_out.empty() || o.json_out != o.plot_out,
+                      "--json and --plot name the same file");
   for (const std::string* out : {&o.json_out, &o.plot_out, &o.save_placement}) {
     std::error_code ec;
     FEPLB_REQUIRE_INPUT(
@@ -79,8 +83,8 @@ void run_simulate(const SimulateOptions& o) {
 
   const Trace trace = read_trace(path);
   FEPLB_REQUIRE_INPUT(trace.num_ranks <= o.gpus_per_node || trace.num_ranks % o.gpus_per_node == 0,
-                      "--gpus-per-node: {} does not divide the trace's num_ranks {}", o.gpus_per_node,
-                      trace.num_ranks);
+                      "--gpus-per-node: {} does not divide the trace's num_ranks {}",
+                      o.gpus_per_node, trace.num_ranks);
   SimulationConfig cfg;
   cfg.policies = policies;
   cfg.gpus_per_node = o.gpus_per_node;
@@ -100,7 +104,8 @@ void run_simulate(const SimulateOptions& o) {
   cfg.shape = resolve_shape(o.shape, &trace, trace.model);
   cfg.knobs = o.knobs;
   cfg.trace_label = path;
-  const CostChoice cost = resolve_cost(o.cost_model, cfg.shape, o.knobs);
+  cfg.gpu = std::string(o.gpu_class->name);
+  const CostChoice cost = resolve_cost(o.cost_model, cfg.shape, o.knobs, *o.gpu_class);
   cfg.cost = cost.model.get();
   cfg.cost_label = cost.label;
   ProgressLine progress("simulate", !o.quiet);
@@ -131,7 +136,9 @@ void add_simulate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "simulate", "Plan every step of a routing trace with each policy and compare them (no GPU)");
   cmd->add_option("--trace", o->trace, "feplb-trace-v1 file (default: data/traces/default.json)");
-  cmd->add_option("--gpus-per-node", o->gpus_per_node, "GPUs per NVLink domain (default 8)");
+  cmd->add_option("--gpus-per-node,--domain-size", o->gpus_per_node,
+                  "GPUs per NVLink domain: 8 for an HGX node, up to 72 for an NVL72 rack; EP "
+                  "larger than this spans several domains joined by the network (default 8)");
   cmd->add_option(
       "--warmup", o->warmup,
       "the trace's first N micro-batches are history: observed by every planner, not measured "
@@ -154,10 +161,14 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--plot", o->plot_out, "write an SVG of per-GPU load before/after each policy");
   cmd->add_flag("--force", o->force, "overwrite existing output files");
   cmd->add_flag("--quiet", o->quiet, "no progress lines on stderr");
+  add_gpu_flag(*cmd, o->gpu);
   add_cost_flag(*cmd, o->cost_model);
   add_shape_flags(*cmd, o->shape);
   add_knob_flags(*cmd, o->knobs);
-  cmd->callback([o] { run_simulate(*o); });
+  cmd->callback([o, cmd] {
+    o->gpu_class = &apply_gpu_flag(*cmd, o->gpu, o->knobs);
+    run_simulate(*o);
+  });
 }
 
 }  // namespace feplb::cli

@@ -9,10 +9,10 @@
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
 #include "feplb/core/metrics.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/stats.h"
 #include "feplb/core/topology.h"
 #include "feplb/core/trace_io.h"
+#include "feplb/sim/prior.h"
 #include "feplb/sim/workload.h"
 
 namespace feplb::cli {
@@ -30,10 +30,11 @@ struct GenOptions {
 
 void run_gen(GenOptions o) {
   FEPLB_REQUIRE_INPUT(!o.out.empty(), "--out: required");
-  FEPLB_REQUIRE_INPUT(o.prior.empty() != (o.skew == 0), "give exactly one of --prior FILE or --skew X");
+  FEPLB_REQUIRE_INPUT(o.prior.empty() != (o.skew == 0),
+                      "give exactly one of --prior FILE or --skew X");
   std::error_code ec;
-  FEPLB_REQUIRE_INPUT(o.force || !std::filesystem::exists(o.out, ec), "{}: exists; pass --force to overwrite",
-                      o.out);
+  FEPLB_REQUIRE_INPUT(o.force || !std::filesystem::exists(o.out, ec),
+                      "{}: exists; pass --force to overwrite", o.out);
   FEPLB_REQUIRE_INPUT(o.prior.empty() || !std::filesystem::equivalent(o.out, o.prior, ec),
                       "{}: is the prior file", o.out);
   Prior prior;
@@ -52,17 +53,19 @@ void run_gen(GenOptions o) {
   const ExpertShape shape = resolve_shape(o.shape, nullptr, t.model);
   if (shape.hidden > 0 && shape.ffn > 0) t.expert_shape = shape;
   write_file(o.out, format_trace(t), o.force);
-  std::printf("wrote %s: %zu steps (%lld micro-batches x %d layers), %d experts, top-%d, EP=%d, %lld tokens/rank\n",
-              o.out.c_str(), t.steps.size(), static_cast<long long>(o.spec.num_steps), prior.num_layers(),
-              t.num_experts, t.top_k, t.num_ranks, static_cast<long long>(t.tokens_per_rank));
+  std::printf(
+      "wrote %s: %zu steps (%lld micro-batches x %d layers), %d experts, top-%d, EP=%d, %lld "
+      "tokens/rank\n",
+      o.out.c_str(), t.steps.size(), static_cast<long long>(o.spec.num_steps), prior.num_layers(),
+      t.num_experts, t.top_k, t.num_ranks, static_cast<long long>(t.tokens_per_rank));
 }
 
 void run_info(const std::string& path, int gpus_per_node) {
   const Trace t = read_trace(path);
   const Topology topo = Topology::contiguous(t.num_ranks, gpus_per_node, t.num_experts);
-  std::printf("%s\n  model %s, %d experts, top-%d, %d ranks x %lld tokens, %zu steps\n  %s\n", path.c_str(),
-              t.model.c_str(), t.num_experts, t.top_k, t.num_ranks, static_cast<long long>(t.tokens_per_rank),
-              t.steps.size(), topo.describe().c_str());
+  std::printf("%s\n  model %s, %d experts, top-%d, %d ranks x %lld tokens, %zu steps\n  %s\n",
+              path.c_str(), t.model.c_str(), t.num_experts, t.top_k, t.num_ranks,
+              static_cast<long long>(t.tokens_per_rank), t.steps.size(), topo.describe().c_str());
   if (t.expert_shape) std::printf("  expert shape %s\n", t.expert_shape->describe().c_str());
   if (!t.generator_json.empty()) std::printf("  generator %s\n", t.generator_json.c_str());
   // Per layer: expert skew (busiest expert / mean expert) and GPU skew under contiguous placement.
@@ -70,19 +73,22 @@ void run_info(const std::string& path, int gpus_per_node) {
   for (const RoutingStep& s : t.steps) by_layer[s.layer].push_back(&s);
   std::printf("\n  %-6s %6s %22s %22s %24s\n", "layer", "steps", "expert max/mean", "GPU max/mean",
               "static straggler rows");
-  std::printf("  %-6s %6s %22s %22s %24s\n", "", "", "mean (min..max)", "mean (min..max)", "mean (p95)");
+  std::printf("  %-6s %6s %22s %22s %24s\n", "", "", "mean (min..max)", "mean (min..max)",
+              "mean (p95)");
   for (const auto& [layer, steps] : by_layer) {
     std::vector<double> ex, gpu, st;
     for (const RoutingStep* s : steps) {
       std::vector<double> p(s->expert_counts.begin(), s->expert_counts.end());
       ex.push_back(max_over_mean(p));
       std::vector<double> loads(static_cast<size_t>(t.num_ranks), 0.0);
-      for (int e = 0; e < t.num_experts; ++e) loads[topo.home(e)] += static_cast<double>(s->expert_counts[e]);
+      for (int e = 0; e < t.num_experts; ++e)
+        loads[topo.home(e)] += static_cast<double>(s->expert_counts[e]);
       gpu.push_back(max_over_mean(loads));
       st.push_back(*std::max_element(loads.begin(), loads.end()) - mean_of(loads));
     }
     auto range = [](const std::vector<double>& v) {
-      return fmt::format("{:.2f} ({:.2f}..{:.2f})", mean_of(v), *std::min_element(v.begin(), v.end()),
+      return fmt::format("{:.2f} ({:.2f}..{:.2f})", mean_of(v),
+                         *std::min_element(v.begin(), v.end()),
                          *std::max_element(v.begin(), v.end()));
     };
     std::printf("  %-6lld %6zu %22s %22s %24s\n", static_cast<long long>(layer), steps.size(),
@@ -98,22 +104,30 @@ void add_trace_commands(CLI::App& app) {
   trace->require_subcommand(1);
 
   auto g = std::make_shared<GenOptions>();
-  CLI::App* gen = trace->add_subcommand("gen", "Generate a feplb-trace-v1 file from an expert-popularity prior");
+  CLI::App* gen = trace->add_subcommand(
+      "gen", "Generate a feplb-trace-v1 file from an expert-popularity prior");
   gen->add_option("--out", g->out, "output trace file (required)");
   gen->add_option("--prior", g->prior, "real-model prior file (schema: data/priors/README.md)");
-  gen->add_option("--skew", g->skew, "instead of --prior: lognormal popularity with this max/mean over experts");
-  gen->add_option("--layers", g->layers, "with --skew: number of layers, each its own popularity (default 1)");
-  gen->add_option("--experts", g->experts,
-                  "experts (default: the prior's; a multiple of it widens the prior; 128 with --skew)");
-  gen->add_option("--top-k", g->top_k, "experts per token (default: the prior's top-k; 8 with --skew)");
+  gen->add_option("--skew", g->skew,
+                  "instead of --prior: lognormal popularity with this max/mean over experts");
+  gen->add_option("--layers", g->layers,
+                  "with --skew: number of layers, each its own popularity (default 1)");
+  gen->add_option(
+      "--experts", g->experts,
+      "experts (default: the prior's; a multiple of it widens the prior; 128 with --skew)");
+  gen->add_option("--top-k", g->top_k,
+                  "experts per token (default: the prior's top-k; 8 with --skew)");
   gen->add_option("--ranks", g->spec.num_ranks, "EP ranks (GPUs) (default 8)");
-  gen->add_option("--tokens-per-rank", g->spec.tokens_per_rank, "tokens per rank per micro-batch (default 4096)");
+  gen->add_option("--tokens-per-rank", g->spec.tokens_per_rank,
+                  "tokens per rank per micro-batch (default 4096)");
   gen->add_option("--seq-len", g->spec.seq_len, "tokens per sequence (default 4096)");
   gen->add_option("--concentration", g->spec.concentration,
                   "Dirichlet concentration of per-sequence popularity; <= 0: none (default 2000)");
-  gen->add_option("--steps", g->spec.num_steps, "micro-batches; each has one entry per layer (default 16)");
+  gen->add_option("--steps", g->spec.num_steps,
+                  "micro-batches; each has one entry per layer (default 16)");
   gen->add_option("--seed", g->spec.seed, "random seed (default 1)");
-  gen->add_option("--model", g->model, "model name stored in the trace (sets the expert shape if known)");
+  gen->add_option("--model", g->model,
+                  "model name stored in the trace (sets the expert shape if known)");
   gen->add_flag("--force", g->force, "overwrite an existing --out file");
   gen->add_flag("--quiet", g->quiet, "no progress lines on stderr");
   add_shape_flags(*gen, g->shape);
@@ -121,9 +135,10 @@ void add_trace_commands(CLI::App& app) {
 
   auto path = std::make_shared<std::string>();
   auto gpn = std::make_shared<int>(8);
-  CLI::App* info = trace->add_subcommand("info", "Describe a trace: skew per layer, static straggler");
+  CLI::App* info =
+      trace->add_subcommand("info", "Describe a trace: skew per layer, static straggler");
   info->add_option("trace", *path, "trace file (default: data/traces/default.json)");
-  info->add_option("--gpus-per-node", *gpn, "GPUs per NVLink domain (default 8)");
+  info->add_option("--gpus-per-node,--domain-size", *gpn, "GPUs per NVLink domain (default 8)");
   info->callback([path, gpn] { run_info(path->empty() ? default_trace_path() : *path, *gpn); });
 }
 
