@@ -277,8 +277,8 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
       busiest.push_back(fmt::format("{:.1f}x at EP={}", g->busiest_expert, g->group.ranks));
     }
     out += fmt::format(
-        "- **Static imbalance.** The busiest GPU computes {} the mean load; the busiest expert "
-        "gets {} the mean expert's rows (lognormal max/mean {} over E = {} x EP experts; top-{} "
+        "- **Static imbalance.** The busiest GPU's load over the mean: {}. The busiest expert's "
+        "rows over the mean expert's: {} (lognormal max/mean {} over E = {} x EP experts; top-{} "
         "routing gives one expert at most one row per token, E/{} times the mean).\n",
         series("static",
                [](const RackGroup&, const BalanceCell& cell) {
@@ -295,6 +295,17 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
                          series(p, [](const RackGroup&, const BalanceCell& cell) {
                            return fmt::format("{:.1f} us", cell.summary.planner_us_median);
                          }));
+    }
+    std::string anchors_at_hi;
+    for (const char* a : {"eplb", "llep", "moonep", "fastermoe"}) {
+      if (const BalanceCell* x = cell_of(hi, a)) {
+        anchors_at_hi += fmt::format("{}{} {:.1f} us", anchors_at_hi.empty() ? "" : ", ", a,
+                                     x->summary.planner_us_median);
+      }
+    }
+    if (!anchors_at_hi.empty()) {
+      out += fmt::format("- **The anchors' planners at EP={}** (median per step): {}.\n",
+                         hi->group.ranks, anchors_at_hi);
     }
     if (const BalanceCell* fe = cell_of(hi, "feplb")) {
       out += fmt::format(
