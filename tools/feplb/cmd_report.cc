@@ -223,6 +223,7 @@ void run_rack_report(const ReportOptions& o, const std::string& command) {
     g.name = name;
     g.knobs = o.parsed_knobs;
     const GpuClass& gc = apply_gpu_flag(*o.cmd, name, g.knobs);
+    validate_knobs(g.knobs);
     costs.push_back(resolve_cost(o.cost_model, c.sim.shape, g.knobs, gc));
     g.cost = costs.back().model.get();
     g.cost_label = costs.back().label;
