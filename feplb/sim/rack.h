@@ -75,7 +75,7 @@ struct RackGroup {
 
 struct RackResult {
   RackConfig config;
-  std::vector<RackGroup> groups;     // section 1 in point order, then 2, then 3
+  std::vector<RackGroup> groups;    // section 1 in point order, then 2, then 3
   std::vector<std::string> priors;  // section 2: the priors used (file stems, top-k matched)
 
   const RackGroup* find(const std::string& section, int ranks, int experts,
