@@ -2,12 +2,13 @@
 // GPU, torchrun-style environment; scripts/gpu-dist starts them), per policy (static, feplb-paper,
 // feplb) over the steps of a routing trace, against the simulator's prediction for the same steps.
 //
-// Every policy's layer is built up front (one shared ExpertSlotPool) and the policies are
-// interleaved per step: step i runs each policy once, in an order rotated every step (policy k at
-// position (k - i) mod n), so A/B comparisons come from the same moments and no policy is always
-// first. When the other layers would not fit in the free device memory (measured after the first
-// layer; --interleave auto), the policies run one after another instead, each after its own GPU
-// warm-up ("interleaved": false in the JSON). Before the first step (each policy's, when
+// Every policy's layer is built up front on the rank's one EpRuntime (the weights are the same
+// caller-owned tensors for all) and the policies are interleaved per step: step i runs each policy
+// once, in an order rotated every step (policy k at position (k - i) mod n), so A/B comparisons
+// come from the same moments and no policy is always first (--interleave off: one policy after
+// another, each after its own GPU warm-up). `balanced` is the floor: the same steps' rows spread
+// evenly over every expert (so over every GPU), run through the same layer with no balancing;
+// each policy's share of the static-to-balanced gain is `gain_captured`. Before the first step (each policy's, when
 // sequential) a cuBLAS GEMM burn of the layer's expert FFN runs >= --gpu-warmup s (2) and until
 // its per-iteration time is stable, so clocks ramping up from idle do not land on one policy.
 //
@@ -54,11 +55,13 @@
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
 #include "feplb/cuda/expert_ffn.h"
+#include "bench/harness/kernels/kernels.h"
+#include "bench/harness/local_experts.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/nccl_comm.h"
 #include "feplb/cuda/resources.h"
-#include "feplb/cuda/slot_pool.h"
+#include "feplb/cuda/runtime.h"
 #include "feplb/dist/launch.h"
 
 namespace feplb::cuda {
@@ -67,7 +70,17 @@ namespace {
 using json = nlohmann::ordered_json;
 using bf16 = __nv_bfloat16;
 
-const std::vector<std::string> kGpuPolicies = {"static", "feplb-paper", "feplb"};
+const std::vector<std::string> kGpuPolicies = {"static", "feplb-paper", "feplb", "balanced"};
+
+// `balanced` runs the static planner on evenly spread routing.
+std::string planner_of(const std::string& policy) { return policy == "balanced" ? "static" : policy; }
+
+// This rank's rows of a step spread evenly over the experts: the same S*K rows, E-way even.
+std::vector<int64_t> balanced_row(int64_t rows, int num_experts, int rank) {
+  std::vector<int64_t> row(static_cast<size_t>(num_experts), rows / num_experts);
+  for (int64_t i = 0; i < rows % num_experts; ++i) row[static_cast<size_t>((rank + i) % num_experts)] += 1;
+  return row;
+}
 
 struct Options {
   std::string out;
@@ -79,7 +92,7 @@ struct Options {
   int steps = 16, warmup = 2, exchange_reps = 10;
   double deadline_s = 480, timeout_s = 60;
   double gpu_warmup_s = 2;             // GEMM burn before the first step (0: none)
-  std::string interleave = "auto";     // auto (if the layers fit), on, off
+  std::string interleave = "on";       // on, off (auto: on)
   uint64_t seed = 1;
 };
 
@@ -167,9 +180,18 @@ class Gather {
 
 // Per-rank values gathered after each measured step, in this order.
 enum Field : size_t {
-  kFwdMs, kBwdMs, kStFwdMs, kStStaticMs, kStWaitMs, kStGuestMs, kBwBwdMs, kBwStaticMs, kBwWaitMs, kBwGuestMs,
-  kBwResultsWaitMs, kPlanUs, kCountsToCopyUs, kCopies, kGuestRows, kRecopies, kNumFields
+  kFwdMs, kBwdMs, kStFwdMs, kStDispatchMs, kStStaticMs, kStWaitMs, kStGuestMs, kStReturnMs, kStCombineMs, kBwBwdMs,
+  kBwDispatchMs, kBwStaticMs, kBwWaitMs, kBwGuestMs, kBwResultsWaitMs, kBwCombineMs, kPlanUs, kCountsToCopyUs,
+  kCopies, kGuestRows, kRecopies, kNumFields
 };
+
+// The phases of a forward and of a backward, in timeline order (ForwardStats / BackwardStats).
+const std::vector<std::pair<const char*, Field>> kForwardPhases = {
+    {"dispatch", kStDispatchMs}, {"static_gemms", kStStaticMs}, {"copy_wait", kStWaitMs},
+    {"guest_gemms", kStGuestMs}, {"return", kStReturnMs},       {"combine", kStCombineMs}};
+const std::vector<std::pair<const char*, Field>> kBackwardPhases = {
+    {"dispatch", kBwDispatchMs}, {"static_gemms", kBwStaticMs}, {"copy_wait", kBwWaitMs},
+    {"guest_gemms", kBwGuestMs}, {"return", kBwResultsWaitMs},  {"combine", kBwCombineMs}};
 
 // One policy's per-step series (max over ranks unless named otherwise).
 struct PolicySeries {
@@ -180,6 +202,7 @@ struct PolicySeries {
   std::vector<double> wait_fwd_mean_ms, wait_bwd_mean_ms;  // mean over ranks
   std::vector<double> plan_us, counts_to_first_copy_us;    // every rank (copies only for the latter)
   double guest_rows = 0, copies = 0, weight_recopies = 0;  // totals over steps and ranks
+  std::vector<std::vector<std::vector<double>>> phases;    // [rank][field][step] timeline, CUDA events
 };
 
 class Bench {
@@ -211,11 +234,12 @@ class Bench {
   void load_workload();
   std::unique_ptr<MoeLayer> make_layer(const std::string& policy);
   void run_step(MoeLayer& layer, const std::string& policy, size_t i, PolicySeries& ps);
+  json timeline_json(const PolicySeries& ps) const;
   json policy_json(const PolicySeries& ps) const;
   json warm_gpu(const std::string& label);
   json time_exchanges();
   json simulate_steps();
-  void upload_routing(size_t i);
+  void upload_routing(size_t i, bool balanced);
   const RoutingStep& step_at(size_t i) const { return trace_.steps[i % trace_.steps.size()]; }
 
   Options o_;
@@ -231,14 +255,18 @@ class Bench {
   const GemmCostModel* cost_ = nullptr;
   std::string cost_label_;
   int64_t S_ = 0, K_ = 0, H_ = 0, recv_cap_ = 0;
-  std::vector<std::vector<int32_t>> topk_;  // [warmup + steps][S K] this rank's routing
+  std::vector<std::vector<int32_t>> topk_;           // [warmup + steps][S K] this rank's routing
+  std::vector<std::vector<int32_t>> topk_balanced_;  // the same rows spread evenly over the experts
+  std::vector<RoutingStep> balanced_steps_;          // every rank's balanced counts, per step
 
   // Declared in teardown order (last destroyed first): the communicator outlives everything.
   std::unique_ptr<NcclCommunicator> comm_;
   std::unique_ptr<Transport> t_;
   std::unique_ptr<Stream> s_;
   std::unique_ptr<Gather> g_;
-  std::unique_ptr<ExpertSlotPool> pool_;
+  std::unique_ptr<EpRuntime> runtime_;
+  std::unique_ptr<LocalExperts> experts_;  // this rank's weights and fp32 gradients: every policy's
+  size_t saved_bytes_ = 0;                 // the most one micro-batch kept from forward to backward
   DeviceBuffer<bf16> x_, out_, gout_, gx_;
   DeviceBuffer<int32_t> idx_;
   DeviceBuffer<float> wt_, gw_;
@@ -300,92 +328,96 @@ void Bench::load_workload() {
   for (size_t i = 0; i < n; ++i) {
     const RoutingStep& st = step_at(i);
     topk_.push_back(topk_from_counts(st.row(rank_), S_, static_cast<int>(K_)));
-    for (int d = 0; d < world_; ++d) {
-      int64_t rows = 0;
-      for (int e : topo_->local_experts(d)) rows += st.expert_counts[e];
-      recv_cap_ = std::max(recv_cap_, rows);
+    RoutingStep even(st.step, st.layer, world_, trace_.num_experts);
+    for (int r = 0; r < world_; ++r) {
+      const auto row = balanced_row(S_ * K_, trace_.num_experts, r);
+      std::copy(row.begin(), row.end(), even.counts.begin() + static_cast<std::ptrdiff_t>(r) * trace_.num_experts);
     }
+    even.sum_experts();
+    topk_balanced_.push_back(topk_from_counts(even.row(rank_), S_, static_cast<int>(K_)));
+    for (const RoutingStep* x : std::initializer_list<const RoutingStep*>{&st, &even}) {
+      for (int d = 0; d < world_; ++d) {
+        int64_t rows = 0;
+        for (int e : topo_->local_experts(d)) rows += x->expert_counts[e];
+        recv_cap_ = std::max(recv_cap_, rows);
+      }
+    }
+    balanced_steps_.push_back(std::move(even));
   }
   recv_cap_ = std::max<int64_t>(recv_cap_, 1);
 }
 
-void Bench::upload_routing(size_t i) {
+void Bench::upload_routing(size_t i, bool balanced) {
+  const std::vector<int32_t>& topk = balanced ? topk_balanced_[i] : topk_[i];
   if (S_ > 0) {
-    FEPLB_CUDA_CHECK(cudaMemcpyAsync(idx_.get(), topk_[i].data(), idx_.bytes(), cudaMemcpyHostToDevice, s_->get()));
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(idx_.get(), topk.data(), idx_.bytes(), cudaMemcpyHostToDevice, s_->get()));
   }
   sync_with_timeout(s_->get(), o_.timeout_s, "routing upload");
 }
 
-// One policy's training layer on the shared pool (collective), the same weights for every policy.
+// One policy's layer on the rank's runtime (every rank builds the same layers in the same order).
 std::unique_ptr<MoeLayer> Bench::make_layer(const std::string& policy) {
-  LayerConfig c;
-  c.topo = *topo_;
-  c.shape = shape_;
-  c.top_k = static_cast<int>(K_);
-  c.max_tokens = S_;
-  c.policy = policy;
-  c.knobs = knobs_;
-  c.recv_capacity_rows = recv_cap_;
-  c.timeout_s = o_.timeout_s;
-  c.timing = true;
-  c.training = true;
-  c.pool = pool_.get();
-  c.name = "dist." + policy;
-  auto layer = std::make_unique<MoeLayer>(c, *t_, cost_);  // collective
-  const cudaStream_t s = s_->get();
-  // The same weights for every policy (seeded by rank).
-  FEPLB_CUDA_CHECK(kernels::fill_random(layer->mutable_weights(), static_cast<size_t>(layer->weight_elems()),
-                                        o_.seed * 1000 + 100 + static_cast<uint64_t>(rank_),
-                                        1.0f / std::sqrt(static_cast<float>(H_)), s));
-  layer->zero_grad(s);
-  sync_with_timeout(s, o_.timeout_s, "weights");
-  return layer;
+  return std::make_unique<MoeLayer>(*runtime_, LayerConfig{static_cast<int>(K_), "dist." + policy},
+                                    make_gpu_planner(*runtime_, planner_of(policy), cost_));
 }
 
 // Step i (warm-up steps first) of one policy's layer: forward + backward, timed, gathered; the
 // measured ones appended to ps.
 void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, PolicySeries& ps) {
   const cudaStream_t s = s_->get();
-  upload_routing(i);
+  upload_routing(i, policy == "balanced");
   g_->barrier();
   e0_->record(s);
-  layer.forward(x_.get(), idx_.get(), wt_.get(), S_, out_.get(), s);
+  MicroBatch mb = layer.forward(experts_->params(), x_.get(), idx_.get(), wt_.get(), S_, out_.get(), s);
+  saved_bytes_ = std::max(saved_bytes_, mb.saved_bytes());
   e1_->record(s);
-  layer.backward(gout_.get(), wt_.get(), gx_.get(), gw_.get(), s);
+  layer.backward(std::move(mb), experts_->params(), gout_.get(), wt_.get(), gx_.get(), gw_.get(),
+                 experts_->grad_views(), GradMode::kAccumulate, s);
   e2_->record(s);
   sync_with_timeout(s, o_.timeout_s, "layer forward + backward");
   const double fwd = elapsed_ms(*e0_, *e1_), bwd = elapsed_ms(*e1_, *e2_);
-  const ForwardStats& f = layer.last_stats();
+  const ForwardStats& f = layer.last_forward_stats();
   const BackwardStats& b = layer.last_backward_stats();
   std::vector<double> v(kNumFields, 0.0);
   v[kFwdMs] = fwd;
   v[kBwdMs] = bwd;
   v[kStFwdMs] = f.forward_ms;
+  v[kStDispatchMs] = f.dispatch_ms;
   v[kStStaticMs] = f.static_ms;
   v[kStWaitMs] = f.wait_ms;
   v[kStGuestMs] = f.guest_ms;
+  v[kStReturnMs] = f.return_ms;
+  v[kStCombineMs] = f.combine_ms;
   v[kBwBwdMs] = b.backward_ms;
+  v[kBwDispatchMs] = b.dispatch_ms;
   v[kBwStaticMs] = b.static_ms;
   v[kBwWaitMs] = b.wait_ms;
   v[kBwGuestMs] = b.guest_ms;
   v[kBwResultsWaitMs] = b.results_wait_ms;
+  v[kBwCombineMs] = b.combine_ms;
   v[kPlanUs] = f.plan_us;
   v[kCountsToCopyUs] = f.copies > 0 ? f.counts_to_first_copy_us : -1.0;
   v[kCopies] = static_cast<double>(f.copies + b.copies);
   v[kGuestRows] = static_cast<double>(f.guest_rows);
   v[kRecopies] = static_cast<double>(b.weight_recopies);
   const StepMetrics m = measure_plan(layer.last_plan(), *topo_, *cost_, knobs_, 0.0);
-  // Untimed: the helpers' gradient contributions land, the main gradient starts again at zero,
-  // and every row count met so far gets its exact GEMM algorithm (a training job reaches that
-  // steady state after a few steps; a short benchmark would otherwise time the bucket algorithms
-  // and the layer's bounded refinement, which favour whichever policy met a row count second).
+  // Untimed: the helpers' gradient contributions land, the gradient starts again at zero, and
+  // every row count met so far gets its exact GEMM algorithm (a training job reaches that steady
+  // state after a few steps; a short benchmark would otherwise time the bucket algorithms and the
+  // layer's bounded refinement, which favour whichever policy met a row count second).
   layer.sync_gradients(s);
-  layer.zero_grad(s);
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(experts_->grads(), 0, experts_->grad_bytes(), s));
   layer.refine_gemm_algorithms(-1);
   sync_with_timeout(s, o_.timeout_s, "gradients");
   const auto all = g_->all(v);  // every rank's numbers; also keeps the ranks in step
   if (i < static_cast<size_t>(o_.warmup)) return;
   std::vector<double> total, gf, gb;
+  if (ps.phases.empty()) {
+    ps.phases.assign(all.size(), std::vector<std::vector<double>>(kNumFields));
+  }
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (size_t f = 0; f < kNumFields; ++f) ps.phases[r][f].push_back(all[r][f]);
+  }
   for (const auto& r : all) {
     total.push_back(r[kFwdMs] + r[kBwdMs]);
     gf.push_back(r[kStStaticMs] + r[kStGuestMs]);
@@ -437,7 +469,23 @@ json Bench::policy_json(const PolicySeries& ps) const {
   j["phase2_copies_per_step"] = ps.copies / steps;
   j["guest_rows_per_step"] = ps.guest_rows / steps;
   j["backward_weight_recopies_per_step"] = ps.weight_recopies / steps;
+  j["timeline_ms"] = timeline_json(ps);
   return j;
+}
+
+// Per rank, the median over the measured steps of each phase of the forward and the backward
+// (CUDA events on the rank's compute stream; they add up to the rank's forward / backward time).
+json Bench::timeline_json(const PolicySeries& ps) const {
+  json ranks = json::array();
+  for (const auto& fields : ps.phases) {
+    json fwd, bwd;
+    for (const auto& [name, f] : kForwardPhases) fwd[name] = quantile_of(fields[f], 0.5);
+    for (const auto& [name, f] : kBackwardPhases) bwd[name] = quantile_of(fields[f], 0.5);
+    fwd["total"] = quantile_of(fields[kStFwdMs], 0.5);
+    bwd["total"] = quantile_of(fields[kBwBwdMs], 0.5);
+    ranks.push_back({{"forward", fwd}, {"backward", bwd}});
+  }
+  return ranks;
 }
 
 // GPU warm-up before measuring: clocks ramp up from idle over the first second or so under load,
@@ -470,7 +518,9 @@ json Bench::warm_gpu(const std::string& label) {
   double seconds = 0;
   for (;;) {
     e0_->record(s);
-    for (int k = 0; k < passes; ++k) expert_ffn(gemm, s, xb.get(), rows, w.get(), gu.get(), act.get(), y.get(), H, F);
+    for (int k = 0; k < passes; ++k) {
+      expert_ffn(gemm, s, xb.get(), rows, w.get(), w.get() + 2 * H * F, gu.get(), act.get(), y.get(), H, F);
+    }
     e1_->record(s);
     sync_with_timeout(s, o_.timeout_s, "GPU warm-up");
     iter_ms.push_back(elapsed_ms(*e0_, *e1_));
@@ -704,51 +754,48 @@ int Bench::run() {
   const std::vector<float> uniform(pairs, 1.0f / static_cast<float>(K_));
   FEPLB_CUDA_CHECK(cudaMemcpyAsync(wt_.get(), uniform.data(), wt_.bytes(), cudaMemcpyHostToDevice, s));
   sync_with_timeout(s, o_.timeout_s, "inputs");
-  pool_ = std::make_unique<ExpertSlotPool>(*t_, shape_, static_cast<int>(knobs_.max_num_dyn),
-                                           default_staging_slots(knobs_), "dist.pool");  // collective
+  RuntimeConfig rc;
+  rc.topo = *topo_;
+  rc.shape = shape_;
+  rc.max_top_k = static_cast<int>(K_);
+  rc.max_tokens = S_;
+  rc.knobs = knobs_;
+  rc.recv_capacity_rows = recv_cap_;
+  rc.timeout_s = o_.timeout_s;
+  rc.timing = true;
+  rc.training = true;
+  rc.name = "dist";
+  runtime_ = std::make_unique<EpRuntime>(rc, *t_);  // collective
+  experts_ = std::make_unique<LocalExperts>(topo_->experts_per_rank(), H_, shape_.ffn, /*grads=*/true);
+  // The same weights for every policy (seeded by rank).
+  FEPLB_CUDA_CHECK(kernels::fill_random(experts_->weights(), static_cast<size_t>(experts_->weight_elems()),
+                                        o_.seed * 1000 + 100 + static_cast<uint64_t>(rank_),
+                                        1.0f / std::sqrt(static_cast<float>(H_)), s));
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(experts_->grads(), 0, experts_->grad_bytes(), s));
+  sync_with_timeout(s, o_.timeout_s, "weights");
 
-  // The first policy's layer, then: do the others fit next to it (on every rank)?
+  // Every policy's layer on the one runtime: a layer holds its planner, the runtime the buffers.
   const size_t np = policies.size(), n_steps = static_cast<size_t>(o_.warmup + o_.steps);
-  layers_.push_back(make_layer(policies[0]));
-  const double gib = 1024.0 * 1024.0 * 1024.0, margin_gib = 4;
-  const double layer_gib = static_cast<double>(layers_[0]->device_bytes()) / gib;
-  size_t free_b = 0, total_b = 0;
-  FEPLB_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const double others_gib = static_cast<double>(np - 1) * layer_gib;
-  const bool fits = others_gib + margin_gib <= static_cast<double>(free_b) / gib;
-  const auto mem_all = g_->all({fits ? 1.0 : 0.0, static_cast<double>(free_b) / gib});
-  const std::vector<double> fit_col = Gather::column(mem_all, 0), free_col = Gather::column(mem_all, 1);
-  const bool all_fit = *std::min_element(fit_col.begin(), fit_col.end()) > 0.5;
-  const double min_free_gib = *std::min_element(free_col.begin(), free_col.end());
-  const bool interleaved = o_.interleave == "on" || (o_.interleave == "auto" && all_fit);
-  const double pool_gib = static_cast<double>(pool_->device_bytes()) / gib;
-  log0("memory per rank: {:.2f} GiB per layer, {:.2f} GiB shared slot pool; {} policies' layers + pool {:.2f} GiB; "
-       "{:.2f} GiB free (min over ranks) after the first layer -> {}",
-       layer_gib, pool_gib, np, static_cast<double>(np) * layer_gib + pool_gib, min_free_gib,
+  const bool interleaved = o_.interleave != "off";
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  log0("memory per rank: runtime workspace {:.2f} GiB, weights {:.2f} GiB + fp32 gradients {:.2f} GiB; {}",
+       static_cast<double>(runtime_->workspace_bytes()) / gib,
+       static_cast<double>(experts_->weight_elems()) * 2 / gib, static_cast<double>(experts_->grad_bytes()) / gib,
        interleaved ? "interleaved (all layers built up front)" : "sequential (one layer at a time)");
   {
     std::lock_guard<std::mutex> lock(g_doc_mu);
     g_doc["interleaved"] = interleaved;
     g_doc["policy_order"] =
         interleaved ? "interleaved: step i runs every policy once, in the order policies[(j + i) mod n] for "
-                      "j = 0..n-1 (rotated each step), all layers built up front on one shared slot pool"
+                      "j = 0..n-1 (rotated each step), all layers built up front on one runtime"
                     : "sequential: one policy's steps after another's, each after its own GPU warm-up";
-    g_doc["memory_gib"] = {{"per_layer", layer_gib},
-                           {"slot_pool", pool_gib},
-                           {"all_layers_and_pool", static_cast<double>(np) * layer_gib + pool_gib},
-                           {"free_after_first_layer_min_over_ranks", min_free_gib},
-                           {"device_total", static_cast<double>(total_b) / gib},
-                           {"margin", margin_gib},
-                           {"mode", o_.interleave},
-                           {"rule", "--interleave auto: interleaved when the other policies' layers + the margin "
-                                    "fit in the free memory on every rank, measured after the first layer"}};
     save_locked();
   }
 
   std::vector<PolicySeries> series(np);
   json pol, warmups;
   if (interleaved) {
-    for (size_t p = 1; p < np; ++p) layers_.push_back(make_layer(policies[p]));
+    for (size_t p = 0; p < np; ++p) layers_.push_back(make_layer(policies[p]));
     warmups["all"] = warm_gpu("");
     {
       std::lock_guard<std::mutex> lock(g_doc_mu);
@@ -773,7 +820,7 @@ int Bench::run() {
     layers_.clear();
   } else {
     for (size_t p = 0; p < np; ++p) {
-      if (p > 0) layers_.push_back(make_layer(policies[p]));
+      layers_.push_back(make_layer(policies[p]));
       warmups[policies[p]] = warm_gpu(policies[p]);
       log0("{}: {} steps after {} warm-up", policies[p], o_.steps, o_.warmup);
       for (size_t i = 0; i < n_steps; ++i) run_step(*layers_.back(), policies[p], i, series[p]);
@@ -786,7 +833,14 @@ int Bench::run() {
       save_locked();
     }
   }
-  pool_.reset();
+  {
+    std::lock_guard<std::mutex> lock(g_doc_mu);
+    g_doc["memory_gib"] = {{"runtime_workspace", static_cast<double>(runtime_->workspace_bytes()) / gib},
+                           {"saved_per_micro_batch_max", static_cast<double>(saved_bytes_) / gib},
+                           {"weights", static_cast<double>(experts_->weight_elems()) * 2 / gib},
+                           {"fp32_gradients", static_cast<double>(experts_->grad_bytes()) / gib}};
+  }
+  runtime_.reset();
   g_->barrier();
 
   const json ex = time_exchanges();
@@ -795,6 +849,9 @@ int Bench::run() {
   const json sim = simulate_steps();
   const double static_total = quantile_of(series[0].total_ms, 0.5), static_fwd = quantile_of(series[0].fwd_ms, 0.5),
                static_bwd = quantile_of(series[0].bwd_ms, 0.5);
+  const auto at = std::find(policies.begin(), policies.end(), "balanced");
+  const double balanced_total =
+      at == policies.end() ? 0.0 : quantile_of(series[static_cast<size_t>(at - policies.begin())].total_ms, 0.5);
   for (size_t p = 0; p < policies.size(); ++p) {
     const PolicySeries& ps = series[p];
     json& j = pol[policies[p]];
@@ -807,6 +864,11 @@ int Bench::run() {
     j["speedup_vs_static"] = {{"fwd_bwd", total > 0 ? static_total / total : 0.0},
                               {"fwd", fwd > 0 ? static_fwd / fwd : 0.0},
                               {"bwd", bwd > 0 ? static_bwd / bwd : 0.0}};
+    if (balanced_total > 0) {
+      const double gain = static_total - balanced_total;
+      j["vs_balanced_pct"] = 100.0 * (total / balanced_total - 1.0);
+      j["gain_captured"] = gain > 0 ? (static_total - total) / gain : 0.0;
+    }
     if (sim.contains(policies[p])) {
       j["predicted"] = sim[policies[p]];
       j["gemm_straggler_ms"]["predicted_simulator"] = sim[policies[p]]["gemm_straggler_ms"];
@@ -851,7 +913,15 @@ int Bench::run() {
                                  "as 100 x 2 x (dispatch + combine) / layer forward + backward; _fwd_pct: one of "
                                  "each / forward only. Not an overhead of FEPLB: phase 1 is the same for every "
                                  "policy"},
-        {"speedup_vs_static", "static's median layer time / this policy's"}};
+        {"speedup_vs_static", "static's median layer time / this policy's"},
+        {"balanced", "the floor: every step's rows spread evenly over the experts (each rank's S*K rows, E-way "
+                     "even), run through the same layer with the static planner"},
+        {"gain_captured", "(static - policy) / (static - balanced) of the median fwd + bwd layer time"},
+        {"vs_balanced_pct", "100 x (policy / balanced - 1) of the median fwd + bwd layer time"},
+        {"timeline_ms", "per rank, the median over steps of each phase of forward and backward (CUDA events): "
+                        "dispatch (permute, counts all-gather, plan, all-to-all-v), static_gemms, copy_wait "
+                        "(idle until phase-2 inputs land), guest_gemms, return (until this rank's exported "
+                        "rows' results are back), combine (reverse all-to-all-v, combine)"}};
     g_doc["complete"] = true;
     save_locked();
   }

@@ -22,13 +22,14 @@
 #include "feplb/cuda/ce_copy.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
-#include "feplb/cuda/expert_bench.h"
+#include "bench/harness/expert_bench.h"
 #include "feplb/cuda/expert_ffn.h"
+#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/stream_ops.h"
-#include "feplb/cuda/trace_runner.h"
-#include "feplb/cuda/trainer.h"
+#include "bench/harness/trace_runner.h"
+#include "bench/harness/trainer.h"
 
 namespace feplb::cuda {
 namespace {
@@ -454,15 +455,16 @@ json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
   const ExpertShape shape{2048, 768, Dtype::kBf16};  // Qwen3-30B-A3B-like experts: 8 ranks x layers fit
   for (const std::string& policy : {"static", "feplb"}) {
     TrainConfig c;
-    c.layer.topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
-    c.layer.shape = shape;
-    c.layer.top_k = t.top_k;
-    c.layer.max_tokens = t.tokens_per_rank;
-    c.layer.policy = policy;
-    c.layer.timing = true;
-    c.layer.timeout_s = timeout_s;
-    c.layer.guest_capacity_rows = t.tokens_per_rank * t.top_k;
-    c.layer.recv_capacity_rows = worst_receiver_rows(t, c.layer.topo);
+    c.runtime.topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
+    c.runtime.shape = shape;
+    c.runtime.max_top_k = t.top_k;
+    c.runtime.max_tokens = t.tokens_per_rank;
+    c.runtime.timing = true;
+    c.runtime.timeout_s = timeout_s;
+    c.runtime.guest_capacity_rows = t.tokens_per_rank * t.top_k;
+    c.runtime.recv_capacity_rows = worst_receiver_rows(t, c.runtime.topo);
+    c.policy = policy;
+    c.top_k = t.top_k;
     c.layers = layers;
     c.steps = steps;
     c.micro_batches = 2;
@@ -471,11 +473,12 @@ json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
     std::vector<double> warm(r.step_ms.begin() + 1, r.step_ms.end());
     out[policy] = {{"loss", r.loss}, {"step_ms", spread(warm)}, {"fwd_wait_ms", spread(r.fwd_wait_ms)},
                    {"bwd_wait_ms", spread(r.bwd_wait_ms)}, {"weight_recopies", r.weight_recopies},
-                   {"pool_gib_per_rank", static_cast<double>(r.pool_bytes) / (1 << 30)},
-                   {"layer_gib_per_rank", static_cast<double>(r.layer_bytes) / (1 << 30)}};
-    log("  training {:<7} step {:.1f} ms (median of {}), loss {:.5f} -> {:.5f}, weight re-copies {}, pool {:.2f} GiB/rank",
+                   {"runtime_workspace_gib_per_rank", static_cast<double>(r.workspace_bytes) / (1 << 30)},
+                   {"saved_gib_per_rank_per_micro_batch", static_cast<double>(r.saved_bytes) / (1 << 30)}};
+    log("  training {:<7} step {:.1f} ms (median of {}), loss {:.5f} -> {:.5f}, weight re-copies {}, runtime "
+        "{:.2f} GiB/rank",
         policy, quantile_of(warm, 0.5), warm.size(), r.loss.front(), r.loss.back(), r.weight_recopies,
-        static_cast<double>(r.pool_bytes) / (1 << 30));
+        static_cast<double>(r.workspace_bytes) / (1 << 30));
   }
   double max_rel = 0;
   for (size_t i = 0; i < out["static"]["loss"].size(); ++i) {
@@ -500,14 +503,16 @@ int main(int argc, char** argv) {
   std::string out = "h200.json", table_out = "gemm_table.json", trace_path = "data/traces/default.json";
   std::string prior_path = "data/priors/mixtral-8x7b__olmoe-repo__c4.json";
   std::string table_in = "data/cost/h200-glm5.json";
+  std::string table_dir = ".";
   bool quick = false;
   app.add_option("--out", out);
   app.add_option("--table-out", table_out);
   app.add_option("--trace", trace_path);
   app.add_option("--prior", prior_path);
   app.add_option("--table-in", table_in, "GEMM table to use when the table section is not run");
+  app.add_option("--table-dir", table_dir, "where section shape_tables writes h200-<shape>.json (Qwen3 shapes)");
   double deadline_s = 420;
-  std::string sections = "peak,grouped,table,skewed,copy,slowdown,straggler,noise,exposure,layertime,bwdexposure,layer,training";
+  std::string sections = "peak,grouped,table,shape_tables,skewed,copy,slowdown,straggler,noise,exposure,layertime,bwdexposure,layer,training";
   app.add_option("--sections", sections, "comma-separated sections to run (default all)");
   app.add_flag("--quick", quick);
   std::vector<std::string> knob_args;
@@ -568,6 +573,23 @@ int main(int argc, char** argv) {
                              {"cublas_grouped_batched_tflops", tf(f16, grouped)}, {"pct_of_peak", pct(best)}};
       log("grouped GEMM 16x4096: loop {:.0f}, loop x4 streams {:.0f}, cublasGemmGroupedBatchedEx {:.0f} TFLOP/s ({:.0f}% of peak)",
           tf(f16, loop1), tf(f16, loop4), tf(f16, grouped), pct(best));
+      save();
+    }
+    if (want("shape_tables")) {
+      // Per-expert FFN time tables of other expert shapes, for the simulator's cost model.
+      const std::vector<std::pair<std::string, ExpertShape>> shapes = {
+          {"qwen3-235b", ExpertShape{4096, 1536, Dtype::kBf16}}, {"qwen3-30b", ExpertShape{2048, 768, Dtype::kBf16}}};
+      json files = json::object();
+      for (const auto& [name, shape] : shapes) {
+        ExpertBench sb(shape, 16 * 4096 + 8192, 16, 1);
+        const TableCostModel t = gemm_table(sb, quick);
+        const std::string path = table_dir + "/h200-" + name + ".json";
+        write_file(path, format_gemm_table(t), true);
+        files[name] = {{"file", path}, {"ms_at_4096_rows", t.expert_ms(4096)}};
+        log("GEMM table {} ({}): 4096 rows -> {:.3f} ms per expert, wrote {}", name, shape.describe(), t.expert_ms(4096),
+            path);
+      }
+      doc["shape_tables"] = files;
       save();
     }
     std::unique_ptr<TableCostModel> table_ptr;

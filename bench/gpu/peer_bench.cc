@@ -6,8 +6,14 @@
 //   * an SM copy kernel on 24 and 32 blocks writing the peer pointer (what SM transports reserve);
 //   * NCCL send/recv of the same bytes;
 //   * the slowdown of a bf16 GEMM on rank 0 while every other rank pushes into it on the copy
-//     engine (A/B interleaved, median ratio).
+//     engine (A/B interleaved, median ratio);
+//   * the latency of each signal mechanism (Transport::Signals) between ranks 0 and 1: a ping
+//     (0 -> 1) answered by a pong (1 -> 0), timed on rank 0 with CUDA events, median and p99.
+//     --same-gpu runs only this section with every rank on GPU 0 (two processes on one GPU; no
+//     NCCL, which refuses two ranks on one GPU: the sets are made over the TCP rendezvous).
 // Usage: scripts/gpu-dist 2 build/bin/feplb_peer_bench --out bench/results/h200-x2.json [--quick]
+//        scripts/gpu-dist 2 build/bin/feplb_peer_bench --same-gpu --out h200-x1-signals.json
+//        (--signals-only: the signal section alone, one process per GPU)
 #include <CLI/CLI.hpp>
 #include <cuda_bf16.h>
 #include <nlohmann/json.hpp>
@@ -21,9 +27,12 @@
 #include "feplb/core/stats.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
+#include "bench/harness/kernels/kernels.h"
+#include "feplb/cuda/ipc_signals.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/nccl_comm.h"
 #include "feplb/cuda/resources.h"
+#include "feplb/cuda/stream_ops.h"
 #include "feplb/dist/launch.h"
 
 namespace feplb::cuda {
@@ -37,7 +46,9 @@ constexpr double kTimeoutS = 120;
 struct Options {
   std::string out;
   int reps = 30, warmup = 3, gemm_pairs = 15;
-  bool quick = false;
+  int signal_reps = 500, signal_warmup = 50;
+  double signal_delay_us = 500;
+  bool quick = false, signals_only = false, same_gpu = false;
 };
 
 void log0(int rank, const std::string& s) {
@@ -88,6 +99,148 @@ class Group {
   cudaStream_t s_;
   DeviceBuffer<int32_t> one_, all_;
 };
+
+void write_json(const std::string& path, const json& j) {
+  std::ofstream f(path);
+  FEPLB_CHECK(f.good(), "cannot write {}", path);
+  f << j.dump(2) << "\n";
+  FEPLB_CHECK(f.good(), "writing {} failed", path);
+}
+
+// One signal set, made collectively (the transport's make_signals, or make_ipc_signals over the
+// TCP rendezvous).
+using MakeSignals = std::function<std::unique_ptr<Transport::Signals>(
+    const std::string& name, int count, SignalMechanism m)>;
+
+json latency_spread(const std::vector<double>& v) {
+  return json{{"median", quantile_of(v, 0.5)},
+              {"p90", quantile_of(v, 0.9)},
+              {"p99", quantile_of(v, 0.99)},
+              {"max", quantile_of(v, 1.0)},
+              {"n", v.size()}};
+}
+
+// Latency of each signal mechanism between ranks 0 and 1 (the other ranks make the sets and
+// idle). Per repetition rank 0 records e0, signals slot 0 of rank 1 (ping), waits on its own slot
+// 1, records e1; rank 1 waits on slot 0 and signals slot 1 of rank 0 (pong). Round trip = e1 - e0
+// on rank 0's GPU; one way = half of it. Two ways to issue it:
+//   pre_enqueued: rank 0's stream first runs a `signal_delay_us` GPU delay, so both hosts have
+//     issued everything (events: the waiter's host saw the record) before the GPU reaches e0: the
+//     GPU-side latency. `late` counts repetitions where e0 had already passed when rank 0's host
+//     finished issuing (those include host time).
+//   host_issued: no delay; each call goes in when the host gets to it (events: the waiter's host
+//     spins until the signaller's host recorded): what a caller that issues as it goes sees.
+// `barrier` synchronises every rank (between mechanisms).
+json signal_latency(const MakeSignals& make, int rank, const Options& o,
+                    const std::function<void()>& barrier) {
+  int device = 0;
+  FEPLB_CUDA_CHECK(cudaGetDevice(&device));
+  json out;
+  Stream s;
+  Event e0(true), e1(true);
+  for (SignalMechanism m :
+       {SignalMechanism::kEvent, SignalMechanism::kStreamMemop, SignalMechanism::kCeFlag}) {
+    const std::string mname(signal_mechanism_name(m));
+    const auto sig = make("peer_bench.latency." + mname, 2, m);
+    uint32_t v = 0;
+    json per;
+    for (const bool pre : {true, false}) {
+      std::vector<double> rtt_us;
+      int late = 0;
+      for (int i = 0; i < o.signal_warmup + o.signal_reps; ++i) {
+        ++v;
+        if (rank == 0) {
+          if (pre) {
+            FEPLB_CUDA_CHECK(
+                kernels::gpu_delay(static_cast<int64_t>(o.signal_delay_us * 1e3), s.get()));
+          }
+          e0.record(s.get());
+          sig->signal(1, 0, v, s.get());
+          sig->wait(1, v, s.get());
+          e1.record(s.get());
+          if (pre) {
+            const cudaError_t q = cudaEventQuery(e0.get());
+            if (q == cudaSuccess) {
+              ++late;
+            } else if (q != cudaErrorNotReady) {
+              FEPLB_CUDA_CHECK(q);
+            }
+          }
+          sync_with_timeout(s.get(), kTimeoutS, "peer bench: signal round trip");
+          if (i >= o.signal_warmup) rtt_us.push_back(1e3 * elapsed_ms(e0, e1));
+        } else if (rank == 1) {
+          sig->wait(0, v, s.get());
+          sig->signal(0, 1, v, s.get());
+        }
+      }
+      sync_with_timeout(s.get(), kTimeoutS, "peer bench: signal round trips");
+      if (rank == 0) {
+        json r{{"round_trip_us", latency_spread(rtt_us)},
+               {"one_way_us_median", quantile_of(rtt_us, 0.5) / 2},
+               {"one_way_us_p99", quantile_of(rtt_us, 0.99) / 2}};
+        if (pre) r["late"] = late;
+        per[pre ? "pre_enqueued" : "host_issued"] = r;
+        log0(rank,
+             fmt::format(
+                 "signal {:>8} {:>13}: one way {:6.2f} us median, {:6.2f} us p99 (round trip / 2)",
+                 mname, pre ? "pre-enqueued" : "host-issued", quantile_of(rtt_us, 0.5) / 2,
+                 quantile_of(rtt_us, 0.99) / 2));
+      }
+    }
+    barrier();  // nobody destroys a set a peer may still use
+    out["mechanisms"][mname] = per;
+  }
+  out["can_flush_remote_writes"] = can_flush_remote_writes(device);
+  out["reps"] = o.signal_reps;
+  out["warmup"] = o.signal_warmup;
+  out["delay_us"] = o.signal_delay_us;
+  out["definitions"] = json{
+      {"round_trip_us",
+       "rank 0: e1 - e0 around signal(rank 1, ping) + wait(pong); rank 1: wait(ping) + "
+       "signal(rank 0, pong); CUDA events on rank 0's stream"},
+      {"one_way_us",
+       "round trip / 2: one signal -> wait satisfied -> next work on the waiter's stream"},
+      {"pre_enqueued",
+       "a GPU delay of delay_us first on rank 0, so every call is issued before the GPU starts "
+       "the ping (late: repetitions where it was not)"},
+      {"host_issued",
+       "no delay: calls go in as the hosts reach them (events: the waiter's host spins until the "
+       "signaller's host recorded)"},
+      {"event",
+       "CUDA interprocess events; the waiter's host waits for the signaller's host record"},
+      {"memop",
+       "system-scope memory barrier + 32-bit stream write into the peer's flag; stream wait (GEQ)"},
+      {"ce-flag",
+       "stream write into a local word, copied into the peer's flag by the copy engine; stream "
+       "wait"}};
+  return out;
+}
+
+// --same-gpu: every rank on GPU 0, the signal sets made over the TCP rendezvous; only the signal
+// latency is measured.
+int run_same_gpu(const Options& o, const dist::LaunchEnv& env) {
+  FEPLB_CUDA_CHECK(cudaSetDevice(0));
+  const AllGatherBlobs gather = [&env](const std::string& blob) {
+    return dist::rendezvous_all_gather(env, blob, kTimeoutS);
+  };
+  const std::vector<DeviceInfo> devices = list_devices();
+  log0(env.rank, fmt::format("feplb_peer_bench --same-gpu: {} processes on GPU 0 ({})",
+                             env.world_size, devices.empty() ? std::string("?") : devices[0].name));
+  const MakeSignals make = [&](const std::string& name, int count, SignalMechanism m) {
+    return make_ipc_signals(name, count, env.rank, env.world_size, gather, m, kTimeoutS);
+  };
+  const json latency = signal_latency(make, env.rank, o, [&] { gather("barrier"); });
+  if (env.rank == 0 && !o.out.empty()) {
+    json j;
+    j["device"] = devices.empty() ? "" : devices[0].name;
+    j["world_size"] = env.world_size;
+    j["placement"] = "every process on GPU 0 (--same-gpu)";
+    j["signal_latency"] = latency;
+    write_json(o.out, j);
+    log0(env.rank, "wrote " + o.out);
+  }
+  return 0;
+}
 
 // Rank r's partner (r ^ 1), or -1 for the last rank of an odd world.
 int partner_of(int rank, int world) {
@@ -144,6 +297,24 @@ int run(const Options& o, const dist::LaunchEnv& env) {
   const std::vector<DeviceInfo> devices = list_devices();
   log0(rank, fmt::format("feplb_peer_bench: {} ranks, {} pairs, {}", world, world / 2,
                          devices.empty() ? std::string("?") : devices[0].name));
+
+  const MakeSignals make = [&](const std::string& name, int count, SignalMechanism m) {
+    return t->make_signals(name, count, m);
+  };
+  const json latency = signal_latency(make, rank, o, [&] { g.barrier(); });
+  if (o.signals_only) {
+    if (rank == 0 && !o.out.empty()) {
+      json j;
+      j["device"] = devices.empty() ? "" : devices[0].name;
+      j["world_size"] = world;
+      j["placement"] = "one process per GPU";
+      j["signal_latency"] = latency;
+      write_json(o.out, j);
+      log0(rank, "wrote " + o.out);
+    }
+    g.barrier();
+    return 0;
+  }
 
   // Who moves data in each direction mode: one direction = the even rank of each pair pushes.
   auto active = [&](bool both) { return partner >= 0 && (both || rank % 2 == 0); };
@@ -263,20 +434,24 @@ int run(const Options& o, const dist::LaunchEnv& env) {
                      {"ratio", spread(ratio)},
                      {"pushing_ranks", world - 1}};
     j["gemm_slowdown_peer_push_pct"] = slowdown_pct;
+    j["placement"] = "one process per GPU";
+    j["signal_latency"] = latency;
     j["definitions"] = json{
-        {"gbps", "bytes moved per direction / time, 1e9 bytes per GB; each repetition's time is the max over "
-                 "ranks; small sizes repeat back to back (about 64 MiB per repetition)"},
+        {"gbps",
+         "bytes moved per direction / time, 1e9 bytes per GB; each repetition's time is the max "
+         "over ranks; small sizes repeat back to back (about 64 MiB per repetition)"},
         {"one_direction", "the even rank of each pair (0<->1, 2<->3, ...) writes into its partner"},
-        {"both_directions", "both ranks of each pair write into each other at once; the rate is per direction"},
+        {"both_directions",
+         "both ranks of each pair write into each other at once; the rate is per direction"},
         {"ce", "cudaMemcpyAsync into the partner's CUDA IPC-mapped buffer (copy engine)"},
         {"sm", "kernels::sm_copy on 24 or 32 blocks storing to the partner's mapped buffer"},
         {"nccl", "ncclSend/ncclRecv in one group per transfer"},
         {"peak_gbps", "the largest median measured here, any method"},
         {"ce_pct_of_peak", "one-direction CE median / peak_gbps, sizes >= 64 MiB"},
-        {"gemm_slowdown_peer_push_pct", "(median over interleaved pairs of pushed / alone GEMM time - 1) * 100"}};
-    std::ofstream f(o.out);
-    FEPLB_CHECK(f.good(), "cannot write {}", o.out);
-    f << j.dump(2) << "\n";
+        {"gemm_slowdown_peer_push_pct",
+         "(median over interleaved pairs of pushed / alone GEMM time - 1) * 100"},
+        {"signal_latency", "see signal_latency.definitions"}};
+    write_json(o.out, j);
     log0(rank, "wrote " + o.out);
   }
   g.barrier();  // nobody unmaps or frees while a peer may still write
@@ -294,10 +469,22 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "untimed repetitions first")->check(CLI::Range(0, 1000));
   app.add_option("--gemm-pairs", o.gemm_pairs, "interleaved GEMM alone / pushed pairs")->check(CLI::Range(1, 1000));
   app.add_flag("--quick", o.quick, "sizes up to 64 MiB, fewer repetitions");
+  app.add_flag("--signals-only", o.signals_only,
+               "measure only the signal latency (one process per GPU)");
+  app.add_flag("--same-gpu", o.same_gpu,
+               "every rank on GPU 0, signal latency only (two processes on one GPU; no NCCL)");
+  app.add_option("--signal-reps", o.signal_reps, "timed signal round trips per mechanism and way")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--signal-warmup", o.signal_warmup, "untimed signal round trips first")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--signal-delay-us", o.signal_delay_us, "GPU delay before each pre-enqueued ping")
+      ->check(CLI::Range(0.0, 1e6));
   CLI11_PARSE(app, argc, argv);
   if (o.quick) {
     o.reps = std::min(o.reps, 10);
     o.gemm_pairs = std::min(o.gemm_pairs, 5);
+    o.signal_reps = std::min(o.signal_reps, 100);
+    o.signal_warmup = std::min(o.signal_warmup, 10);
   }
   try {
     const feplb::dist::LaunchEnv env = feplb::dist::launch_env_from_process();
@@ -308,7 +495,7 @@ int main(int argc, char** argv) {
                    env.world_size);
       return 2;
     }
-    return feplb::cuda::run(o, env);
+    return o.same_gpu ? feplb::cuda::run_same_gpu(o, env) : feplb::cuda::run(o, env);
   } catch (const feplb::InputError& e) {
     std::fprintf(stderr, "feplb_peer_bench: %s\n", e.what());
     return 2;

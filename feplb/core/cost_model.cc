@@ -38,7 +38,8 @@ double RooflineCostModel::gemm_ms(int64_t m, int64_t n, int64_t k) const {
   for (const Tile& t : kTiles) {
     const int64_t tiles = ceil_div(m, t.m) * ceil_div(n, t.n);
     const int64_t waves = ceil_div(tiles, num_sms_);
-    const double tile_s = 2.0 * static_cast<double>(t.m * t.n) * static_cast<double>(k) / per_sm_flops;
+    const double tile_s =
+        2.0 * static_cast<double>(t.m * t.n) * static_cast<double>(k) / per_sm_flops;
     compute_s = std::min(compute_s, static_cast<double>(waves) * tile_s);
   }
   const double bytes = static_cast<double>((m * k + k * n + m * n) * shape_.dtype_bytes());
@@ -52,29 +53,39 @@ double RooflineCostModel::expert_ms(int64_t rows) const {
   const int64_t H = shape_.hidden, F = shape_.ffn;
   // SwiGLU reads [rows, 2F] and writes [rows, F]: memory-bound elementwise kernel.
   const double act_ms =
-      static_cast<double>(rows * 3 * F * shape_.dtype_bytes()) / hbm_bytes_per_s_ * 1e3 + launch_ms_;
+      static_cast<double>(rows * 3 * F * shape_.dtype_bytes()) / hbm_bytes_per_s_ * 1e3 +
+      launch_ms_;
   const double ms = gemm_ms(rows, 2 * F, H) + act_ms + gemm_ms(rows, H, F);
   if (rows < kCachedRows) cache_[rows] = ms;
   return ms;
+}
+
+double prefetch_window_us(const ExpertShape& shape, int64_t tokens_per_rank, const Knobs& knobs) {
+  if (knobs.prefetch_window_us > 0) return knobs.prefetch_window_us;
+  const double flops = 4.0 * static_cast<double>(tokens_per_rank) *
+                       static_cast<double>(shape.hidden) * static_cast<double>(shape.hidden);
+  return flops / (knobs.gemm_peak_tflops * 1e12) * 1e6;
 }
 
 TableCostModel::TableCostModel(std::vector<int64_t> rows, std::vector<double> ms, ExpertShape shape,
                                std::string device)
     : rows_(std::move(rows)), ms_(std::move(ms)), shape_(shape), device_(std::move(device)) {
   FEPLB_REQUIRE_INPUT(rows_.size() >= 2 && rows_.size() == ms_.size(),
-                      "gemm table: needs at least 2 points and as many ms as rows ({} vs {})", rows_.size(),
-                      ms_.size());
+                      "gemm table: needs at least 2 points and as many ms as rows ({} vs {})",
+                      rows_.size(), ms_.size());
   for (size_t i = 0; i < rows_.size(); ++i) {
     FEPLB_REQUIRE_INPUT(rows_[i] > 0 && (i == 0 || rows_[i] > rows_[i - 1]),
                         "gemm table: rows[{}] = {} is not positive and increasing", i, rows_[i]);
-    FEPLB_REQUIRE_INPUT(ms_[i] > 0 && std::isfinite(ms_[i]), "gemm table: ms[{}] = {} is not positive", i, ms_[i]);
+    FEPLB_REQUIRE_INPUT(ms_[i] > 0 && std::isfinite(ms_[i]),
+                        "gemm table: ms[{}] = {} is not positive", i, ms_[i]);
   }
 }
 
 double TableCostModel::expert_ms(int64_t rows) const {
   if (rows <= 0) return 0.0;
   if (rows <= rows_.front()) return ms_.front();  // the smallest GEMM's fixed cost
-  size_t i = static_cast<size_t>(std::upper_bound(rows_.begin(), rows_.end(), rows) - rows_.begin());
+  size_t i =
+      static_cast<size_t>(std::upper_bound(rows_.begin(), rows_.end(), rows) - rows_.begin());
   if (i >= rows_.size()) i = rows_.size() - 1;  // extrapolate with the last segment
   const double x0 = static_cast<double>(rows_[i - 1]), x1 = static_cast<double>(rows_[i]);
   return ms_[i - 1] + (ms_[i] - ms_[i - 1]) * (static_cast<double>(rows) - x0) / (x1 - x0);
@@ -90,8 +101,9 @@ TableCostModel read_gemm_table(const std::string& path) {
       const json& sh = doc.at("shape");
       ExpertShape shape{sh.at("hidden").get<int64_t>(), sh.at("ffn").get<int64_t>(),
                         parse_dtype(sh.value("dtype", "bf16"), "shape.dtype")};
-      return TableCostModel(doc.at("rows").get<std::vector<int64_t>>(), doc.at("ms").get<std::vector<double>>(),
-                            shape, doc.value("device", ""));
+      return TableCostModel(doc.at("rows").get<std::vector<int64_t>>(),
+                            doc.at("ms").get<std::vector<double>>(), shape,
+                            doc.value("device", ""));
     } catch (const json::exception& e) {
       throw InputError(e.what());  // parse errors and missing or mistyped fields, one line each
     }
@@ -102,7 +114,8 @@ std::string format_gemm_table(const TableCostModel& t) {
   nlohmann::ordered_json doc;
   doc["format"] = "feplb-gemm-table-v1";
   doc["device"] = t.device();
-  doc["shape"] = {{"hidden", t.shape().hidden}, {"ffn", t.shape().ffn}, {"dtype", dtype_name(t.shape().dtype)}};
+  doc["shape"] = {
+      {"hidden", t.shape().hidden}, {"ffn", t.shape().ffn}, {"dtype", dtype_name(t.shape().dtype)}};
   doc["rows"] = t.rows();
   doc["ms"] = t.ms();
   return doc.dump(2) + "\n";

@@ -55,6 +55,12 @@ class TableCostModel final : public GemmCostModel {
   std::string device_;
 };
 
+// The earlier work weight prefetches hide behind when the prefetch_window_us knob is 0: the
+// attention block's Q and O projections alone, [S, H] x [H, H] twice, i.e. 4 S H^2 FLOPs at
+// gemm_peak_tflops for S = tokens_per_rank (a lower bound: K, V, the attention itself and the
+// previous layer's tail add more). Returns knobs.prefetch_window_us when it is set.
+double prefetch_window_us(const ExpertShape& shape, int64_t tokens_per_rank, const Knobs& knobs);
+
 // Reads a feplb-gemm-table-v1 file; throws InputError naming the field.
 TableCostModel read_gemm_table(const std::string& path);
 std::string format_gemm_table(const TableCostModel& table);

@@ -1,25 +1,16 @@
-// Errors: one exception type for the whole library, and the checks that raise it.
-// InputError is for what the user gave us (a trace, a flag): the CLI prints it on one line, exit 2.
+// The checks that raise feplb's exceptions (feplb/core/errors.h), for the library's own sources:
+// FEPLB_CHECK for internal invariants (Error with file:line), FEPLB_REQUIRE_INPUT for what the
+// caller gave (InputError: the CLI prints it on one line, exit 2). Uses fmt; public headers
+// include errors.h instead.
 #pragma once
 
 #include <fmt/format.h>
 
-#include <stdexcept>
 #include <string>
 
+#include "feplb/core/errors.h"
+
 namespace feplb {
-
-// A bug or a broken invariant inside feplb (message carries file:line).
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// Bad input from the user: malformed file, inconsistent shapes, impossible configuration.
-class InputError : public Error {
- public:
-  using Error::Error;
-};
 
 [[noreturn]] inline void fail_internal(const char* file, int line, const std::string& what) {
   throw Error(fmt::format("{}:{}: {}", file, line, what));

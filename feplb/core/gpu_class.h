@@ -1,7 +1,7 @@
 // GPU classes: the per-GPU numbers of one kind of GPU that the simulator's link model and GEMM
-// cost model use (copy-engine rate inside an NVLink domain and between domains, GEMM ceilings, a
-// measured GEMM table), declared once in gpu_classes.def. The first (h200, measured) supplies the
-// defaults of the matching knobs; the others are from specifications and say so.
+// cost model use (copy-engine rate inside an NVLink domain and between domains, GEMM ceilings, the
+// device of its measured GEMM tables), declared once in gpu_classes.def. The first (h200,
+// measured) is the matching knobs' defaults; the others are from specifications and say so.
 #pragma once
 
 #include <cstdint>
@@ -9,21 +9,21 @@
 #include <string_view>
 #include <vector>
 
+#include "feplb/core/knobs.h"
+
 namespace feplb {
 
-struct Knobs;
-
 struct GpuClass {
-  std::string_view name;        // the --gpu value, e.g. "b200"
-  std::string_view device;      // e.g. "NVIDIA B200, HGX at 1000 W"
-  bool measured = false;        // false: every number from the vendor's specifications
-  double copy_gbps = 0;         // copy engine, per GPU per direction, inside an NVLink domain
-  double internode_gbps = 0;    // per GPU per direction between NVLink domains (the network)
-  double gemm_peak_tflops = 0;  // bf16 dense GEMM ceiling of the roofline
-  double hbm_gbps = 0;          // HBM ceiling of the roofline
-  int64_t num_sms = 0;          // for the roofline's wave quantisation
-  std::string_view gemm_table;  // measured feplb-gemm-table-v1 in data/cost/ ("": none)
-  std::string_view source;      // where each number comes from
+  std::string_view name;          // the --gpu value, e.g. "b200"
+  std::string_view device;        // e.g. "NVIDIA B200, HGX at 1000 W"
+  bool measured = false;          // false: every number from the vendor's specifications
+  double copy_gbps = 0;           // copy engine, per GPU per direction, inside an NVLink domain
+  double internode_gbps = 0;      // per GPU per direction between NVLink domains (the network)
+  double gemm_peak_tflops = 0;    // bf16 dense GEMM ceiling of the roofline
+  double hbm_gbps = 0;            // HBM ceiling of the roofline
+  int64_t num_sms = 0;            // for the roofline's wave quantisation
+  std::string_view table_device;  // "device" of its measured GEMM tables in data/cost/ ("": none)
+  std::string_view source;        // where each number comes from
 
   // "measured" or "from specifications, not measured".
   std::string_view provenance() const {
@@ -32,9 +32,9 @@ struct GpuClass {
 };
 
 namespace gpu_classes {
-#define FEPLB_GPU_CLASS(id, device, measured, copy, internode, peak, hbm, sms, table, source) \
-  inline constexpr GpuClass id{#id,  device, measured, copy,  internode,                      \
-                               peak, hbm,    sms,      table, source};
+#define FEPLB_GPU_CLASS(id, device, measured, copy, internode, peak, hbm, sms, tables, source) \
+  inline constexpr GpuClass id{#id,  device, measured, copy,   internode,                      \
+                               peak, hbm,    sms,      tables, source};
 #include "feplb/core/gpu_classes.def"
 #undef FEPLB_GPU_CLASS
 }  // namespace gpu_classes

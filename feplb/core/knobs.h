@@ -8,8 +8,6 @@
 #include <variant>
 #include <vector>
 
-#include "feplb/core/gpu_class.h"
-
 namespace feplb {
 
 struct Knobs {

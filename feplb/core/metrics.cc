@@ -14,16 +14,17 @@ double oracle_token_straggler(const Topology& topo, const std::vector<int64_t>& 
     total += expert_counts[e];
   }
   int64_t worst = 0;
-  for (int64_t t : dom_rows) worst = std::max(worst, (t + topo.domain_size() - 1) / topo.domain_size());
+  for (int64_t t : dom_rows)
+    worst = std::max(worst, (t + topo.domain_size() - 1) / topo.domain_size());
   return static_cast<double>(worst) - static_cast<double>(total) / topo.num_ranks();
 }
 
 StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                         const Knobs& knobs, double planner_us,
-                         GpuLoads* loads) {
+                         const Knobs& knobs, double planner_us, GpuLoads* loads) {
   const int R = topo.num_ranks(), E = topo.num_experts();
   StepMetrics m;
   m.planner_us = planner_us;
+  const auto key = [E](int gpu, int expert) { return static_cast<size_t>(gpu) * E + expert; };
   std::vector<int64_t> home_rows(R, 0), guest_rows(R, 0);
   std::vector<double> gemm(R, 0.0), window(R, 0.0);
   std::vector<int64_t> expert_counts(static_cast<size_t>(E), 0);
@@ -31,22 +32,96 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   std::vector<uint8_t> held(static_cast<size_t>(R) * E, 0);
   std::vector<int64_t> guest_slots(R, 0);
   for (const ResidentReplica& r : plan.resident) {
-    held[static_cast<size_t>(r.gpu) * E + r.expert] = 1;
+    held[key(r.gpu, r.expert)] = 1;
     ++guest_slots[r.gpu];
   }
+  // rows_at[gpu, expert]: rows computed there (to tell used prefetches from wasted ones).
+  std::vector<int64_t> rows_at(static_cast<size_t>(R) * E, 0);
+  for (const Slice& s : plan.slices) rows_at[key(s.gpu, s.expert)] += s.rows;
+
+  // Copy timing, t = 0 when the GPUs start their expert GEMMs. A copy occupies the sender's egress
+  // and the receiver's ingress from when both are free until it is done (first in, first out).
+  // Prefetches go first, from -prefetch_window; phase-2 copies, in plan order, once the plan
+  // exists: after the counts round trip and the planner (two-phase), or at once (a plan made
+  // before the dispatch, whose latency delays every GPU instead).
+  const double plan_ms = (knobs.counts_to_host_us + planner_us) * 1e-3;
+  m.plan_exposed_ms = plan.planned_before_dispatch ? plan_ms : 0.0;
+  const double start_ms = plan.planned_before_dispatch ? 0.0 : plan_ms;
+  // ready[gpu, owner]: when the copies from `owner` into `gpu` that its slices need have landed.
+  std::vector<double> ready(static_cast<size_t>(R) * R, -std::numeric_limits<double>::infinity());
+  std::vector<uint8_t> needs_copy(static_cast<size_t>(R) * E, 0);
+  std::vector<double> in_ms(R, 0.0), out_ms(R, 0.0);
+  const double prefetch_start = -knobs.prefetch_window_us * 1e-3;
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 0) {
+      std::fill(in_ms.begin(), in_ms.end(), prefetch_start);
+      std::fill(out_ms.begin(), out_ms.end(), prefetch_start);
+    } else {
+      for (int g = 0; g < R; ++g) {
+        in_ms[g] = std::max(in_ms[g], start_ms);
+        out_ms[g] = std::max(out_ms[g], start_ms);
+      }
+    }
+    for (const Copy& c : plan.copies) {
+      if ((c.kind == CopyKind::kPrefetchWeights) != (pass == 0)) continue;
+      if (pass == 1) {
+        if (is_weight_copy(c.kind)) {
+          m.weight_bytes += c.bytes;
+        } else {
+          m.token_bytes += c.bytes;
+        }
+        if (c.kind == CopyKind::kWeights) {
+          ++m.guest_experts;
+          ++guest_slots[c.dst_gpu];
+          ++m.guest_weights_needed;
+        }
+      } else {
+        m.weight_bytes += c.bytes;
+        ++m.prefetch_copies;
+        m.prefetch_bytes += c.bytes;
+        ++guest_slots[c.dst_gpu];
+        if (rows_at[key(c.dst_gpu, c.expert)] > 0) {
+          ++m.prefetch_hits;
+          ++m.guest_weights_needed;
+        } else {
+          m.prefetch_wasted_bytes += c.bytes;
+        }
+      }
+      (topo.same_domain(c.src_gpu, c.dst_gpu) ? m.nvlink_bytes : m.network_bytes) += c.bytes;
+      // Outputs go back after the GEMM; replicas are installed between micro-batches: neither is
+      // waited for inside the window.
+      if (c.kind == CopyKind::kOutputRows || c.kind == CopyKind::kReplicaWeights) continue;
+      const double gbps =
+          topo.same_domain(c.src_gpu, c.dst_gpu) ? knobs.copy_gbps : knobs.internode_gbps;
+      const double t =
+          static_cast<double>(c.bytes) / (gbps * 1e9) * 1e3 + knobs.copy_setup_us * 1e-3;
+      const double end = std::max(in_ms[c.dst_gpu], out_ms[c.src_gpu]) + t;
+      in_ms[c.dst_gpu] = out_ms[c.src_gpu] = end;
+      if (rows_at[key(c.dst_gpu, c.expert)] == 0) continue;  // an unused prefetch
+      double& r = ready[static_cast<size_t>(c.dst_gpu) * R + c.src_gpu];
+      r = std::max(r, end);
+      needs_copy[key(c.dst_gpu, c.expert)] = 1;
+    }
+  }
+
+  // Per GPU: own work (no copy needed) first, then guests by when their owner's copies land.
+  struct Guest {
+    double ready_ms, gemm_ms;
+  };
+  std::vector<std::vector<Guest>> guests(static_cast<size_t>(R));
   for (const Slice& s : plan.slices) {
     const double ms = cost.expert_ms(s.rows);
     gemm[s.gpu] += ms;
     expert_counts[s.expert] += s.rows;
-    if (topo.home(s.expert) == s.gpu) {
-      home_rows[s.gpu] += s.rows;
-    } else {
-      guest_rows[s.gpu] += s.rows;
-    }
-    // Own work (its own experts, and resident replicas) needs no copy in this micro-batch, so it
-    // hides the copies coming in.
-    if (topo.home(s.expert) == s.gpu || held[static_cast<size_t>(s.gpu) * E + s.expert]) {
+    const int home = topo.home(s.expert);
+    (home == s.gpu ? home_rows : guest_rows)[s.gpu] += s.rows;
+    const bool own =
+        home == s.gpu || held[key(s.gpu, s.expert)] || !needs_copy[key(s.gpu, s.expert)];
+    // A guest slice computed at its source (FasterMoE) waits for the weights from the home.
+    if (own) {
       window[s.gpu] += ms;
+    } else {
+      guests[s.gpu].push_back({ready[static_cast<size_t>(s.gpu) * R + home], ms});
     }
   }
   int64_t total = 0, max_rows = 0;
@@ -66,46 +141,22 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   }
   m.gemm_straggler_ms = m.gemm_max_ms - gemm_sum / R;
 
-  // Copy timing: copies are issued in plan order; a copy occupies the sender's egress link and
-  // the receiver's ingress link from when both are free until it is done (first in, first out),
-  // so a receiver has its copies when the last one into it ends.
-  std::vector<double> in_ms(R, 0.0), out_ms(R, 0.0), needed(R, 0.0);
-  std::vector<int64_t> num_in(R, 0);
-  for (const Copy& c : plan.copies) {
-    if (is_weight_copy(c.kind)) {
-      m.weight_bytes += c.bytes;
-    } else {
-      m.token_bytes += c.bytes;
-    }
-    if (c.kind == CopyKind::kWeights) {
-      ++m.guest_experts;
-      ++guest_slots[c.dst_gpu];
-    }
-    (topo.same_domain(c.src_gpu, c.dst_gpu) ? m.nvlink_bytes : m.network_bytes) += c.bytes;
-    // Outputs go back after the GEMM; replicas are installed between micro-batches: neither is
-    // waited for inside the window.
-    if (c.kind == CopyKind::kOutputRows || c.kind == CopyKind::kReplicaWeights) continue;
-    const double gbps = topo.same_domain(c.src_gpu, c.dst_gpu) ? knobs.copy_gbps : knobs.internode_gbps;
-    const double t = static_cast<double>(c.bytes) / (gbps * 1e9) * 1e3 + knobs.copy_setup_us * 1e-3;
-    const double end = std::max(in_ms[c.dst_gpu], out_ms[c.src_gpu]) + t;
-    in_ms[c.dst_gpu] = out_ms[c.src_gpu] = end;
-    needed[c.dst_gpu] = std::max(needed[c.dst_gpu], end);
-    ++num_in[c.dst_gpu];
-  }
-  const double start_ms = (knobs.counts_to_host_us + planner_us) * 1e-3;
   double slack = std::numeric_limits<double>::infinity();
-  for (int g = 0; g < R; ++g) {
-    if (num_in[g] == 0) continue;
-    slack = std::min(slack, window[g] - (start_ms + needed[g]));
-  }
-  m.window_slack_ms = std::isinf(slack) ? 0.0 : slack;
   double finish_max = 0.0;
   for (int g = 0; g < R; ++g) {
-    const double finish = num_in[g] == 0 ? gemm[g]
-                                         : std::max(window[g], start_ms + needed[g]) + (gemm[g] - window[g]);
+    auto& list = guests[g];
+    std::sort(list.begin(), list.end(),
+              [](const Guest& a, const Guest& b) { return a.ready_ms < b.ready_ms; });
+    double finish = window[g];
+    for (const Guest& x : list) {
+      slack = std::min(slack, finish - x.ready_ms);
+      finish = std::max(finish, x.ready_ms) + x.gemm_ms;
+    }
     finish_max = std::max(finish_max, finish);
   }
+  m.window_slack_ms = std::isinf(slack) ? 0.0 : slack;
   m.copy_exposed_ms = std::max(0.0, finish_max - m.gemm_max_ms);
+  if (m.copy_exposed_ms < 1e-12) m.copy_exposed_ms = 0.0;  // rounding of equal sums
   m.max_guest_slots = *std::max_element(guest_slots.begin(), guest_slots.end());
   m.fits_static_window = std::isinf(slack) || slack >= 0.0;
   if (loads) {

@@ -15,15 +15,16 @@
 namespace feplb {
 
 struct StepMetrics {
-  double mean_rows = 0;              // mean token-expert rows per GPU
-  double token_straggler = 0;        // S_T = max_d T_d - mean_d T_d (rows)
-  double token_max_over_mean = 0;    // max_d T_d / mean_d T_d
-  double oracle_straggler = 0;       // the floor for in-domain balancing, same step
-  double gemm_straggler_ms = 0;      // S_G = max_d G_d - mean_d G_d (modelled)
+  double mean_rows = 0;            // mean token-expert rows per GPU
+  double token_straggler = 0;      // S_T = max_d T_d - mean_d T_d (rows)
+  double token_max_over_mean = 0;  // max_d T_d / mean_d T_d
+  double oracle_straggler = 0;     // the floor for in-domain balancing, same step
+  double gemm_straggler_ms = 0;    // S_G = max_d G_d - mean_d G_d (modelled)
   double gemm_max_ms = 0;
-  int64_t weight_bytes = 0;          // weight copies: phase 2, and replicas installed (EPLB)
-  int64_t token_bytes = 0;           // phase-2 token rows to helpers + outputs back
-  int64_t guest_experts = 0;         // (expert, helper) pairs holding copied weights (phase 2)
+  int64_t weight_bytes = 0;   // weight copies: phase 2, prefetched (used or not), and
+                              // replicas installed (EPLB)
+  int64_t token_bytes = 0;    // phase-2 token rows to helpers + outputs back
+  int64_t guest_experts = 0;  // (expert, helper) pairs holding copied weights (phase 2)
   // Every copy of the plan (weights and rows), by link: inside an NVLink domain, or between nodes.
   int64_t nvlink_bytes = 0;
   int64_t network_bytes = 0;
@@ -32,14 +33,34 @@ struct StepMetrics {
   int64_t dispatch_nvlink_bytes = 0;
   int64_t dispatch_network_bytes = 0;
   int64_t max_guest_slots = 0;  // max over GPUs of non-home experts held (copied or resident)
-  // Every receiving GPU got its copies (after the counts round trip and the planner) before it
-  // ran out of its own work: the GEMMs of its own experts' rows that stay on it.
+  // Weights prefetched before routing (kPrefetchWeights): copies, bytes, and those a slice used
+  // (the prediction's hits); guest_weights_needed: (expert, GPU) pairs whose slice needed weights
+  // this micro-batch (phase-2 weight copies + prefetch hits).
+  int64_t prefetch_copies = 0;
+  int64_t prefetch_bytes = 0;
+  int64_t prefetch_hits = 0;
+  int64_t prefetch_wasted_bytes = 0;
+  int64_t guest_weights_needed = 0;
+  // The window. A GPU runs the work that needs no copy first (its own experts' rows that stay on
+  // it, resident replicas, guests whose prefetched weights and dispatched rows are there), then
+  // each owner's guests once that owner's copies into it have landed (a signal per owner).
+  // fits_static_window: no GPU waited for a copy (every copy landed before its receiver ran out
+  // of work). window_slack_ms: min over receivers and owners of (when the receiver would reach
+  // that owner's guests without waiting) - (when their copies land); < 0: it waited.
   bool fits_static_window = true;
-  double window_slack_ms = 0;        // min over receiving GPUs of window - needed (0 if none)
-  // How much later the slowest GPU finishes because copies landed after a receiver ran out of
-  // its own work (it idles, then runs its guests): max_d finish_d - max_d G_d, >= 0.
+  double window_slack_ms = 0;
+  // How much later the slowest GPU finishes because copies landed late (a receiver waited, then
+  // ran its guests): max_d finish_d - max_d G_d, >= 0. A receiver that waits but still finishes
+  // before the slowest GPU costs nothing: fits_static_window false, copy_exposed_ms 0.
   double copy_exposed_ms = 0;
+  // The plan's latency on the critical path: counts_to_host_us + planner_us when the plan was made
+  // before the dispatch (Plan::planned_before_dispatch), else 0 (it overlaps the static GEMMs).
+  double plan_exposed_ms = 0;
   double planner_us = 0;
+
+  // Everything the balancing adds to the layer beyond its slowest GPU's GEMMs.
+  double exposed_ms() const { return copy_exposed_ms + plan_exposed_ms; }
+  bool delays_layer() const { return exposed_ms() > 0; }
 };
 
 // Per-GPU view of a plan, for plots.
@@ -49,10 +70,11 @@ struct GpuLoads {
   std::vector<double> gemm_ms;      // [num_ranks] modelled GEMM time
 };
 
-// `planner_us` is the measured planning time; it delays every copy (with counts_to_host_us).
+// `planner_us` is the measured planning time; it delays every phase-2 copy (with
+// counts_to_host_us), or, for a plan made before the dispatch, every GPU. Prefetch copies start
+// knobs.prefetch_window_us before the GEMMs, ahead of every other copy on their links.
 StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                         const Knobs& knobs, double planner_us,
-                         GpuLoads* loads = nullptr);
+                         const Knobs& knobs, double planner_us, GpuLoads* loads = nullptr);
 
 // Fills the dispatch_* fields of `m`: the phase-1 traffic of the plan's rows. Per expert, the rows
 // that leave their source (all but kSource slices) are taken in source-rank order and handed to

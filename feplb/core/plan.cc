@@ -10,6 +10,7 @@ void Plan::clear(int num_experts) {
   slices.clear();
   copies.clear();
   resident.clear();
+  planned_before_dispatch = false;
   dynamic.assign(static_cast<size_t>(num_experts), 0);
 }
 
@@ -18,6 +19,22 @@ void Plan::add_migration(int expert, int home, int helper, int64_t rows, const E
   copies.push_back({CopyKind::kWeights, expert, home, helper, 0, shape.weight_bytes()});
   copies.push_back({CopyKind::kTokenRows, expert, home, helper, rows, rows * shape.row_bytes()});
   copies.push_back({CopyKind::kOutputRows, expert, helper, home, rows, rows * shape.row_bytes()});
+}
+
+void Plan::add_migration(int expert, int home, int helper, int64_t rows, const ExpertShape& shape,
+                         bool weights_prefetched, bool one_hop) {
+  slices.push_back({expert, helper, rows, one_hop ? RowSource::kDispatched : RowSource::kHome});
+  if (!weights_prefetched) {
+    copies.push_back({CopyKind::kWeights, expert, home, helper, 0, shape.weight_bytes()});
+  }
+  if (!one_hop) {
+    copies.push_back({CopyKind::kTokenRows, expert, home, helper, rows, rows * shape.row_bytes()});
+    copies.push_back({CopyKind::kOutputRows, expert, helper, home, rows, rows * shape.row_bytes()});
+  }
+}
+
+void Plan::add_prefetch(int expert, int home, int gpu, const ExpertShape& shape) {
+  copies.push_back({CopyKind::kPrefetchWeights, expert, home, gpu, 0, shape.weight_bytes()});
 }
 
 void Plan::add_home_slices(const Topology& topo, const RoutingStep& routing,
@@ -53,10 +70,14 @@ void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing
   std::vector<int64_t> computed(static_cast<size_t>(E), 0);
   for (const Slice& s : plan.slices) {
     FEPLB_CHECK(s.expert >= 0 && s.expert < E, "slice expert {} out of range", s.expert);
-    FEPLB_CHECK(s.gpu >= 0 && s.gpu < R, "slice of expert {} on GPU {} out of range", s.expert, s.gpu);
+    FEPLB_CHECK(s.gpu >= 0 && s.gpu < R, "slice of expert {} on GPU {} out of range", s.expert,
+                s.gpu);
     FEPLB_CHECK(s.rows > 0, "slice of expert {} on GPU {} has {} rows", s.expert, s.gpu, s.rows);
     FEPLB_CHECK(rows_on[key(s.gpu, s.expert)] == 0, "expert {} has two slices on GPU {}", s.expert,
                 s.gpu);
+    FEPLB_CHECK(!limits.rows_via_homes || s.source == RowSource::kHome,
+                "expert {} on GPU {}: rows not dispatched to its home, in a plan that promises they are",
+                s.expert, s.gpu);
     switch (s.source) {
       case RowSource::kSource:
         FEPLB_CHECK(s.rows <= routing.at(s.gpu, s.expert),
@@ -94,23 +115,27 @@ void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing
   // Copies: weights to every helper once, token rows in and outputs back matching its slice.
   std::vector<uint8_t> has_weights(static_cast<size_t>(R) * E, 0);
   std::vector<uint8_t> installed(static_cast<size_t>(R) * E, 0);
-  std::vector<int64_t> rows_in(static_cast<size_t>(R) * E, 0), rows_out(static_cast<size_t>(R) * E, 0);
+  std::vector<int64_t> rows_in(static_cast<size_t>(R) * E, 0),
+      rows_out(static_cast<size_t>(R) * E, 0);
   for (const Copy& c : plan.copies) {
     FEPLB_CHECK(c.expert >= 0 && c.expert < E, "copy of expert {} out of range", c.expert);
-    FEPLB_CHECK(c.src_gpu >= 0 && c.src_gpu < R && c.dst_gpu >= 0 && c.dst_gpu < R && c.src_gpu != c.dst_gpu,
-                "copy of expert {} from GPU {} to GPU {} is invalid", c.expert, c.src_gpu, c.dst_gpu);
+    FEPLB_CHECK(c.src_gpu >= 0 && c.src_gpu < R && c.dst_gpu >= 0 && c.dst_gpu < R &&
+                    c.src_gpu != c.dst_gpu,
+                "copy of expert {} from GPU {} to GPU {} is invalid", c.expert, c.src_gpu,
+                c.dst_gpu);
     FEPLB_CHECK(!limits.intra_domain_only || topo.same_domain(c.src_gpu, c.dst_gpu),
                 "copy of expert {} from GPU {} to GPU {} leaves its NVLink domain", c.expert,
                 c.src_gpu, c.dst_gpu);
     const int home = topo.home(c.expert);
     switch (c.kind) {
       case CopyKind::kWeights:
+      case CopyKind::kPrefetchWeights:
         FEPLB_CHECK(c.src_gpu == home, "weights of expert {} copied from GPU {}, not its home {}",
                     c.expert, c.src_gpu, home);
         FEPLB_CHECK(c.bytes == shape.weight_bytes(), "weight copy of expert {} has {} bytes",
                     c.expert, c.bytes);
-        FEPLB_CHECK(!has_weights[key(c.dst_gpu, c.expert)], "weights of expert {} copied twice to GPU {}",
-                    c.expert, c.dst_gpu);
+        FEPLB_CHECK(!has_weights[key(c.dst_gpu, c.expert)],
+                    "weights of expert {} copied twice to GPU {}", c.expert, c.dst_gpu);
         FEPLB_CHECK(!resident[key(c.dst_gpu, c.expert)],
                     "weights of expert {} copied to GPU {}, which holds a resident replica",
                     c.expert, c.dst_gpu);
@@ -132,8 +157,8 @@ void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing
       case CopyKind::kTokenRows:
         FEPLB_CHECK(c.src_gpu == home, "rows of expert {} copied from GPU {}, not its home {}",
                     c.expert, c.src_gpu, home);
-        FEPLB_CHECK(c.bytes == c.rows * shape.row_bytes(), "token copy of expert {} has {} bytes for {} rows",
-                    c.expert, c.bytes, c.rows);
+        FEPLB_CHECK(c.bytes == c.rows * shape.row_bytes(),
+                    "token copy of expert {} has {} bytes for {} rows", c.expert, c.bytes, c.rows);
         rows_in[key(c.dst_gpu, c.expert)] += c.rows;
         break;
       case CopyKind::kOutputRows:
@@ -150,16 +175,18 @@ void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing
     for (int e = 0; e < E; ++e) {
       const size_t k = key(g, e);
       if (g == topo.home(e)) {
-        FEPLB_CHECK(rows_in[k] == 0 && !has_weights[k], "expert {} copied to its own home {}", e, g);
+        FEPLB_CHECK(rows_in[k] == 0 && !has_weights[k], "expert {} copied to its own home {}", e,
+                    g);
         continue;
       }
       // A GPU holding a non-home expert's weights, copied or resident, uses a guest slot (FasterMoE
       // broadcasts weights to GPUs that may have no rows for them); rows there need the weights.
       const bool guest = has_weights[k] != 0 || resident[k] != 0;
-      FEPLB_CHECK(guest || rows_on[k] == 0, "GPU {} computes guest expert {} without its weights", g, e);
+      FEPLB_CHECK(guest || rows_on[k] == 0, "GPU {} computes guest expert {} without its weights",
+                  g, e);
       FEPLB_CHECK(rows_in[k] == home_rows_on[k] && rows_out[k] == home_rows_on[k],
-                  "expert {} on GPU {}: {} dispatched rows computed, {} copied in, {} copied back", e,
-                  g, home_rows_on[k], rows_in[k], rows_out[k]);
+                  "expert {} on GPU {}: {} dispatched rows computed, {} copied in, {} copied back",
+                  e, g, home_rows_on[k], rows_in[k], rows_out[k]);
       guests[g] += guest ? 1 : 0;
     }
     FEPLB_CHECK(guests[g] <= limits.max_guest_experts, "GPU {} computes {} guest experts, limit {}",
@@ -177,6 +204,7 @@ std::string serialize(const Plan& plan) {
                        c.dst_gpu, c.rows, c.bytes);
   }
   for (const ResidentReplica& r : plan.resident) out += fmt::format("P {} {}\n", r.expert, r.gpu);
+  if (plan.planned_before_dispatch) out += "B\n";
   out += "D";
   for (uint8_t d : plan.dynamic) out += d ? '1' : '0';
   out += '\n';

@@ -20,7 +20,8 @@ enum class RowSource : uint8_t {
   kHome,        // dispatched to the expert's home GPU in phase 1; moved on by a token-row copy
   kSource,      // never left their source rank (FasterMoE shadowing: the weights came instead)
   kDispatched,  // sent straight to this (non-home) GPU by the phase-1 EP dispatch, outputs back
-                // by the combine: no token copy (EPLB replicas, LLEP spills, MoonEP destinations)
+                // by the combine: no token copy (EPLB replicas, LLEP spills, MoonEP destinations,
+                // feplb's one-hop migrations)
 };
 
 // `rows` token-expert rows of `expert` computed on `gpu`.
@@ -32,16 +33,21 @@ struct Slice {
 };
 
 enum class CopyKind : uint8_t {
-  kWeights,         // the expert's weights, home -> helper (before the helper's GEMM)
-  kTokenRows,       // dispatched rows, home -> helper (before the helper's GEMM)
-  kOutputRows,      // expert outputs, helper -> home (after the helper's GEMM, before combine)
-  kReplicaWeights,  // weights of a new resident replica, home -> its GPU, installed between
-                    // micro-batches (EPLB's re-layout): off this micro-batch's critical path
+  kWeights,          // the expert's weights, home -> helper (before the helper's GEMM)
+  kTokenRows,        // dispatched rows, home -> helper (before the helper's GEMM)
+  kOutputRows,       // expert outputs, helper -> home (after the helper's GEMM, before combine)
+  kReplicaWeights,   // weights of a new resident replica, home -> its GPU, installed between
+                     // micro-batches (EPLB's re-layout): off this micro-batch's critical path
+  kPrefetchWeights,  // the expert's weights, home -> a likely helper, issued before this
+                     // micro-batch's routing is known (predicted from earlier micro-batches of the
+                     // layer), behind earlier work (the attention block). Serves every slice of the
+                     // expert on that GPU; unused, it is wasted bytes. Occupies a guest slot.
 };
 
-// Weights (for this micro-batch or a resident replica), as opposed to token rows.
+// Weights (for this micro-batch, prefetched, or a resident replica), as opposed to token rows.
 inline bool is_weight_copy(CopyKind kind) {
-  return kind == CopyKind::kWeights || kind == CopyKind::kReplicaWeights;
+  return kind == CopyKind::kWeights || kind == CopyKind::kReplicaWeights ||
+         kind == CopyKind::kPrefetchWeights;
 }
 
 struct Copy {
@@ -49,7 +55,7 @@ struct Copy {
   int32_t expert = 0;
   int32_t src_gpu = 0;
   int32_t dst_gpu = 0;
-  int64_t rows = 0;   // token rows carried (0 for weights)
+  int64_t rows = 0;  // token rows carried (0 for weights)
   int64_t bytes = 0;
 };
 
@@ -61,17 +67,30 @@ struct ResidentReplica {
 };
 
 struct Plan {
-  std::vector<Slice> slices;     // rows > 0 only, in the order the planner emitted them
+  std::vector<Slice> slices;  // rows > 0 only, in the order the planner emitted them
   std::vector<Copy> copies;
   std::vector<uint8_t> dynamic;  // [num_experts]: 1 = computed after the plan (not static work)
   // Replica weights present on non-home GPUs during this micro-batch (the layout in force), whether
   // or not they compute rows. Empty for per-micro-batch planners.
   std::vector<ResidentReplica> resident;
+  // The plan was made on the host between the counts all-gather and the phase-1 dispatch (feplb's
+  // one-hop mode): the counts' round trip to the host and the planner delay the dispatch, so they
+  // are on every GPU's critical path. False: planned while the GPUs run their static experts
+  // (the paper's two-phase path), or on the GPU (the anchors; their planning is not charged).
+  bool planned_before_dispatch = false;
 
   // Empties the plan for `num_experts` experts, keeping allocated capacity.
   void clear(int num_experts);
-  // Rows of `expert` moved from its home to `helper`: adds the slice and its three copies.
+  // Rows of `expert` moved from its home to `helper`: adds the slice and its three copies (weights,
+  // token rows home -> helper, outputs back).
   void add_migration(int expert, int home, int helper, int64_t rows, const ExpertShape& shape);
+  // The same with the weights already on `helper` when `weights_prefetched` (a kPrefetchWeights
+  // copy of this plan: no kWeights copy) and, when `one_hop`, the rows sent straight to `helper`
+  // by the phase-1 dispatch (a kDispatched slice, outputs back by the combine: no row copies).
+  void add_migration(int expert, int home, int helper, int64_t rows, const ExpertShape& shape,
+                     bool weights_prefetched, bool one_hop);
+  // A kPrefetchWeights copy of `expert`'s weights from `home` to `gpu`.
+  void add_prefetch(int expert, int home, int gpu, const ExpertShape& shape);
   // Appends, for every expert, a home slice with the rows its migrations left: moved_rows[e] rows
   // of expert e were sent away. Call once, after the migrations.
   void add_home_slices(const Topology& topo, const RoutingStep& routing,
@@ -85,10 +104,14 @@ struct PlanLimits {
   bool intra_domain_only = true;  // copies never leave an NVLink domain
   // Per GPU: non-home experts whose weights it holds in this micro-batch, copied or resident.
   int64_t max_guest_experts = std::numeric_limits<int64_t>::max();
+  // Every slice's rows are dispatched to the expert's home in phase 1 (RowSource::kHome) and moved
+  // on from there: the two-phase plans the GPU layer (feplb/cuda) runs.
+  bool rows_via_homes = false;
 };
 
 // Throws Error naming the first violated rule: every row computed exactly once, slices on valid
-// GPUs, weights on every GPU that computes a guest expert (copied in this plan or resident), rows
+// GPUs, weights on every GPU that computes a guest expert (copied or prefetched in this plan, or
+// resident; never two of these), rows
 // copied to every helper that computes home-dispatched rows, copies inside domains, guest slots
 // respected, every replica installed by this plan listed as resident.
 void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing,

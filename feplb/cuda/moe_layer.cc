@@ -1,10 +1,13 @@
 #include "feplb/cuda/moe_layer.h"
 
 #include <algorithm>
+#include <chrono>
+#include <vector>
 
 #include "feplb/cuda/ce_copy.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
+#include "feplb/cuda/internal/runtime_state.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/spin_wait.h"
 
@@ -16,685 +19,716 @@ using Clock = std::chrono::steady_clock;
 // algorithms for row counts it met for the first time (feplb/cuda/gemm.h).
 constexpr double kGemmRefineBudgetMs = 1.0;
 
-struct MoeLayer::Peer {
-  bf16* guest_in = nullptr;  // [guest_cap, H]
-  bf16* guest_dy = nullptr;  // [guest_cap, H] (training)
-  bf16* yrecv = nullptr;     // [recv_cap, H]
-};
-
 namespace {
 
 double us_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
-bool gpu_planner_supported(const std::string& policy) {
-  return policy == "static" || policy == "feplb-paper" || policy == "feplb" || policy == "oracle";
-}
+// Hands out 256-byte aligned pieces of one allocation; with a null base it only measures.
+class Carver {
+ public:
+  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
+  template <typename T>
+  T* take(int64_t count) {
+    off_ = (off_ + 255) & ~size_t{255};
+    T* p = base_ ? reinterpret_cast<T*>(base_ + off_) : nullptr;
+    off_ += static_cast<size_t>(count) * sizeof(T);
+    return p;
+  }
+  size_t bytes() const { return off_; }
+
+ private:
+  char* base_;
+  size_t off_ = 0;
+};
+
+// A planner that owns the cost model it was built with.
+class PlannerWithCost final : public Planner {
+ public:
+  PlannerWithCost(const PlannerContext& ctx, std::unique_ptr<GemmCostModel> cost, std::unique_ptr<Planner> inner)
+      : Planner(ctx), cost_(std::move(cost)), inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  PlanLimits limits() const override { return inner_->limits(); }
+  ::feplb::Transport transport() const override { return inner_->transport(); }
+  void plan(const RoutingStep& routing, Plan& out) override { inner_->plan(routing, out); }
+  void observe(const RoutingStep& routing) override { inner_->observe(routing); }
+
+ private:
+  std::unique_ptr<GemmCostModel> cost_;
+  std::unique_ptr<Planner> inner_;
+};
+
+// One call of a runtime at a time: marks it busy, and idle again when the call leaves (also by
+// an exception).
+class CallGuard {
+ public:
+  CallGuard(RuntimeState& rt, const char* who) : rt_(rt) {
+    FEPLB_REQUIRE_INPUT(!rt_.in_call.exchange(true, std::memory_order_acq_rel),
+                        "{}: another call of this runtime is running (calls of one rank's runtime must not overlap)",
+                        who);
+  }
+  ~CallGuard() { rt_.in_call.store(false, std::memory_order_release); }
+  CallGuard(const CallGuard&) = delete;
+  CallGuard& operator=(const CallGuard&) = delete;
+
+ private:
+  RuntimeState& rt_;
+};
 
 }  // namespace
 
-int default_staging_slots(const Knobs& knobs) {
-  return static_cast<int>(std::max<int64_t>({1, knobs.dyn * knobs.max_helpers_per_expert, knobs.max_num_dyn}));
-}
-
-MoeLayer::MoeLayer(const LayerConfig& config, Transport& transport, const GemmCostModel* cost)
-    : cfg_(config), transport_(transport), routing_(), plan_() {
-  const Topology& topo = cfg_.topo;
-  rank_ = transport_.rank();
-  world_ = transport_.world_size();
-  FEPLB_REQUIRE_INPUT(world_ == topo.num_ranks(), "layer: transport has {} ranks, topology {}", world_,
-                      topo.num_ranks());
-  FEPLB_REQUIRE_INPUT(cfg_.shape.dtype == Dtype::kBf16, "layer: only bf16 experts are supported");
-  FEPLB_REQUIRE_INPUT(cfg_.shape.hidden > 0 && cfg_.shape.hidden % 8 == 0 && cfg_.shape.ffn > 0 &&
-                          cfg_.shape.ffn % 8 == 0,
-                      "layer: hidden {} and ffn {} must be positive multiples of 8", cfg_.shape.hidden,
-                      cfg_.shape.ffn);
-  FEPLB_REQUIRE_INPUT(cfg_.top_k >= 1 && cfg_.top_k <= topo.num_experts(), "layer: top_k {} for {} experts",
-                      cfg_.top_k, topo.num_experts());
-  FEPLB_REQUIRE_INPUT(cfg_.max_tokens >= 0, "layer: max_tokens {}", cfg_.max_tokens);
-  FEPLB_REQUIRE_INPUT(gpu_planner_supported(cfg_.policy),
-                      "layer: policy '{}' runs in simulation only (the GPU layer runs static, feplb-paper, "
-                      "feplb and oracle)", cfg_.policy);
-  FEPLB_REQUIRE_INPUT(world_ == 1 || transport_.supports_peer_copies() || cfg_.policy == "static",
-                      "layer: transport '{}' cannot copy into peers' buffers; use policy static",
-                      transport_.name());
-  validate_knobs(cfg_.knobs);
-  H_ = cfg_.shape.hidden;
-  F_ = cfg_.shape.ffn;
-  K_ = cfg_.top_k;
-  E_ = topo.num_experts();
-  experts_per_rank_ = topo.experts_per_rank();
+std::unique_ptr<Planner> make_gpu_planner(const EpRuntime& runtime, std::string_view policy,
+                                          const GemmCostModel* cost) {
+  const RuntimeConfig& c = runtime.config();
+  std::unique_ptr<GemmCostModel> own;
   if (!cost) {
-    own_cost_ = std::make_unique<RooflineCostModel>(cfg_.shape, cfg_.knobs);
-    cost = own_cost_.get();
+    own = std::make_unique<RooflineCostModel>(c.shape, c.knobs);
+    cost = own.get();
   }
-  planner_ = make_planner(cfg_.policy, PlannerContext{topo, cfg_.shape, cfg_.knobs, cost});
-
-  const int64_t pairs = cfg_.max_tokens * K_;
-  recv_cap_ = cfg_.recv_capacity_rows ? cfg_.recv_capacity_rows : pairs * world_;
-  guest_cap_ = cfg_.guest_capacity_rows ? cfg_.guest_capacity_rows : 2 * pairs;
-  const int64_t w = expert_weight_elems(H_, F_);
-  if (cfg_.pool) {
-    pool_ = cfg_.pool;
-    FEPLB_REQUIRE_INPUT(pool_->shape().hidden == H_ && pool_->shape().ffn == F_,
-                        "layer: slot pool holds {}x{} experts, the layer's are {}x{}", pool_->shape().hidden,
-                        pool_->shape().ffn, H_, F_);
-    FEPLB_REQUIRE_INPUT(pool_->slots() >= cfg_.knobs.max_num_dyn, "layer: slot pool has {} slots, max_num_dyn is {}",
-                        pool_->slots(), cfg_.knobs.max_num_dyn);
-    FEPLB_REQUIRE_INPUT(!cfg_.training || pool_->training(), "layer: a training layer needs a training slot pool");
-  } else {
-    own_pool_ = std::make_unique<ExpertSlotPool>(transport_, cfg_.shape, static_cast<int>(cfg_.knobs.max_num_dyn),
-                                                 cfg_.training ? default_staging_slots(cfg_.knobs) : 0,
-                                                 cfg_.name + ".pool");
-    pool_ = own_pool_.get();
-  }
-  layer_id_ = pool_->next_layer_id();
-  weights_ = DeviceBuffer<bf16>(static_cast<size_t>(experts_per_rank_ * w));
-  if (cfg_.training) main_grad_ = DeviceBuffer<float>(static_cast<size_t>(experts_per_rank_ * w));
-  send_ = DeviceBuffer<bf16>(static_cast<size_t>(pairs * H_));
-  ybuf_ = DeviceBuffer<bf16>(static_cast<size_t>(pairs * H_));
-  recv_ = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap_ * H_));
-  yrecv_ = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap_ * H_));
-  guest_in_ = DeviceBuffer<bf16>(static_cast<size_t>(guest_cap_ * H_));
-  if (cfg_.training) {
-    dyrecv_ = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap_ * H_));
-    guest_dy_ = DeviceBuffer<bf16>(static_cast<size_t>(guest_cap_ * H_));
-  }
-  guest_out_ = DeviceBuffer<bf16>(static_cast<size_t>(guest_cap_ * H_));
-  gu_ = DeviceBuffer<bf16>(static_cast<size_t>((recv_cap_ + guest_cap_) * 2 * F_));
-  act_ = DeviceBuffer<bf16>(static_cast<size_t>((recv_cap_ + guest_cap_) * F_));
-  counts_ = DeviceBuffer<int32_t>(static_cast<size_t>(E_));
-  cursor_ = DeviceBuffer<int32_t>(static_cast<size_t>(E_));
-  offsets_ = DeviceBuffer<int32_t>(static_cast<size_t>(E_));
-  order_ = DeviceBuffer<int32_t>(static_cast<size_t>(E_));
-  counts_all_ = DeviceBuffer<int32_t>(static_cast<size_t>(world_ * E_));
-  pair_pos_ = DeviceBuffer<int32_t>(static_cast<size_t>(std::max<int64_t>(pairs, 1)));
-  counts_host_ = PinnedBuffer<int32_t>(static_cast<size_t>(world_ * E_));
-
-  // Send order: experts grouped by home rank, each rank's experts in its local order.
-  std::vector<int32_t> order;
-  local_index_.assign(static_cast<size_t>(E_), 0);
-  for (int d = 0; d < world_; ++d) {
-    int i = 0;
-    for (int e : topo.local_experts(d)) {
-      order.push_back(e);
-      local_index_[e] = i++;
-    }
-  }
-  FEPLB_CUDA_CHECK(cudaMemcpy(order_.get(), order.data(), order.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-
-  const std::string prefix = "feplb." + cfg_.name + ".";
-  transport_.register_buffer(prefix + "guest_in", guest_in_.get(), guest_in_.bytes());
-  if (cfg_.training) transport_.register_buffer(prefix + "guest_dy", guest_dy_.get(), guest_dy_.bytes());
-  transport_.register_buffer(prefix + "yrecv", yrecv_.get(), yrecv_.bytes());
-  signals_ = transport_.make_signals(prefix + "signals", 3 * world_);
-  if (transport_.supports_peer_copies()) {
-    for (int p = 0; p < world_; ++p) {
-      peers_.push_back({static_cast<bf16*>(transport_.peer_buffer(prefix + "guest_in", p)),
-                        cfg_.training ? static_cast<bf16*>(transport_.peer_buffer(prefix + "guest_dy", p)) : nullptr,
-                        static_cast<bf16*>(transport_.peer_buffer(prefix + "yrecv", p))});
-    }
-  }
-  taken_.assign(static_cast<size_t>(E_), 0);
-  slot_count_.assign(static_cast<size_t>(world_), 0);
-  row_count_.assign(static_cast<size_t>(world_), 0);
-  export_count_.assign(static_cast<size_t>(world_), 0);
-  scheduler_ = std::thread([this] { scheduler_loop(); });
+  const PlannerContext ctx{c.topo, c.shape, c.knobs, cost};
+  std::unique_ptr<Planner> planner = make_planner(policy, ctx);
+  FEPLB_REQUIRE_INPUT(planner->limits().rows_via_homes,
+                      "layer: policy '{}' runs in simulation only (its plans send rows elsewhere than the experts' "
+                      "homes; the GPU layer runs static, feplb-paper, feplb and oracle)",
+                      policy);
+  if (!own) return planner;
+  return std::make_unique<PlannerWithCost>(ctx, std::move(own), std::move(planner));
 }
 
-MoeLayer::~MoeLayer() {
-  stop_.store(true, std::memory_order_release);
-  if (scheduler_.joinable()) scheduler_.join();
-}
+struct MoeLayer::Impl {
+  std::shared_ptr<RuntimeState> rt;
+  LayerConfig cfg;
+  std::unique_ptr<Planner> planner;
+  int layer_id = 0;
+  int64_t K = 1;
+  LayoutCapacity capacity;
 
-void MoeLayer::set_weights(const bf16* local_weights, cudaStream_t stream) {
-  FEPLB_CUDA_CHECK(cudaMemcpyAsync(weights_.get(), local_weights, weights_.bytes(), cudaMemcpyDeviceToDevice, stream));
-}
+  // The current call (read by the scheduler's job while the caller's thread waits for it).
+  std::vector<ExpertParams> experts;  // [experts_per_rank] the caller's weights
+  MicroBatchState* job = nullptr;
+  bool job_backward = false;
+  bool job_runs = false;  // the job's plan is usable: the copies are issued and the call goes on
+  int64_t bad_ids = 0;    // forward: (token, k) pairs of rank bad_rank with an expert id out of range
+  int bad_rank = 0;
+  uint32_t job_seq = 0;
+  std::vector<uint8_t> recopy;  // [plan slices] backward: the helper's slot needs the weights again
+  std::vector<CeCopy> in_batch, out_batch;
+  std::vector<Chunk> sends, recvs, back_sends, back_recvs;
+  Clock::time_point t_counts_issued;
 
-const ForwardStats& MoeLayer::last_stats() const {
-  if (cfg_.timing) {
-    auto& s = const_cast<ForwardStats&>(stats_);
-    s.forward_ms = elapsed_ms(t_start_, t_end_);
-    s.static_ms = elapsed_ms(t_dispatched_, t_static_);
-    s.wait_ms = elapsed_ms(t_static_, t_waited_);
-    s.guest_ms = elapsed_ms(t_waited_, t_guest_);
-  }
-  return stats_;
-}
+  ForwardStats fstats;
+  BackwardStats bstats;
+  Plan last_plan;
+  RoutingStep last_routing;
+  Event ev_grads_done;  // the helpers' weight gradients of the last backward added into the caller's
+  Event t_start{true}, t_dispatched{true}, t_static{true}, t_waited{true}, t_guest{true}, t_returned{true},
+      t_end{true};
+  Event tb_start{true}, tb_dispatched{true}, tb_static{true}, tb_waited{true}, tb_guest{true}, tb_results{true},
+      tb_end{true};
 
-const BackwardStats& MoeLayer::last_backward_stats() const {
-  if (cfg_.timing) {
-    auto& s = const_cast<BackwardStats&>(bstats_);
-    s.backward_ms = elapsed_ms(tb_start_, tb_end_);
-    s.static_ms = elapsed_ms(tb_dispatched_, tb_static_);
-    s.wait_ms = elapsed_ms(tb_static_, tb_waited_);
-    s.guest_ms = elapsed_ms(tb_waited_, tb_guest_);
-    s.results_wait_ms = elapsed_ms(tb_guest_, tb_results_);
-  }
-  return bstats_;
-}
+  void wait_seq(const std::atomic<uint32_t>& seq, uint32_t target, const char* what) const;
+  void validate_experts(std::span<const ExpertParams> w, int64_t num_tokens, const char* who) const;
+  void start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w, uint32_t seq);
+  static void run_job(void* self);
+  void plan_job();
+  void issue_inputs(bool backward);
+  void phase1(const MicroBatchState& h, bf16* recv_base, uint32_t seq, cudaStream_t s);
+  int64_t send_rows_back(cudaStream_t co, uint32_t seq);
+  void reverse_exchange(const MicroBatchState& h, bf16* send_base, cudaStream_t s);
+  void finish_call(uint32_t seq, cudaStream_t s);
+};
 
-size_t MoeLayer::device_bytes() const {
-  return weights_.bytes() + main_grad_.bytes() + send_.bytes() + ybuf_.bytes() + recv_.bytes() + yrecv_.bytes() +
-         dyrecv_.bytes() + guest_in_.bytes() + guest_dy_.bytes() + guest_out_.bytes() + gu_.bytes() + act_.bytes();
-}
-
-void MoeLayer::zero_grad(cudaStream_t stream) {
-  sync_gradients(stream);
-  FEPLB_CUDA_CHECK(cudaMemsetAsync(main_grad_.get(), 0, main_grad_.bytes(), stream));
-}
-
-void MoeLayer::sync_gradients(cudaStream_t stream) {
-  FEPLB_REQUIRE_INPUT(cfg_.training, "layer: gradients of a layer built without training");
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, ev_grads_done_.get(), 0));
-}
-
-void MoeLayer::wait_seq(const std::atomic<uint32_t>& seq, uint32_t target, const char* what) const {
-  const auto deadline = Clock::now() + std::chrono::duration<double>(cfg_.timeout_s);
+void MoeLayer::Impl::wait_seq(const std::atomic<uint32_t>& seq, uint32_t target, const char* what) const {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(rt->cfg.timeout_s);
   for (uint64_t spins = 0; seq.load(std::memory_order_acquire) < target; ++spins) {
-    if (failed_.load(std::memory_order_acquire)) std::rethrow_exception(error_);
-    if (stop_.load(std::memory_order_acquire)) throw Error("layer: stopping");
+    if (rt->failed.load(std::memory_order_acquire)) std::rethrow_exception(rt->error);
     if ((spins & 1023) == 0 && Clock::now() > deadline) {
-      throw Error(fmt::format("layer rank {}: waited {:.0f} s for the scheduler ({})", rank_, cfg_.timeout_s, what));
+      throw Error(fmt::format("layer '{}' rank {}: waited {:.0f} s for the scheduler ({})", cfg.name, rt->rank,
+                              rt->cfg.timeout_s, what));
     }
     spin_pause(spins);
   }
+}
+
+void MoeLayer::Impl::validate_experts(std::span<const ExpertParams> w, int64_t num_tokens, const char* who) const {
+  FEPLB_REQUIRE_INPUT(static_cast<int>(w.size()) == rt->experts_per_rank,
+                      "{} of layer '{}': weights of {} experts, this rank has {}", who, cfg.name, w.size(),
+                      rt->experts_per_rank);
+  for (size_t i = 0; i < w.size(); ++i) {
+    FEPLB_REQUIRE_INPUT(w[i].gate_up && w[i].down, "{} of layer '{}': local expert {} has a null weight pointer", who,
+                        cfg.name, i);
+  }
+  FEPLB_REQUIRE_INPUT(num_tokens >= 0 && num_tokens <= rt->cfg.max_tokens,
+                      "{} of layer '{}': {} tokens, the runtime's max_tokens is {}", who, cfg.name, num_tokens,
+                      rt->cfg.max_tokens);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scheduler thread: counts on the host -> plan -> phase-2 input copies (forward); phase-2 input
-// copies only (backward: the forward's plan).
+// The scheduler thread: counts on the host -> plan -> layout -> phase-2 input copies (forward);
+// phase-2 input copies only (backward: the forward's plan).
 
-void MoeLayer::scheduler_loop() {
-  uint32_t handled = 0;
-  uint64_t idle = 0;
+void MoeLayer::Impl::start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w, uint32_t seq) {
+  experts.assign(w.begin(), w.end());
+  job = &h;
+  job_backward = backward;
+  job_runs = backward;  // a forward's job decides once it has the plan
+  job_seq = seq;
+  rt->scheduler.post(&Impl::run_job, this);
+}
+
+void MoeLayer::Impl::run_job(void* self) {
+  auto* m = static_cast<Impl*>(self);
   try {
-    while (!stop_.load(std::memory_order_acquire)) {
-      if (request_seq_.load(std::memory_order_acquire) == handled) {
-        spin_pause(idle++);
-        continue;
-      }
-      handled = request_seq_.load(std::memory_order_acquire);
-      if (!backward_job_) plan_step();
-      plan_seq_.store(handled, std::memory_order_release);
-      issue_phase2_inputs(backward_job_);
-      copies_seq_.store(handled, std::memory_order_release);
-    }
+    if (!m->job_backward) m->plan_job();
+    m->issue_inputs(m->job_backward);
   } catch (...) {
-    error_ = std::current_exception();
-    failed_.store(true, std::memory_order_release);
+    m->rt->error = std::current_exception();
+    m->rt->failed.store(true, std::memory_order_release);
   }
 }
 
-void MoeLayer::plan_step() {
-  // Counts of every rank: wait for the D2H copy (spin: this thread exists to react at once).
-  const auto deadline = Clock::now() + std::chrono::duration<double>(cfg_.timeout_s);
+void MoeLayer::Impl::plan_job() {
+  RuntimeState& r = *rt;
+  MicroBatchState& h = *job;
+  // Every rank's counts: wait for the D2H copy (polling: this thread exists to react at once).
+  const auto deadline = Clock::now() + std::chrono::duration<double>(r.cfg.timeout_s);
   for (uint64_t spins = 0;; ++spins) {
-    const cudaError_t q = cudaEventQuery(ev_counts_.get());
+    const cudaError_t q = cudaEventQuery(r.ev_counts.get());
     if (q == cudaSuccess) break;
     if (q != cudaErrorNotReady) FEPLB_CUDA_CHECK(q);
     if ((spins & 1023) == 0 && Clock::now() > deadline) {
-      throw Error(fmt::format("layer rank {}: counts never reached the host in {:.0f} s", rank_, cfg_.timeout_s));
+      throw Error(fmt::format("layer '{}' rank {}: counts never reached the host in {:.0f} s (a peer never joined the "
+                              "all-gather?)",
+                              cfg.name, r.rank, r.cfg.timeout_s));
     }
-    if (stop_.load(std::memory_order_acquire)) return;
     spin_pause(spins);
   }
   const auto t_seen = Clock::now();
-  const int R = world_;
-  const int E = static_cast<int>(E_);
-  if (routing_.num_ranks != R || routing_.num_experts != E) routing_ = RoutingStep(0, 0, R, E);
-  routing_.step = seq_;
-  std::copy(counts_host_.get(), counts_host_.get() + R * E, routing_.counts.begin());
-  routing_.sum_experts();
-  const auto t0 = Clock::now();
-  planner_->plan(routing_, plan_);
-  const auto t1 = Clock::now();
-  planner_->observe(routing_);
-  stats_ = ForwardStats{};
-  stats_.counts_to_host_us = us_between(t_counts_issued_, t_seen);
-  stats_.plan_us = us_between(t0, t1);
-  layout_from_counts(num_tokens_);
-  stats_.counts_to_first_copy_us = us_between(t_counts_issued_, t1);  // refined when a copy is issued
-}
-
-// Host-side layout of this step, identical on every rank: where each expert's rows sit on its
-// home, which rows each slice takes, each guest's slot and rows on its helper, and (training)
-// each exported slice's gradient staging slot on its owner. Records what the slots now hold.
-void MoeLayer::layout_from_counts(int64_t num_tokens) {
-  const Topology& topo = cfg_.topo;
-  const int R = world_;
-  layout_error_.clear();
-  expert_base_.assign(static_cast<size_t>(E_), 0);
+  const int R = r.world;
+  const int E = static_cast<int>(r.E);
+  if (h.routing.num_ranks != R || h.routing.num_experts != E) h.routing = RoutingStep(0, 0, R, E);
+  h.routing.step = static_cast<int>(job_seq);
+  bad_ids = 0;
   for (int d = 0; d < R; ++d) {
-    int64_t base = 0;
-    for (int e : topo.local_experts(d)) {
-      expert_base_[e] = base;
-      base += routing_.expert_counts[e];
-    }
-    if (base > recv_cap_) {
-      layout_error_ = fmt::format("rank {} receives {} rows in phase 1, over its capacity {} (raise "
-                                  "recv_capacity_rows)", d, base, recv_cap_);
+    const int32_t* row = r.counts_host.get() + static_cast<size_t>(d) * (E + 1);
+    std::copy(row, row + E, h.routing.counts.begin() + static_cast<std::ptrdiff_t>(d) * E);
+    if (row[E] > 0 && bad_ids == 0) {
+      bad_ids = row[E];
+      bad_rank = d;
     }
   }
-  for (int src = 0; src < R; ++src) {
-    int64_t sent = 0;
-    for (int e = 0; e < E_; ++e) sent += routing_.at(src, e);
-    FEPLB_CHECK(src != rank_ || sent == num_tokens * K_, "rank {} counted {} rows, expected tokens * top_k = {}",
-                src, sent, num_tokens * K_);
+  if (bad_ids > 0) {
+    // Every rank sees the same counts and stops at the same step; nothing is planned or copied.
+    job_runs = false;
+    r.plan_seq.store(job_seq, std::memory_order_release);
+    return;
   }
-  const size_t n = plan_.slices.size();
-  slice_offset_.assign(n, 0);
-  guest_slot_.assign(n, -1);
-  guest_off_.assign(n, -1);
-  export_slot_.assign(n, -1);
-  recopy_.assign(n, 0);
-  std::fill(taken_.begin(), taken_.end(), 0);
-  std::fill(slot_count_.begin(), slot_count_.end(), 0);
-  std::fill(row_count_.begin(), row_count_.end(), 0);
-  std::fill(export_count_.begin(), export_count_.end(), 0);
-  for (size_t i = 0; i < n; ++i) {
-    const Slice& s = plan_.slices[i];
-    if (s.source != RowSource::kHome) {
-      layout_error_ = "the GPU layer runs plans whose rows are dispatched to the experts' homes only";
-      continue;
-    }
-    slice_offset_[i] = taken_[s.expert];
-    taken_[s.expert] += s.rows;
-    const int home = topo.home(s.expert);
-    if (s.gpu != home) {
-      guest_slot_[i] = slot_count_[s.gpu]++;
-      guest_off_[i] = row_count_[s.gpu];
-      row_count_[s.gpu] += s.rows;
-      export_slot_[i] = export_count_[home]++;
+  h.routing.sum_experts();
+  const auto t0 = Clock::now();
+  planner->plan(h.routing, h.plan);
+  const auto t1 = Clock::now();
+  planner->observe(h.routing);
+  h.layout.build(r.cfg.topo, h.routing, h.plan, r.rank, capacity);
+  job_runs = h.layout.fits();
+  if (job_runs) {
+    for (const SlotUse& u : h.layout.slot_uses()) {
+      r.pool->holder(u.rank, u.slot) = ExpertSlotPool::tag(layer_id, u.expert, job_seq);
     }
   }
-  for (int g = 0; g < R; ++g) {
-    if (slot_count_[g] > cfg_.knobs.max_num_dyn) {
-      layout_error_ = fmt::format("plan gives GPU {} {} guest experts, over max_num_dyn {}", g, slot_count_[g],
-                                  cfg_.knobs.max_num_dyn);
-    }
-    if (row_count_[g] > guest_cap_) {
-      layout_error_ = fmt::format("plan gives GPU {} {} guest rows, over its capacity {} (raise "
-                                  "guest_capacity_rows)", g, row_count_[g], guest_cap_);
-    }
-    if (cfg_.training && export_count_[g] > pool_->staging_slots()) {
-      layout_error_ = fmt::format("plan exports {} expert slices from GPU {}, over its {} gradient staging slots "
-                                  "(raise the pool's staging slots)", export_count_[g], g, pool_->staging_slots());
-    }
-  }
-  if (!layout_error_.empty()) return;
-  for (size_t i = 0; i < n; ++i) {
-    if (guest_slot_[i] >= 0) {
-      pool_->holder(plan_.slices[i].gpu, static_cast<int>(guest_slot_[i])) =
-          ExpertSlotPool::tag(layer_id_, plan_.slices[i].expert, seq_);
-    }
-  }
+  h.stats = ForwardStats{};
+  h.stats.counts_to_host_us = us_between(t_counts_issued, t_seen);
+  h.stats.plan_us = us_between(t0, t1);
+  h.stats.counts_to_first_copy_us = us_between(t_counts_issued, t1);  // refined when a copy is issued
+  h.stats.exported_rows = h.layout.exported_rows();
+  h.stats.guest_rows = h.layout.guest_rows_here();
+  r.plan_seq.store(job_seq, std::memory_order_release);
 }
 
-bool MoeLayer::exports_to(int helper) const {
-  for (size_t i = 0; i < plan_.slices.size(); ++i) {
-    if (plan_.slices[i].gpu == helper && guest_slot_[i] >= 0 && cfg_.topo.home(plan_.slices[i].expert) == rank_) {
-      return true;
-    }
-  }
-  return false;
-}
-
-bool MoeLayer::guests_from(int owner) const {
-  for (size_t i = 0; i < plan_.slices.size(); ++i) {
-    if (plan_.slices[i].gpu == rank_ && guest_slot_[i] >= 0 && cfg_.topo.home(plan_.slices[i].expert) == owner) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Phase-2 inputs, helper by helper (each helper's signal goes up as soon as its own copies
-// land): the weights (forward; backward only where the slot was reused) and the slice's rows
-// (forward: X from recv_; backward: dY from dyrecv_).
-void MoeLayer::issue_phase2_inputs(bool backward) {
-  const cudaStream_t cs = copy_in_.get();
-  const uint32_t seq = seq_;
-  if (layout_error_.empty()) {
+// Phase-2 inputs, helper by helper (each helper's signal goes up as soon as its own copies are
+// issued): the weights (forward; backward only where the slot was refilled) and the slice's rows
+// (forward: X from the micro-batch's rows at home; backward: dY from the runtime's dY buffer).
+void MoeLayer::Impl::issue_inputs(bool backward) {
+  RuntimeState& r = *rt;
+  MicroBatchState& h = *job;
+  const uint32_t seq = job_seq;
+  const cudaStream_t cs = r.copy_in.get();
+  if (job_runs) {
     // Phase-1 rows must have landed before they are copied on: wait (on the GPU) for the event
     // the caller's stream records after the all-to-all; on the host, for it to be recorded.
-    wait_seq(dispatched_seq_, seq, "phase-1 dispatch");
-    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_dispatched_.get(), 0));
-    const int64_t w = expert_weight_elems(H_, F_);
-    const size_t row_bytes = static_cast<size_t>(H_) * sizeof(bf16);
-    const bf16* rows_base = backward ? dyrecv_.get() : recv_.get();
+    wait_seq(r.dispatched_seq, seq, "phase-1 dispatch");
+    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(cs, r.ev_dispatched.get(), 0));
+    const int64_t H = r.H, F = r.F;
+    const size_t row_bytes = static_cast<size_t>(H) * sizeof(bf16);
+    const bf16* rows_base = backward ? r.dyrecv.get() : h.x_home;
     int64_t issued = 0;
-    for (int h = 0; h < world_; ++h) {
-      ce_batch_.clear();
-      for (size_t i = 0; i < plan_.slices.size(); ++i) {
-        const Slice& s = plan_.slices[i];
-        if (s.gpu != h || guest_slot_[i] < 0 || cfg_.topo.home(s.expert) != rank_) continue;
-        if (!backward || recopy_[i]) {
-          ce_batch_.push_back({pool_->peer_slot(h, static_cast<int>(guest_slot_[i])),
-                               weights_.get() + local_index_[s.expert] * w, static_cast<size_t>(w) * sizeof(bf16)});
+    const auto exports = h.layout.exports();
+    for (size_t i = 0; i < exports.size();) {
+      const int helper = exports[i].helper;
+      in_batch.clear();
+      for (; i < exports.size() && exports[i].helper == helper; ++i) {
+        const Export& x = exports[i];
+        if (!backward || recopy[static_cast<size_t>(x.slice)]) {
+          bf16* slot = r.pool->peer_slot(helper, x.slot);
+          in_batch.push_back({slot, experts[static_cast<size_t>(x.local_index)].gate_up,
+                              static_cast<size_t>(2 * H * F) * sizeof(bf16)});
+          in_batch.push_back({slot + 2 * H * F, experts[static_cast<size_t>(x.local_index)].down,
+                              static_cast<size_t>(H * F) * sizeof(bf16)});
         }
-        ce_batch_.push_back({(backward ? peers_[h].guest_dy : peers_[h].guest_in) + guest_off_[i] * H_,
-                             rows_base + (expert_base_[s.expert] + slice_offset_[i]) * H_,
-                             static_cast<size_t>(s.rows) * row_bytes});
-        if (!backward) stats_.exported_rows += s.rows;
+        in_batch.push_back({r.peer_guest_in[static_cast<size_t>(helper)] + x.dst_row * H, rows_base + x.src_row * H,
+                            static_cast<size_t>(x.rows) * row_bytes});
       }
-      if (ce_batch_.empty()) continue;
       if (!backward && issued == 0) {
-        stats_.counts_to_first_copy_us = us_between(t_counts_issued_, Clock::now());
-        stats_.plan_to_first_copy_us = stats_.counts_to_first_copy_us - stats_.counts_to_host_us - stats_.plan_us;
+        h.stats.counts_to_first_copy_us = us_between(t_counts_issued, Clock::now());
+        h.stats.plan_to_first_copy_us = h.stats.counts_to_first_copy_us - h.stats.counts_to_host_us - h.stats.plan_us;
       }
-      ce_copy_and_signal(cs, ce_batch_, nullptr, 0);
-      signals_->signal(h, rank_, seq, cs);
-      issued += static_cast<int64_t>(ce_batch_.size());
+      ce_copy_and_signal(cs, in_batch, nullptr, 0);
+      r.signals->signal(helper, r.rank, seq, cs);
+      issued += static_cast<int64_t>(in_batch.size());
     }
-    (backward ? bstats_.copies : stats_.copies) += issued;
+    (backward ? bstats.copies : h.stats.copies) += issued;
   }
-  ev_copy_in_done_.record(cs);
+  r.ev_copy_in_done.record(cs);
+  r.copies_seq.store(seq, std::memory_order_release);
 }
 
-// Phase-1 chunk lists of this step (sends in send order, receives grouped by peer, each peer's
-// in local-expert order: the order its sender lists them in) over the given base buffers.
-void MoeLayer::dispatch_chunks(bf16* send_base, bf16* recv_base) {
-  const Topology& topo = cfg_.topo;
-  const size_t row_bytes = static_cast<size_t>(H_) * sizeof(bf16);
-  sends_.clear();
-  recvs_.clear();
-  int64_t send_off = 0;
-  for (int d = 0; d < world_; ++d) {
-    for (int e : topo.local_experts(d)) {
-      const int64_t rows = routing_.at(rank_, e);
-      sends_.push_back({d, send_base + send_off * H_, static_cast<size_t>(rows) * row_bytes});
-      send_off += rows;
-    }
+// ---------------------------------------------------------------------------------------------
+// Pieces of the caller's thread.
+
+// Phase 1 over this step's chunks (the runtime's send buffer -> `recv_base`), then the event the
+// copy stream waits for.
+void MoeLayer::Impl::phase1(const MicroBatchState& h, bf16* recv_base, uint32_t seq, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  const size_t row_bytes = static_cast<size_t>(r.H) * sizeof(bf16);
+  sends.clear();
+  recvs.clear();
+  for (const RowChunk& c : h.layout.sends()) {
+    sends.push_back({c.peer, r.send.get() + c.row * r.H, static_cast<size_t>(c.rows) * row_bytes});
   }
-  for (int src = 0; src < world_; ++src) {
-    for (int e : topo.local_experts(rank_)) {
-      int64_t off = expert_base_[e];
-      for (int before = 0; before < src; ++before) off += routing_.at(before, e);
-      recvs_.push_back({src, recv_base + off * H_, static_cast<size_t>(routing_.at(src, e)) * row_bytes});
-    }
+  for (const RowChunk& c : h.layout.recvs()) {
+    recvs.push_back({c.peer, recv_base + c.row * r.H, static_cast<size_t>(c.rows) * row_bytes});
   }
+  r.transport.exchange(sends, recvs, s);
+  r.ev_dispatched.record(s);
+  r.dispatched_seq.store(seq, std::memory_order_release);
 }
 
-// Phase 1 over this step's chunks (send_ -> `recv_base`), then the event the copy stream waits for.
-void MoeLayer::phase1(bf16* recv_base, cudaStream_t s) {
-  dispatch_chunks(send_.get(), recv_base);
-  transport_.exchange(sends_, recvs_, s);
-  ev_dispatched_.record(s);
-  dispatched_seq_.store(seq_, std::memory_order_release);
-}
-
-// This rank's own experts' slices that stay home, static experts first: f(slice, first recv row).
-void MoeLayer::for_each_home_slice(const std::function<void(const Slice&, int64_t)>& f) const {
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < plan_.slices.size(); ++i) {
-      const Slice& sl = plan_.slices[i];
-      if (sl.gpu != rank_ || cfg_.topo.home(sl.expert) != rank_ || plan_.dynamic[sl.expert] != pass) continue;
-      f(sl, expert_base_[sl.expert] + slice_offset_[i]);
-    }
-  }
-}
-
-// Results of this rank's guest slices back into their owners' yrecv_ rows (forward: outputs;
+// Results of this rank's guest slices back into their owners' yrecv rows (forward: outputs;
 // backward: dX), owner by owner, each batch ended by signal R + rank. Returns the copies issued.
-int64_t MoeLayer::send_rows_back(cudaStream_t co) {
-  const size_t row_bytes = static_cast<size_t>(H_) * sizeof(bf16);
+int64_t MoeLayer::Impl::send_rows_back(cudaStream_t co, uint32_t seq) {
+  RuntimeState& r = *rt;
+  const size_t row_bytes = static_cast<size_t>(r.H) * sizeof(bf16);
+  const auto guests = job->layout.guest_work();
   int64_t copies = 0;
-  for (int d = 0; d < world_; ++d) {
-    out_batch_.clear();
-    for (size_t i = 0; i < plan_.slices.size(); ++i) {
-      const Slice& sl = plan_.slices[i];
-      if (sl.gpu != rank_ || guest_slot_[i] < 0 || cfg_.topo.home(sl.expert) != d) continue;
-      out_batch_.push_back({peers_[d].yrecv + (expert_base_[sl.expert] + slice_offset_[i]) * H_,
-                            guest_out_.get() + guest_off_[i] * H_, static_cast<size_t>(sl.rows) * row_bytes});
+  for (size_t i = 0; i < guests.size();) {
+    const int owner = guests[i].owner;
+    out_batch.clear();
+    for (; i < guests.size() && guests[i].owner == owner; ++i) {
+      const GuestWork& g = guests[i];
+      out_batch.push_back({r.peer_yrecv[static_cast<size_t>(owner)] + g.owner_row * r.H,
+                           r.guest_out.get() + g.row * r.H, static_cast<size_t>(g.rows) * row_bytes});
     }
-    if (out_batch_.empty()) continue;
-    ce_copy_and_signal(co, out_batch_, nullptr, 0);
-    signals_->signal(d, world_ + rank_, seq_, co);
-    copies += static_cast<int64_t>(out_batch_.size());
+    ce_copy_and_signal(co, out_batch, nullptr, 0);
+    r.signals->signal(owner, r.world + r.rank, seq, co);
+    copies += static_cast<int64_t>(out_batch.size());
   }
   return copies;
 }
 
-// The reverse all-to-all-v: yrecv_ rows (laid out like the phase-1 receives, which point into
-// `recv_base`) back to the tokens' ranks, into ybuf_ in send order.
-void MoeLayer::reverse_exchange(const bf16* recv_base, cudaStream_t s) {
-  back_sends_.clear();
-  back_recvs_.clear();
-  for (const Chunk& c : recvs_) {
-    back_sends_.push_back({c.peer, yrecv_.get() + (static_cast<const bf16*>(c.ptr) - recv_base), c.bytes});
+// The reverse all-to-all-v: yrecv rows (laid out like the phase-1 receives) back to the tokens'
+// ranks, into `send_base` in send order.
+void MoeLayer::Impl::reverse_exchange(const MicroBatchState& h, bf16* send_base, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  const size_t row_bytes = static_cast<size_t>(r.H) * sizeof(bf16);
+  back_sends.clear();
+  back_recvs.clear();
+  for (const RowChunk& c : h.layout.recvs()) {
+    back_sends.push_back({c.peer, r.yrecv.get() + c.row * r.H, static_cast<size_t>(c.rows) * row_bytes});
   }
-  for (const Chunk& c : sends_) {
-    back_recvs_.push_back({c.peer, ybuf_.get() + (static_cast<const bf16*>(c.ptr) - send_.get()), c.bytes});
+  for (const RowChunk& c : h.layout.sends()) {
+    back_recvs.push_back({c.peer, send_base + c.row * r.H, static_cast<size_t>(c.rows) * row_bytes});
   }
-  transport_.exchange(back_sends_, back_recvs_, s);
+  r.transport.exchange(back_sends, back_recvs, s);
+}
+
+// Buffers the copy streams read or write are reused by the next call: order them before it.
+void MoeLayer::Impl::finish_call(uint32_t seq, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  wait_seq(r.copies_seq, seq, "phase-2 copies");
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_copy_in_done.get(), 0));
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_copy_out_done.get(), 0));
 }
 
 // ---------------------------------------------------------------------------------------------
-// The caller's thread.
 
-void MoeLayer::forward(const bf16* hidden, const int32_t* topk_idx, const float* topk_weight, int64_t num_tokens,
-                       bf16* out, cudaStream_t stream) {
-  if (failed_.load(std::memory_order_acquire)) std::rethrow_exception(error_);
-  FEPLB_REQUIRE_INPUT(num_tokens >= 0 && num_tokens <= cfg_.max_tokens, "layer: {} tokens, max_tokens is {}",
-                      num_tokens, cfg_.max_tokens);
-  const int R = world_;
+MoeLayer::MoeLayer(EpRuntime& runtime, const LayerConfig& config, std::unique_ptr<Planner> planner)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.rt = runtime.state();
+  RuntimeState& r = *m.rt;
+  r.check_usable("layer");
+  m.cfg = config;
+  FEPLB_REQUIRE_INPUT(planner != nullptr, "layer '{}': no planner", config.name);
+  FEPLB_REQUIRE_INPUT(config.top_k >= 1 && config.top_k <= r.cfg.max_top_k,
+                      "layer '{}': top_k {}, the runtime's max_top_k is {}", config.name, config.top_k,
+                      r.cfg.max_top_k);
+  const PlanLimits limits = planner->limits();
+  FEPLB_REQUIRE_INPUT(limits.rows_via_homes,
+                      "layer '{}': planner '{}' runs in simulation only (its plans send rows elsewhere than the "
+                      "experts' homes)",
+                      config.name, planner->name());
+  FEPLB_REQUIRE_INPUT(r.world == 1 || r.transport.supports_peer_copies() || limits.max_guest_experts == 0,
+                      "layer '{}': transport '{}' cannot copy into peers' buffers; use policy static", config.name,
+                      r.transport.name());
+  m.planner = std::move(planner);
+  m.K = config.top_k;
+  m.layer_id = r.next_layer_id++;
+  m.capacity.recv_rows = r.recv_cap;
+  m.capacity.guest_rows = r.guest_cap;
+  m.capacity.guest_slots = r.pool->slots();
+  m.capacity.staging_slots = r.cfg.training ? r.pool->staging_slots() : -1;
+}
+
+MoeLayer::~MoeLayer() = default;
+
+const LayerConfig& MoeLayer::config() const { return impl_->cfg; }
+std::string_view MoeLayer::policy() const { return impl_->planner->name(); }
+int MoeLayer::layer_id() const { return impl_->layer_id; }
+const Plan& MoeLayer::last_plan() const { return impl_->last_plan; }
+const RoutingStep& MoeLayer::last_routing() const { return impl_->last_routing; }
+void MoeLayer::refine_gemm_algorithms(double budget_ms) { impl_->rt->gemm.refine(budget_ms); }
+
+const ForwardStats& MoeLayer::last_forward_stats() const {
+  Impl& m = *impl_;
+  if (m.rt->cfg.timing) {
+    m.fstats.forward_ms = elapsed_ms(m.t_start, m.t_end);
+    m.fstats.dispatch_ms = elapsed_ms(m.t_start, m.t_dispatched);
+    m.fstats.static_ms = elapsed_ms(m.t_dispatched, m.t_static);
+    m.fstats.wait_ms = elapsed_ms(m.t_static, m.t_waited);
+    m.fstats.guest_ms = elapsed_ms(m.t_waited, m.t_guest);
+    m.fstats.return_ms = elapsed_ms(m.t_guest, m.t_returned);
+    m.fstats.combine_ms = elapsed_ms(m.t_returned, m.t_end);
+  }
+  return m.fstats;
+}
+
+const BackwardStats& MoeLayer::last_backward_stats() const {
+  Impl& m = *impl_;
+  if (m.rt->cfg.timing) {
+    m.bstats.backward_ms = elapsed_ms(m.tb_start, m.tb_end);
+    m.bstats.dispatch_ms = elapsed_ms(m.tb_start, m.tb_dispatched);
+    m.bstats.combine_ms = elapsed_ms(m.tb_results, m.tb_end);
+    m.bstats.static_ms = elapsed_ms(m.tb_dispatched, m.tb_static);
+    m.bstats.wait_ms = elapsed_ms(m.tb_static, m.tb_waited);
+    m.bstats.guest_ms = elapsed_ms(m.tb_waited, m.tb_guest);
+    m.bstats.results_wait_ms = elapsed_ms(m.tb_guest, m.tb_results);
+  }
+  return m.bstats;
+}
+
+void MoeLayer::sync_gradients(cudaStream_t stream) {
+  impl_->rt->check_usable("sync_gradients");
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, impl_->ev_grads_done.get(), 0));
+}
+
+MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* hidden, const int32_t* topk_idx,
+                             const float* topk_weight, int64_t num_tokens, bf16* out, cudaStream_t stream) {
+  Impl& m = *impl_;
+  RuntimeState& r = *m.rt;
+  r.check_usable("forward");
+  m.validate_experts(experts, num_tokens, "forward");
+  FEPLB_REQUIRE_INPUT(num_tokens == 0 || (hidden && topk_idx && topk_weight && out),
+                      "forward of layer '{}': a null input or output pointer with {} tokens", m.cfg.name, num_tokens);
+  CallGuard guard(r, "forward");
+  const int R = r.world;
+  const int64_t H = r.H, F = r.F, K = m.K;
   const cudaStream_t s = stream;
-  ++seq_;
-  forward_seq_ = seq_;
-  saved_for_backward_ = false;
-  backward_job_ = false;
-  num_tokens_ = num_tokens;
-  if (cfg_.timing) t_start_.record(s);
+
+  MicroBatch handle;
+  handle.rt_ = m.rt;
+  handle.slot_ = r.acquire(m.layer_id);
+  MicroBatchState& h = r.handles[static_cast<size_t>(handle.slot_)];
+  handle.generation_ = h.generation;  // from here on, an exception gives the memory back
+  const uint32_t seq = ++r.seq;
+  h.forward_seq = seq;
+  h.num_tokens = num_tokens;
+  h.stream = s;
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_call_done.get(), 0));
+  if (r.cfg.timing) m.t_start.record(s);
+
+  // Saved per token: pair positions and the outputs in send order.
+  const int64_t pairs = num_tokens * K;
+  const auto carve_tokens = [&](void* base) {
+    Carver c(base);
+    h.pair_pos = c.take<int32_t>(pairs);
+    h.y_send = c.take<bf16>(pairs * H);
+    return c.bytes();
+  };
+  h.bytes_tokens = pairs ? carve_tokens(nullptr) : 0;
+  h.mem_tokens = r.allocate(h.bytes_tokens, s);
+  carve_tokens(h.mem_tokens);
 
   // 1. Permute rows into send order and count rows per expert.
-  FEPLB_CUDA_CHECK(cudaMemsetAsync(counts_.get(), 0, counts_.bytes(), s));
-  FEPLB_CUDA_CHECK(cudaMemsetAsync(cursor_.get(), 0, cursor_.bytes(), s));
-  FEPLB_CUDA_CHECK(kernels::count_experts(topk_idx, num_tokens * K_, counts_.get(), s));
-  FEPLB_CUDA_CHECK(kernels::send_offsets(counts_.get(), order_.get(), static_cast<int>(E_), offsets_.get(), s));
-  FEPLB_CUDA_CHECK(kernels::scatter_rows(hidden, topk_idx, num_tokens, static_cast<int>(K_), H_, offsets_.get(),
-                                         cursor_.get(), send_.get(), pair_pos_.get(), s));
-  // 2. Every rank's counts, to every rank and to the host; the scheduler thread plans from them.
-  transport_.all_gather_i32(counts_.get(), counts_all_.get(), static_cast<size_t>(E_), s);
-  if (cfg_.sync_before_counts) sync_with_timeout(s, cfg_.timeout_s, "counts");
-  t_counts_issued_ = Clock::now();
-  FEPLB_CUDA_CHECK(cudaMemcpyAsync(counts_host_.get(), counts_all_.get(), counts_all_.bytes(), cudaMemcpyDeviceToHost, s));
-  ev_counts_.record(s);
-  request_seq_.store(seq_, std::memory_order_release);
-  wait_seq(plan_seq_, seq_, "plan");
-  if (!layout_error_.empty()) {
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(r.counts.get(), 0, r.counts.bytes(), s));
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(r.cursor.get(), 0, r.cursor.bytes(), s));
+  FEPLB_CUDA_CHECK(kernels::count_experts(topk_idx, pairs, static_cast<int>(r.E), r.counts.get(), s));
+  FEPLB_CUDA_CHECK(kernels::send_offsets(r.counts.get(), r.order.get(), static_cast<int>(r.E), r.offsets.get(), s));
+  FEPLB_CUDA_CHECK(kernels::scatter_rows(hidden, topk_idx, num_tokens, static_cast<int>(K), static_cast<int>(r.E), H,
+                                         r.offsets.get(), r.cursor.get(), r.send.get(), h.pair_pos, s));
+  // 2. Every rank's counts (and its out-of-range expert ids), to every rank and to the host; the
+  // scheduler plans from them.
+  r.transport.all_gather_i32(r.counts.get(), r.counts_all.get(), static_cast<size_t>(r.E + 1), s);
+  if (r.cfg.sync_before_counts) sync_with_timeout(s, r.cfg.timeout_s, "counts all-gather");
+  m.t_counts_issued = Clock::now();
+  FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts_host.get(), r.counts_all.get(), r.counts_all.bytes(),
+                                   cudaMemcpyDeviceToHost, s));
+  r.ev_counts.record(s);
+  m.start_job(h, false, experts, seq);
+  m.wait_seq(r.plan_seq, seq, "plan");
+  if (m.bad_ids > 0) {
+    m.finish_call(seq, s);
+    r.ev_call_done.record(s);
+    throw InputError(fmt::format("forward of layer '{}': rank {} routed {} (token, k) pairs to expert ids outside "
+                                 "[0, {}) (topk_idx out of range)",
+                                 m.cfg.name, m.bad_rank, m.bad_ids, r.E));
+  }
+  int64_t sent = 0;
+  for (int e = 0; e < r.E; ++e) sent += h.routing.at(r.rank, e);
+  FEPLB_CHECK(sent == pairs, "layer '{}': counted {} rows, expected tokens * top_k = {}", m.cfg.name, sent, pairs);
+  if (!h.layout.fits()) {
     // Every rank sees the same counts and plan, so every rank stops here; the scheduler issued
-    // nothing for this step, so the layer stays usable.
-    wait_seq(copies_seq_, seq_, "phase-2 copies");
-    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, ev_copy_in_done_.get(), 0));
-    throw InputError("layer: " + layout_error_);
+    // nothing for this step, so the runtime stays usable.
+    m.finish_call(seq, s);
+    r.ev_call_done.record(s);
+    throw InputError(fmt::format("layer '{}': {}", m.cfg.name, h.layout.error()));
   }
 
+  // Saved per plan: rows at home and of guests, with their gate|up and activations.
+  const int64_t recv = h.layout.recv_rows(r.rank), guest = h.layout.guest_rows_here();
+  const auto carve_plan = [&](void* base) {
+    Carver c(base);
+    h.x_home = c.take<bf16>(recv * H);
+    h.gu_home = c.take<bf16>(recv * 2 * F);
+    h.act_home = c.take<bf16>(recv * F);
+    h.x_guest = r.cfg.training ? c.take<bf16>(guest * H) : nullptr;
+    h.gu_guest = c.take<bf16>(guest * 2 * F);
+    h.act_guest = c.take<bf16>(guest * F);
+    return c.bytes();
+  };
+  h.bytes_plan = recv + guest ? carve_plan(nullptr) : 0;
+  h.mem_plan = r.allocate(h.bytes_plan, s);
+  carve_plan(h.mem_plan);
+
   // 3. Phase 1: rows to their experts' homes, expert-major on the receiver.
-  phase1(recv_.get(), s);
-  if (cfg_.timing) t_dispatched_.record(s);
+  m.phase1(h, h.x_home, seq, s);
+  if (r.cfg.timing) m.t_dispatched.record(s);
 
   // 4. Own experts: static ones first, then the dynamic ones' rows that stay home.
-  const int64_t w = expert_weight_elems(H_, F_);
-  for_each_home_slice([&](const Slice& sl, int64_t row) {
-    expert_ffn(gemm_, s, recv_.get() + row * H_, sl.rows, weights_.get() + local_index_[sl.expert] * w,
-               gu_.get() + row * 2 * F_, act_.get() + row * F_, yrecv_.get() + row * H_, H_, F_);
-  });
-  if (cfg_.timing) t_static_.record(s);
+  for (const HomeWork& w : h.layout.home_work()) {
+    const ExpertParams& p = experts[static_cast<size_t>(w.local_index)];
+    expert_ffn(r.gemm, s, h.x_home + w.row * H, w.rows, p.gate_up, p.down, h.gu_home + w.row * 2 * F,
+               h.act_home + w.row * F, r.yrecv.get() + w.row * H, H, F);
+  }
+  if (r.cfg.timing) m.t_static.record(s);
 
   // 5. Guests: wait (no SM) for each owner's signal, then compute.
   for (int d = 0; d < R; ++d) {
-    if (guests_from(d)) signals_->wait(d, seq_, s);
+    if (h.layout.guests_from(d)) r.signals->wait(d, seq, s);
   }
-  if (cfg_.timing) t_waited_.record(s);
-  int64_t guests = 0;
-  for (size_t i = 0; i < plan_.slices.size(); ++i) {
-    const Slice& sl = plan_.slices[i];
-    if (sl.gpu != rank_ || guest_slot_[i] < 0) continue;
-    const int64_t row = recv_cap_ + guest_off_[i];
-    expert_ffn(gemm_, s, guest_in_.get() + guest_off_[i] * H_, sl.rows,
-               pool_->slot(static_cast<int>(guest_slot_[i])), gu_.get() + row * 2 * F_, act_.get() + row * F_,
-               guest_out_.get() + guest_off_[i] * H_, H_, F_);
-    guests += sl.rows;
+  if (r.cfg.timing) m.t_waited.record(s);
+  r.ev_guest_ready.record(s);
+  for (const GuestWork& g : h.layout.guest_work()) {
+    const bf16* w = r.pool->slot(g.slot);
+    expert_ffn(r.gemm, s, r.guest_in.get() + g.row * H, g.rows, w, w + 2 * H * F, h.gu_guest + g.row * 2 * F,
+               h.act_guest + g.row * F, r.guest_out.get() + g.row * H, H, F);
   }
-  if (cfg_.timing) t_guest_.record(s);
-  stats_.guest_rows = guests;
+  if (r.cfg.timing) m.t_guest.record(s);
 
-  // 6. Guest outputs back to their owners (copy engine), owner by owner, each ended by a signal.
-  ev_guest_done_.record(s);
-  const cudaStream_t co = copy_out_.get();
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, ev_guest_done_.get(), 0));
-  send_rows_back(co);
-  ev_copy_out_done_.record(co);
-  // My exported rows' outputs: wait for each helper's signal.
-  for (int h = 0; h < R; ++h) {
-    if (exports_to(h)) signals_->wait(R + h, seq_, s);
+  // 6. On the copy stream: the guests' rows kept for the backward (the arena is reused by the
+  // next call), then their outputs back to their owners, owner by owner, each ended by a signal.
+  r.ev_guest_done.record(s);
+  const cudaStream_t co = r.copy_out.get();
+  if (h.x_guest && guest > 0) {
+    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_ready.get(), 0));
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.x_guest, r.guest_in.get(), static_cast<size_t>(guest * H) * sizeof(bf16),
+                                     cudaMemcpyDeviceToDevice, co));
   }
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_done.get(), 0));
+  m.send_rows_back(co, seq);
+  r.ev_copy_out_done.record(co);
+  // My exported rows' outputs: wait for each helper's signal.
+  for (int hh = 0; hh < R; ++hh) {
+    if (h.layout.exports_to(hh)) r.signals->wait(R + hh, seq, s);
+  }
+  if (r.cfg.timing) m.t_returned.record(s);
 
   // 7. Reverse all-to-all-v (outputs back to the tokens' ranks) and the weighted combine.
-  reverse_exchange(recv_.get(), s);
-  FEPLB_CUDA_CHECK(kernels::combine(ybuf_.get(), pair_pos_.get(), topk_weight, num_tokens, static_cast<int>(K_), H_,
-                                    out, s));
+  m.reverse_exchange(h, h.y_send, s);
+  FEPLB_CUDA_CHECK(
+      kernels::combine(h.y_send, h.pair_pos, topk_weight, num_tokens, static_cast<int>(K), H, out, s));
 
-  // Buffers the copy streams read or write are reused next forward: order them before it.
-  wait_seq(copies_seq_, seq_, "phase-2 copies");
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, ev_copy_in_done_.get(), 0));
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, ev_copy_out_done_.get(), 0));
-  if (cfg_.timing) t_end_.record(s);
-  saved_for_backward_ = cfg_.training;
-  gemm_.refine(kGemmRefineBudgetMs);
+  m.finish_call(seq, s);
+  if (r.cfg.timing) m.t_end.record(s);
+  r.ev_call_done.record(s);
+  m.fstats = h.stats;
+  m.last_plan = h.plan;
+  m.last_routing = h.routing;
+  r.gemm.refine(kGemmRefineBudgetMs);
+  if (!r.cfg.training) handle.release();  // forward only: nothing to keep
+  return handle;
 }
 
-void MoeLayer::backward(const bf16* grad_out, const float* topk_weight, bf16* grad_hidden, float* grad_topk_weight,
-                        cudaStream_t stream) {
-  if (failed_.load(std::memory_order_acquire)) std::rethrow_exception(error_);
-  FEPLB_REQUIRE_INPUT(cfg_.training, "layer: backward on a layer built without training (LayerConfig::training)");
-  FEPLB_REQUIRE_INPUT(saved_for_backward_, "layer: backward needs the forward of the same micro-batch first (once)");
-  saved_for_backward_ = false;
-  const Topology& topo = cfg_.topo;
-  const int R = world_;
+void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts, const bf16* grad_out,
+                        const float* topk_weight, bf16* grad_hidden, float* grad_topk_weight,
+                        std::span<const ExpertGrads> grads, GradMode mode, cudaStream_t stream) {
+  Impl& m = *impl_;
+  RuntimeState& r = *m.rt;
+  r.check_usable("backward");
+  FEPLB_REQUIRE_INPUT(r.cfg.training, "backward of layer '{}': the runtime was built without training "
+                      "(RuntimeConfig::training)", m.cfg.name);
+  FEPLB_REQUIRE_INPUT(!mb.rt_ || mb.rt_ == m.rt, "backward of layer '{}': the micro-batch belongs to another runtime",
+                      m.cfg.name);
+  MicroBatchState& h = mb.checked();
+  FEPLB_REQUIRE_INPUT(h.layer_id == m.layer_id,
+                      "backward of layer '{}' (layer {}): the micro-batch is layer {}'s", m.cfg.name, m.layer_id,
+                      h.layer_id);
+  const int64_t num_tokens = h.num_tokens;
+  m.validate_experts(experts, num_tokens, "backward");
+  FEPLB_REQUIRE_INPUT(static_cast<int>(grads.size()) == r.experts_per_rank,
+                      "backward of layer '{}': gradients of {} experts, this rank has {}", m.cfg.name, grads.size(),
+                      r.experts_per_rank);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    FEPLB_REQUIRE_INPUT(grads[i].gate_up && grads[i].down,
+                        "backward of layer '{}': local expert {} has a null gradient pointer", m.cfg.name, i);
+  }
+  FEPLB_REQUIRE_INPUT(num_tokens == 0 || (grad_out && topk_weight && grad_hidden && grad_topk_weight),
+                      "backward of layer '{}': a null input or output pointer with {} tokens", m.cfg.name, num_tokens);
+  CallGuard guard(r, "backward");
+  const int R = r.world;
+  const int64_t H = r.H, F = r.F, K = m.K;
   const cudaStream_t s = stream;
-  ++seq_;
-  bstats_ = BackwardStats{};
-  if (cfg_.timing) tb_start_.record(s);
-  // The helpers write this rank's staging slots after this backward's dispatch, and the main
-  // gradient gets this backward's own dW: the previous backward's adds must be done.
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, pool_->staging_free(), 0));
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, ev_grads_done_.get(), 0));
+  const uint32_t seq = ++r.seq;
+  m.bstats = BackwardStats{};
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_call_done.get(), 0));
+  if (r.cfg.timing) m.tb_start.record(s);
+  // The helpers write this rank's staging slots after this backward's dispatch, and the gradient
+  // gets this backward's own dW: the previous backward's adds must be done.
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.pool->staging_free(), 0));
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_grads_done.get(), 0));
+  if (mode == GradMode::kOverwrite) {
+    for (const ExpertGrads& g : grads) {
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(g.gate_up, 0, static_cast<size_t>(2 * H * F) * sizeof(float), s));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(g.down, 0, static_cast<size_t>(H * F) * sizeof(float), s));
+    }
+  }
 
-  // Guest weights to copy again: slots another layer (or micro-batch) has filled since.
-  for (size_t i = 0; i < plan_.slices.size(); ++i) {
-    if (guest_slot_[i] < 0) continue;
-    const Slice& sl = plan_.slices[i];
-    uint64_t& held = pool_->holder(sl.gpu, static_cast<int>(guest_slot_[i]));
-    const uint64_t want = ExpertSlotPool::tag(layer_id_, sl.expert, forward_seq_);
-    recopy_[i] = held != want;
-    if (recopy_[i] && topo.home(sl.expert) == rank_) ++bstats_.weight_recopies;
+  // Guest weights to copy again: slots another call has filled since this micro-batch's forward
+  // (the same bookkeeping on every rank).
+  m.recopy.assign(h.plan.slices.size(), 0);
+  for (const SlotUse& u : h.layout.slot_uses()) {
+    uint64_t& held = r.pool->holder(u.rank, u.slot);
+    const uint64_t want = ExpertSlotPool::tag(m.layer_id, u.expert, h.forward_seq);
+    m.recopy[static_cast<size_t>(u.slice)] = held != want;
+    if (held != want && r.cfg.topo.home(u.expert) == r.rank) ++m.bstats.weight_recopies;
     held = want;
   }
-  // The scheduler thread issues the phase-2 inputs once phase 1 is posted (no plan: the forward's).
-  backward_job_ = true;
-  request_seq_.store(seq_, std::memory_order_release);
+  // The scheduler issues the phase-2 inputs once phase 1 is posted.
+  m.start_job(h, true, experts, seq);
 
   // 1. dY in send order (weighted by the router) and the router weights' gradient.
-  FEPLB_CUDA_CHECK(kernels::scatter_grad(grad_out, pair_pos_.get(), topk_weight, ybuf_.get(), num_tokens_,
-                                         static_cast<int>(K_), H_, send_.get(), grad_topk_weight, s));
-  // 2. Phase 1: dY rows to the experts' homes (the forward's all-to-all, same sizes). First a
-  // one-int all-gather, the collective that orders this rank's phase-2 copies into its peers'
-  // slots after the peers' last use of them (the forward's counts all-gather does this there; an
-  // all-to-all alone does not, as zero-byte chunks are never sent).
-  transport_.all_gather_i32(counts_.get(), counts_all_.get(), 1, s);
-  phase1(dyrecv_.get(), s);
-  if (cfg_.timing) tb_dispatched_.record(s);
+  FEPLB_CUDA_CHECK(kernels::scatter_grad(grad_out, h.pair_pos, topk_weight, h.y_send, num_tokens, static_cast<int>(K),
+                                         H, r.send.get(), grad_topk_weight, s));
+  // 2. Phase 1: dY rows to the experts' homes (the forward's sizes). First a one-int all-gather,
+  // the collective that orders this rank's phase-2 copies into its peers' arenas after the peers'
+  // last use of them (an all-to-all alone does not: zero-byte chunks are never sent).
+  r.transport.all_gather_i32(r.counts.get(), r.counts_all.get(), 1, s);
+  m.phase1(h, r.dyrecv.get(), seq, s);
+  if (r.cfg.timing) m.tb_dispatched.record(s);
 
-  // 3. Own experts' backward, static first; dX into yrecv_, dW straight into the main gradient.
-  const int64_t w = expert_weight_elems(H_, F_);
-  for_each_home_slice([&](const Slice& sl, int64_t row) {
-    const int64_t li = local_index_[sl.expert];
-    bf16* gu = gu_.get() + row * 2 * F_;
-    bf16* act = act_.get() + row * F_;
-    expert_ffn_backward(gemm_, s, recv_.get() + row * H_, sl.rows, weights_.get() + li * w, gu, act,
-                        dyrecv_.get() + row * H_, main_grad_.get() + li * w, 1.0f, yrecv_.get() + row * H_, gu, act,
-                        H_, F_);
-  });
-  if (cfg_.timing) tb_static_.record(s);
+  // 3. Own experts' backward, static first; dX into yrecv, dW into the caller's gradient.
+  for (const HomeWork& w : h.layout.home_work()) {
+    const ExpertParams& p = experts[static_cast<size_t>(w.local_index)];
+    const ExpertGrads& g = grads[static_cast<size_t>(w.local_index)];
+    bf16* gu = h.gu_home + w.row * 2 * F;
+    bf16* act = h.act_home + w.row * F;
+    expert_ffn_backward(r.gemm, s, h.x_home + w.row * H, w.rows, p.gate_up, p.down, gu, act,
+                        r.dyrecv.get() + w.row * H, g.gate_up, g.down, 1.0f, r.yrecv.get() + w.row * H, gu, act, H,
+                        F);
+  }
+  if (r.cfg.timing) m.tb_static.record(s);
 
-  // 4. Guests: wait for each owner's dY (and weights), then dX and dW (into the pool's grad slots,
-  // once the previous layer's copies out of them are done).
+  // 4. Guests: wait for each owner's dY (and weights), then dX and dW (into the pool's grad
+  // slots, once the previous backward's copies out of them are done).
   for (int d = 0; d < R; ++d) {
-    if (guests_from(d)) signals_->wait(d, seq_, s);
+    if (h.layout.guests_from(d)) r.signals->wait(d, seq, s);
   }
-  if (cfg_.timing) tb_waited_.record(s);
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, pool_->grads_free(), 0));
-  for (size_t i = 0; i < plan_.slices.size(); ++i) {
-    const Slice& sl = plan_.slices[i];
-    if (sl.gpu != rank_ || guest_slot_[i] < 0) continue;
-    const int64_t row = recv_cap_ + guest_off_[i];
-    const int slot = static_cast<int>(guest_slot_[i]);
-    bf16* gu = gu_.get() + row * 2 * F_;
-    bf16* act = act_.get() + row * F_;
-    expert_ffn_backward(gemm_, s, guest_in_.get() + guest_off_[i] * H_, sl.rows, pool_->slot(slot), gu, act,
-                        guest_dy_.get() + guest_off_[i] * H_, pool_->grad_slot(slot), 0.0f,
-                        guest_out_.get() + guest_off_[i] * H_, gu, act, H_, F_);
-    bstats_.guest_rows += sl.rows;
+  if (r.cfg.timing) m.tb_waited.record(s);
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.pool->grads_free(), 0));
+  for (const GuestWork& g : h.layout.guest_work()) {
+    const bf16* w = r.pool->slot(g.slot);
+    float* gw = r.pool->grad_slot(g.slot);
+    bf16* gu = h.gu_guest + g.row * 2 * F;
+    bf16* act = h.act_guest + g.row * F;
+    expert_ffn_backward(r.gemm, s, h.x_guest + g.row * H, g.rows, w, w + 2 * H * F, gu, act,
+                        r.guest_in.get() + g.row * H, gw, gw + 2 * H * F, 0.0f, r.guest_out.get() + g.row * H, gu,
+                        act, H, F);
+    m.bstats.guest_rows += g.rows;
   }
-  if (cfg_.timing) tb_guest_.record(s);
+  if (r.cfg.timing) m.tb_guest.record(s);
 
-  // 5. Results to their owners by copy engine, owner by owner: dX rows into the owner's yrecv_
+  // 5. Results to their owners by copy engine, owner by owner: dX rows into the owner's yrecv
   // (signal R + h: the owner's reverse all-to-all waits for it), then dW into its staging slots
   // (signal 2R + h: only the owner's gradient accumulation waits for it, off the critical path).
-  int64_t result_copies = 0;
-  ev_guest_done_.record(s);
-  const cudaStream_t co = copy_out_.get();
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, ev_guest_done_.get(), 0));
-  result_copies += send_rows_back(co);
-  for (int d = 0; d < R; ++d) {
-    if (d == rank_ || !guests_from(d)) continue;
-    out_batch_.clear();
-    for (size_t i = 0; i < plan_.slices.size(); ++i) {
-      const Slice& sl = plan_.slices[i];
-      if (sl.gpu != rank_ || guest_slot_[i] < 0 || topo.home(sl.expert) != d) continue;
-      out_batch_.push_back({pool_->peer_staging_slot(d, static_cast<int>(export_slot_[i])),
-                            pool_->grad_slot(static_cast<int>(guest_slot_[i])), static_cast<size_t>(w) * sizeof(float)});
+  r.ev_guest_done.record(s);
+  const cudaStream_t co = r.copy_out.get();
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_done.get(), 0));
+  int64_t result_copies = m.send_rows_back(co, seq);
+  const int64_t w_elems = expert_weight_elems(H, F);
+  const auto guests = h.layout.guest_work();
+  for (size_t i = 0; i < guests.size();) {
+    const int owner = guests[i].owner;
+    m.out_batch.clear();
+    for (; i < guests.size() && guests[i].owner == owner; ++i) {
+      m.out_batch.push_back({r.pool->peer_staging_slot(owner, guests[i].staging_slot),
+                             r.pool->grad_slot(guests[i].slot), static_cast<size_t>(w_elems) * sizeof(float)});
     }
-    ce_copy_and_signal(co, out_batch_, nullptr, 0);
-    signals_->signal(d, 2 * R + rank_, seq_, co);
-    result_copies += static_cast<int64_t>(out_batch_.size());
+    ce_copy_and_signal(co, m.out_batch, nullptr, 0);
+    r.signals->signal(owner, 2 * R + r.rank, seq, co);
+    result_copies += static_cast<int64_t>(m.out_batch.size());
   }
-  FEPLB_CUDA_CHECK(cudaEventRecord(pool_->grads_free(), co));
-  ev_copy_out_done_.record(co);
-  // 6. My exported slices: the compute stream waits for their dX; the copy stream, for their dW,
-  // which it then adds into the main gradient (zero_grad, sync_gradients and the next backward
-  // wait for that).
-  for (int h = 0; h < R; ++h) {
-    if (exports_to(h)) signals_->wait(R + h, seq_, s);
+  FEPLB_CUDA_CHECK(cudaEventRecord(r.pool->grads_free(), co));
+  r.ev_copy_out_done.record(co);
+  // 6. My exported slices: the compute stream waits for their dX; the copy stream for their dW,
+  // which it then adds into the caller's gradient (sync_gradients and the next backward wait).
+  for (int hh = 0; hh < R; ++hh) {
+    if (h.layout.exports_to(hh)) r.signals->wait(R + hh, seq, s);
   }
-  if (cfg_.timing) tb_results_.record(s);
-  for (int h = 0; h < R; ++h) {
-    if (exports_to(h)) signals_->wait(2 * R + h, seq_, co);
+  if (r.cfg.timing) m.tb_results.record(s);
+  for (int hh = 0; hh < R; ++hh) {
+    if (h.layout.exports_to(hh)) r.signals->wait(2 * R + hh, seq, co);
   }
-  for (size_t i = 0; i < plan_.slices.size(); ++i) {
-    const Slice& sl = plan_.slices[i];
-    if (guest_slot_[i] < 0 || topo.home(sl.expert) != rank_) continue;
-    FEPLB_CUDA_CHECK(kernels::add_f32(main_grad_.get() + local_index_[sl.expert] * w,
-                                      pool_->staging_slot(static_cast<int>(export_slot_[i])), w, co));
+  for (const Export& x : h.layout.exports()) {
+    const float* staged = r.pool->staging_slot(x.staging_slot);
+    const ExpertGrads& g = grads[static_cast<size_t>(x.local_index)];
+    FEPLB_CUDA_CHECK(kernels::add_f32(g.gate_up, staged, 2 * H * F, co));
+    FEPLB_CUDA_CHECK(kernels::add_f32(g.down, staged + 2 * H * F, H * F, co));
   }
-  FEPLB_CUDA_CHECK(cudaEventRecord(pool_->staging_free(), co));
-  ev_grads_done_.record(co);
+  FEPLB_CUDA_CHECK(cudaEventRecord(r.pool->staging_free(), co));
+  m.ev_grads_done.record(co);
 
-  // 7. dX back to the tokens' ranks (reverse all-to-all into ybuf_, free since step 1) and summed
-  // over each token's k choices (the router weights are already in dY).
-  reverse_exchange(dyrecv_.get(), s);
-  FEPLB_CUDA_CHECK(kernels::combine(ybuf_.get(), pair_pos_.get(), nullptr, num_tokens_, static_cast<int>(K_), H_,
+  // 7. dX back to the tokens' ranks (reverse all-to-all into ybuf) and summed over each token's k
+  // choices (the router weights are already in dY).
+  m.reverse_exchange(h, r.ybuf.get(), s);
+  FEPLB_CUDA_CHECK(kernels::combine(r.ybuf.get(), h.pair_pos, nullptr, num_tokens, static_cast<int>(K), H,
                                     grad_hidden, s));
 
-  wait_seq(copies_seq_, seq_, "phase-2 copies");
-  bstats_.copies += result_copies;
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, ev_copy_in_done_.get(), 0));
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, ev_copy_out_done_.get(), 0));  // dX and dW sent (not the adds)
-  if (cfg_.timing) tb_end_.record(s);
-  gemm_.refine(kGemmRefineBudgetMs);
+  m.finish_call(seq, s);
+  m.bstats.copies += result_copies;
+  if (r.cfg.timing) m.tb_end.record(s);
+  r.ev_call_done.record(s);
+  r.release(mb.slot_, mb.generation_, s);  // the saved activations, after this backward's work
+  mb.release();
+  r.gemm.refine(kGemmRefineBudgetMs);
 }
 
 }  // namespace feplb::cuda

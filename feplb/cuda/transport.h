@@ -23,6 +23,27 @@ struct Chunk {
   size_t bytes = 0;
 };
 
+// How a signal set (Transport::Signals) makes the signaller's earlier work on its stream visible to
+// the waiter's later work. Declared once here; parse_signal_mechanism reads the names below.
+enum class SignalMechanism {
+  // "event": CUDA events (interprocess events between processes). The documented way to order
+  // work between streams, GPUs and processes; the waiting host thread blocks, bounded, until the
+  // signaller's host has recorded the event for the value. The default.
+  kEvent,
+  // "memop": a stream memory write into the peer's flag after a system-scope memory barrier, and
+  // a stream memory wait on one's own flag. No host round trip, but between two GPUs the flag has
+  // been seen to overtake the tail of a copy before it (feplb/cuda/ipc_signals.h says what holds).
+  kStreamMemop,
+  // "ce-flag": the value is written into a local word, then copied into the peer's flag by the
+  // copy engine on the signaller's stream (the path the data took); the same wait as "memop".
+  kCeFlag,
+};
+inline constexpr SignalMechanism kDefaultSignalMechanism = SignalMechanism::kEvent;
+// "event", "memop", "ce-flag".
+std::string_view signal_mechanism_name(SignalMechanism mechanism);
+// The inverse; InputError naming the text and the choices otherwise.
+SignalMechanism parse_signal_mechanism(std::string_view name);
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -48,17 +69,25 @@ class Transport {
   // slots per rank. signal(peer, slot, value, s): once prior work on `s` is done, `peer`'s slot
   // reaches `value`. wait(slot, value, s): later work on `s` waits until this rank's slot reaches
   // `value`. Values of one slot only grow; a slot is signalled by one rank at a time.
+  // `mechanism` picks how (SignalMechanism); every rank passes the same one. A set is destroyed
+  // only after every rank's last signal and wait on it have completed (e.g. after a barrier).
   class Signals {
    public:
     virtual ~Signals() = default;
     virtual void signal(int peer, int slot, uint32_t value, cudaStream_t stream) = 0;
     virtual void wait(int slot, uint32_t value, cudaStream_t stream) = 0;
+    virtual SignalMechanism mechanism() const = 0;
   };
-  virtual std::unique_ptr<Signals> make_signals(const std::string& name, int count) = 0;
+  virtual std::unique_ptr<Signals> make_signals(const std::string& name, int count,
+                                                SignalMechanism mechanism) = 0;
+  std::unique_ptr<Signals> make_signals(const std::string& name, int count) {
+    return make_signals(name, count, kDefaultSignalMechanism);
+  }
 };
 
 // R virtual ranks in one process on the current GPU. Each rank's thread calls its endpoint's
-// collectives; a rank that does not arrive within `timeout_s` makes the others throw Error.
+// collectives; a rank that does not arrive within `timeout_s` makes the others throw Error. Its
+// signals are CUDA events (SignalMechanism::kEvent only; another mechanism is an InputError).
 class InProcessGroup {
  public:
   explicit InProcessGroup(int world_size, double timeout_s = 60.0);
@@ -76,7 +105,9 @@ class InProcessGroup {
   std::vector<std::unique_ptr<Transport>> endpoints_;
 };
 
-// One rank of an NCCL communicator (which the caller keeps owning).
+// One rank of an NCCL communicator (which the caller keeps owning). Its signal sets are
+// make_ipc_signals (feplb/cuda/ipc_signals.h) over the communicator's all-gather: every rank of
+// the communicator on one host.
 std::unique_ptr<Transport> make_nccl_transport(void* nccl_comm, int device);
 
 }  // namespace feplb::cuda

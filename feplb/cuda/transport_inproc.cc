@@ -85,6 +85,8 @@ class InProcessSignals final : public Transport::Signals {
     FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, s.ev[value & 1], 0));
   }
 
+  SignalMechanism mechanism() const override { return SignalMechanism::kEvent; }
+
  private:
   InProcessGroup::State* st_;
   InProcessGroup::State::SignalSlot* slots_;
@@ -158,8 +160,14 @@ class InProcessTransport final : public Transport {
 
   bool supports_peer_copies() const override { return true; }
 
-  std::unique_ptr<Signals> make_signals(const std::string& name, int count) override {
+  std::unique_ptr<Signals> make_signals(const std::string& name, int count,
+                                        SignalMechanism mechanism) override {
     FEPLB_CHECK(count >= 1, "signal set '{}' of {} slots", name, count);
+    FEPLB_REQUIRE_INPUT(mechanism == SignalMechanism::kEvent,
+                        "in-process transport: signal set '{}' asks for '{}'; virtual ranks signal "
+                        "with events only (stream memory waits between streams of one GPU can "
+                        "stall its scheduler)",
+                        name, signal_mechanism_name(mechanism));
     State::SignalSlot* slots = nullptr;
     {
       std::lock_guard<std::mutex> lock(st_->mu);

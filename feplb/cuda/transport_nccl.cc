@@ -6,9 +6,9 @@
 #include <set>
 
 #include "feplb/cuda/check.h"
+#include "feplb/cuda/ipc_signals.h"
 #include "feplb/cuda/peer_memory.h"
 #include "feplb/cuda/resources.h"
-#include "feplb/cuda/stream_ops.h"
 #include "feplb/cuda/transport.h"
 
 #define FEPLB_NCCL_CHECK(call)                                                                   \
@@ -45,39 +45,6 @@ void nccl_settle(ncclComm_t comm, ncclResult_t r, const char* what, double timeo
                             ncclGetLastError(comm)));
   }
 }
-
-// A uint32 flag per slot per rank in device memory, mapped into every peer; signals are stream
-// memory writes into the peer's flag (no SM), waits are stream memory waits on one's own.
-class NcclSignals final : public Transport::Signals {
- public:
-  NcclSignals(int rank, int world, int count, const AllGatherBlobs& all_gather, cudaStream_t setup)
-      : count_(count), flags_(static_cast<size_t>(count)) {
-    FEPLB_CUDA_CHECK(cudaMemsetAsync(flags_.get(), 0, flags_.bytes(), setup));
-    sync_with_timeout(setup, kSetupTimeoutS, "signals: zeroing the flags");
-    if (world > 1) {
-      // Every rank's flags are zero before anyone learns where they are.
-      mem_ = std::make_unique<PeerMemory>(flags_.get(), flags_.bytes(), rank, all_gather);
-    }
-    for (int p = 0; p < world; ++p) {
-      peer_flags_.push_back(p == rank ? flags_.get() : static_cast<uint32_t*>(mem_->peer(p)));
-    }
-  }
-  void signal(int peer, int slot, uint32_t value, cudaStream_t stream) override {
-    FEPLB_CHECK(peer >= 0 && peer < static_cast<int>(peer_flags_.size()) && slot >= 0 && slot < count_,
-                "signal: peer {} slot {} (world {}, {} slots)", peer, slot, peer_flags_.size(), count_);
-    stream_write_u32(stream, peer_flags_[peer] + slot, value);
-  }
-  void wait(int slot, uint32_t value, cudaStream_t stream) override {
-    FEPLB_CHECK(slot >= 0 && slot < count_, "wait: slot {} of {}", slot, count_);
-    stream_wait_u32_geq(stream, flags_.get() + slot, value);
-  }
-
- private:
-  int count_;
-  DeviceBuffer<uint32_t> flags_;      // [count], this rank's slots
-  std::unique_ptr<PeerMemory> mem_;   // declared after flags_: closes the peers' mappings first
-  std::vector<uint32_t*> peer_flags_;  // [world], each rank's flags as addressed here
-};
 
 // One rank of a caller-owned NCCL communicator. All-to-all-v is one NCCL group of ncclSend and
 // ncclRecv calls (one per chunk, matched in order per peer). Peer memory: CUDA IPC (peer_memory.h),
@@ -126,11 +93,12 @@ class NcclTransport final : public Transport {
   }
   bool supports_peer_copies() const override { return world_ == 1 || reachable_; }
 
-  std::unique_ptr<Signals> make_signals(const std::string& name, int count) override {
+  std::unique_ptr<Signals> make_signals(const std::string& name, int count,
+                                        SignalMechanism mechanism) override {
     FEPLB_CHECK(count > 0, "make_signals: '{}' with {} slots", name, count);
     FEPLB_CHECK(signal_names_.insert(name).second, "make_signals: '{}' made twice", name);
     FEPLB_CHECK(world_ == 1 || reachable_, "NCCL transport: signals need peer memory: {}", unreachable_why_);
-    return std::make_unique<NcclSignals>(rank_, world_, count, blob_gather(), setup_stream_.get());
+    return make_ipc_signals(name, count, rank_, world_, blob_gather(), mechanism, kSetupTimeoutS);
   }
 
  private:

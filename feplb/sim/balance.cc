@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -11,6 +12,7 @@
 #include "feplb/core/placer.h"
 #include "feplb/core/planners/eplb_rebalance.h"
 #include "feplb/core/stats.h"
+#include "feplb/sim/gemm_tables.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/report.h"
 
@@ -58,6 +60,79 @@ SimulationResult simulate_placed(const Trace& trace, const SimulationConfig& bas
   }
   layers += static_cast<int64_t>(cfg.placement.layers.size());
   return simulate(trace, cfg);
+}
+
+// The many-donor section: per shape, EP size and workload, every policy and feplb's modes.
+void run_many_donor(const BalanceConfig& config, BalanceResult& result) {
+  std::map<std::string, std::string> prior_of;  // stem -> path
+  if (!config.many_donor_priors.empty()) {
+    for (const std::string& path : config.many_donor_priors) {
+      result.many_donor_priors.push_back(stem(path));
+      prior_of[stem(path)] = path;
+    }
+  } else {
+    for (const std::string& path : config.prior_paths) {
+      const Prior p = expand_prior(read_prior(path), config.num_experts, config.workload.seed);
+      if (!shows_many_donors(p, std::min(8, config.gpus_per_node))) continue;
+      result.many_donor_priors.push_back(stem(path));
+      prior_of[stem(path)] = path;
+    }
+  }
+  for (const BalanceConfig::Shape& sh : config.many_donor_shapes) {
+    const CostModelChoice cost =
+        config.cost_dir.empty()
+            ? CostModelChoice{nullptr,
+                              roofline_label(config.sim.knobs, find_gpu_class(config.sim.gpu))}
+            : find_gemm_table(config.cost_dir, "data/cost", sh.shape, config.sim.knobs,
+                              find_gpu_class(config.sim.gpu));
+    for (int ranks : config.many_donor_ranks) {
+      struct Workload {
+        std::string name;
+        Prior prior;
+      };
+      std::vector<Workload> workloads;
+      workloads.push_back(
+          {"generator, many donors",
+           many_donor_prior(config.num_experts, ranks, config.gpus_per_node, config.many_donor_hot,
+                            config.many_donor_cold_min, config.many_donor_expert_skew,
+                            config.skew_layers, config.skew_seed)});
+      for (const std::string& path : result.many_donor_priors) {
+        workloads.push_back({path, expand_prior(read_prior(prior_of[path]), config.num_experts,
+                                                config.workload.seed)});
+      }
+      for (const Workload& w : workloads) {
+        WorkloadSpec spec = config.workload;
+        spec.num_ranks = ranks;
+        spec.top_k = config.top_k;
+        spec.num_steps = config.workload.num_steps + config.warmup_steps;
+        Trace trace = generate_trace(w.prior, spec);
+        trace.model = sh.name;
+        SimulationConfig sim = result.config.sim;
+        sim.gpus_per_node = config.gpus_per_node;
+        sim.warmup_steps = config.warmup_steps;
+        sim.shape = sh.shape;
+        sim.cost = cost.model.get();
+        sim.cost_label = cost.label;
+        std::vector<BalanceSteps> acc;
+        const SimulationResult r = simulate(trace, sim);
+        for (const PolicyResult& p : r.policies) collect_steps(acc, p.name, p, false, false);
+        for (const BalanceVariant& v : config.many_donor_modes) {
+          SimulationConfig vs = sim;
+          vs.policies = {v.policy};
+          apply_knobs(vs.knobs, v.knobs);
+          const SimulationResult rv = simulate(trace, vs);
+          collect_steps(acc, v.label, *rv.find(v.policy), false, true);
+        }
+        const Topology topo = Topology::contiguous(ranks, config.gpus_per_node, config.num_experts);
+        BalanceGroup g = summarise_group(ranks, topo.num_domains(), 0.0, acc);
+        g.workload = w.name;
+        g.shape_name = sh.name;
+        g.shape = sh.shape;
+        g.cost_label = cost.label;
+        result.many_donor.push_back(std::move(g));
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -110,6 +185,22 @@ BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<Ba
   return g;
 }
 
+bool shows_many_donors(const Prior& prior, int ranks) {
+  const int E = prior.num_experts();
+  if (ranks < 2 || E % ranks != 0) return false;
+  for (const std::vector<double>& pop : prior.popularity) {
+    std::vector<double> load(static_cast<size_t>(ranks), 0.0);
+    for (int e = 0; e < E; ++e) load[e / (E / ranks)] += pop[e] * ranks;  // x the mean
+    int over = 0, under = 0;
+    for (double l : load) {
+      over += l > 1.2 ? 1 : 0;
+      under += l < 0.6 ? 1 : 0;
+    }
+    if (over >= 2 && under >= 2) return true;
+  }
+  return false;
+}
+
 std::vector<BalanceVariant> default_balance_variants() {
   std::vector<BalanceVariant> v;
   for (bool placed : {false, true}) {
@@ -154,7 +245,8 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
   FEPLB_REQUIRE_INPUT(!config.ranks.empty(), "--ranks: none given");
   FEPLB_REQUIRE_INPUT(config.warmup_steps >= 0, "--warmup: {} must be at least 0",
                       config.warmup_steps);
-  BalanceResult result{config, {}, {}};
+  BalanceResult result;
+  result.config = config;
   std::vector<std::string>& policies = result.config.sim.policies;
   if (std::find(policies.begin(), policies.end(), "static") == policies.end()) {
     policies.insert(policies.begin(), "static");
@@ -247,6 +339,7 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
       result.groups.push_back(std::move(g));
     }
   }
+  run_many_donor(config, result);
   return result;
 }
 
@@ -278,7 +371,14 @@ nlohmann::ordered_json balance_cell_json(const BalanceCell& cell) {
           {"guest_slots_max", cell.max_guest_slots},
           {"network_bytes_max", cell.max_network_bytes},
           {"fits_static_window", s.fits_static_window},
+          {"delayed_steps", s.delayed_steps},
           {"copy_exposed_ms", s.copy_exposed_ms},
+          {"plan_exposed_ms", s.plan_exposed_ms},
+          {"exposed_ms", s.exposed_ms},
+          {"prefetch_bytes_per_step", s.prefetch_bytes_per_step},
+          {"prefetch_wasted_bytes_per_step", s.prefetch_wasted_bytes_per_step},
+          {"prefetch_hit_rate", s.prefetch_hit_rate},
+          {"prefetch_coverage", s.prefetch_coverage},
           {"planner_us_median", s.planner_us_median},
           {"planner_us_p99", s.planner_us_p99},
           {"inter_node_floor", cell.oracle_straggler},
@@ -316,18 +416,34 @@ std::string format_balance_json(const BalanceResult& r, const std::string& comma
                    {"pareto_ranks", c.pareto_ranks},
                    {"variants", variants}};
   doc["eplb_readme_phy2log"] = r.eplb_readme;
-  json groups = json::array();
-  for (const BalanceGroup& g : r.groups) {
+  const auto cells_json = [](const BalanceGroup& g) {
     json cells = json::array();
     for (const BalanceCell& cell : g.cells) cells.push_back(balance_cell_json(cell));
+    return cells;
+  };
+  json groups = json::array();
+  for (const BalanceGroup& g : r.groups) {
     groups.push_back(
         {{"ranks", g.ranks},
          {"nvlink_domains", g.domains},
          {"workload", g.skew > 0 ? fmt::format("lognormal max/mean {}", g.skew) : "real priors"},
          {"mean_rows_per_gpu", g.mean_rows},
          {"rehomed_experts_per_layer", g.rehomed_experts},
-         {"cells", cells}});
+         {"cells", cells_json(g)}});
   }
+  json many = json::array();
+  for (const BalanceGroup& g : r.many_donor) {
+    many.push_back({{"ranks", g.ranks},
+                    {"nvlink_domains", g.domains},
+                    {"workload", g.workload},
+                    {"shape", g.shape_name},
+                    {"hidden", g.shape.hidden},
+                    {"ffn", g.shape.ffn},
+                    {"cost_model", g.cost_label},
+                    {"mean_rows_per_gpu", g.mean_rows},
+                    {"cells", cells_json(g)}});
+  }
+  doc["many_donor"] = many;
   doc["groups"] = groups;
   return doc.dump(2) + "\n";
 }

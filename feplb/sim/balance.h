@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "feplb/sim/prior.h"
 #include "feplb/sim/simulate.h"
 
 namespace feplb {
@@ -45,6 +46,29 @@ struct BalanceConfig {
   // Real priors, every EP: static, feplb and oracle again with homes placed from the warm-up
   // history (EPLB, one expert per group: experts onto nodes, then onto GPUs; no replicas).
   std::vector<std::string> placed_policies = {"static", "feplb", "oracle"};
+
+  // Many-donor skew (several GPUs of a domain overloaded at once, the others deeply under): the
+  // generator's many-donor mode (many_donor_prior) and the real priors that show it, per expert
+  // shape and EP size; every policy and feplb's modes. GEMM times from the measured table in
+  // cost_dir whose shape matches, the roofline otherwise.
+  struct Shape {
+    std::string name;
+    ExpertShape shape;
+  };
+  std::vector<Shape> many_donor_shapes = {{"Qwen3-235B-like", {4096, 1536, Dtype::kBf16}},
+                                          {"GLM-5", {6144, 2048, Dtype::kBf16}},
+                                          {"Qwen3-30B-like", {2048, 768, Dtype::kBf16}}};
+  std::vector<int> many_donor_ranks = {8, 16};
+  std::vector<double> many_donor_hot = {1.87, 1.65, 1.21};  // x the mean, per NVLink domain
+  double many_donor_cold_min = 0.2;
+  double many_donor_expert_skew = 2.0;  // max/mean over a GPU's experts
+  // Real priors that show it (paths); empty: those of prior_paths that do (shows_many_donors).
+  std::vector<std::string> many_donor_priors;
+  std::vector<BalanceVariant> many_donor_modes = {
+      {"feplb prefetch", "feplb", {{"prefetch", 1}}},
+      {"feplb one-hop", "feplb", {{"one_hop", 1}}},
+      {"feplb prefetch + one-hop", "feplb", {{"prefetch", 1}, {"one_hop", 1}}}};
+  std::string cost_dir;  // measured GEMM tables (data/cost); empty: the roofline
 };
 
 // One label (a policy, a variant, or a policy with placed homes) over a group of steps.
@@ -64,6 +88,10 @@ struct BalanceCell {
 
 // Real priors pooled, or one lognormal skew level, at one EP size.
 struct BalanceGroup {
+  std::string workload;            // many-donor groups: the workload, shape and cost model
+  std::string shape_name;
+  ExpertShape shape;
+  std::string cost_label;
   int ranks = 0;
   int domains = 1;
   double skew = 0;                 // 0: the real priors
@@ -77,6 +105,8 @@ struct BalanceGroup {
 struct BalanceResult {
   BalanceConfig config;
   std::vector<BalanceGroup> groups;
+  std::vector<BalanceGroup> many_donor;  // per shape, EP size and workload
+  std::vector<std::string> many_donor_priors;  // the real priors used there (stems)
   std::vector<std::vector<int32_t>> eplb_readme;  // EPLB's README example as our rebalance gives it
 
   const BalanceGroup* find(int ranks, double skew) const;
@@ -98,6 +128,9 @@ void collect_steps(std::vector<BalanceSteps>& acc, const std::string& label, con
 BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<BalanceSteps>& acc);
 // The JSON of one cell, as format_balance_json writes it.
 nlohmann::ordered_json balance_cell_json(const BalanceCell& cell);
+// Whether a prior shows many-donor skew on `ranks` GPUs with contiguous homes: in some layer at
+// least two GPUs above 1.2 x the mean load and at least two below 0.6 x.
+bool shows_many_donors(const Prior& prior, int ranks);
 
 // Per cell of `group`: 1 if it is on the token-straggler / weight-bytes Pareto front of the runtime
 // settings (the oracle, a yardstick, is left out): no other one has fewer or equal weight bytes and

@@ -85,6 +85,72 @@ std::string group_table(const BalanceGroup& g) {
   return out;
 }
 
+// Section 7: many-donor skew, per shape, EP size and workload.
+std::string many_donor_section(const BalanceResult& r) {
+  if (r.many_donor.empty()) return "";
+  const BalanceConfig& c = r.config;
+  std::string hot;
+  for (double h : c.many_donor_hot) hot += fmt::format("{}{}", hot.empty() ? "" : ", ", h);
+  std::string out = fmt::format(
+      "\n## 7. Many-donor skew\n\n"
+      "Several GPUs of a domain overloaded at once while the others sit deeply below the mean: "
+      "the receivers with the most room have the least own work to hide copies behind. "
+      "**Workloads:** the generator's many-donor mode (`trace gen --hot-gpus {} --cold-min {} "
+      "--skew {}`: per layer and NVLink domain, {} GPUs at those loads x the mean, the others "
+      "spaced evenly from {} x up; {} layers, seed {}), and the real priors that show it ({}); "
+      "the same {} tokens per GPU, top-{}, {} experts, {} history micro-batches then {} measured. "
+      "**Modes:** `feplb` is the default (the paper's two-phase path, weights copied after the "
+      "plan); `prefetch` copies the predicted weights before routing (`--prefetch 1`), `one-hop` "
+      "plans before the dispatch and sends migrated rows straight to their helper (`--one-hop "
+      "1`), its plan latency (counts round trip + planner) charged to every GPU. **Columns:** "
+      "S_G + exposed = the slowest GPU's GEMM time above the mean plus what the balancing adds "
+      "(late copies, a plan before the dispatch); the anchors' own planning is not charged; "
+      "prefetch = MiB per step copied before routing (share used); fits = steps in which no GPU "
+      "waited for a copy; delays = steps the balancing made slower.\n",
+      hot, c.many_donor_cold_min, c.many_donor_expert_skew, c.many_donor_hot.size(),
+      c.many_donor_cold_min, c.skew_layers, c.skew_seed,
+      r.many_donor_priors.empty()
+          ? std::string("none of the bundled ones")
+          : fmt::format("{}: at least two GPUs above 1.2 x and two below 0.6 x the mean in some "
+                        "layer at EP=8",
+                        fmt::join(r.many_donor_priors, ", ")),
+      c.workload.tokens_per_rank, c.top_k, c.num_experts, c.warmup_steps, c.workload.num_steps);
+  std::string last_shape;
+  for (const BalanceGroup& g : r.many_donor) {
+    if (g.shape_name != last_shape) {
+      out += fmt::format("\n### {} experts ({}); GEMM model: {}\n", g.shape_name,
+                         g.shape.describe(), g.cost_label);
+      last_shape = g.shape_name;
+    }
+    const BalanceCell* st = g.find("static");
+    out += fmt::format(
+        "\n**EP={}, {}** ({} NVLink domain{}; static max/mean {:.2f})\n\n"
+        "| policy | S_T rows (% of mean) | S_T reduction | S_G ms | exposed ms | S_G + exposed ms "
+        "| "
+        "weights MiB | prefetch MiB (used) | token copies MiB | fits | delays | balancing SMs | "
+        "planner us |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        g.ranks, g.workload, g.domains, g.domains > 1 ? "s" : "",
+        st ? st->summary.token_max_over_mean : 0.0);
+    for (const BalanceCell& cl : g.cells) {
+      const PolicySummary& s = cl.summary;
+      out += fmt::format(
+          "| {} | {:.0f} ({}) | {} | {:.3f} | {:.3f} | {:.3f} | {} | {} | {} | {:.0f}% | {:.0f}% | "
+          "{} | {:.1f} |\n",
+          cl.label, s.token_straggler, pct(s.token_straggler, g.mean_rows),
+          cl.label == "static" ? "" : fmt::format("{:.1f}%", s.token_straggler_reduction * 100),
+          s.gemm_straggler_ms, s.exposed_ms, s.gemm_straggler_ms + s.exposed_ms,
+          mib(s.weight_bytes_per_step),
+          s.prefetch_bytes_per_step > 0
+              ? fmt::format("{} ({:.0f}%)", mib(s.prefetch_bytes_per_step),
+                            s.prefetch_hit_rate * 100)
+              : "-",
+          mib(s.token_bytes_per_step), s.fits_static_window * 100, s.delayed_steps * 100,
+          cl.transport.balance_sms, s.planner_us_median);
+    }
+  }
+  return out;
+}
+
 // The lowest-straggler feplb setting (contiguous or placed homes) moving at most `max_bytes`.
 const BalanceCell* best_feplb_within(const BalanceGroup& g, double max_bytes, bool placed) {
   const BalanceCell* best = nullptr;
@@ -526,6 +592,7 @@ std::string format_balance_markdown(const BalanceResult& r, const std::string& c
       "critical path before their dispatch; EPLB's per-optimizer-step replica re-sync; NCCL's "
       "real SM count for LLEP (assumed); MoonEP's token padding; the copy engine's bandwidth "
       "under contention with the dispatch.\n";
+  out += many_donor_section(r);
   return out;
 }
 

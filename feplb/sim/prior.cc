@@ -52,17 +52,19 @@ Prior parse_prior(const std::string& text) {
     return *it;
   };
   Prior p;
-  if (auto it = doc.find("model"); it != doc.end() && it->is_string()) p.model = it->get<std::string>();
-  if (auto it = doc.find("source"); it != doc.end() && it->is_string()) p.source = it->get<std::string>();
+  if (auto it = doc.find("model"); it != doc.end() && it->is_string())
+    p.model = it->get<std::string>();
+  if (auto it = doc.find("source"); it != doc.end() && it->is_string())
+    p.source = it->get<std::string>();
   const json& experts = need("experts");
   FEPLB_REQUIRE_INPUT(experts.is_number_integer() && experts.get<int64_t>() >= 1 &&
                           experts.get<int64_t>() <= (1 << 16),
                       "experts: expected an integer in [1, 65536], got {}", experts.dump());
   const int num_experts = experts.get<int>();
   const json& top_k = need("top_k");
-  FEPLB_REQUIRE_INPUT(top_k.is_number_integer() && top_k.get<int64_t>() >= 1 &&
-                          top_k.get<int64_t>() <= num_experts,
-                      "top_k: expected an integer in [1, experts], got {}", top_k.dump());
+  FEPLB_REQUIRE_INPUT(
+      top_k.is_number_integer() && top_k.get<int64_t>() >= 1 && top_k.get<int64_t>() <= num_experts,
+      "top_k: expected an integer in [1, experts], got {}", top_k.dump());
   p.top_k = top_k.get<int>();
   const json& counts = need("counts");
   FEPLB_REQUIRE_INPUT(counts.is_array() && !counts.empty(), "counts: expected a non-empty array");
@@ -91,6 +93,101 @@ Prior parse_prior(const std::string& text) {
 Prior read_prior(const std::string& path) {
   Prior p = parse_file(path, [](const std::string& text) { return parse_prior(text); });
   if (p.source.empty()) p.source = path;
+  return p;
+}
+
+namespace {
+
+// Lognormal weights exp(sigma * (z_e - max z)) with sigma found by bisection so that their
+// max/mean is `target` (1: all equal).
+std::vector<double> lognormal_weights(Rng& rng, int n, double target) {
+  std::vector<double> z(static_cast<size_t>(n));
+  for (double& x : z) x = rng.normal();
+  const double zmax = *std::max_element(z.begin(), z.end());
+  auto popularity = [&](double sigma) {
+    std::vector<double> w(z.size());
+    for (size_t e = 0; e < z.size(); ++e) w[e] = std::exp(sigma * (z[e] - zmax));
+    return w;
+  };
+  // max/mean grows monotonically with sigma (every z_e - zmax <= 0).
+  double lo = 0.0, hi = 1.0;
+  while (max_over_mean(popularity(hi)) < target && hi < 64.0) hi *= 2.0;
+  for (int it = 0; it < 100; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (max_over_mean(popularity(mid)) < target ? lo : hi) = mid;
+  }
+  return popularity(0.5 * (lo + hi));
+}
+
+}  // namespace
+
+Prior many_donor_prior(int num_experts, int num_ranks, int gpus_per_node,
+                       const std::vector<double>& hot_loads, double cold_min, double expert_skew,
+                       int num_layers, uint64_t seed) {
+  FEPLB_REQUIRE_INPUT(num_ranks >= 2, "ranks: many-donor skew needs at least 2 GPUs, got {}",
+                      num_ranks);
+  FEPLB_REQUIRE_INPUT(gpus_per_node >= 2, "gpus-per-node: {} must be at least 2", gpus_per_node);
+  FEPLB_REQUIRE_INPUT(num_experts >= num_ranks && num_experts % num_ranks == 0,
+                      "experts: {} is not a positive multiple of ranks {}", num_experts, num_ranks);
+  FEPLB_REQUIRE_INPUT(num_layers >= 1, "layers: {} must be at least 1", num_layers);
+  FEPLB_REQUIRE_INPUT(!hot_loads.empty(), "hot-gpus: none given");
+  for (double h : hot_loads) {
+    FEPLB_REQUIRE_INPUT(h > 0 && std::isfinite(h), "hot-gpus: load {} must be positive", h);
+  }
+  FEPLB_REQUIRE_INPUT(cold_min >= 0 && std::isfinite(cold_min), "cold-min: {} must be >= 0",
+                      cold_min);
+  const int per_gpu = num_experts / num_ranks;
+  FEPLB_REQUIRE_INPUT(expert_skew >= 1.0 && (per_gpu == 1 || expert_skew < per_gpu),
+                      "skew: max/mean {} over a GPU's {} experts must be in [1, {})", expert_skew,
+                      per_gpu, per_gpu);
+  const double sum_hot = std::accumulate(hot_loads.begin(), hot_loads.end(), 0.0);
+  Prior p;
+  p.model = "many-donor";
+  std::string loads;
+  for (double h : hot_loads) loads += fmt::format("{}{}", loads.empty() ? "" : ",", h);
+  p.source = fmt::format("many-donor(hot={}, cold_min={}, expert max/mean={}, seed={})", loads,
+                         cold_min, expert_skew, seed);
+  for (int l = 0; l < num_layers; ++l) {
+    Rng rng(Rng::derive(seed, 0xd0a0, static_cast<uint64_t>(l)));
+    std::vector<double> gpu_load(static_cast<size_t>(num_ranks), 0.0);
+    for (int first = 0; first < num_ranks; first += gpus_per_node) {
+      const int n = std::min(gpus_per_node, num_ranks - first);
+      const int hot = static_cast<int>(hot_loads.size());
+      FEPLB_REQUIRE_INPUT(hot < n, "hot-gpus: {} loads for a domain of {} GPUs (leave one cold)",
+                          hot, n);
+      const double cold_mean = (static_cast<double>(n) - sum_hot) / (n - hot);
+      FEPLB_REQUIRE_INPUT(cold_mean > 0 && cold_min <= cold_mean,
+                          "hot-gpus: loads sum to {} in a domain of {} GPUs, leaving the cold ones "
+                          "{:.3f} x the mean, below cold-min {}",
+                          sum_hot, n, cold_mean, cold_min);
+      std::vector<int> order(static_cast<size_t>(n));
+      std::iota(order.begin(), order.end(), first);
+      for (int i = n - 1; i > 0; --i) {  // Fisher-Yates, seeded
+        std::swap(order[i], order[static_cast<int>(rng.uniform() * (i + 1))]);
+      }
+      const int cold = n - hot;
+      for (int i = 0; i < n; ++i) {
+        double load = 0;
+        if (i < hot) {
+          load = hot_loads[i];
+        } else {
+          const int j = i - hot;  // 0 = coldest
+          load = cold == 1 ? cold_mean : cold_min + 2.0 * (cold_mean - cold_min) * j / (cold - 1);
+        }
+        FEPLB_REQUIRE_INPUT(load > 0, "cold-min: 0 with one cold GPU leaves it no load");
+        gpu_load[order[i]] = load;
+      }
+    }
+    std::vector<double> w(static_cast<size_t>(num_experts));
+    for (int g = 0; g < num_ranks; ++g) {
+      std::vector<double> inside =
+          lognormal_weights(rng, per_gpu, per_gpu == 1 ? 1.0 : expert_skew);
+      const double sum = std::accumulate(inside.begin(), inside.end(), 0.0);
+      for (int j = 0; j < per_gpu; ++j) w[g * per_gpu + j] = gpu_load[g] * inside[j] / sum;
+    }
+    p.layer_ids.push_back(l);
+    p.popularity.push_back(normalised(std::move(w), "many-donor"));
+  }
   return p;
 }
 
@@ -129,7 +226,8 @@ Prior lognormal_prior(int num_experts, double target, int num_layers, uint64_t s
 Prior expand_prior(const Prior& prior, int num_experts, uint64_t seed) {
   const int base = prior.num_experts();
   FEPLB_REQUIRE_INPUT(num_experts >= base && num_experts % base == 0,
-                      "experts: {} must be a multiple of the prior's {} experts", num_experts, base);
+                      "experts: {} must be a multiple of the prior's {} experts", num_experts,
+                      base);
   if (num_experts == base) return prior;
   const int copies = num_experts / base;
   Prior out = prior;

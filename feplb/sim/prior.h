@@ -29,6 +29,20 @@ Prior parse_prior(const std::string& text);
 // bisection so that max_e p_e / mean_e p_e == target_max_over_mean, for each of `num_layers` layers.
 Prior lognormal_prior(int num_experts, double target_max_over_mean, int num_layers, uint64_t seed);
 
+// Many-donor skew: several GPUs of every NVLink domain overloaded at once while the others sit
+// deeply below the mean, as real priors show at EP=8 (e.g. 1.87, 1.65 and 1.21 x the mean on
+// three GPUs, the rest at 0.2-0.6 x). With contiguous homes (E / R experts per GPU), per layer and
+// per domain of `gpus_per_node` GPUs (the last may be smaller): the GPUs in a seeded random order
+// get `hot_loads` x the mean load (one entry per hot GPU; fewer entries than GPUs in a domain),
+// the others loads spaced evenly from `cold_min` x the mean up to what keeps the domain's mean at
+// 1 (so the coldest is at `cold_min`, the warmest cold one at 2 x cold mean - cold_min). Inside
+// each GPU its experts share its load by lognormal popularity with max/mean `expert_skew` over
+// the GPU's experts. InputError when the loads cannot average 1 (hot loads summing to the domain
+// size or more, cold_min above the cold mean) or a load is not positive.
+Prior many_donor_prior(int num_experts, int num_ranks, int gpus_per_node,
+                       const std::vector<double>& hot_loads, double cold_min, double expert_skew,
+                       int num_layers, uint64_t seed);
+
 // Widens a prior to `num_experts` (a multiple of its own count E) by splitting each real expert
 // into `num_experts / E` consecutive experts that share its popularity in random proportions
 // (Dirichlet(4, ..., 4), from `seed`). With contiguous placement at the same EP size every GPU

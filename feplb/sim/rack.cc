@@ -241,10 +241,10 @@ std::string format_rack_json(const RackResult& r, const std::string& command) {
     json cells = json::array();
     for (const BalanceCell& cell : g.group.cells) {
       json one = balance_cell_json(cell);
-      one["copy_exposed_ms_p95"] = cell.summary.copy_exposed_ms_p95;
+      one["exposed_ms_p95"] = cell.summary.exposed_ms_p95;
       one["window_slack_ms_p5"] = cell.summary.window_slack_ms_p5;
       one["gemm_straggler_plus_exposed_ms"] =
-          cell.summary.gemm_straggler_ms + cell.summary.copy_exposed_ms;
+          cell.summary.gemm_straggler_ms + cell.summary.exposed_ms;
       cells.push_back(one);
     }
     groups.push_back({{"section", g.section},
@@ -301,9 +301,9 @@ std::vector<std::pair<std::string, std::string>> rack_plots(const RackResult& r)
   });
   svg::line_panel(straggler, gap, 55, pw, ph, "Token straggler, % of the mean load", "EP size",
                   xlabels, token, LogAxis{0.01, 1000, 0, 0}, "%");
-  svg::line_panel(straggler, 2 * gap + pw, 55, pw, ph, "GEMM straggler + exposed copy time, ms",
+  svg::line_panel(straggler, 2 * gap + pw, 55, pw, ph, "GEMM straggler + exposed time, ms",
                   "EP size", xlabels, series([](const RackGroup&, const BalanceCell& cell) {
-                    return cell.summary.gemm_straggler_ms + cell.summary.copy_exposed_ms;
+                    return cell.summary.gemm_straggler_ms + cell.summary.exposed_ms;
                   }),
                   LogAxis{0.001, 1000, 0, 0}, " ms");
   svg::legend(straggler, 3 * gap + 2 * pw, 95, token);

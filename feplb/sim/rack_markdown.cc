@@ -18,7 +18,7 @@ std::string pct_of(double v, double mean) {
 }
 std::string mib(double bytes) { return fmt::format("{:.0f}", bytes / kMiB); }
 double gemm_plus_exposed(const BalanceCell& c) {
-  return c.summary.gemm_straggler_ms + c.summary.copy_exposed_ms;
+  return c.summary.gemm_straggler_ms + c.summary.exposed_ms;
 }
 
 std::string ep_title(const RackGroup& g) {
@@ -32,22 +32,23 @@ std::string ep_title(const RackGroup& g) {
 std::string group_table(const RackGroup& g) {
   std::string out =
       "| policy | S_T rows (% of mean) | vs static | max/mean | S_G ms | exposed ms (p95) | S_G + "
-      "exposed ms | fits | weights MiB | token copies MiB | NVLink MiB: dispatch / balancing | "
-      "network MiB: dispatch / balancing | guest slots | planner us: median / p99 |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "exposed ms | fits | delays | weights MiB | token copies MiB | NVLink MiB: dispatch / "
+      "balancing | network MiB: dispatch / balancing | guest slots | planner us: median / p99 |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const BalanceCell& c : g.group.cells) {
     const PolicySummary& s = c.summary;
     out += fmt::format(
-        "| {} | {:.0f} ({}) | {} | {:.3f} | {:.3f} | {:.3f} ({:.3f}) | {:.3f} | {:.0f}% | {} | {} "
+        "| {} | {:.0f} ({}) | {} | {:.3f} | {:.3f} | {:.3f} ({:.3f}) | {:.3f} | {:.0f}% | {:.0f}% "
         "| "
-        "{} / {} | {} / {} | {:.0f} | {:.1f} / {:.1f} |\n",
+        "{} | {} | {} / {} | {} / {} | {:.0f} | {:.1f} / {:.1f} |\n",
         c.label, s.token_straggler, pct_of(s.token_straggler, g.group.mean_rows),
         c.policy == "static" ? "" : fmt::format("{:+.1f}%", -s.token_straggler_reduction * 100),
-        s.token_max_over_mean, s.gemm_straggler_ms, s.copy_exposed_ms, s.copy_exposed_ms_p95,
-        gemm_plus_exposed(c), s.fits_static_window * 100, mib(s.weight_bytes_per_step),
-        mib(s.token_bytes_per_step), mib(s.dispatch_nvlink_bytes_per_step),
-        mib(s.nvlink_bytes_per_step), mib(s.dispatch_network_bytes_per_step),
-        mib(s.network_bytes_per_step), c.max_guest_slots, s.planner_us_median, s.planner_us_p99);
+        s.token_max_over_mean, s.gemm_straggler_ms, s.exposed_ms, s.exposed_ms_p95,
+        gemm_plus_exposed(c), s.fits_static_window * 100, s.delayed_steps * 100,
+        mib(s.weight_bytes_per_step), mib(s.token_bytes_per_step),
+        mib(s.dispatch_nvlink_bytes_per_step), mib(s.nvlink_bytes_per_step),
+        mib(s.dispatch_network_bytes_per_step), mib(s.network_bytes_per_step), c.max_guest_slots,
+        s.planner_us_median, s.planner_us_p99);
   }
   return out;
 }
@@ -95,7 +96,7 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
       command);
   if (!plot_dir.empty()) {
     out += fmt::format(
-        "![Token straggler and GEMM straggler + exposed copy time against EP size]"
+        "![Token straggler and GEMM straggler + exposed time against EP size]"
         "({0}rack-stragglers.svg)\n\n"
         "![Planner time against EP size]({0}rack-planner.svg)\n\n",
         plot_dir);
@@ -121,10 +122,12 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
                   describe_gpu(gpu, c.sim.knobs), c.sim.cost_label, gpu.source);
   out +=
       "**Columns.** S_T = max - mean rows per GPU (mean over steps); S_G = slowest - mean "
-      "modelled GEMM time; exposed = how much later the slowest GPU finishes because copies "
-      "landed after a receiver ran out of its own work (mean, p95 over steps): 0 when late copies "
-      "only delay GPUs that still end before the slowest; fits = steps whose copies all land "
-      "while every receiver still runs its own experts; weights / token copies = bytes of the "
+      "modelled GEMM time; exposed = what the balancing adds to the layer beyond its slowest "
+      "GPU's GEMMs (mean, p95 over steps): the slowest GPU ending later because a receiver waited "
+      "for a copy long enough to become the slowest, plus, for a plan made before the dispatch, "
+      "the counts round trip and the planner; delays = steps with exposed > 0; fits = steps in "
+      "which no GPU waited for a copy (a GPU that waits but still ends before the slowest costs "
+      "nothing, so fits < 100% with delays 0% is free); weights / token copies = bytes of the "
       "balancing copies per micro-batch and layer; NVLink / network = bytes inside / between "
       "NVLink domains for the phase-1 dispatch + combine and for the balancing copies; guest "
       "slots = most non-home experts one GPU holds in a step; planner = in-process time of one "
@@ -144,10 +147,10 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
                                pct_of(cell.summary.token_straggler, g.group.mean_rows),
                                -cell.summary.token_straggler_reduction * 100);
     });
-    out += "\nGEMM straggler + exposed copy time, ms (steps whose copies fit the window):\n\n";
+    out += "\nGEMM straggler + exposed time, ms (steps the balancing delayed):\n\n";
     out += across(ep, c.sim.policies, [](const RackGroup&, const BalanceCell& cell) {
       return fmt::format("{:.3f} ({:.0f}%)", gemm_plus_exposed(cell),
-                         cell.summary.fits_static_window * 100);
+                         cell.summary.delayed_steps * 100);
     });
     out += "\nPlanner time, us: median / p99 over steps:\n\n";
     out += across(ep, c.sim.policies, [](const RackGroup&, const BalanceCell& cell) {
@@ -231,7 +234,8 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
                          rg.cost_label);
     }
     out +=
-        "\nPer class: token straggler (% of mean) / S_G ms / exposed ms / fits / weights MiB.\n\n";
+        "\nPer class: token straggler (% of mean) / S_G ms / exposed ms / delays / weights "
+        "MiB.\n\n";
     out += "| policy |";
     for (const RackGpu& rg : c.gpus) {
       out += fmt::format(" {} ({}) |", rg.name, find_gpu_class(rg.name).provenance());
@@ -245,8 +249,8 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
         const BalanceCell* cell = cell_of(g, p);
         out += cell ? fmt::format(" {} / {:.3f} / {:.3f} / {:.0f}% / {} |",
                                   pct_of(cell->summary.token_straggler, g->group.mean_rows),
-                                  cell->summary.gemm_straggler_ms, cell->summary.copy_exposed_ms,
-                                  cell->summary.fits_static_window * 100,
+                                  cell->summary.gemm_straggler_ms, cell->summary.exposed_ms,
+                                  cell->summary.delayed_steps * 100,
                                   mib(cell->summary.weight_bytes_per_step))
                     : std::string(" - |");
       }
@@ -307,19 +311,19 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
       out += fmt::format("- **The anchors' planners at EP={}** (median per step): {}.\n",
                          hi->group.ranks, anchors_at_hi);
     }
-    if (const BalanceCell* fe = cell_of(hi, "feplb")) {
-      out += fmt::format(
-          "- **The copies.** At EP={} feplb moves {} MiB of weights per micro-batch and layer "
-          "({:.1f} experts' weights, {:.2f} per GPU); {:.0f}% of steps land every copy inside the "
-          "receivers' own work, and late copies delay the slowest GPU by {:.3f} ms on average "
-          "(p95 {:.3f}). At EP={}: {} MiB, {:.0f}%, {:.3f} ms.\n",
-          hi->group.ranks, mib(fe->summary.weight_bytes_per_step),
-          fe->summary.guest_experts_per_step, fe->summary.guest_experts_per_step / hi->group.ranks,
-          fe->summary.fits_static_window * 100, fe->summary.copy_exposed_ms,
-          fe->summary.copy_exposed_ms_p95, lo->group.ranks,
-          cell_of(lo, "feplb") ? mib(cell_of(lo, "feplb")->summary.weight_bytes_per_step) : "-",
-          cell_of(lo, "feplb") ? cell_of(lo, "feplb")->summary.fits_static_window * 100 : 0.0,
-          cell_of(lo, "feplb") ? cell_of(lo, "feplb")->summary.copy_exposed_ms : 0.0);
+    const BalanceCell* fe_hi = cell_of(hi, "feplb");
+    const BalanceCell* fe_lo = cell_of(lo, "feplb");
+    if (fe_hi && fe_lo) {
+      const auto copies = [&](const RackGroup& g, const BalanceCell& fe) {
+        return fmt::format(
+            "at EP={} feplb moves {} MiB of weights per micro-batch and layer ({:.1f} experts' "
+            "weights, {:.2f} per GPU); in {:.0f}% of steps no GPU waits for a copy, the balancing "
+            "delays {:.0f}% of steps, by {:.3f} ms on average (p95 {:.3f})",
+            g.group.ranks, mib(fe.summary.weight_bytes_per_step), fe.summary.guest_experts_per_step,
+            fe.summary.guest_experts_per_step / g.group.ranks, fe.summary.fits_static_window * 100,
+            fe.summary.delayed_steps * 100, fe.summary.exposed_ms, fe.summary.exposed_ms_p95);
+      };
+      out += fmt::format("- **The copies.** {}; {}.\n", copies(*lo, *fe_lo), copies(*hi, *fe_hi));
     }
     if (multi) {
       const BalanceCell* st = cell_of(multi, "static");

@@ -93,27 +93,43 @@ std::string format_table(const SimulationResult& r) {
   std::string out = fmt::format(
       "{} | {} steps | {} | {} | top-{} x {} tokens/GPU = {:.0f} rows/GPU on average\n"
       "{}; GEMM model: {}\n"
-      "fits window: steps whose copies all land while the receivers run their own experts;\n"
-      "exposed: how much later the slowest GPU finishes because a copy landed late (mean)\n\n",
+      "fits window: steps in which no GPU waited for a copy (each landed before its receiver ran "
+      "out of work that needed none);\n"
+      "delays: steps the balancing made slower: a late copy held up the slowest GPU, or (one-hop) "
+      "the plan ran before the dispatch;\n"
+      "exposed: how much slower (mean ms); a GPU that waits for a copy but still finishes before "
+      "the slowest one costs nothing;\n"
+      "prefetch: weights copied before routing (within {:.0f} us of earlier work), MiB/step, and "
+      "the share a slice used\n\n",
       r.model.empty() ? "(unnamed model)" : r.model, first.size(), r.topo.describe(),
       r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows,
-      describe_gpu(find_gpu_class(r.config.gpu), r.config.knobs), r.config.cost_label);
+      describe_gpu(find_gpu_class(r.config.gpu), r.config.knobs), r.config.cost_label,
+      r.config.knobs.prefetch_window_us);
   out += format_placement_lines(r, mean_rows);
-  out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>8} {:>13}\n",
-                     "policy", "token straggler", "max/mean", "vs st.", "GEMM straggler", "vs st.",
-                     "weights", "tokens", "fits", "exposed", "planner us");
-  out += fmt::format("{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>10} {:>10} {:>7} {:>8} {:>13}\n",
-                     "", "mean (p95) rows", "mean", "", "mean (p95) ms", "", "MiB/step", "MiB/step",
-                     "window", "ms", "median / p99");
+  out += fmt::format(
+      "{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>9} {:>9} {:>12} {:>7} {:>7} {:>8} {:>13}\n",
+      "policy", "token straggler", "max/mean", "vs st.", "GEMM straggler", "vs st.", "weights",
+      "tokens", "prefetch", "fits", "delays", "exposed", "planner us");
+  out += fmt::format(
+      "{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>9} {:>9} {:>12} {:>7} {:>7} {:>8} {:>13}\n", "",
+      "mean (p95) rows", "mean", "", "mean (p95) ms", "", "MiB/step", "MiB/step", "MiB (hit)",
+      "window", "layer", "ms", "median / p99");
   for (const PolicyResult& p : r.policies) {
     const PolicySummary& s = p.summary;
+    const std::string prefetch =
+        s.prefetch_bytes_per_step > 0
+            ? fmt::format("{:.0f} ({:.0f}%)", s.prefetch_bytes_per_step / kMiB,
+                          s.prefetch_hit_rate * 100.0)
+            : "-";
     out += fmt::format(
-        "{:<12} {:>17} {:>9.3f} {:>7} {:>17} {:>7} {:>10.0f} {:>10.1f} {:>6.0f}% {:>8.3f} {:>13}\n",
+        "{:<12} {:>17} {:>9.3f} {:>7} {:>17} {:>7} {:>9.0f} {:>9.1f} {:>12} {:>6.0f}% {:>6.0f}% "
+        "{:>8.3f} {:>13}\n",
         p.name, fmt::format("{:.0f} ({:.0f})", s.token_straggler, s.token_straggler_p95),
         s.token_max_over_mean, p.name == "static" ? "" : pct(s.token_straggler_reduction),
         fmt::format("{:.3f} ({:.3f})", s.gemm_straggler_ms, s.gemm_straggler_ms_p95),
         p.name == "static" ? "" : pct(s.gemm_straggler_reduction), s.weight_bytes_per_step / kMiB,
-        s.token_bytes_per_step / kMiB, s.fits_static_window * 100.0, s.copy_exposed_ms,
+        s.token_bytes_per_step / kMiB, prefetch, s.fits_static_window * 100.0,
+        s.delayed_steps * 100.0, s.exposed_ms,
         fmt::format("{:.1f} / {:.1f}", s.planner_us_median, s.planner_us_p99));
   }
   return out;
@@ -198,6 +214,14 @@ std::string format_json(const SimulationResult& r) {
         {"window_slack_ms_p5", s.window_slack_ms_p5},
         {"copy_exposed_ms", s.copy_exposed_ms},
         {"copy_exposed_ms_p95", s.copy_exposed_ms_p95},
+        {"plan_exposed_ms", s.plan_exposed_ms},
+        {"exposed_ms", s.exposed_ms},
+        {"exposed_ms_p95", s.exposed_ms_p95},
+        {"delayed_steps", s.delayed_steps},
+        {"prefetch_bytes_per_step", s.prefetch_bytes_per_step},
+        {"prefetch_wasted_bytes_per_step", s.prefetch_wasted_bytes_per_step},
+        {"prefetch_hit_rate", s.prefetch_hit_rate},
+        {"prefetch_coverage", s.prefetch_coverage},
         {"planner_us_median", s.planner_us_median},
         {"planner_us_p99", s.planner_us_p99},
         {"token_straggler_reduction", s.token_straggler_reduction},

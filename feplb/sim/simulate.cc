@@ -55,7 +55,8 @@ PolicySummary summarise_steps(const std::vector<StepMetrics>& steps) {
   for (const StepMetrics& m : steps) {
     s.guest_slots_max = std::max(s.guest_slots_max, static_cast<double>(m.max_guest_slots));
   }
-  s.fits_static_window = mean_of(column([](const StepMetrics& m) { return m.fits_static_window ? 1 : 0; }));
+  s.fits_static_window =
+      mean_of(column([](const StepMetrics& m) { return m.fits_static_window ? 1 : 0; }));
   std::vector<double> slack;
   for (const StepMetrics& m : steps) {
     if (m.weight_bytes + m.token_bytes > 0) slack.push_back(m.window_slack_ms);
@@ -64,6 +65,23 @@ PolicySummary summarise_steps(const std::vector<StepMetrics>& steps) {
   const auto exposed = column([](const StepMetrics& m) { return m.copy_exposed_ms; });
   s.copy_exposed_ms = mean_of(exposed);
   s.copy_exposed_ms_p95 = quantile_of(exposed, 0.95);
+  s.plan_exposed_ms = mean_of(column([](const StepMetrics& m) { return m.plan_exposed_ms; }));
+  const auto total_exposed = column([](const StepMetrics& m) { return m.exposed_ms(); });
+  s.exposed_ms = mean_of(total_exposed);
+  s.exposed_ms_p95 = quantile_of(total_exposed, 0.95);
+  s.delayed_steps = mean_of(column([](const StepMetrics& m) { return m.delays_layer() ? 1 : 0; }));
+  s.prefetch_bytes_per_step =
+      mean_of(column([](const StepMetrics& m) { return m.prefetch_bytes; }));
+  s.prefetch_wasted_bytes_per_step =
+      mean_of(column([](const StepMetrics& m) { return m.prefetch_wasted_bytes; }));
+  double copies = 0, hits = 0, needed = 0;
+  for (const StepMetrics& m : steps) {
+    copies += static_cast<double>(m.prefetch_copies);
+    hits += static_cast<double>(m.prefetch_hits);
+    needed += static_cast<double>(m.guest_weights_needed);
+  }
+  s.prefetch_hit_rate = copies > 0 ? hits / copies : 0.0;
+  s.prefetch_coverage = needed > 0 ? hits / needed : 0.0;
   s.planner_us_median = quantile_of(us, 0.5);
   s.planner_us_p99 = quantile_of(us, 0.99);
   s.above_oracle_pct_of_mean = mean_of(column([](const StepMetrics& m) {
@@ -95,7 +113,8 @@ const PolicyResult* SimulationResult::find(const std::string& name) const {
   return nullptr;
 }
 
-SimulationResult simulate(const Trace& trace, const SimulationConfig& config, const Progress& progress) {
+SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
+                          const Progress& progress) {
   validate_knobs(config.knobs);
   FEPLB_REQUIRE_INPUT(config.shape.hidden > 0 && config.shape.ffn > 0,
                       "expert shape: unknown for model '{}'; pass --hidden and --ffn", trace.model);
@@ -132,7 +151,8 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
     FEPLB_REQUIRE_INPUT(std::count(names.begin(), names.end(), names[i]) == 1,
                         "policies: '{}' is listed twice", names[i]);
   }
-  if (std::find(names.begin(), names.end(), "static") == names.end()) names.insert(names.begin(), "static");
+  if (std::find(names.begin(), names.end(), "static") == names.end())
+    names.insert(names.begin(), "static");
   const auto uses = [&](const char* name) {
     return std::find(names.begin(), names.end(), name) != names.end();
   };
@@ -192,11 +212,16 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
   for (size_t e = 0; e < epochs.size() && placed; ++e) epochs[e].placement = &placements[e];
   if (placed) result.final_placement = placements.back();
 
+  // The prefetch window, when derived from the layer shapes (prefetch_window_us = 0), is fixed
+  // here for every planner and the metrics, and reported in the result's knobs.
+  result.config.knobs.prefetch_window_us =
+      prefetch_window_us(config.shape, trace.tokens_per_rank, config.knobs);
+  const Knobs& knobs = result.config.knobs;
   const RooflineCostModel roofline(config.shape, config.knobs);
   const GemmCostModel& cost = config.cost ? *config.cost : roofline;
   // Unknown policies and bad planner knobs fail here, before any planning.
   for (const std::string& name : names) {
-    make_planner(name, PlannerContext{result.topo, config.shape, config.knobs, &cost});
+    make_planner(name, PlannerContext{result.topo, config.shape, knobs, &cost});
   }
 
   const int64_t total = static_cast<int64_t>(names.size() * trace.steps.size());
@@ -215,12 +240,12 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
           layers.push_back(l.layer);
           topos.push_back(layer_topology(*epoch.placement, l));
           planners.push_back(make_planner(
-              name, PlannerContext{topos.back(), config.shape, config.knobs, &cost, l.dynamic}));
+              name, PlannerContext{topos.back(), config.shape, knobs, &cost, l.dynamic}));
         }
       } else {
         topos.push_back(result.topo);
         planners.push_back(
-            make_planner(name, PlannerContext{result.topo, config.shape, config.knobs, &cost}));
+            make_planner(name, PlannerContext{result.topo, config.shape, knobs, &cost}));
       }
       const auto slot = [&](int64_t layer) {
         if (layers.empty()) return size_t{0};
@@ -241,7 +266,7 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config, co
           const double us = time_plan_us(planner, step, plan, config.knobs.planner_reps);
           validate(plan, topo, step, config.shape, planner.limits());
           GpuLoads loads;
-          pr.steps.push_back(measure_plan(plan, topo, cost, config.knobs, us, &loads));
+          pr.steps.push_back(measure_plan(plan, topo, cost, knobs, us, &loads));
           measure_traffic(plan, topo, step, config.shape, pr.steps.back());
           pr.loads.push_back(std::move(loads));
         }

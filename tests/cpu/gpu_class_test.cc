@@ -1,6 +1,5 @@
-// GPU classes (feplb/core/gpu_class.h): the default class is where the link and GEMM knobs'
-// defaults come from, classes from specifications say so, and a knob that differs from its class is
-// marked.
+// GPU classes (feplb/core/gpu_class.h): the default class is the link and GEMM knobs' defaults,
+// classes from specifications say so, and a knob that differs from its class is marked.
 #include "feplb/core/gpu_class.h"
 
 #include <gtest/gtest.h>
@@ -25,9 +24,10 @@ TEST(GpuClass, TheDefaultClassGivesTheKnobDefaults) {
   EXPECT_EQ(applied.gemm_peak_tflops, defaults.gemm_peak_tflops);
   EXPECT_EQ(applied.hbm_gbps, defaults.hbm_gbps);
   EXPECT_EQ(applied.num_sms, defaults.num_sms);
-  // The H200's measured peer copy-engine rate (two H200s over NVLink 4, one direction).
-  EXPECT_EQ(defaults.copy_gbps, 393.0);
-  EXPECT_EQ(first.gemm_table, "h200-glm5.json");
+  // The H200's measured peer copy-engine rate for a 72 MiB expert (two H200s over NVLink 4, one
+  // direction: 379 GB/s at 64 MiB, 393 at 256 MiB).
+  EXPECT_EQ(defaults.copy_gbps, 380.0);
+  EXPECT_EQ(first.table_device, "NVIDIA H200");
 }
 
 TEST(GpuClass, ApplySetsOnlyTheClassKnobs) {
@@ -52,7 +52,7 @@ TEST(GpuClass, SpecificationClassesAreMarkedEverywhereTheyArePrinted) {
     EXPECT_GT(g.gemm_peak_tflops, 0);
     EXPECT_GT(g.num_sms, 0);
     if (g.measured) continue;
-    EXPECT_TRUE(g.gemm_table.empty()) << g.name << ": a class from specifications has no table";
+    EXPECT_TRUE(g.table_device.empty()) << g.name << ": a class from specifications has no table";
     EXPECT_NE(g.source.find("not measured"), std::string_view::npos) << g.name;
     Knobs k;
     apply_gpu_class(g, k);

@@ -95,6 +95,96 @@ TEST(Metrics, CopiesThatLandAfterTheOwnWorkDoNotFit) {
   EXPECT_NEAR(m.copy_exposed_ms, std::max(0.0, gpu1_finish - m.gemm_max_ms), 1e-9);
 }
 
+// Whether late copies cost time: a receiver that waits for its copies but still finishes before
+// the slowest GPU costs nothing (fits false, exposed 0, the layer not delayed); one that becomes
+// the slowest GPU because it waited delays the layer by exactly its wait.
+TEST(Metrics, LateCopiesDelayTheLayerOnlyWhenTheReceiverBecomesTheSlowest) {
+  const auto s = step_from({{4000, 0, 1, 0}, {4000, 0, 1, 0}});
+  const Topology topo = Topology::contiguous(2, 8, 4);
+  Knobs k;
+  const RooflineCostModel cost(glm5(), k);
+  const auto arrival_ms = [&](int64_t rows) {
+    return 21e-3 +
+           (3.0 * 6144 * 2048 * 2 + static_cast<double>(rows) * 6144 * 2) / (k.copy_gbps * 1e9) *
+               1e3 +
+           2 * 5e-3;
+  };
+  // 2000 of 8000 rows to GPU 1: it waits (its own work is 2 rows) but ends long before GPU 0.
+  Plan plan;
+  plan.clear(4);
+  plan.add_migration(0, 0, 1, 2000, glm5());
+  plan.add_home_slices(topo, s, {2000, 0, 0, 0});
+  StepMetrics m = measure_plan(plan, topo, cost, k, 0.0);
+  EXPECT_FALSE(m.fits_static_window);
+  EXPECT_LT(m.window_slack_ms, 0);
+  ASSERT_LT(arrival_ms(2000) + cost.expert_ms(2000), cost.expert_ms(6000));
+  EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0);
+  EXPECT_FALSE(m.delays_layer());
+  // 4000 rows to GPU 1: both GPUs compute 4000 rows; GPU 1 starts them only once they land.
+  plan.clear(4);
+  plan.add_migration(0, 0, 1, 4000, glm5());
+  plan.add_home_slices(topo, s, {4000, 0, 0, 0});
+  m = measure_plan(plan, topo, cost, k, 0.0);
+  EXPECT_FALSE(m.fits_static_window);
+  const double gpu1_finish = std::max(cost.expert_ms(2), arrival_ms(4000)) + cost.expert_ms(4000);
+  ASSERT_GT(gpu1_finish, m.gemm_max_ms);
+  EXPECT_NEAR(m.copy_exposed_ms, gpu1_finish - m.gemm_max_ms, 1e-9);
+  EXPECT_TRUE(m.delays_layer());
+  EXPECT_DOUBLE_EQ(m.plan_exposed_ms, 0.0);
+}
+
+// Weights prefetched before routing and rows dispatched straight to the helper (one-hop): the
+// helper needs no copy after the plan, so nothing waits; the plan before the dispatch delays
+// every GPU by the counts round trip + the planner. An unused prefetch is wasted bytes.
+TEST(Metrics, PrefetchAndOneHopNeedNoCopyAfterThePlanButChargeThePlan) {
+  const auto s = step_from({{4000, 0, 1, 0}, {4000, 0, 1, 0}});
+  const Topology topo = Topology::contiguous(2, 8, 4);
+  Knobs k;
+  k.prefetch_window_us = 1000;  // room for both 72 MiB prefetches on GPU 0's egress
+  const RooflineCostModel cost(glm5(), k);
+  Plan plan;
+  plan.clear(4);
+  plan.planned_before_dispatch = true;
+  plan.add_prefetch(0, 0, 1, glm5());
+  plan.add_prefetch(1, 0, 1, glm5());  // expert 1 has no rows: wasted
+  plan.add_migration(0, 0, 1, 4000, glm5(), /*weights_prefetched=*/true, /*one_hop=*/true);
+  plan.add_home_slices(topo, s, {4000, 0, 0, 0});
+  validate(plan, topo, s, glm5(), PlanLimits{});
+  StepMetrics m = measure_plan(plan, topo, cost, k, 3.0);
+  EXPECT_TRUE(m.fits_static_window);
+  EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0);
+  EXPECT_NEAR(m.plan_exposed_ms, (21.0 + 3.0) * 1e-3, 1e-12);
+  EXPECT_TRUE(m.delays_layer());
+  EXPECT_EQ(m.token_bytes, 0);
+  EXPECT_EQ(m.prefetch_copies, 2);
+  EXPECT_EQ(m.prefetch_hits, 1);
+  EXPECT_EQ(m.prefetch_bytes, 2 * glm5().weight_bytes());
+  EXPECT_EQ(m.prefetch_wasted_bytes, glm5().weight_bytes());
+  EXPECT_EQ(m.weight_bytes, 2 * glm5().weight_bytes());
+  EXPECT_EQ(m.guest_weights_needed, 1);
+  EXPECT_EQ(m.max_guest_slots, 2);
+  // With too little earlier work (1 us) the used prefetch lands after GPU 1's own 1-row GEMM:
+  // GPU 1 waits, and since its 4000 rows then end after GPU 0's, the layer is delayed too.
+  k.prefetch_window_us = 1;
+  m = measure_plan(plan, topo, cost, k, 3.0);
+  EXPECT_FALSE(m.fits_static_window);
+  EXPECT_GT(m.copy_exposed_ms, 0.0);
+  // Two-phase with the weights prefetched: only the rows are copied after the plan.
+  plan.clear(4);
+  plan.add_prefetch(0, 0, 1, glm5());
+  plan.add_migration(0, 0, 1, 4000, glm5(), true, false);
+  plan.add_home_slices(topo, s, {4000, 0, 0, 0});
+  validate(plan, topo, s, glm5(), PlanLimits{});
+  k.prefetch_window_us = 1000;
+  m = measure_plan(plan, topo, cost, k, 0.0);
+  EXPECT_EQ(m.token_bytes, 2 * 4000 * glm5().row_bytes());
+  EXPECT_EQ(m.guest_experts, 0);
+  EXPECT_DOUBLE_EQ(m.plan_exposed_ms, 0.0);
+  // Prefetched and copied again is invalid; so is a guest without weights.
+  plan.copies.push_back({CopyKind::kWeights, 0, 0, 1, 0, glm5().weight_bytes()});
+  EXPECT_THROW(validate(plan, topo, s, glm5(), PlanLimits{}), Error);
+}
+
 // EP=4 over 2 nodes of 2 GPUs; every rank routes 10 rows to expert 0 (home GPU 0).
 TEST(Metrics, TrafficSplitsNvlinkAndNetwork) {
   const Topology topo = Topology::contiguous(4, 2, 4);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "feplb/cuda/host/step_layout.h"
 #include "test_util.h"
 
 namespace {
@@ -29,7 +30,8 @@ namespace {
 TEST(NoAlloc, PlannersDoNotAllocateOnceWarm) {
   testing::Bench b(16, 8, 128);
   std::vector<RoutingStep> steps;
-  for (uint64_t seed = 1; seed <= 6; ++seed) steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
+  for (uint64_t seed = 1; seed <= 6; ++seed)
+    steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
   for (const std::string& name : planner_names()) {
     auto planner = b.make(name);
     Plan plan;
@@ -95,6 +97,67 @@ TEST(NoAlloc, PlacementDynamicSetsDoNotAllocateOnceWarm) {
       const int64_t before = g_news.load();
       planner->plan(s, plan);
       EXPECT_EQ(g_news.load() - before, 0) << name;
+    }
+  }
+}
+
+// feplb with prefetch and one-hop (plans list the predicted copies), and in one NVLink domain of
+// 256 GPUs (the receivers' heap).
+TEST(NoAlloc, FeplbModesAndLargeDomainsDoNotAllocateOnceWarm) {
+  struct Case {
+    int ranks, gpus_per_node, experts;
+    int64_t prefetch, one_hop;
+  };
+  for (const Case& c : {Case{16, 8, 128, 1, 0}, Case{16, 8, 128, 1, 1}, Case{16, 8, 128, 0, 1},
+                        Case{256, 256, 1024, 1, 1}}) {
+    Knobs k;
+    k.prefetch = c.prefetch;
+    k.one_hop = c.one_hop;
+    k.prefetch_window_us = 500;
+    testing::Bench b(c.ranks, c.gpus_per_node, c.experts, k);
+    std::vector<RoutingStep> steps;
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      steps.push_back(testing::random_step(c.ranks, c.experts, 8, 2048, 4.0, seed));
+    }
+    auto planner = b.make("feplb");
+    Plan plan;
+    for (int round = 0; round < 2; ++round) {
+      for (const RoutingStep& s : steps) {
+        planner->plan(s, plan);
+        planner->observe(s);
+      }
+    }
+    for (const RoutingStep& s : steps) planner->plan(s, plan);  // capacity, with this prediction
+    for (const RoutingStep& s : steps) {
+      const int64_t before = g_news.load();
+      planner->plan(s, plan);
+      EXPECT_EQ(g_news.load() - before, 0) << c.ranks << " " << c.prefetch << c.one_hop;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace feplb
+
+namespace feplb {
+namespace {
+
+// The GPU runtime's host work per step: the plan, then its layout on every rank. Once the
+// layout's vectors have grown to the largest step, neither touches the heap.
+TEST(NoAlloc, StepLayoutDoesNotAllocateOnceWarm) {
+  testing::Bench b(8, 8, 128);
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 6; ++seed) steps.push_back(testing::random_step(8, 128, 8, 4096, 6.0, seed));
+  auto planner = b.make("feplb");
+  Plan plan;
+  cuda::StepLayout layout;
+  const cuda::LayoutCapacity cap{1 << 30, 1 << 30, 64, 64};
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const RoutingStep& s : steps) {
+      const int64_t before = g_news.load();
+      planner->plan(s, plan);
+      for (int r = 0; r < 8; ++r) layout.build(b.topo, s, plan, r, cap);
+      if (pass == 1) EXPECT_EQ(g_news.load() - before, 0);
     }
   }
 }

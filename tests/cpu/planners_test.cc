@@ -22,8 +22,8 @@ struct Shape {
   int64_t tokens;
 };
 const Shape kShapes[] = {
-    {1, 8, 16, 2, 64},     {2, 8, 128, 8, 512},  {4, 8, 128, 8, 1024}, {8, 8, 128, 8, 4096},
-    {8, 8, 64, 8, 777},    {8, 4, 32, 2, 300},   {16, 8, 128, 8, 1024}, {8, 8, 8, 2, 1000},
+    {1, 8, 16, 2, 64},  {2, 8, 128, 8, 512}, {4, 8, 128, 8, 1024},  {8, 8, 128, 8, 4096},
+    {8, 8, 64, 8, 777}, {8, 4, 32, 2, 300},  {16, 8, 128, 8, 1024}, {8, 8, 8, 2, 1000},
 };
 
 int64_t max_of(const std::vector<int64_t>& v) { return *std::max_element(v.begin(), v.end()); }
@@ -49,7 +49,8 @@ TEST(Planners, EveryPlanValidatesOnVariedInputs) {
 
 TEST(Planners, ZeroTokensGiveAnEmptyValidPlan) {
   Bench b(8, 8, 128);
-  const RoutingStep s = step_from(std::vector<std::vector<int64_t>>(8, std::vector<int64_t>(128, 0)));
+  const RoutingStep s =
+      step_from(std::vector<std::vector<int64_t>>(8, std::vector<int64_t>(128, 0)));
   for (const std::string& name : planner_names()) {
     auto planner = b.make(name);
     Plan plan;
@@ -94,7 +95,8 @@ TEST(Planners, OneHotExpert) {
   exposed.copy_timing = 2;
   Bench timed(8, 8, 128, exposed);
   timed.make("feplb")->plan(s, plan);
-  const StepMetrics m = measure_plan(plan, timed.topo, *timed.cost, exposed, exposed.planner_budget_us);
+  const StepMetrics m =
+      measure_plan(plan, timed.topo, *timed.cost, exposed, exposed.planner_budget_us);
   b.make("static")->plan(s, plan);
   const StepMetrics none = measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0);
   EXPECT_LT(m.gemm_max_ms + m.copy_exposed_ms, 0.8 * none.gemm_max_ms);
@@ -104,7 +106,8 @@ TEST(Planners, OneHotExpert) {
 TEST(Planners, SameInputsGiveIdenticalPlanBytes) {
   Bench b(8, 8, 128);
   std::vector<RoutingStep> steps;
-  for (uint64_t seed = 1; seed <= 8; ++seed) steps.push_back(random_step(8, 128, 8, 4096, 3.0, seed));
+  for (uint64_t seed = 1; seed <= 8; ++seed)
+    steps.push_back(random_step(8, 128, 8, 4096, 3.0, seed));
   for (const std::string& name : planner_names()) {
     auto p1 = b.make(name), p2 = b.make(name);
     Plan a, c;
@@ -155,7 +158,8 @@ TEST(FeplbPaper, GreedyMovesWholeBusiestDynamicExpertsWhileTheMaxDrops) {
   k.dyn = 2;
   k.tau = 0;
   Bench b(2, 8, 8, k);
-  const RoutingStep s = step_from({{250, 200, 150, 50, 25, 25, 25, 25}, {250, 200, 150, 50, 25, 25, 25, 25}});
+  const RoutingStep s =
+      step_from({{250, 200, 150, 50, 25, 25, 25, 25}, {250, 200, 150, 50, 25, 25, 25, 25}});
   Plan plan;
   b.make("feplb-paper")->plan(s, plan);
   // Move 0 (500): loads 800 / 700. Next busiest dynamic expert of GPU 0 is 1 (400): 700+400 > 800,
@@ -173,7 +177,8 @@ TEST(FeplbPaper, TauStopsSmallExpertsAndHistoryPicksTheDynamicSet) {
   k.dyn = 1;
   k.tau = 600;
   Bench b(2, 8, 8, k);
-  const RoutingStep s = step_from({{250, 200, 150, 50, 25, 25, 25, 25}, {250, 200, 150, 50, 25, 25, 25, 25}});
+  const RoutingStep s =
+      step_from({{250, 200, 150, 50, 25, 25, 25, 25}, {250, 200, 150, 50, 25, 25, 25, 25}});
   auto planner = b.make("feplb-paper");
   Plan plan;
   planner->plan(s, plan);
@@ -246,8 +251,10 @@ TEST(Feplb, BalancesWithinToleranceUsingBoundedSlices) {
     planner->plan(s, plan);
     validate(plan, b.topo, s, b.shape, planner->limits());
     const auto rows = rows_per_gpu(plan, 8);
-    const double mean = static_cast<double>(std::accumulate(rows.begin(), rows.end(), int64_t{0})) / 8;
-    balanced += static_cast<double>(max_of(rows)) <= std::ceil(mean) + b.knobs.balance_tolerance * mean + 1;
+    const double mean =
+        static_cast<double>(std::accumulate(rows.begin(), rows.end(), int64_t{0})) / 8;
+    balanced +=
+        static_cast<double>(max_of(rows)) <= std::ceil(mean) + b.knobs.balance_tolerance * mean + 1;
     ++total;
     // Slices sent to helpers are at least min_slice_rows unless they carry a whole expert.
     std::vector<int> helpers(128, 0);
@@ -299,6 +306,120 @@ TEST(Feplb, ExposedCopiesNeverDelayTheSlowestGpu) {
     const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, b.knobs.planner_budget_us);
     EXPECT_LE(m.copy_exposed_ms, 1e-9) << "seed " << seed;
   }
+}
+
+// Many-donor steps of one layer: GPUs at 1.87, 1.65 and 1.21 x the mean, the others from 0.2 x.
+std::vector<RoutingStep> many_donor_steps(int ranks, int experts, int n, uint64_t seed) {
+  const Prior p = many_donor_prior(experts, ranks, 8, {1.87, 1.65, 1.21}, 0.2, 2.0, 1, seed);
+  WorkloadSpec spec;
+  spec.num_ranks = ranks;
+  spec.tokens_per_rank = 4096;
+  spec.seq_len = 1024;
+  spec.concentration = 2000;
+  spec.seed = seed;
+  std::vector<RoutingStep> steps;
+  for (int i = 0; i < n; ++i) steps.push_back(generate_step(p.popularity[0], spec, i, 0));
+  return steps;
+}
+
+TEST(Feplb, PrefetchPredictsFromTheLayersLastPlanAndThePlanUsesIt) {
+  Knobs k;
+  k.prefetch = 1;
+  k.prefetch_window_us = 800;
+  const ExpertShape qwen{4096, 1536, Dtype::kBf16};
+  Bench b(8, 8, 128, k, qwen);
+  auto planner = b.make("feplb");
+  const auto steps = many_donor_steps(8, 128, 6, 3);
+  Plan plan;
+  int64_t hits = 0, prefetched = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::vector<Copy> predicted(planner->prefetch(0).begin(), planner->prefetch(0).end());
+    EXPECT_EQ(predicted.empty(), i == 0) << "no history before the first step";
+    planner->plan(steps[i], plan);
+    validate(plan, b.topo, steps[i], qwen, planner->limits());
+    std::vector<Copy> listed;
+    for (const Copy& c : plan.copies) {
+      if (c.kind == CopyKind::kPrefetchWeights) listed.push_back(c);
+    }
+    ASSERT_EQ(listed.size(), predicted.size());
+    for (size_t j = 0; j < listed.size(); ++j) {
+      EXPECT_EQ(listed[j].expert, predicted[j].expert);
+      EXPECT_EQ(listed[j].dst_gpu, predicted[j].dst_gpu);
+    }
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, b.knobs.planner_budget_us);
+    hits += m.prefetch_hits;
+    prefetched += m.prefetch_copies;
+    planner->observe(steps[i]);
+  }
+  ASSERT_GT(prefetched, 0);
+  EXPECT_GE(static_cast<double>(hits) / static_cast<double>(prefetched), 0.5);
+}
+
+TEST(Feplb, AWrongPredictionCostsBytesNotCorrectness) {
+  Knobs k;
+  k.prefetch = 1;
+  k.prefetch_window_us = 800;
+  Bench b(8, 8, 128, k);
+  auto planner = b.make("feplb");
+  // History from one skew, then a step whose hot GPUs are elsewhere.
+  for (const RoutingStep& s : many_donor_steps(8, 128, 3, 5)) planner->observe(s);
+  const RoutingStep other = many_donor_steps(8, 128, 1, 6)[0];
+  Plan plan;
+  planner->plan(other, plan);
+  validate(plan, b.topo, other, b.shape, planner->limits());  // every row once, weights present
+  const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0);
+  EXPECT_GT(m.prefetch_copies, 0);
+  EXPECT_GT(m.prefetch_wasted_bytes, 0);
+  Plan off;
+  b.make("feplb")->plan(other, off);
+  EXPECT_LE(m.token_straggler,
+            measure_plan(off, b.topo, *b.cost, b.knobs, 0.0).token_straggler + 1);
+}
+
+TEST(Feplb, OneHopDispatchesMigratedRowsStraightToTheHelper) {
+  Knobs k;
+  k.one_hop = 1;
+  Bench b(8, 8, 128, k);
+  for (const RoutingStep& s : many_donor_steps(8, 128, 3, 7)) {
+    Plan plan;
+    b.make("feplb")->plan(s, plan);
+    validate(plan, b.topo, s, b.shape, PlanLimits{});
+    EXPECT_TRUE(plan.planned_before_dispatch);
+    int64_t guests = 0;
+    for (const Slice& sl : plan.slices) {
+      if (sl.gpu == b.topo.home(sl.expert)) continue;
+      EXPECT_EQ(sl.source, RowSource::kDispatched);
+      ++guests;
+    }
+    EXPECT_GT(guests, 0);
+    for (const Copy& c : plan.copies) EXPECT_EQ(c.kind, CopyKind::kWeights);
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, 2.0);
+    EXPECT_EQ(m.token_bytes, 0);
+    EXPECT_NEAR(m.plan_exposed_ms, (b.knobs.counts_to_host_us + 2.0) * 1e-3, 1e-12);
+    Plan two_phase;
+    Bench b2(8, 8, 128);
+    b2.make("feplb")->plan(s, two_phase);
+    // Rows need no copy, so receivers with little own work can take more: balance is no worse.
+    EXPECT_LE(m.token_straggler,
+              measure_plan(two_phase, b.topo, *b.cost, b2.knobs, 0.0).token_straggler + 1);
+  }
+}
+
+// The receivers' heap gives the same plans as scanning every receiver when a domain has no more
+// receivers than max_helpers_per_expert + 8 (EP=16 in 2 domains of 8), and stays valid and
+// deterministic in one domain of 256.
+TEST(Feplb, LargeDomainPlansAreValidAndDeterministic) {
+  Bench b(256, 256, 1024);
+  const RoutingStep s = random_step(256, 1024, 8, 4096, 5.0, 3);
+  Plan a, c;
+  b.make("feplb")->plan(s, a);
+  b.make("feplb")->plan(s, c);
+  validate(a, b.topo, s, b.shape, PlanLimits{true, b.knobs.max_num_dyn});
+  EXPECT_EQ(serialize(a), serialize(c));
+  Plan st;
+  b.make("static")->plan(s, st);
+  EXPECT_LT(measure_plan(a, b.topo, *b.cost, b.knobs, 0.0).token_straggler,
+            0.2 * measure_plan(st, b.topo, *b.cost, b.knobs, 0.0).token_straggler);
 }
 
 }  // namespace

@@ -1,13 +1,14 @@
 // The workload generator and priors: reproducible bytes, valid counts, the skew knob, widening.
+#include "feplb/sim/workload.h"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
 
 #include "feplb/core/error.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/topology.h"
 #include "feplb/core/trace_io.h"
-#include "feplb/sim/workload.h"
+#include "feplb/sim/prior.h"
 
 namespace feplb {
 namespace {
@@ -97,6 +98,37 @@ TEST(Prior, WideningKeepsEachGpusShareExactly) {
   EXPECT_THROW(expand_prior(p, 96, 1), InputError);
 }
 
+TEST(Prior, ManyDonorLoadsPerGpu) {
+  for (int ranks : {8, 16}) {
+    const Prior p = many_donor_prior(128, ranks, 8, {1.87, 1.65, 1.21}, 0.2, 2.0, 2, 1);
+    ASSERT_EQ(p.num_layers(), 2);
+    const int per_gpu = 128 / ranks;
+    for (const auto& pop : p.popularity) {
+      for (int first = 0; first < ranks; first += 8) {
+        std::vector<double> load;
+        for (int g = first; g < first + 8; ++g) {
+          double share = 0;
+          for (int j = 0; j < per_gpu; ++j) share += pop[g * per_gpu + j];
+          load.push_back(share * ranks);  // x the mean
+        }
+        std::sort(load.rbegin(), load.rend());
+        EXPECT_NEAR(load[0], 1.87, 1e-9);
+        EXPECT_NEAR(load[1], 1.65, 1e-9);
+        EXPECT_NEAR(load[2], 1.21, 1e-9);
+        EXPECT_NEAR(load[7], 0.2, 1e-9);
+        EXPECT_NEAR(std::accumulate(load.begin(), load.end(), 0.0), 8.0, 1e-9);
+      }
+    }
+  }
+  // The two layers put the hot GPUs in different places.
+  const Prior p = many_donor_prior(128, 8, 8, {1.87, 1.65, 1.21}, 0.2, 2.0, 2, 1);
+  EXPECT_NE(p.popularity[0], p.popularity[1]);
+  EXPECT_THROW(many_donor_prior(128, 8, 8, {3, 3, 2}, 0.2, 2.0, 1, 1), InputError);  // sums to 8
+  EXPECT_THROW(many_donor_prior(128, 8, 8, {1.5, 1.5, 1.5}, 0.9, 2.0, 1, 1), InputError);
+  EXPECT_THROW(many_donor_prior(128, 4, 8, {1.2, 1.2, 1.2, 1.2}, 0.2, 2.0, 1, 1), InputError);
+  EXPECT_THROW(many_donor_prior(128, 8, 8, {1.5}, 0.2, 40.0, 1, 1), InputError);  // 16 per GPU
+}
+
 TEST(Workload, ImpossibleSpecsAreInputErrors) {
   const Prior p = lognormal_prior(16, 2.0, 1, 1);
   WorkloadSpec spec = small_spec(1);
@@ -120,8 +152,8 @@ TEST(Topology, DomainsAndPlacement) {
   const Topology small = Topology::contiguous(2, 8, 128);  // an EP group inside one node
   EXPECT_EQ(small.num_domains(), 1);
   EXPECT_EQ(small.domain_size(), 2);
-  EXPECT_THROW(Topology::contiguous(12, 8, 120), InputError);  // 12 % 8 != 0
-  EXPECT_THROW(Topology::contiguous(8, 8, 100), InputError);   // 100 % 8 != 0
+  EXPECT_THROW(Topology::contiguous(12, 8, 120), InputError);              // 12 % 8 != 0
+  EXPECT_THROW(Topology::contiguous(8, 8, 100), InputError);               // 100 % 8 != 0
   EXPECT_THROW(Topology::with_placement(2, 8, {0, 0, 0, 1}), InputError);  // GPU 0 holds 3
 }
 

@@ -1,12 +1,14 @@
 #include "gpu_test_util.h"
 
+#include <algorithm>
 #include <exception>
 #include <mutex>
 
 #include "feplb/cuda/check.h"
-#include "feplb/cuda/rank_threads.h"
+#include "bench/harness/local_experts.h"
+#include "bench/harness/rank_threads.h"
 #include "feplb/cuda/resources.h"
-#include "feplb/cuda/trace_runner.h"
+#include "bench/harness/trace_runner.h"
 
 namespace feplb::testing {
 
@@ -50,95 +52,183 @@ std::vector<float> local_weights(const ReferenceMoe& experts, const Topology& to
   return local;
 }
 
-std::vector<RankResult> run_layer(const cuda::LayerConfig& config, const ReferenceMoe& experts,
+namespace {
+
+// A rank's layer inputs on the GPU.
+struct DeviceInputs {
+  cuda::DeviceBuffer<__nv_bfloat16> x;
+  cuda::DeviceBuffer<int32_t> idx;
+  cuda::DeviceBuffer<float> wt;
+  explicit DeviceInputs(const RankInputs& in)
+      : x(upload_bf16(in.hidden)), idx(upload(in.topk_idx)), wt(upload(in.topk_weight)) {}
+};
+
+std::vector<float> download_f32(const float* d, size_t n) {
+  std::vector<float> h(n);
+  if (n) FEPLB_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+cuda::RuntimeConfig runtime_config(const LayerSetup& setup, bool training, const char* name) {
+  cuda::RuntimeConfig c = setup.runtime;
+  c.training = training;
+  c.max_top_k = std::max(c.max_top_k, setup.top_k);
+  c.name = name;
+  return c;
+}
+
+}  // namespace
+
+std::vector<RankResult> run_layer(const LayerSetup& setup, const ReferenceMoe& experts,
                                   const std::vector<RankInputs>& inputs, int forwards) {
+  const cuda::RuntimeConfig config = runtime_config(setup, /*training=*/false, "test.fwd");
   const int R = config.topo.num_ranks();
   cuda::InProcessGroup group(R, config.timeout_s);
   std::vector<RankResult> results(static_cast<size_t>(R));
   cuda::run_rank_threads(R, [&](int r) {
-    cuda::MoeLayer layer(config, group.endpoint(r));
+    cuda::EpRuntime runtime(config, group.endpoint(r));
+    cuda::MoeLayer layer(runtime, {setup.top_k, "test"}, cuda::make_gpu_planner(runtime, setup.policy));
+    cuda::LocalExperts w(config.topo.experts_per_rank(), experts.hidden, experts.ffn, /*grads=*/false);
+    const auto w16 = to_bf16(local_weights(experts, config.topo, r));
+    FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
     cuda::Stream stream;
     const RankInputs& in = inputs[r];
     const int64_t S = in.tokens;
-    const auto w = upload_bf16(local_weights(experts, config.topo, r));
-    const auto x = upload_bf16(in.hidden);
-    const auto idx = upload(in.topk_idx);
-    const auto wt = upload(in.topk_weight);
-    cuda::DeviceBuffer<__nv_bfloat16> out(x.size());
-    layer.set_weights(w.get(), stream.get());
+    const DeviceInputs d(in);
+    cuda::DeviceBuffer<__nv_bfloat16> out(d.x.size());
     for (int f = 0; f < forwards; ++f) {
       if (S > 0) FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream.get()));  // NaN
-      layer.forward(x.get(), idx.get(), wt.get(), S, out.get(), stream.get());
+      layer.forward(w.params(), d.x.get(), d.idx.get(), d.wt.get(), S, out.get(), stream.get());
       cuda::sync_with_timeout(stream.get(), config.timeout_s, "test forward");
     }
     results[r].out = download_bf16(out);
     results[r].plan = layer.last_plan();
-    results[r].stats = layer.last_stats();
+    results[r].stats = layer.last_forward_stats();
   });
   return results;
 }
 
-
-std::vector<std::vector<BackwardResult>> run_layer_backward(const cuda::LayerConfig& config,
-                                                            const ReferenceMoe& experts,
+std::vector<std::vector<BackwardResult>> run_layer_backward(const LayerSetup& setup, const ReferenceMoe& experts,
                                                             const std::vector<RankInputs>& inputs,
                                                             const std::vector<std::vector<float>>& grad_out,
-                                                            int layers) {
+                                                            int layers, cuda::GradMode mode) {
+  const cuda::RuntimeConfig config = runtime_config(setup, /*training=*/true, "test.bwd");
   const int R = config.topo.num_ranks();
   cuda::InProcessGroup group(R, config.timeout_s);
   std::vector<std::vector<BackwardResult>> results(static_cast<size_t>(layers),
                                                    std::vector<BackwardResult>(static_cast<size_t>(R)));
-  const int64_t H = config.shape.hidden, K = config.top_k;
+  const int64_t H = config.shape.hidden, K = setup.top_k;
   cuda::run_rank_threads(R, [&](int r) {
-    cuda::ExpertSlotPool pool(group.endpoint(r), config.shape, static_cast<int>(config.knobs.max_num_dyn),
-                              cuda::default_staging_slots(config.knobs), "test.pool");
+    cuda::EpRuntime runtime(config, group.endpoint(r));
     std::vector<std::unique_ptr<cuda::MoeLayer>> ls;
+    std::vector<std::unique_ptr<cuda::LocalExperts>> ws;
+    const std::vector<float> local = local_weights(experts, config.topo, r);
+    const auto w16 = to_bf16(local);
     for (int l = 0; l < layers; ++l) {
-      cuda::LayerConfig c = config;
-      c.training = true;
-      c.pool = &pool;
-      c.name = "test.l" + std::to_string(l);
-      ls.push_back(std::make_unique<cuda::MoeLayer>(c, group.endpoint(r)));
+      ls.push_back(std::make_unique<cuda::MoeLayer>(runtime, cuda::LayerConfig{setup.top_k, "test.l" + std::to_string(l)},
+                                                    cuda::make_gpu_planner(runtime, setup.policy)));
+      ws.push_back(std::make_unique<cuda::LocalExperts>(config.topo.experts_per_rank(), H, config.shape.ffn, true));
+      FEPLB_CUDA_CHECK(cudaMemcpy(ws[l]->weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+      FEPLB_CUDA_CHECK(cudaMemset(ws[l]->grads(), mode == cuda::GradMode::kAccumulate ? 0 : 0xff, ws[l]->grad_bytes()));
     }
     cuda::Stream stream;
     const cudaStream_t s = stream.get();
     const RankInputs& in = inputs[r];
     const int64_t S = in.tokens;
-    const std::vector<float> local = local_weights(experts, config.topo, r);
-    const auto w = upload_bf16(local);
-    const auto x = upload_bf16(in.hidden);
+    const DeviceInputs d(in);
     const auto go = upload_bf16(grad_out[r]);
-    const auto idx = upload(in.topk_idx);
-    const auto wt = upload(in.topk_weight);
     std::vector<cuda::DeviceBuffer<__nv_bfloat16>> out, gx;
     std::vector<cuda::DeviceBuffer<float>> gw;
     for (int l = 0; l < layers; ++l) {
       out.emplace_back(static_cast<size_t>(S * H));
       gx.emplace_back(static_cast<size_t>(S * H));
       gw.emplace_back(static_cast<size_t>(S * K));
-      ls[l]->set_weights(w.get(), s);
-      ls[l]->zero_grad(s);
       FEPLB_CUDA_CHECK(cudaMemsetAsync(out[l].get(), 0xff, out[l].bytes(), s));  // NaN
       FEPLB_CUDA_CHECK(cudaMemsetAsync(gx[l].get(), 0xff, gx[l].bytes(), s));
       FEPLB_CUDA_CHECK(cudaMemsetAsync(gw[l].get(), 0xff, gw[l].bytes(), s));
     }
-    for (int l = 0; l < layers; ++l) ls[l]->forward(x.get(), idx.get(), wt.get(), S, out[l].get(), s);
-    for (int l = layers - 1; l >= 0; --l) ls[l]->backward(go.get(), wt.get(), gx[l].get(), gw[l].get(), s);
+    std::vector<cuda::MicroBatch> mbs;
+    for (int l = 0; l < layers; ++l) {
+      mbs.push_back(ls[l]->forward(ws[l]->params(), d.x.get(), d.idx.get(), d.wt.get(), S, out[l].get(), s));
+    }
+    for (int l = layers - 1; l >= 0; --l) {
+      ls[l]->backward(std::move(mbs[l]), ws[l]->params(), go.get(), d.wt.get(), gx[l].get(), gw[l].get(),
+                      ws[l]->grad_views(), mode, s);
+    }
     for (int l = 0; l < layers; ++l) ls[l]->sync_gradients(s);
     cuda::sync_with_timeout(s, config.timeout_s, "test backward");
     for (int l = 0; l < layers; ++l) {
       BackwardResult& res = results[l][r];
       res.out = download_bf16(out[l]);
       res.grad_hidden = download_bf16(gx[l]);
-      res.grad_topk_weight.resize(gw[l].size());
-      if (!res.grad_topk_weight.empty()) {
-        FEPLB_CUDA_CHECK(cudaMemcpy(res.grad_topk_weight.data(), gw[l].get(), gw[l].bytes(), cudaMemcpyDeviceToHost));
-      }
-      res.main_grad.resize(local.size());
-      FEPLB_CUDA_CHECK(cudaMemcpy(res.main_grad.data(), ls[l]->main_grad(), local.size() * sizeof(float),
-                                  cudaMemcpyDeviceToHost));
+      res.grad_topk_weight = download_f32(gw[l].get(), gw[l].size());
+      res.main_grad = download_f32(ws[l]->grads(), local.size());
       res.plan = ls[l]->last_plan();
       res.stats = ls[l]->last_backward_stats();
+    }
+  });
+  return results;
+}
+
+std::vector<std::vector<BackwardResult>> run_schedule(const LayerSetup& setup, const ReferenceMoe& experts,
+                                                      const std::vector<std::vector<RankInputs>>& inputs,
+                                                      const std::vector<std::vector<std::vector<float>>>& grad_out,
+                                                      const std::string& schedule) {
+  const cuda::RuntimeConfig config = runtime_config(setup, /*training=*/true, "test.sched");
+  const int R = config.topo.num_ranks();
+  const int M = static_cast<int>(inputs.size());
+  const int64_t H = config.shape.hidden, K = setup.top_k;
+  cuda::InProcessGroup group(R, config.timeout_s);
+  std::vector<std::vector<BackwardResult>> results(static_cast<size_t>(M),
+                                                   std::vector<BackwardResult>(static_cast<size_t>(R)));
+  cuda::run_rank_threads(R, [&](int r) {
+    cuda::EpRuntime runtime(config, group.endpoint(r));
+    cuda::MoeLayer layer(runtime, {setup.top_k, "test.sched"}, cuda::make_gpu_planner(runtime, setup.policy));
+    cuda::LocalExperts w(config.topo.experts_per_rank(), H, config.shape.ffn, true);
+    const std::vector<float> local = local_weights(experts, config.topo, r);
+    const auto w16 = to_bf16(local);
+    FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(cudaMemset(w.grads(), 0, w.grad_bytes()));
+    cuda::Stream stream;
+    const cudaStream_t s = stream.get();
+    std::vector<std::unique_ptr<DeviceInputs>> d;
+    std::vector<cuda::DeviceBuffer<__nv_bfloat16>> out, gx, go;
+    std::vector<cuda::DeviceBuffer<float>> gw;
+    std::vector<cuda::MicroBatch> mbs(static_cast<size_t>(M));
+    for (int m = 0; m < M; ++m) {
+      const RankInputs& in = inputs[m][r];
+      d.push_back(std::make_unique<DeviceInputs>(in));
+      go.push_back(upload_bf16(grad_out[m][r]));
+      out.emplace_back(static_cast<size_t>(in.tokens * H));
+      gx.emplace_back(static_cast<size_t>(in.tokens * H));
+      gw.emplace_back(static_cast<size_t>(in.tokens * K));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(out[m].get(), 0xff, out[m].bytes(), s));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(gx[m].get(), 0xff, gx[m].bytes(), s));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(gw[m].get(), 0xff, gw[m].bytes(), s));
+    }
+    for (size_t i = 0; i + 1 < schedule.size(); ++i) {
+      const char op = schedule[i];
+      if (op != 'F' && op != 'B') continue;
+      const int m = schedule[i + 1] - '0';
+      FEPLB_CHECK(m >= 0 && m < M, "schedule '{}': micro-batch {}", schedule, m);
+      if (op == 'F') {
+        mbs[m] = layer.forward(w.params(), d[m]->x.get(), d[m]->idx.get(), d[m]->wt.get(), inputs[m][r].tokens,
+                               out[m].get(), s);
+      } else {
+        layer.backward(std::move(mbs[m]), w.params(), go[m].get(), d[m]->wt.get(), gx[m].get(), gw[m].get(),
+                       w.grad_views(), cuda::GradMode::kAccumulate, s);
+        results[m][r].stats = layer.last_backward_stats();
+      }
+    }
+    layer.sync_gradients(s);
+    cuda::sync_with_timeout(s, config.timeout_s, "test schedule");
+    const auto main_grad = download_f32(w.grads(), local.size());
+    for (int m = 0; m < M; ++m) {
+      BackwardResult& res = results[m][r];
+      res.out = download_bf16(out[m]);
+      res.grad_hidden = download_bf16(gx[m]);
+      res.grad_topk_weight = download_f32(gw[m].get(), gw[m].size());
+      res.main_grad = main_grad;
     }
   });
   return results;

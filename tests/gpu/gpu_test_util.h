@@ -1,11 +1,12 @@
 // Helpers for GPU tests: skip without a GPU, random bf16 inputs, and running R virtual ranks
-// of a MoeLayer (one thread each) on the current GPU.
+// of an EpRuntime and its MoeLayers (one thread each) on the current GPU.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "feplb/core/rng.h"
 #include "feplb/cuda/device.h"
 #include "feplb/cuda/moe_layer.h"
+#include "feplb/cuda/runtime.h"
 
 namespace feplb::testing {
 
@@ -82,15 +84,22 @@ inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   return out;
 }
 
+// What the layer tests vary: the runtime's configuration, the policy and the layer's top_k.
+struct LayerSetup {
+  cuda::RuntimeConfig runtime;
+  std::string policy = "feplb";
+  int top_k = 1;
+};
+
 struct RankResult {
   std::vector<float> out;  // [S, H]
   Plan plan;
   cuda::ForwardStats stats;
 };
 
-// Runs `config` on R = topo ranks virtual ranks (one thread each) for `forwards` forwards of the
+// Runs `setup` on R = topo ranks virtual ranks (one thread each) for `forwards` forwards of the
 // same inputs, returning each rank's last output. Outputs are poisoned (NaN) before each forward.
-std::vector<RankResult> run_layer(const cuda::LayerConfig& config, const ReferenceMoe& experts,
+std::vector<RankResult> run_layer(const LayerSetup& setup, const ReferenceMoe& experts,
                                   const std::vector<RankInputs>& inputs, int forwards = 1);
 
 struct BackwardResult {
@@ -100,14 +109,27 @@ struct BackwardResult {
   cuda::BackwardStats stats;
 };
 
-// `layers` training layers (same experts, same inputs) sharing one slot pool per rank: every
-// layer's forward, then their backwards in reverse order with grad_out[rank] [S, H]. Results
-// [layer][rank]; outputs and gradients are NaN-poisoned first.
-std::vector<std::vector<BackwardResult>> run_layer_backward(const cuda::LayerConfig& config,
-                                                            const ReferenceMoe& experts,
+// `layers` layers (same experts, same inputs) on one runtime per rank: every layer's forward,
+// then their backwards in reverse order with grad_out[rank] [S, H]. Results [layer][rank];
+// outputs and gradients are NaN-poisoned first (with kAccumulate the weight gradients start at
+// zero, with kOverwrite at NaN).
+std::vector<std::vector<BackwardResult>> run_layer_backward(const LayerSetup& setup, const ReferenceMoe& experts,
                                                             const std::vector<RankInputs>& inputs,
                                                             const std::vector<std::vector<float>>& grad_out,
-                                                            int layers = 1);
+                                                            int layers = 1,
+                                                            cuda::GradMode mode = cuda::GradMode::kAccumulate);
+
+// One layer, micro-batches m = 0..M-1 with their own inputs [m][rank] and output gradients,
+// run in the order `schedule` gives ("F0 F1 B0 F2 B1 B2": forward or backward of micro-batch m);
+// the weight gradients accumulate over all of them. Results [m][rank]; main_grad (the sum) is in
+// every micro-batch's entry.
+std::vector<std::vector<BackwardResult>> run_schedule(const LayerSetup& setup, const ReferenceMoe& experts,
+                                                      const std::vector<std::vector<RankInputs>>& inputs,
+                                                      const std::vector<std::vector<std::vector<float>>>& grad_out,
+                                                      const std::string& schedule);
+
+// This rank's experts' weights, in its local order: [experts_per_rank, 3HF].
+std::vector<float> local_weights(const ReferenceMoe& experts, const Topology& topo, int rank);
 
 // Relative L2 error ||a - ref|| / ||ref|| (inf if a has a NaN), and the max abs error.
 struct ErrorStats {

@@ -7,12 +7,17 @@
 // (outputs and gradients are poisoned with NaN first, so an unwritten row fails).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <functional>
 #include <numeric>
+#include <thread>
 
 #include "feplb/sim/prior.h"
 #include "feplb/cuda/nccl_comm.h"
-#include "feplb/cuda/trainer.h"
+#include "bench/harness/trainer.h"
 #include "feplb/dist/launch.h"
+#include "bench/harness/local_experts.h"
+#include "feplb/cuda/check.h"
 #include "gpu_test_util.h"
 
 namespace feplb {
@@ -27,13 +32,13 @@ using testing::run_layer;
 constexpr int64_t kHidden = 256, kFfn = 128;
 constexpr double kRelL2 = 1e-2, kMaxAbsFrac = 0.03;
 
-cuda::LayerConfig config_for(int ranks, int experts, int top_k, int64_t max_tokens, const std::string& policy) {
-  cuda::LayerConfig c;
+testing::LayerSetup config_for(int ranks, int experts, int top_k, int64_t max_tokens, const std::string& policy) {
+  testing::LayerSetup setup;
+  cuda::RuntimeConfig& c = setup.runtime;
   c.topo = Topology::contiguous(ranks, 8, experts);
   c.shape = ExpertShape{kHidden, kFfn, Dtype::kBf16};
-  c.top_k = top_k;
+  c.max_top_k = top_k;
   c.max_tokens = max_tokens;
-  c.policy = policy;
   // Tiny experts make every copy "slow" next to its GEMM; test the mechanics, not the timing.
   c.knobs.copy_timing = 0;
   c.knobs.min_slice_rows = 8;
@@ -42,7 +47,9 @@ cuda::LayerConfig config_for(int ranks, int experts, int top_k, int64_t max_toke
   c.knobs.balance_tolerance = 0;
   c.knobs.max_num_dyn = experts;  // the oracle may use many helpers
   c.timeout_s = 30;
-  return c;
+  setup.policy = policy;
+  setup.top_k = top_k;
+  return setup;
 }
 
 void expect_matches_reference(const std::vector<testing::RankResult>& got, const ReferenceMoe& experts,
@@ -149,21 +156,24 @@ TEST(Layer, EdgeCases) {
 
 TEST(Layer, APeerThatNeverArrivesIsAnErrorNotAHang) {
   FEPLB_SKIP_WITHOUT_GPU();
-  cuda::LayerConfig c = config_for(2, 4, 1, 8, "feplb");
+  cuda::RuntimeConfig c = config_for(2, 4, 1, 8, "feplb").runtime;
   c.timeout_s = 1.0;
+  c.training = false;
   cuda::InProcessGroup group(2, c.timeout_s);
   std::string error;
-  std::thread rank1([&] { cuda::MoeLayer layer(c, group.endpoint(1)); });  // registers, then leaves
+  std::thread rank1([&] { cuda::EpRuntime rt(c, group.endpoint(1)); });  // registers, then leaves
   {
-    cuda::MoeLayer layer(c, group.endpoint(0));
+    cuda::EpRuntime rt(c, group.endpoint(0));
+    cuda::MoeLayer layer(rt, {1, "alone"}, cuda::make_gpu_planner(rt, "feplb"));
     rank1.join();
+    cuda::LocalExperts w(2, kHidden, kFfn, false);
     cuda::Stream s;
     cuda::DeviceBuffer<__nv_bfloat16> x(8 * kHidden), out(8 * kHidden);
     cuda::DeviceBuffer<int32_t> idx(8);
-    cuda::DeviceBuffer<float> w(8);
+    cuda::DeviceBuffer<float> wt(8);
     FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0, idx.bytes()));
     try {
-      layer.forward(x.get(), idx.get(), w.get(), 8, out.get(), s.get());
+      layer.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get());
     } catch (const Error& e) {
       error = e.what();
     }
@@ -174,13 +184,21 @@ TEST(Layer, APeerThatNeverArrivesIsAnErrorNotAHang) {
 TEST(Layer, RejectsBadConfigurationClearly) {
   FEPLB_SKIP_WITHOUT_GPU();
   cuda::InProcessGroup group(1);
-  cuda::LayerConfig c = config_for(1, 4, 1, 8, "fastermoe");
-  EXPECT_THROW(cuda::MoeLayer(c, group.endpoint(0)), InputError);
-  c = config_for(1, 4, 1, 8, "feplb");
+  cuda::RuntimeConfig c = config_for(1, 4, 1, 8, "feplb").runtime;
+  c.training = false;
+  {
+    cuda::EpRuntime rt(c, group.endpoint(0));
+    EXPECT_THROW(cuda::make_gpu_planner(rt, "fastermoe"), InputError);
+    EXPECT_THROW(cuda::make_gpu_planner(rt, "no-such-policy"), InputError);
+    EXPECT_THROW(cuda::MoeLayer(rt, {2, "k"}, cuda::make_gpu_planner(rt, "feplb")), InputError);  // top_k > max_top_k
+    EXPECT_THROW(cuda::MoeLayer(rt, {1, "null"}, nullptr), InputError);
+  }
   c.shape.hidden = 100;  // not a multiple of 8
-  EXPECT_THROW(cuda::MoeLayer(c, group.endpoint(0)), InputError);
+  EXPECT_THROW(cuda::EpRuntime(c, group.endpoint(0)), InputError);
+  c = config_for(1, 4, 1, 8, "feplb").runtime;
+  c.max_in_flight = 0;
+  EXPECT_THROW(cuda::EpRuntime(c, group.endpoint(0)), InputError);
 }
-
 
 // ---- backward ---------------------------------------------------------------------------------
 
@@ -206,22 +224,23 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& ref,
 
 // Every gradient of every layer and rank against the float64 reference backward: dL/dhidden and
 // dL/dtopk_weight per rank; each expert's dL/dW summed over all ranks' tokens, on its home rank.
-void expect_gradients_match(const std::vector<std::vector<testing::BackwardResult>>& got, const cuda::LayerConfig& c,
-                            const ReferenceMoe& m, const std::vector<RankInputs>& in,
+void expect_gradients_match(const std::vector<std::vector<testing::BackwardResult>>& got,
+                            const testing::LayerSetup& setup, const ReferenceMoe& m, const std::vector<RankInputs>& in,
                             const std::vector<std::vector<float>>& grad_out, const std::string& what) {
+  const cuda::RuntimeConfig& c = setup.runtime;
   const int R = c.topo.num_ranks();
   std::vector<double> dw_total(m.weights.size(), 0.0);
   std::vector<ReferenceMoe::Grads> ref;
   for (int r = 0; r < R; ++r) {
     std::vector<double> go(grad_out[r].begin(), grad_out[r].end());
-    ref.push_back(m.backward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, go, in[r].tokens, c.top_k));
+    ref.push_back(m.backward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, go, in[r].tokens, setup.top_k));
     for (size_t i = 0; i < dw_total.size(); ++i) dw_total[i] += ref[r].weights[i];
   }
   const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
   for (size_t l = 0; l < got.size(); ++l) {
     for (int r = 0; r < R; ++r) {
       const std::string at = what + " layer " + std::to_string(l) + " rank " + std::to_string(r);
-      const auto fwd = m.forward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, in[r].tokens, c.top_k);
+      const auto fwd = m.forward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, in[r].tokens, setup.top_k);
       expect_close(got[l][r].out, fwd, at + " out");
       if (in[r].tokens > 0) {
         expect_close(got[l][r].grad_hidden, ref[r].hidden, at + " d hidden");
@@ -250,7 +269,7 @@ TEST_P(LayerBackwardTest, GradientsMatchFloat64Reference) {
   const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
   const auto in = skewed_inputs(7 + ranks, ranks, experts, top_k, 96, 8.0);  // the forward test's inputs
   const auto go = random_grad_out(41 + ranks, in);
-  const cuda::LayerConfig c = config_for(ranks, experts, top_k, 96, policy);
+  const testing::LayerSetup c = config_for(ranks, experts, top_k, 96, policy);
   const auto got = testing::run_layer_backward(c, m, in, go);
   expect_gradients_match(got, c, m, in, go, policy);
   int64_t guest_rows = 0;
@@ -273,7 +292,7 @@ TEST(LayerBackward, ReusedSlotsAreCopiedAgain) {
   const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
   const auto in = skewed_inputs(78, ranks, experts, top_k, 128, 8.0);
   const auto go = random_grad_out(79, in);
-  const cuda::LayerConfig c = config_for(ranks, experts, top_k, 128, "feplb");
+  const testing::LayerSetup c = config_for(ranks, experts, top_k, 128, "feplb");
   const auto got = testing::run_layer_backward(c, m, in, go, /*layers=*/2);
   expect_gradients_match(got, c, m, in, go, "two layers, one pool");
   int64_t recopies0 = 0, recopies1 = 0, guests = 0;
@@ -313,28 +332,188 @@ TEST(LayerBackward, EdgeCases) {
     for (const char* policy : {"static", "feplb", "oracle"}) {
       const auto in = skewed_inputs(23, ranks, experts, k.top_k, k.tokens, k.skew, k.hot);
       const auto go = random_grad_out(24, in);
-      const cuda::LayerConfig c = config_for(ranks, experts, k.top_k, std::max<int64_t>(k.tokens, 1), policy);
+      const testing::LayerSetup c = config_for(ranks, experts, k.top_k, std::max<int64_t>(k.tokens, 1), policy);
       expect_gradients_match(testing::run_layer_backward(c, m, in, go), c, m, in, go,
                              std::string(k.name) + " / " + policy);
     }
   }
 }
 
+// Misuse of the runtime API is an InputError naming the problem, never a crash or a hang.
 TEST(LayerBackward, MisuseIsAClearError) {
   FEPLB_SKIP_WITHOUT_GPU();
   cuda::InProcessGroup group(1);
-  cuda::LayerConfig c = config_for(1, 4, 1, 8, "feplb");
+  const int experts = 4;
+  cuda::RuntimeConfig c = config_for(1, experts, 1, 8, "feplb").runtime;
+  c.max_in_flight = 2;
   cuda::Stream s;
-  cuda::DeviceBuffer<__nv_bfloat16> g(8 * kHidden), gx(8 * kHidden);
-  cuda::DeviceBuffer<float> w(8), gw(8);
+  cuda::LocalExperts w(experts, kHidden, kFfn, true);
+  FEPLB_CUDA_CHECK(cudaMemset(w.weights(), 0, static_cast<size_t>(w.weight_elems()) * 2));
+  cuda::DeviceBuffer<__nv_bfloat16> x(8 * kHidden), out(8 * kHidden), g(8 * kHidden), gx(8 * kHidden);
+  cuda::DeviceBuffer<int32_t> idx(8);
+  cuda::DeviceBuffer<float> wt(8), gw(8);
+  FEPLB_CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
+  FEPLB_CUDA_CHECK(cudaMemset(g.get(), 0, g.bytes()));
+  FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0, idx.bytes()));
+  FEPLB_CUDA_CHECK(cudaMemset(wt.get(), 0, wt.bytes()));
+  const auto expect_input_error = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one about '" << needle << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
   {
-    cuda::MoeLayer inference(c, group.endpoint(0));
-    EXPECT_THROW(inference.backward(g.get(), w.get(), gx.get(), gw.get(), s.get()), InputError);
+    cuda::RuntimeConfig inference = c;
+    inference.training = false;
+    inference.name = "inference";
+    cuda::EpRuntime rt(inference, group.endpoint(0));
+    cuda::MoeLayer layer(rt, {1, "inference"}, cuda::make_gpu_planner(rt, "feplb"));
+    cuda::MicroBatch mb = layer.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get());
+    EXPECT_FALSE(mb.valid()) << "a forward-only runtime keeps nothing";
+    expect_input_error([&] { layer.backward(std::move(mb), w.params(), g.get(), wt.get(), gx.get(), gw.get(),
+                                            w.grad_views(), cuda::GradMode::kAccumulate, s.get()); },
+                       "without training");
   }
-  c.training = true;
-  c.name = "training";
-  cuda::MoeLayer layer(c, group.endpoint(0));
-  EXPECT_THROW(layer.backward(g.get(), w.get(), gx.get(), gw.get(), s.get()), InputError);  // no forward yet
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer a(rt, {1, "a"}, cuda::make_gpu_planner(rt, "feplb"));
+  cuda::MoeLayer b(rt, {1, "b"}, cuda::make_gpu_planner(rt, "static"));
+  auto forward = [&](cuda::MoeLayer& l) { return l.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get()); };
+  auto backward = [&](cuda::MoeLayer& l, cuda::MicroBatch&& mb) {
+    l.backward(std::move(mb), w.params(), g.get(), wt.get(), gx.get(), gw.get(), w.grad_views(),
+               cuda::GradMode::kAccumulate, s.get());
+  };
+  // Wrong sizes and null pointers.
+  expect_input_error([&] { a.forward(w.params().first(experts - 1), x.get(), idx.get(), wt.get(), 8, out.get(), s.get()); },
+                     "weights of 3 experts");
+  expect_input_error([&] { a.forward(w.params(), x.get(), idx.get(), wt.get(), 9, out.get(), s.get()); }, "max_tokens");
+  expect_input_error([&] { a.forward(w.params(), nullptr, idx.get(), wt.get(), 8, out.get(), s.get()); }, "null");
+  std::vector<cuda::ExpertParams> bad(w.params().begin(), w.params().end());
+  bad[1].down = nullptr;
+  expect_input_error([&] { a.forward(bad, x.get(), idx.get(), wt.get(), 8, out.get(), s.get()); }, "null weight");
+  // An expert id out of range, on every rank; the runtime stays usable.
+  FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0x7f, 4));
+  expect_input_error([&] { forward(a); }, "outside [0, 4)");
+  FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0, idx.bytes()));
+  // Handles: consumed twice, another layer's, more in flight than the runtime holds.
+  cuda::MicroBatch m1 = forward(a);
+  EXPECT_TRUE(m1.valid());
+  expect_input_error([&] { backward(b, std::move(m1)); }, "layer 0's");
+  EXPECT_TRUE(m1.valid()) << "a rejected backward must not consume the handle";
+  cuda::MicroBatch m2 = forward(a);
+  expect_input_error([&] { forward(a); }, "max_in_flight");
+  backward(a, std::move(m1));
+  EXPECT_FALSE(m1.valid());
+  expect_input_error([&] { backward(a, std::move(m1)); }, "consumed");
+  expect_input_error([&] { a.backward(std::move(m2), w.params(), g.get(), wt.get(), gx.get(), gw.get(),
+                                      w.grad_views().first(1), cuda::GradMode::kAccumulate, s.get()); },
+                     "gradients of 1 experts");
+  m2 = cuda::MicroBatch();  // dropped unused: its memory goes back
+  EXPECT_EQ(rt.micro_batches_in_flight(), 0);
+  cuda::sync_with_timeout(s.get(), 30, "misuse");
+}
+
+// A runtime destroyed while a layer still uses it: the layer's calls are InputErrors.
+TEST(LayerBackward, ARuntimeDestroyedUnderALayerIsAClearError) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, 4, 1, 8, "feplb").runtime;
+  auto rt = std::make_unique<cuda::EpRuntime>(c, group.endpoint(0));
+  cuda::MoeLayer layer(*rt, {1, "orphan"}, cuda::make_gpu_planner(*rt, "feplb"));
+  rt.reset();
+  cuda::LocalExperts w(4, kHidden, kFfn, false);
+  cuda::Stream s;
+  cuda::DeviceBuffer<__nv_bfloat16> x(8 * kHidden), out(8 * kHidden);
+  cuda::DeviceBuffer<int32_t> idx(8);
+  cuda::DeviceBuffer<float> wt(8);
+  try {
+    layer.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get());
+    ADD_FAILURE() << "forward on a destroyed runtime did not fail";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("runtime (rank 0) was destroyed"), std::string::npos) << e.what();
+  }
+}
+
+// Pipeline schedules keep several micro-batches in flight: F0 F1 B0 F2 B1 B2 with different
+// inputs per micro-batch gives each micro-batch's outputs and gradients, and the weight gradient
+// summed over the three, as the float64 reference does.
+TEST(LayerBackward, SeveralMicroBatchesInFlightMatchTheReference) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, top_k = 2;
+  Rng rng(88);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  std::vector<std::vector<RankInputs>> in;
+  std::vector<std::vector<std::vector<float>>> go;
+  for (int mb = 0; mb < 3; ++mb) {
+    in.push_back(skewed_inputs(90 + mb, ranks, experts, top_k, 96 + 16 * mb, 8.0, mb == 2 ? 3 : -1));
+    go.push_back(random_grad_out(95 + mb, in.back()));
+  }
+  const testing::LayerSetup c = config_for(ranks, experts, top_k, 128, "feplb");
+  const auto got = testing::run_schedule(c, m, in, go, "F0 F1 B0 F2 B1 B2");
+  std::vector<double> dw_total(m.weights.size(), 0.0);
+  int64_t guests = 0;
+  for (int mb = 0; mb < 3; ++mb) {
+    for (int r = 0; r < ranks; ++r) {
+      const RankInputs& x = in[mb][r];
+      const std::string at = "micro-batch " + std::to_string(mb) + " rank " + std::to_string(r);
+      expect_close(got[mb][r].out, m.forward(x.hidden, x.topk_idx, x.topk_weight, x.tokens, top_k), at + " out");
+      const std::vector<double> g(go[mb][r].begin(), go[mb][r].end());
+      const auto ref = m.backward(x.hidden, x.topk_idx, x.topk_weight, g, x.tokens, top_k);
+      expect_close(got[mb][r].grad_hidden, ref.hidden, at + " d hidden");
+      expect_close(got[mb][r].grad_topk_weight, ref.topk_weight, at + " d topk_weight");
+      for (size_t i = 0; i < dw_total.size(); ++i) dw_total[i] += ref.weights[i];
+      guests += got[mb][r].stats.guest_rows;
+    }
+  }
+  ASSERT_GT(guests, 0) << "skewed input but no guest backward: the test would prove little";
+  const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<double> dw_ref;
+    for (int e : c.runtime.topo.local_experts(r)) {
+      dw_ref.insert(dw_ref.end(), dw_total.begin() + e * per_expert, dw_total.begin() + (e + 1) * per_expert);
+    }
+    expect_close(got[0][r].main_grad, dw_ref, "rank " + std::to_string(r) + " dW summed over 3 micro-batches");
+  }
+}
+
+// Weight gradients written (not accumulated) into caller buffers that held garbage (NaN).
+TEST(LayerBackward, OverwriteModeWritesEveryGradient) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, top_k = 2;
+  Rng rng(66);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(67, ranks, experts, top_k, 64, 8.0);
+  const auto go = random_grad_out(68, in);
+  const testing::LayerSetup c = config_for(ranks, experts, top_k, 64, "feplb");
+  const auto got = testing::run_layer_backward(c, m, in, go, 1, cuda::GradMode::kOverwrite);
+  expect_gradients_match(got, c, m, in, go, "overwrite");
+  for (const auto& r : got[0]) {
+    for (float v : r.main_grad) ASSERT_FALSE(std::isnan(v)) << "a weight gradient was left unwritten";
+  }
+}
+
+// An idle runtime sleeps: its scheduler thread uses < 1% of a core over a second.
+TEST(Runtime, AnIdleRuntimeUsesNoCpu) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, 4, 1, 8, "feplb").runtime;
+  c.training = false;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer layer(rt, {1, "idle"}, cuda::make_gpu_planner(rt, "feplb"));
+  cuda::LocalExperts w(4, kHidden, kFfn, false);
+  cuda::Stream s;
+  cuda::DeviceBuffer<__nv_bfloat16> x(8 * kHidden), out(8 * kHidden);
+  cuda::DeviceBuffer<int32_t> idx(8);
+  cuda::DeviceBuffer<float> wt(8);
+  FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0, idx.bytes()));
+  layer.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get());  // one job, then idle
+  cuda::sync_with_timeout(s.get(), 30, "forward");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const double before = rt.scheduler_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double used = rt.scheduler_cpu_seconds() - before;
+  EXPECT_LT(used, 0.01) << "the idle scheduler thread used " << used << " s of CPU in 1 s";
 }
 
 // A few Adam steps of a 2-layer residual MoE model: the loss falls, and balancing on gives the
@@ -355,7 +534,10 @@ TEST(Training, LossCurvesAgreeWithBalancingOnAndOff) {
   }
   auto run = [&](const std::string& policy) {
     cuda::TrainConfig t;
-    t.layer = config_for(ranks, experts, top_k, tokens, policy);
+    const testing::LayerSetup setup = config_for(ranks, experts, top_k, tokens, policy);
+    t.runtime = setup.runtime;
+    t.policy = policy;
+    t.top_k = top_k;
     t.layers = layers;
     t.steps = 4;
     t.micro_batches = 2;
@@ -389,23 +571,23 @@ TEST(Layer, NcclTransportWithOneRankMatchesReference) {
   Rng rng(21);
   const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
   const auto in = skewed_inputs(4, 1, experts, top_k, 64, 3.0);
-  cuda::LayerConfig c = config_for(1, experts, top_k, 64, "feplb");
-  cuda::MoeLayer layer(c, *transport);
+  cuda::RuntimeConfig c = config_for(1, experts, top_k, 64, "feplb").runtime;
+  c.training = false;
+  cuda::EpRuntime rt(c, *transport);
+  cuda::MoeLayer layer(rt, {top_k, "nccl"}, cuda::make_gpu_planner(rt, "feplb"));
   cuda::Stream s;
   const auto x16 = testing::to_bf16(in[0].hidden);
-  std::vector<float> local;
-  for (int e = 0; e < experts; ++e) local.insert(local.end(), m.expert_weights(e), m.expert_weights(e) + 3 * kHidden * kFfn);
-  const auto w16 = testing::to_bf16(local);
-  cuda::DeviceBuffer<__nv_bfloat16> w(w16.size()), x(x16.size()), out(x16.size());
+  const auto w16 = testing::to_bf16(testing::local_weights(m, c.topo, 0));
+  cuda::LocalExperts w(experts, kHidden, kFfn, false);
+  cuda::DeviceBuffer<__nv_bfloat16> x(x16.size()), out(x16.size());
   cuda::DeviceBuffer<int32_t> idx(in[0].topk_idx.size());
   cuda::DeviceBuffer<float> wt(in[0].topk_weight.size());
-  FEPLB_CUDA_CHECK(cudaMemcpy(w.get(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
   FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
   FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in[0].topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
   FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in[0].topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
-  layer.set_weights(w.get(), s.get());
   FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), s.get()));
-  layer.forward(x.get(), idx.get(), wt.get(), 64, out.get(), s.get());
+  layer.forward(w.params(), x.get(), idx.get(), wt.get(), 64, out.get(), s.get());
   cuda::sync_with_timeout(s.get(), 30, "nccl forward");
   std::vector<uint16_t> o16(x16.size());
   FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));

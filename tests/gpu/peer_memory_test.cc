@@ -1,5 +1,7 @@
 // Multi-process GPU tests (feplb_gpu_mp_tests): CUDA IPC peer memory between two processes (on
-// one GPU or two), SM-free signals between them, and the NCCL transport with one process per GPU.
+// one GPU or two), SM-free signals between them (each SignalMechanism: copies of odd sizes at odd
+// offsets, many rounds, both directions at once; a signal that never comes), and the NCCL
+// transport with one process per GPU.
 // Each test spawns this binary again as its ranks (torchrun-style environment, FEPLB_MP_CASE
 // naming the rank's job); the parent never hangs: children get a deadline, then SIGKILL.
 #include <gtest/gtest.h>
@@ -25,10 +27,10 @@
 #include "feplb/core/error.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
+#include "feplb/cuda/ipc_signals.h"
 #include "feplb/cuda/nccl_comm.h"
 #include "feplb/cuda/peer_memory.h"
 #include "feplb/cuda/resources.h"
-#include "feplb/cuda/stream_ops.h"
 #include "feplb/dist/launch.h"
 
 extern char** environ;
@@ -39,19 +41,45 @@ namespace {
 constexpr double kRankTimeoutS = 30;  // every wait inside a rank
 constexpr double kParentDeadlineS = 90;  // then the parent kills what is left
 
-// Byte i of rank r's pattern in round k: a hash, so a misplaced or stale byte shows.
-uint8_t pattern_byte(int rank, int round, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(rank) << 48) ^ (static_cast<uint64_t>(round) << 40) ^ i;
+// Word w of rank r's pattern in round k: a hash, so a misplaced or stale byte shows.
+uint64_t pattern_word(int rank, int round, uint64_t w) {
+  uint64_t x = (static_cast<uint64_t>(rank) << 56) ^ (static_cast<uint64_t>(round) << 40) ^ w;
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return static_cast<uint8_t>(x ^ (x >> 31));
+  return x ^ (x >> 31);
+}
+
+uint8_t pattern_byte(int rank, int round, size_t i) {
+  return static_cast<uint8_t>(pattern_word(rank, round, i / 8) >> (8 * (i % 8)));
+}
+
+void fill_pattern(uint8_t* out, int rank, int round, size_t bytes) {
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    const uint64_t x = pattern_word(rank, round, i / 8);
+    std::memcpy(out + i, &x, 8);
+  }
+  for (; i < bytes; ++i) out[i] = pattern_byte(rank, round, i);
 }
 
 std::vector<uint8_t> pattern(int rank, int round, size_t bytes) {
   std::vector<uint8_t> v(bytes);
-  for (size_t i = 0; i < bytes; ++i) v[i] = pattern_byte(rank, round, i);
+  fill_pattern(v.data(), rank, round, bytes);
   return v;
+}
+
+// First byte of got[0, bytes) that differs from rank's pattern of round k, or -1.
+int64_t first_pattern_mismatch(const uint8_t* got, int rank, int round, size_t bytes) {
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    const uint64_t x = pattern_word(rank, round, i / 8);
+    if (std::memcmp(got + i, &x, 8) != 0) break;
+  }
+  for (; i < bytes; ++i) {
+    if (got[i] != pattern_byte(rank, round, i)) return static_cast<int64_t>(i);
+  }
+  return -1;
 }
 
 // First mismatching byte, or -1.
@@ -62,6 +90,13 @@ int64_t first_mismatch(const std::vector<uint8_t>& got, const std::vector<uint8_
   return -1;
 }
 
+// "signals_stress:memop" -> kStreamMemop; no suffix: the default mechanism.
+cuda::SignalMechanism mechanism_of(const std::string& which) {
+  const size_t colon = which.find(':');
+  return colon == std::string::npos ? cuda::kDefaultSignalMechanism
+                                    : cuda::parse_signal_mechanism(which.substr(colon + 1));
+}
+
 // ---- the ranks (run in the spawned children) ---------------------------------------------------
 
 cuda::AllGatherBlobs tcp_gather(const dist::LaunchEnv& env, double timeout_s) {
@@ -69,35 +104,35 @@ cuda::AllGatherBlobs tcp_gather(const dist::LaunchEnv& env, double timeout_s) {
 }
 
 // Two processes: each pushes round k's pattern into the other's IPC-mapped buffer on the copy
-// engine, raises the other's flag (slot 0 = data ready), waits for its own, reads what it got and
-// acknowledges (slot 1), so the next round cannot overwrite data not yet read.
+// engine, signals the other (slot 0 = data ready; the default signal mechanism), waits for its
+// own, reads what it got and acknowledges (slot 1), so the next round cannot overwrite data not
+// yet read.
 int rank_ipc_pair(const dist::LaunchEnv& env) {
   FEPLB_CUDA_CHECK(cudaSetDevice(env.local_rank));
   const int rank = env.rank, peer = 1 - rank, rounds = 3;
   const size_t bytes = (size_t{8} << 20) + 13, offset = 256;  // odd size, not at the allocation's start
   cuda::DeviceBuffer<uint8_t> recv_alloc(bytes + offset + 64), send(bytes);
-  cuda::DeviceBuffer<uint32_t> flags(2);
   uint8_t* recv = recv_alloc.get() + offset;
   FEPLB_CUDA_CHECK(cudaMemset(recv_alloc.get(), 0, recv_alloc.bytes()));
-  FEPLB_CUDA_CHECK(cudaMemset(flags.get(), 0, flags.bytes()));
   FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
   const auto gather = tcp_gather(env, kRankTimeoutS);
   cuda::PeerMemory data(recv, bytes, rank, gather);
-  cuda::PeerMemory flag_mem(flags.get(), flags.bytes(), rank, gather);
+  const auto signals = cuda::make_ipc_signals("ipc_pair", 2, rank, 2, gather,
+                                              cuda::kDefaultSignalMechanism, kRankTimeoutS);
   if (data.peer_bytes(peer) != bytes) throw Error(fmt::format("peer announced {} bytes", data.peer_bytes(peer)));
   auto* peer_recv = static_cast<uint8_t*>(data.peer(peer));
-  auto* peer_flags = static_cast<uint32_t*>(flag_mem.peer(peer));
   cuda::Stream s;
   std::vector<uint8_t> got(bytes);
   for (int k = 1; k <= rounds; ++k) {
     const auto mine = pattern(rank, k, bytes);
+    const auto v = static_cast<uint32_t>(k);
     FEPLB_CUDA_CHECK(cudaMemcpy(send.get(), mine.data(), bytes, cudaMemcpyHostToDevice));
-    if (k > 1) cuda::stream_wait_u32_geq(s.get(), flags.get() + 1, static_cast<uint32_t>(k - 1));
+    if (k > 1) signals->wait(1, v - 1, s.get());
     FEPLB_CUDA_CHECK(cudaMemcpyAsync(peer_recv, send.get(), bytes, cudaMemcpyDeviceToDevice, s.get()));
-    cuda::stream_write_u32(s.get(), peer_flags + 0, static_cast<uint32_t>(k));
-    cuda::stream_wait_u32_geq(s.get(), flags.get() + 0, static_cast<uint32_t>(k));
+    signals->signal(peer, 0, v, s.get());
+    signals->wait(0, v, s.get());
     FEPLB_CUDA_CHECK(cudaMemcpyAsync(got.data(), recv, bytes, cudaMemcpyDeviceToHost, s.get()));
-    cuda::stream_write_u32(s.get(), peer_flags + 1, static_cast<uint32_t>(k));
+    signals->signal(peer, 1, v, s.get());
     cuda::sync_with_timeout(s.get(), kRankTimeoutS, "ipc pair round");
     const int64_t bad = first_mismatch(got, pattern(peer, k, bytes));
     if (bad >= 0) {
@@ -116,8 +151,207 @@ int rank_ipc_pair(const dist::LaunchEnv& env) {
     }
   }
   gather("done");  // nobody frees its buffer while the other may still copy into it
-  std::printf("rank %d: %d rounds of %zu bytes over IPC (%s -> %s) ok\n", rank, rounds, bytes,
-              data.location(rank).pci_bus_id.c_str(), data.location(peer).pci_bus_id.c_str());
+  std::printf("rank %d: %d rounds of %zu bytes over IPC (%s -> %s), %s signals, ok\n", rank, rounds,
+              bytes, data.location(rank).pci_bus_id.c_str(), data.location(peer).pci_bus_id.c_str(),
+              std::string(cuda::signal_mechanism_name(signals->mechanism())).c_str());
+  return 0;
+}
+
+// Copy sizes and offsets of the stress rounds: odd sizes around the copy engine's and the
+// driver's boundaries (8 MiB + 13 is the copy whose tail a stream memory write once overtook
+// between two GPUs), odd and aligned offsets; round k takes size k % 12 and offsets k % 7 and
+// (k + 3) % 7, so 60 rounds meet every size at several offsets.
+constexpr size_t kStressSizes[] = {
+    (size_t{8} << 20) + 13, 1, 4095,  (size_t{64} << 20) + 7, 13, (size_t{1} << 20) + 3, 4097,
+    (size_t{2} << 20) - 5,  3, 65535, (size_t{16} << 20) + 1, 511};
+constexpr size_t kStressOffsets[] = {1, 4095, 256, 3, 65537, 257, 8191};
+constexpr int kStressRounds = 60;
+constexpr size_t kStressGuard = 64;
+
+size_t stress_capacity() {
+  return *std::max_element(std::begin(kStressSizes), std::end(kStressSizes)) +
+         *std::max_element(std::begin(kStressOffsets), std::end(kStressOffsets)) + kStressGuard;
+}
+
+// Both ranks at once, kStressRounds rounds: push round k's pattern from an odd offset of `send`
+// into the peer's buffer at an odd offset (copy engine), signal slot 0 of the peer, wait on one's
+// own slot 0, copy what arrived to the host right behind the wait, acknowledge (slot 1; the peer
+// waits for it before overwriting). Each round is checked bit for bit, then the guard bytes.
+// `my_recv` (zeroed) and `peer_recv` are stress_capacity() bytes.
+int copy_signal_rounds(int rank, int peer, cuda::Transport::Signals& signals, uint8_t* my_recv,
+                       uint8_t* peer_recv, cudaStream_t s, const std::string& where) {
+  const size_t capacity = stress_capacity();
+  cuda::DeviceBuffer<uint8_t> send(capacity);
+  cuda::PinnedBuffer<uint8_t> out(capacity), in(capacity);
+  const std::string mech(cuda::signal_mechanism_name(signals.mechanism()));
+  size_t total = 0;
+  for (int k = 1; k <= kStressRounds; ++k) {
+    const size_t bytes = kStressSizes[k % std::size(kStressSizes)];
+    const size_t dst_off = kStressOffsets[k % std::size(kStressOffsets)];
+    const size_t src_off = kStressOffsets[(k + 3) % std::size(kStressOffsets)];
+    const auto v = static_cast<uint32_t>(k);
+    fill_pattern(out.get(), rank, k, bytes);
+    FEPLB_CUDA_CHECK(
+        cudaMemcpyAsync(send.get() + src_off, out.get(), bytes, cudaMemcpyHostToDevice, s));
+    if (k > 1) signals.wait(1, v - 1, s);  // the peer has read round k - 1 out of its buffer
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(peer_recv + dst_off, send.get() + src_off, bytes,
+                                     cudaMemcpyDeviceToDevice, s));
+    signals.signal(peer, 0, v, s);
+    signals.wait(0, v, s);
+    FEPLB_CUDA_CHECK(
+        cudaMemcpyAsync(in.get(), my_recv + dst_off, bytes, cudaMemcpyDeviceToHost, s));
+    signals.signal(peer, 1, v, s);
+    cuda::sync_with_timeout(s, kRankTimeoutS, "copy and signal round");
+    const int64_t bad = first_pattern_mismatch(in.get(), peer, k, bytes);
+    if (bad >= 0) {
+      size_t differ = 0;
+      for (size_t i = static_cast<size_t>(bad); i < bytes; ++i) {
+        differ += in.get()[i] != pattern_byte(peer, k, i);
+      }
+      std::fprintf(stderr,
+                   "rank %d (%s, %s) round %d: copy of %zu bytes to offset %zu: byte %lld is %d, "
+                   "expected %d; %zu of the %zu bytes from there on differ\n",
+                   rank, where.c_str(), mech.c_str(), k, bytes, dst_off,
+                   static_cast<long long>(bad), in.get()[bad],
+                   pattern_byte(peer, k, static_cast<size_t>(bad)), differ,
+                   bytes - static_cast<size_t>(bad));
+      return 1;
+    }
+    total += bytes;
+  }
+  // Nothing landed outside [min offset, max offset + max size).
+  FEPLB_CUDA_CHECK(cudaMemcpyAsync(in.get(), my_recv, 1, cudaMemcpyDeviceToHost, s));
+  FEPLB_CUDA_CHECK(cudaMemcpyAsync(in.get() + 1, my_recv + capacity - kStressGuard, kStressGuard,
+                                   cudaMemcpyDeviceToHost, s));
+  cuda::sync_with_timeout(s, kRankTimeoutS, "guard bytes");
+  for (size_t i = 0; i < 1 + kStressGuard; ++i) {
+    if (in.get()[i] != 0) {
+      std::fprintf(stderr, "rank %d (%s, %s): a copy wrote outside its range\n", rank,
+                   where.c_str(), mech.c_str());
+      return 1;
+    }
+  }
+  std::printf("rank %d (%s, %s signals): %d rounds, %zu bytes each way, both ways at once, ok\n",
+              rank, where.c_str(), mech.c_str(), kStressRounds, total);
+  return 0;
+}
+
+// copy_signal_rounds between two processes (one GPU or two) over CUDA IPC and the TCP rendezvous.
+int rank_signals_stress(const dist::LaunchEnv& env, cuda::SignalMechanism mechanism) {
+  FEPLB_CUDA_CHECK(cudaSetDevice(env.local_rank));
+  const int rank = env.rank, peer = 1 - rank;
+  const size_t capacity = stress_capacity();
+  cuda::DeviceBuffer<uint8_t> recv(capacity);
+  FEPLB_CUDA_CHECK(cudaMemset(recv.get(), 0, recv.bytes()));
+  FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto gather = tcp_gather(env, kRankTimeoutS);
+  cuda::PeerMemory data(recv.get(), recv.bytes(), rank, gather);
+  const auto signals =
+      cuda::make_ipc_signals("stress", 2, rank, 2, gather, mechanism, kRankTimeoutS);
+  cuda::Stream s;
+  const std::string where =
+      fmt::format("IPC {} -> {}", data.location(rank).pci_bus_id, data.location(peer).pci_bus_id);
+  const int rc = copy_signal_rounds(rank, peer, *signals, recv.get(),
+                                    static_cast<uint8_t*>(data.peer(peer)), s.get(), where);
+  gather(rc == 0 ? "done" : "failed");  // nobody unmaps or frees while the other may still copy
+  return rc;
+}
+
+// copy_signal_rounds through the NCCL transport's register_buffer and make_signals, one process
+// per GPU (ranks 0 and 1 of a two-rank communicator).
+int rank_nccl_signals_stress(const dist::LaunchEnv& env, cuda::SignalMechanism mechanism) {
+  cuda::NcclCommunicator comm(env, kRankTimeoutS);
+  const auto t = comm.transport();
+  const int rank = t->rank(), peer = 1 - rank;
+  if (t->world_size() != 2) throw Error(fmt::format("needs 2 ranks, got {}", t->world_size()));
+  if (!t->supports_peer_copies()) {
+    throw Error("supports_peer_copies() is false on a multi-GPU node");
+  }
+  const size_t capacity = stress_capacity();
+  cuda::DeviceBuffer<uint8_t> recv(capacity);
+  FEPLB_CUDA_CHECK(cudaMemset(recv.get(), 0, recv.bytes()));
+  FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
+  t->register_buffer("stress", recv.get(), recv.bytes());
+  const auto signals = t->make_signals("stress", 2, mechanism);
+  cuda::Stream s;
+  const int rc = copy_signal_rounds(rank, peer, *signals, recv.get(),
+                                    static_cast<uint8_t*>(t->peer_buffer("stress", peer)), s.get(),
+                                    "NCCL transport");
+  // Nobody tears down before everyone is done.
+  cuda::DeviceBuffer<int32_t> one(1), all(2);
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(one.get(), 0, one.bytes(), s.get()));
+  t->all_gather_i32(one.get(), all.get(), 1, s.get());
+  cuda::sync_with_timeout(s.get(), kRankTimeoutS, "final barrier");
+  return rc;
+}
+
+// Rank 0 waits on a slot rank 1 does not signal: an Error within the set's timeout on rank 0
+// (the host wait for events; the bounded stream sync for the memory-operation mechanisms), never a
+// hang. Then rank 1 signals after all, and the same wait goes through: the set still works.
+int rank_signals_timeout(const dist::LaunchEnv& env, cuda::SignalMechanism mechanism) {
+  FEPLB_CUDA_CHECK(cudaSetDevice(env.local_rank));
+  constexpr double kTimeoutS = 2.0;
+  const int rank = env.rank;
+  const auto gather = tcp_gather(env, kRankTimeoutS);
+  const auto signals = cuda::make_ipc_signals("timeout", 1, rank, 2, gather, mechanism, kTimeoutS);
+  cuda::Stream s;
+  if (rank == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      signals->wait(0, 1, s.get());
+      cuda::sync_with_timeout(s.get(), kTimeoutS, "a wait for a signal that never comes");
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("rank 0 (%s): after %.2f s: %s\n",
+                std::string(cuda::signal_mechanism_name(mechanism)).c_str(), took, what.c_str());
+    if (what.empty()) throw Error("a wait for a signal that never comes returned without an error");
+    if (took < 0.9 * kTimeoutS || took > kTimeoutS + 3.0) {
+      throw Error(
+          fmt::format("the error came after {:.2f} s, the timeout is {} s", took, kTimeoutS));
+    }
+    if (mechanism == cuda::SignalMechanism::kEvent &&
+        (what.find("slot 0") == std::string::npos ||
+         what.find("no rank has signalled it") == std::string::npos ||
+         what.find("'timeout'") == std::string::npos)) {
+      throw Error("the error does not name the set, the slot and who signalled it: " + what);
+    }
+  }
+  gather("timed out");  // rank 1 signals only once rank 0 has seen the error
+  if (rank == 1) {
+    signals->signal(0, 0, 1, s.get());
+  } else if (mechanism == cuda::SignalMechanism::kEvent) {
+    signals->wait(0, 1, s.get());  // (the memory-operation mechanisms' wait is still queued)
+  }
+  cuda::sync_with_timeout(s.get(), kRankTimeoutS, "the late signal");
+  gather("done");
+  return 0;
+}
+
+// Every rank makes a set that disagrees with rank 0's (rank 1 asks for one more slot): every rank
+// gets the same one-line Error, quickly (without a GPU, every rank's own setup fails first, and
+// they agree on that instead).
+int rank_signals_mismatch(const dist::LaunchEnv& env, cuda::SignalMechanism mechanism) {
+  if (cudaSetDevice(env.local_rank) != cudaSuccess)
+    cudaGetLastError();  // no GPU: the set reports it
+  const auto gather = tcp_gather(env, kRankTimeoutS);
+  std::string what;
+  try {
+    cuda::make_ipc_signals("mismatch", 2 + env.rank, env.rank, env.world_size, gather, mechanism,
+                           kRankTimeoutS);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  std::printf("rank %d: %s\n", env.rank, what.c_str());
+  if (what.find("signal set 'mismatch'") == std::string::npos)
+    throw Error("no error naming the set: " + what);
+  const auto all = gather(what);
+  for (size_t p = 0; p < all.size(); ++p) {
+    if (all[p] != what) throw Error(fmt::format("rank {} got another error: {}", p, all[p]));
+  }
   return 0;
 }
 
@@ -212,6 +446,11 @@ int run_rank(const std::string& which) {
     }
     if (which == "ipc_pair") return rank_ipc_pair(env);
     if (which == "nccl_transport") return rank_nccl_transport(env);
+    const std::string kind = which.substr(0, which.find(':'));
+    if (kind == "signals_stress") return rank_signals_stress(env, mechanism_of(which));
+    if (kind == "nccl_signals_stress") return rank_nccl_signals_stress(env, mechanism_of(which));
+    if (kind == "signals_timeout") return rank_signals_timeout(env, mechanism_of(which));
+    if (kind == "signals_mismatch") return rank_signals_mismatch(env, mechanism_of(which));
     std::fprintf(stderr, "unknown FEPLB_MP_CASE '%s'\n", which.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank error: %s\n", e.what());
@@ -342,8 +581,8 @@ TEST(MpHarness, AFailingRankIsReportedWithItsLog) {
   }
 }
 
-// Two processes on one GPU (or on GPUs 0 and 1 when there are two): IPC export/import, CE copies
-// into the peer's buffer, stream-memory signals into the peer's flag.
+// Two processes on one GPU, and on GPUs 0 and 1: IPC export/import, CE copies into the peer's
+// buffer, signals of the default mechanism.
 TEST(PeerMemoryMp, TwoProcessesCopyAndSignalThroughIpc) {
   std::string why;
   const int gpus = visible_gpus(&why);
@@ -380,6 +619,70 @@ TEST(PeerMemoryMp, APeerThatNeverArrivesIsAnErrorNotAHang) {
     EXPECT_NE(what.find("rendezvous"), std::string::npos) << "rank " << rank << ": " << what;
   }
 }
+
+TEST(SignalMechanism, NamesRoundTripAndAnUnknownNameIsAnInputError) {
+  for (auto m : {cuda::SignalMechanism::kEvent, cuda::SignalMechanism::kStreamMemop,
+                 cuda::SignalMechanism::kCeFlag}) {
+    EXPECT_EQ(cuda::parse_signal_mechanism(cuda::signal_mechanism_name(m)), m);
+  }
+  EXPECT_EQ(cuda::kDefaultSignalMechanism, cuda::SignalMechanism::kEvent);
+  EXPECT_THROW(cuda::parse_signal_mechanism("flag"), InputError);
+}
+
+// Each signal mechanism between two processes (make_ipc_signals over the TCP rendezvous, as the
+// NCCL transport uses it over its all-gather).
+class SignalsMp : public ::testing::TestWithParam<cuda::SignalMechanism> {
+ protected:
+  std::string rank_case(const std::string& kind) const {
+    return kind + ":" + std::string(cuda::signal_mechanism_name(GetParam()));
+  }
+};
+
+TEST_P(SignalsMp, OddCopiesManyRoundsBothWaysTwoProcessesOneGpu) {
+  std::string why;
+  if (visible_gpus(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
+  expect_all_passed(run_ranks(rank_case("signals_stress"), 2, {0, 0}, 240));
+}
+
+TEST_P(SignalsMp, OddCopiesManyRoundsBothWaysTwoGpus) {
+  std::string why;
+  const int gpus = visible_gpus(&why);
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus << " visible" << (gpus ? "" : ": " + why);
+  expect_all_passed(run_ranks(rank_case("signals_stress"), 2, {0, 1}, 240));
+}
+
+TEST_P(SignalsMp, OddCopiesManyRoundsBothWaysNcclTransportTwoGpus) {
+  std::string why;
+  const int gpus = visible_gpus(&why);
+  if (gpus < 2) {
+    GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one GPU), " << gpus << " visible"
+                 << (gpus ? "" : ": " + why);
+  }
+  expect_all_passed(run_ranks(rank_case("nccl_signals_stress"), 2, {0, 1}, 240));
+}
+
+TEST_P(SignalsMp, ASignalThatNeverComesIsAnErrorOnTheWaiterNotAHang) {
+  std::string why;
+  if (visible_gpus(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
+  expect_all_passed(run_ranks(rank_case("signals_timeout"), 2, {0, 0}, 60));
+}
+
+// Runs without a GPU too: then every rank's own setup fails, and all report the same failure.
+TEST_P(SignalsMp, RanksThatDisagreeGetTheSameErrorNotAHang) {
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_all_passed(run_ranks(rank_case("signals_mismatch"), 2, {0, 0}, 60));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+}
+
+INSTANTIATE_TEST_SUITE_P(Mechanisms, SignalsMp,
+                         ::testing::Values(cuda::SignalMechanism::kEvent,
+                                           cuda::SignalMechanism::kStreamMemop,
+                                           cuda::SignalMechanism::kCeFlag),
+                         [](const ::testing::TestParamInfo<cuda::SignalMechanism>& p) {
+                           std::string n(cuda::signal_mechanism_name(p.param));
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 // The NCCL transport, one process per visible GPU (2..N).
 TEST(NcclTransportMp, PeerCopiesSignalsAndCollectivesOnEveryGpu) {

@@ -7,6 +7,7 @@
 
 #include "feplb/cuda/ce_copy.h"
 #include "feplb/cuda/check.h"
+#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/resources.h"
 #include "feplb/cuda/stream_ops.h"

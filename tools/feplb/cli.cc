@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "feplb/core/error.h"
+#include "feplb/sim/gemm_tables.h"
 
 #ifndef FEPLB_DATA_DIR
 #define FEPLB_DATA_DIR "data"
@@ -91,43 +92,7 @@ void add_cost_flag(CLI::App& cmd, std::string& choice) {
 
 CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs,
                         const GpuClass& gpu) {
-  CostChoice c;
-  const auto roofline_label = [&] {
-    return fmt::format(
-        "roofline ({:.0f} TFLOP/s, {:.0f} GB/s HBM, {} SMs; {})", knobs.gemm_peak_tflops,
-        knobs.hbm_gbps, knobs.num_sms,
-        gpu.measured ? "not measured" : "ceilings from specifications, not measured");
-  };
-  if (choice == "roofline") {
-    c.label = roofline_label();
-    return c;
-  }
-  const bool bundled = choice == "auto" || choice.empty();
-  std::string path = choice;
-  if (bundled) {
-    if (gpu.gemm_table.empty()) {
-      c.label = roofline_label();
-      return c;
-    }
-    path = data_dir() + "/cost/" + std::string(gpu.gemm_table);
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) {
-      c.label = roofline_label();
-      return c;
-    }
-  }
-  auto table = std::make_unique<TableCostModel>(read_gemm_table(path));
-  if (table->shape().hidden != shape.hidden || table->shape().ffn != shape.ffn ||
-      table->shape().dtype != shape.dtype) {
-    FEPLB_REQUIRE_INPUT(bundled, "--cost-model: {} is for {}, the experts are {}", path,
-                        table->shape().describe(), shape.describe());
-    c.label = roofline_label() + " (the measured table is for another shape)";
-    return c;
-  }
-  c.label = fmt::format("measured per-expert table ({}, {})", table->device(),
-                        bundled ? "data/cost/" + std::string(gpu.gemm_table) : path);
-  c.model = std::move(table);
-  return c;
+  return choose_cost_model(choice, shape, knobs, data_dir(), "--cost-model", gpu);
 }
 
 std::string default_trace_path() { return data_dir() + "/traces/default.json"; }

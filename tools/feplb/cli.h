@@ -11,6 +11,7 @@
 #include "feplb/core/gpu_class.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/routing.h"
+#include "feplb/sim/cost_choice.h"
 
 namespace feplb::cli {
 
@@ -31,13 +32,9 @@ void add_gpu_flag(CLI::App& cmd, std::string& gpu);
 // wins over the class). Returns the class; InputError naming --gpu for an unknown one.
 const GpuClass& apply_gpu_flag(const CLI::App& cmd, const std::string& gpu, Knobs& knobs);
 
-// --cost-model auto|roofline|FILE: the GEMM cost model. auto = the GPU class's measured table in
-// data/cost/ when the expert shape matches it (h200: H200, GLM-5 shape, bf16), else the roofline
+// --cost-model auto|roofline|FILE: the GEMM cost model. auto = the measured table in data/cost/
+// whose shape matches and whose device is the GPU class's (h200: NVIDIA H200), else the roofline
 // from the knobs.
-struct CostChoice {
-  std::unique_ptr<GemmCostModel> model;  // null: roofline (simulate builds it)
-  std::string label;
-};
 void add_cost_flag(CLI::App& cmd, std::string& choice);
 CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs,
                         const GpuClass& gpu = gpu_class_list().front());

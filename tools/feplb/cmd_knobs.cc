@@ -14,11 +14,13 @@ void print_gpu_classes(bool markdown) {
   if (markdown) {
     std::printf(
         "| `--gpu` | device | copy GB/s in a domain | between domains | GEMM peak TFLOP/s | HBM "
-        "GB/s | SMs | GEMM table | provenance | where the numbers come from |\n"
+        "GB/s | SMs | GEMM tables | provenance | where the numbers come from |\n"
         "|---|---|---|---|---|---|---|---|---|---|\n");
   }
   for (const GpuClass& g : gpu_class_list()) {
-    const std::string table = g.gemm_table.empty() ? "-" : "data/cost/" + std::string(g.gemm_table);
+    const std::string table = g.table_device.empty()
+                                  ? "-"
+                                  : fmt::format("data/cost/*.json measured on {}", g.table_device);
     if (markdown) {
       std::fputs(fmt::format("| `{}` | {} | {:g} | {:g} | {:g} | {:g} | {} | {} | {} | {} |\n",
                              g.name, g.device, g.copy_gbps, g.internode_gbps, g.gemm_peak_tflops,
@@ -27,7 +29,7 @@ void print_gpu_classes(bool markdown) {
                  stdout);
     } else {
       std::fputs(fmt::format("{:<6} {} ({}): copy engine {:g} GB/s in a domain, {:g} between "
-                             "domains; {:g} TFLOP/s, {:g} GB/s HBM, {} SMs; GEMM table {}\n       "
+                             "domains; {:g} TFLOP/s, {:g} GB/s HBM, {} SMs; GEMM tables {}\n       "
                              "{}\n",
                              g.name, g.device, g.provenance(), g.copy_gbps, g.internode_gbps,
                              g.gemm_peak_tflops, g.hbm_gbps, g.num_sms, table, g.source)

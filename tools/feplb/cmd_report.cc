@@ -155,6 +155,7 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
   c.warmup_steps = o.warmup;
   c.sim = o.sweep.sim;
   c.model = o.sweep.model;
+  if (o.cost_model != "roofline") c.cost_dir = data_dir() + "/cost";
   check_plots(o, {"balance-token-straggler.svg", "balance-gemm-straggler.svg",
                   "balance-weight-bytes.svg", "balance-pareto.svg", "balance-cross-node.svg"});
   ProgressLine progress("report", !o.quiet);

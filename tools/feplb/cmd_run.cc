@@ -16,8 +16,8 @@
 #include "feplb/core/trace_io.h"
 #ifdef FEPLB_HAVE_CUDA
 #include "feplb/cuda/device.h"
-#include "feplb/cuda/expert_bench.h"
-#include "feplb/cuda/trace_runner.h"
+#include "bench/harness/expert_bench.h"
+#include "bench/harness/trace_runner.h"
 #endif
 
 namespace feplb::cli {

@@ -21,6 +21,9 @@ namespace {
 struct GenOptions {
   std::string out, prior, model;
   double skew = 0;
+  std::vector<double> hot_gpus;  // many-donor mode: loads of the hot GPUs of each domain
+  double cold_min = 0.2;
+  int gpus_per_node = 8;
   int layers = 1;
   int experts = 0, top_k = 0;
   WorkloadSpec spec;
@@ -30,8 +33,8 @@ struct GenOptions {
 
 void run_gen(GenOptions o) {
   FEPLB_REQUIRE_INPUT(!o.out.empty(), "--out: required");
-  FEPLB_REQUIRE_INPUT(o.prior.empty() != (o.skew == 0),
-                      "give exactly one of --prior FILE or --skew X");
+  FEPLB_REQUIRE_INPUT(o.hot_gpus.empty() ? o.prior.empty() != (o.skew == 0) : o.prior.empty(),
+                      "give exactly one of --prior FILE, --skew X or --hot-gpus LOADS");
   std::error_code ec;
   FEPLB_REQUIRE_INPUT(o.force || !std::filesystem::exists(o.out, ec),
                       "{}: exists; pass --force to overwrite", o.out);
@@ -42,6 +45,11 @@ void run_gen(GenOptions o) {
     prior = read_prior(o.prior);
     if (o.experts) prior = expand_prior(prior, o.experts, o.spec.seed);
     if (!o.top_k) o.top_k = prior.top_k;
+  } else if (!o.hot_gpus.empty()) {
+    prior =
+        many_donor_prior(o.experts ? o.experts : 128, o.spec.num_ranks, o.gpus_per_node, o.hot_gpus,
+                         o.cold_min, o.skew == 0 ? 2.0 : o.skew, o.layers, o.spec.seed);
+    if (!o.top_k) o.top_k = 8;
   } else {
     prior = lognormal_prior(o.experts ? o.experts : 128, o.skew, o.layers, o.spec.seed);
     if (!o.top_k) o.top_k = 8;
@@ -110,8 +118,19 @@ void add_trace_commands(CLI::App& app) {
   gen->add_option("--prior", g->prior, "real-model prior file (schema: data/priors/README.md)");
   gen->add_option("--skew", g->skew,
                   "instead of --prior: lognormal popularity with this max/mean over experts");
-  gen->add_option("--layers", g->layers,
-                  "with --skew: number of layers, each its own popularity (default 1)");
+  gen->add_option(
+         "--hot-gpus", g->hot_gpus,
+         "instead of --prior/--skew: many-donor skew, these loads (x the mean, comma-separated) "
+         "on that many GPUs of every NVLink domain, the others from --cold-min up; --skew is "
+         "then the max/mean over a GPU's experts (default 2)")
+      ->delimiter(',');
+  gen->add_option("--cold-min", g->cold_min,
+                  "with --hot-gpus: load of the coldest GPU of a domain, x the mean (default 0.2)");
+  gen->add_option("--gpus-per-node", g->gpus_per_node,
+                  "with --hot-gpus: GPUs per NVLink domain (default 8)");
+  gen->add_option(
+      "--layers", g->layers,
+      "with --skew or --hot-gpus: number of layers, each its own popularity (default 1)");
   gen->add_option(
       "--experts", g->experts,
       "experts (default: the prior's; a multiple of it widens the prior; 128 with --skew)");

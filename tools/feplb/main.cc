@@ -6,7 +6,7 @@
 #include "cli.h"
 #include "feplb/core/error.h"
 #ifdef FEPLB_HAVE_CUDA
-#include "feplb/cuda/trace_runner.h"
+#include "bench/harness/trace_runner.h"
 #endif
 
 int main(int argc, char** argv) {

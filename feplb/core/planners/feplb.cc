@@ -11,10 +11,23 @@
 //  3. Copies are timed (copy-engine bandwidth, first in first out on the sender's egress and the
 //     receiver's ingress, after the counts round trip and the planner's budget). A copy must land
 //     while the receiver still runs its own experts (hidden: copy_timing = 1, the default), or
-//     (copy_timing = 2) be one after which the receiver, idle until it lands, finishes before the donor: an
-//     exposed copy that never makes the layer slower (a little better balance on the most skewed
-//     priors, at a small exposure; docs/planners.md).
-// Deterministic; O(E log E) per step with no allocation after the first call.
+//     (copy_timing = 2) be one after which the receiver, idle until it lands, finishes before the
+//     donor: an exposed copy that never makes the layer slower (a little better balance on the most
+//     skewed priors, at a small exposure; docs/planners.md).
+//  4. Weights before routing (prefetch = 1): after each step, the (expert, helper) pairs its plan
+//     used over the layer's last prefetch_history micro-batches predict the next micro-batch of
+//     the layer (most frequent, then most recent, then most rows first), as many as land within
+//     prefetch_window_us on the FIFO links and fit the guest slots. The plan lists them as
+//     kPrefetchWeights copies (issued before routing), offers an expert first to the helpers that
+//     hold its weights, and copies no weights there: only the rows must fit the window.
+//  5. Rows in one hop (one_hop = 1): planned before the dispatch, migrated rows are kDispatched
+//     (no row copies; outputs back by the combine); the counts round trip and the planner then
+//     delay every GPU (metrics charge it), and weight copies start when the GEMMs start. Nothing
+//     has to start before the plan, so every local expert is a candidate (not only `dyn`).
+// Receivers are kept in a heap by load (ties: lower index); an expert is offered to at most
+// max_helpers_per_expert + kExtraReceivers of them (those holding its prefetched weights first).
+// Deterministic; O(E log dyn + R log R + migrations x log R) per step with no allocation after
+// the first call.
 #include <algorithm>
 #include <cmath>
 
@@ -24,10 +37,20 @@
 namespace feplb {
 namespace {
 
+// Receivers offered one expert beyond max_helpers_per_expert: a copy that does not fit one
+// receiver's window may fit a busier one's (more own work to hide behind).
+constexpr int kExtraReceivers = 8;
+
 class FeplbPlanner final : public Planner {
  public:
   using Planner::Planner;
   std::string_view name() const override { return "feplb"; }
+  // One hop (one_hop = 1) dispatches migrated rows straight to their helpers.
+  PlanLimits limits() const override {
+    PlanLimits l = Planner::limits();
+    l.rows_via_homes = ctx_.knobs.one_hop == 0;
+    return l;
+  }
 
   void plan(const RoutingStep& routing, Plan& out) override {
     const Topology& topo = ctx_.topo;
@@ -36,26 +59,34 @@ class FeplbPlanner final : public Planner {
     const auto& c = routing.expert_counts;
     rows_ = &c;
     out.clear(E);
+    out.planned_before_dispatch = k.one_hop != 0;
     home_loads(topo, routing, load_);
     moved_.assign(static_cast<size_t>(E), 0);
     guests_.assign(static_cast<size_t>(R), 0);
-    in_ms_.assign(static_cast<size_t>(R), 0.0);
-    out_ms_.assign(static_cast<size_t>(R), 0.0);
     choose_candidates(c, out.dynamic);
     if (k.copy_timing) own_gemm_times(c);
+    // Phase-2 copies start once the plan exists: after the counts round trip and the planner
+    // (two-phase), or when the GEMMs start (one-hop: planned before the dispatch).
+    const double start_ms = k.one_hop ? 0.0 : (k.counts_to_host_us + k.planner_budget_us) * 1e-3;
+    in_ms_.assign(static_cast<size_t>(R), start_ms);
+    out_ms_.assign(static_cast<size_t>(R), start_ms);
+    add_prefetches(routing.layer, out);
 
     int64_t total = 0;
     for (int64_t l : load_) total += l;
-    const int64_t tol = static_cast<int64_t>(std::floor(k.balance_tolerance * static_cast<double>(total) / R));
+    const int64_t tol =
+        static_cast<int64_t>(std::floor(k.balance_tolerance * static_cast<double>(total) / R));
 
     for (int dom = 0; dom < topo.num_domains(); ++dom) {
       const int first = topo.first_gpu_of_domain(dom), n = topo.domain_size();
       int64_t dom_total = 0;
       donors_.clear();
+      heap_.clear();
       for (int g = first; g < first + n; ++g) dom_total += load_[g];
       const int64_t target = (dom_total + n - 1) / n, cap = target + tol;
       for (int g = first; g < first + n; ++g) {
         if (load_[g] > cap) donors_.push_back(g);
+        push_receiver(g, cap);
       }
       sort_ids_descending(donors_, [&](int g) { return load_[g]; });
       for (int d : donors_) {
@@ -65,21 +96,160 @@ class FeplbPlanner final : public Planner {
         for (int i = 0; i < num_candidates; ++i) rest_rows += c[cand[i]];
         for (int i = 0; i < num_candidates && load_[d] > cap; ++i) {
           rest_rows -= c[cand[i]];
-          spill_expert(cand[i], d, first, n, target, cap, tol, rest_rows, out);
+          spill_expert(cand[i], d, target, cap, tol, rest_rows, out);
         }
+        push_receiver(d, cap);  // a donor brought below the cap may receive from later donors
       }
     }
     out.add_home_slices(topo, routing, moved_);
   }
 
+  // With prefetch: records the (expert, helper) pairs this step's plan used and predicts the
+  // layer's next micro-batch from them (the prediction plan() reads, before routing).
+  void observe(const RoutingStep& routing) override {
+    if (!ctx_.knobs.prefetch) return;
+    plan(routing, scratch_);  // the plan this step got: same counts, same prediction
+    LayerPrefetch& lp = layer_state(routing.layer);
+    const int64_t H = ctx_.knobs.prefetch_history;
+    if (static_cast<int64_t>(lp.history.size()) < H) lp.history.emplace_back();
+    auto& slot = lp.history[static_cast<size_t>(lp.next % H)];
+    slot.clear();
+    for (const Slice& sl : scratch_.slices) {
+      if (sl.gpu != ctx_.topo.home(sl.expert))
+        slot.push_back({sl.expert, sl.gpu, lp.next, sl.rows, 1});
+    }
+    ++lp.next;
+    predict(lp);
+  }
+
+  std::span<const Copy> prefetch(int64_t layer) const override {
+    for (const LayerPrefetch& lp : layers_) {
+      if (lp.layer == layer) return lp.predicted;
+    }
+    return {};
+  }
+
  private:
+  struct Pair {
+    int expert, gpu;
+    int64_t step, rows, count;
+  };
+  struct LayerPrefetch {
+    int64_t layer = 0;
+    int64_t next = 0;                        // micro-batches recorded
+    std::vector<std::vector<Pair>> history;  // ring of the last prefetch_history plans' pairs
+    std::vector<Copy> predicted;             // kPrefetchWeights, in issue order
+  };
+  struct Entry {
+    int64_t load;
+    int gpu;
+  };
+
+  LayerPrefetch& layer_state(int64_t layer) {
+    for (LayerPrefetch& lp : layers_) {
+      if (lp.layer == layer) return lp;
+    }
+    layers_.emplace_back();
+    layers_.back().layer = layer;
+    return layers_.back();
+  }
+
+  // Ranks the recorded pairs and keeps those whose weights land within the prefetch window on the
+  // FIFO links (from -window), at most max_num_dyn per GPU.
+  void predict(LayerPrefetch& lp) {
+    const Topology& topo = ctx_.topo;
+    const Knobs& k = ctx_.knobs;
+    merged_.clear();
+    for (const auto& h : lp.history) merged_.insert(merged_.end(), h.begin(), h.end());
+    std::sort(merged_.begin(), merged_.end(), [](const Pair& a, const Pair& b) {
+      return a.expert != b.expert ? a.expert < b.expert
+             : a.gpu != b.gpu     ? a.gpu < b.gpu
+                                  : a.step > b.step;
+    });
+    size_t w = 0;  // one entry per pair: count, latest step, its rows then
+    for (size_t i = 0; i < merged_.size(); ++i) {
+      if (w > 0 && merged_[w - 1].expert == merged_[i].expert &&
+          merged_[w - 1].gpu == merged_[i].gpu) {
+        ++merged_[w - 1].count;
+      } else {
+        merged_[w++] = merged_[i];
+      }
+    }
+    merged_.resize(w);
+    std::sort(merged_.begin(), merged_.end(), [](const Pair& a, const Pair& b) {
+      if (a.count != b.count) return a.count > b.count;
+      if (a.step != b.step) return a.step > b.step;
+      if (a.rows != b.rows) return a.rows > b.rows;
+      return a.expert != b.expert ? a.expert < b.expert : a.gpu < b.gpu;
+    });
+    const int R = topo.num_ranks();
+    const double window_ms = k.prefetch_window_us * 1e-3;
+    const double t = static_cast<double>(ctx_.shape.weight_bytes()) / (k.copy_gbps * 1e9) * 1e3 +
+                     k.copy_setup_us * 1e-3;
+    pre_in_.assign(static_cast<size_t>(R), 0.0);
+    pre_out_.assign(static_cast<size_t>(R), 0.0);
+    pre_slots_.assign(static_cast<size_t>(R), 0);
+    lp.predicted.clear();
+    for (const Pair& p : merged_) {
+      const int home = topo.home(p.expert);
+      if (pre_slots_[p.gpu] >= k.max_num_dyn) continue;
+      const double end = std::max(pre_in_[p.gpu], pre_out_[home]) + t;
+      if (end > window_ms) continue;
+      pre_in_[p.gpu] = pre_out_[home] = end;
+      ++pre_slots_[p.gpu];
+      lp.predicted.push_back(
+          {CopyKind::kPrefetchWeights, p.expert, home, p.gpu, 0, ctx_.shape.weight_bytes()});
+    }
+  }
+
+  // Adds the layer's predicted prefetches to `out`, takes their guest slots, indexes them by
+  // expert (pre_begin_/pre_gpu_), and queues them on the links from -window ahead of phase 2.
+  void add_prefetches(int64_t layer, Plan& out) {
+    const Topology& topo = ctx_.topo;
+    const int E = topo.num_experts(), R = topo.num_ranks();
+    pre_begin_.assign(static_cast<size_t>(E) + 1, 0);
+    if (!ctx_.knobs.prefetch) return;
+    const auto pairs = prefetch(layer);
+    if (pairs.empty()) return;
+    const double t =
+        static_cast<double>(ctx_.shape.weight_bytes()) / (ctx_.knobs.copy_gbps * 1e9) * 1e3 +
+        ctx_.knobs.copy_setup_us * 1e-3;
+    pre_in_.assign(static_cast<size_t>(R), -ctx_.knobs.prefetch_window_us * 1e-3);
+    pre_out_.assign(static_cast<size_t>(R), -ctx_.knobs.prefetch_window_us * 1e-3);
+    for (const Copy& p : pairs) {
+      const int e = p.expert, g = p.dst_gpu, home = p.src_gpu;
+      out.copies.push_back(p);
+      ++guests_[g];
+      ++pre_begin_[e + 1];
+      const double end = std::max(pre_in_[g], pre_out_[home]) + t;
+      pre_in_[g] = pre_out_[home] = end;
+    }
+    for (int g = 0; g < R; ++g) {
+      in_ms_[g] = std::max(in_ms_[g], pre_in_[g]);
+      out_ms_[g] = std::max(out_ms_[g], pre_out_[g]);
+    }
+    for (int e = 0; e < E; ++e) pre_begin_[e + 1] += pre_begin_[e];
+    pre_gpu_.resize(pairs.size());
+    fill_.assign(pre_begin_.begin(), pre_begin_.end() - 1);
+    for (const Copy& p : pairs) pre_gpu_[static_cast<size_t>(fill_[p.expert]++)] = p.dst_gpu;
+  }
+
+  bool prefetched(int e, int h) const {
+    for (int i = pre_begin_[e]; i < pre_begin_[e + 1]; ++i) {
+      if (pre_gpu_[i] == h) return true;
+    }
+    return false;
+  }
+
   // Each GPU's candidates, busiest first: candidates_[candidate_begin_[gpu] + i]. Its `dyn`
   // busiest local experts, or (feplb_dyn_set = 1) its experts in the placement's dynamic set.
   void choose_candidates(const std::vector<int64_t>& c, std::vector<uint8_t>& dynamic) {
     const Topology& topo = ctx_.topo;
     const bool from_placement = ctx_.knobs.feplb_dyn_set == 1;
+    // One-hop plans before the dispatch, so no expert must start before the plan: every local
+    // expert is a candidate. Two-phase: the `dyn` busiest (the others start at once).
     const int per_gpu =
-        from_placement
+        from_placement || ctx_.knobs.one_hop
             ? topo.experts_per_rank()
             : static_cast<int>(std::min<int64_t>(ctx_.knobs.dyn, topo.experts_per_rank()));
     candidates_.resize(static_cast<size_t>(topo.num_ranks()) * per_gpu);
@@ -89,7 +259,7 @@ class FeplbPlanner final : public Planner {
     for (int g = 0; g < topo.num_ranks(); ++g) {
       candidate_begin_[g] = next;
       int n = per_gpu;
-      if (from_placement) {
+      if (from_placement && !ctx_.knobs.one_hop) {
         placement_dynamic_set(ctx_, g, order_);
         n = static_cast<int>(order_.size());
         std::sort(order_.begin(), order_.end(), busier);
@@ -106,9 +276,9 @@ class FeplbPlanner final : public Planner {
     candidate_begin_[topo.num_ranks()] = next;
   }
 
-  // home_ms_[g]: modelled GEMM time of g's own rows that stay on g (updated as g gives rows
-  // away). g runs them first, so copies into g that land within it (after the counts round trip
-  // and the planner) are hidden.
+  // home_ms_[g]: modelled GEMM time of the work g can run without waiting for a copy: its own
+  // rows that stay on it (updated as g gives rows away), and guests that need no copy (one-hop
+  // rows of prefetched experts). g runs it first, so copies into g that land within it are hidden.
   void own_gemm_times(const std::vector<int64_t>& c) {
     const Topology& topo = ctx_.topo;
     home_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
@@ -122,22 +292,33 @@ class FeplbPlanner final : public Planner {
   // may. An exposed copy (h idles waiting for it) may only with copy_timing = 2, and only if h,
   // waiting and then computing its guests, still finishes before d does after giving the rows.
   bool copy_fits(int e, int d, int h, int64_t rows, double t) const {
-    const double overhead_ms = (ctx_.knobs.counts_to_host_us + ctx_.knobs.planner_budget_us) * 1e-3;
-    const double lands_ms = overhead_ms + std::max(in_ms_[h], out_ms_[d]) + t;
+    const double lands_ms = std::max(in_ms_[h], out_ms_[d]) + t;
     if (lands_ms <= home_ms_[h]) return true;
     if (ctx_.knobs.copy_timing < 2) return false;
     const GemmCostModel& cost = *ctx_.cost;
-    const double donor_after_ms = home_ms_[d] - cost.expert_ms(remaining(e)) +
-                                  cost.expert_ms(remaining(e) - rows);
+    const double donor_after_ms =
+        home_ms_[d] - cost.expert_ms(remaining(e)) + cost.expert_ms(remaining(e) - rows);
     return lands_ms + guest_ms_[h] + cost.expert_ms(rows) <= donor_after_ms;
   }
 
-  double copy_ms(int64_t rows) const {
-    const double bytes = static_cast<double>(ctx_.shape.weight_bytes() + rows * ctx_.shape.row_bytes());
-    return bytes / (ctx_.knobs.copy_gbps * 1e9) * 1e3 + 2 * ctx_.knobs.copy_setup_us * 1e-3;  // 2 copies
+  // Time the phase-2 copies of one migration take on the links (0: none needed).
+  double copy_ms(int64_t rows, bool weights) const {
+    const bool row_copy = !ctx_.knobs.one_hop;
+    const int copies = (weights ? 1 : 0) + (row_copy ? 1 : 0);
+    if (copies == 0) return 0.0;
+    const double bytes = static_cast<double>((weights ? ctx_.shape.weight_bytes() : 0) +
+                                             (row_copy ? rows * ctx_.shape.row_bytes() : 0));
+    return bytes / (ctx_.knobs.copy_gbps * 1e9) * 1e3 + copies * ctx_.knobs.copy_setup_us * 1e-3;
   }
 
   int64_t remaining(int e) const { return (*rows_)[e] - moved_[e]; }
+
+  void push_receiver(int g, int64_t cap) {
+    if (load_[g] < cap && guests_[g] < ctx_.knobs.max_num_dyn) {
+      heap_.push_back({load_[g], g});
+      std::push_heap(heap_.begin(), heap_.end(), later_);
+    }
+  }
 
   // Rows that `receivers` take in total when filled up to `level`.
   int64_t fill(int64_t level, int num) const {
@@ -157,7 +338,10 @@ class FeplbPlanner final : public Planner {
     int64_t lo = 0, hi = load_[d];  // the smallest level at which the helpers take what d sheds
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
-      if (fill(mid, num) >= load_[d] - mid) hi = mid; else lo = mid + 1;
+      if (fill(mid, num) >= load_[d] - mid)
+        hi = mid;
+      else
+        lo = mid + 1;
     }
     if (lo <= target || load_[d] - lo > remaining(e)) return target;
     return lo;
@@ -165,14 +349,16 @@ class FeplbPlanner final : public Planner {
 
   // Rows of expert e that donor d gives helper h, which the level says should get `want`
   // (0: no worthwhile slice).
-  int64_t slice_for(int e, int d, int h, int64_t want, int64_t target, int64_t cap, int64_t tol) const {
+  int64_t slice_for(int e, int d, int h, int64_t want, int64_t target, int64_t cap,
+                    int64_t tol) const {
     const Knobs& k = ctx_.knobs;
     const int64_t avail = remaining(e), room = cap - load_[h];
     if (avail <= load_[d] - target + tol && avail <= room) return avail;  // the whole rest of e
     int64_t rows = std::min({avail, want, load_[d] - target});
     if (rows < avail) {
       const int64_t aligned = rows - rows % k.slice_align_rows;
-      if (aligned >= k.min_slice_rows && load_[d] - aligned <= std::max(cap, load_[d] - rows + tol)) {
+      if (aligned >= k.min_slice_rows &&
+          load_[d] - aligned <= std::max(cap, load_[d] - rows + tol)) {
         rows = aligned;
       }
     }
@@ -181,39 +367,79 @@ class FeplbPlanner final : public Planner {
     return rows >= k.min_slice_rows || rows == avail ? rows : 0;
   }
 
-  void spill_expert(int e, int d, int first, int n, int64_t target, int64_t cap, int64_t tol,
-                    int64_t rest_rows, Plan& out) {
-    const Knobs& k = ctx_.knobs;
-    // Receivers by room, most first (ties: lower index): the GPUs below the cap with a free
-    // guest slot (a donor already brought down to the target may receive from another donor).
+  // The receivers offered expert e, into receivers_: those below the cap that hold e's prefetched
+  // weights (by load), then from the heap the least loaded with a free guest slot (ties: lower
+  // index), up to max_helpers_per_expert + kExtraReceivers in all. Popped heap entries go to
+  // popped_ (stale ones, whose GPU's load changed since, are dropped).
+  void gather_receivers(int e, int d, int64_t cap) {
+    const int limit = static_cast<int>(ctx_.knobs.max_helpers_per_expert) + kExtraReceivers;
     receivers_.clear();
-    for (int h = first; h < first + n; ++h) {
-      if (h != d && guests_[h] < k.max_num_dyn && load_[h] < cap) receivers_.push_back(h);
+    popped_.clear();
+    for (int i = pre_begin_[e]; i < pre_begin_[e + 1]; ++i) {
+      const int h = pre_gpu_[i];
+      if (h != d && load_[h] < cap && ctx_.topo.same_domain(h, d)) receivers_.push_back(h);
     }
     sort_ids_ascending(receivers_, [&](int g) { return load_[g]; });
-    const int num = static_cast<int>(std::min<int64_t>(receivers_.size(), k.max_helpers_per_expert));
+    const size_t held = receivers_.size();
+    holder_load_.clear();
+    for (int h : receivers_) holder_load_.push_back(load_[h]);
+    while (!heap_.empty() && static_cast<int>(receivers_.size()) < limit) {
+      std::pop_heap(heap_.begin(), heap_.end(), later_);
+      const Entry top = heap_.back();
+      heap_.pop_back();
+      const int h = top.gpu;
+      if (top.load != load_[h] || load_[h] >= cap || guests_[h] >= ctx_.knobs.max_num_dyn) continue;
+      popped_.push_back(top);
+      if (std::find(receivers_.begin(), receivers_.begin() + static_cast<ptrdiff_t>(held), h) !=
+          receivers_.begin() + static_cast<ptrdiff_t>(held)) {
+        continue;  // already offered as a holder of e's weights
+      }
+      receivers_.push_back(h);
+    }
+  }
+
+  void spill_expert(int e, int d, int64_t target, int64_t cap, int64_t tol, int64_t rest_rows,
+                    Plan& out) {
+    const Knobs& k = ctx_.knobs;
+    gather_receivers(e, d, cap);
+    const int num =
+        static_cast<int>(std::min<int64_t>(receivers_.size(), k.max_helpers_per_expert));
     const int64_t level = helper_level(e, d, num, target, rest_rows);
     int helpers = 0;
     for (size_t i = 0; i < receivers_.size() && helpers < k.max_helpers_per_expert; ++i) {
-      if (load_[d] <= cap || remaining(e) == 0) return;
+      if (load_[d] <= cap || remaining(e) == 0) break;
       const int h = receivers_[i];
       const int64_t want = level - load_[h];
       const int64_t rows = slice_for(e, d, h, want, target, cap, tol);
       if (rows == 0) continue;
-      const double t = copy_ms(rows);
+      const bool weights_there = prefetched(e, h);
+      const double t = copy_ms(rows, !weights_there);
       if (k.copy_timing) {
-        if (!copy_fits(e, d, h, rows, t)) continue;
-        home_ms_[d] += ctx_.cost->expert_ms(remaining(e) - rows) - ctx_.cost->expert_ms(remaining(e));
-        guest_ms_[h] += ctx_.cost->expert_ms(rows);
+        if (t > 0 && !copy_fits(e, d, h, rows, t)) continue;
+        home_ms_[d] +=
+            ctx_.cost->expert_ms(remaining(e) - rows) - ctx_.cost->expert_ms(remaining(e));
+        (t > 0 ? guest_ms_ : home_ms_)[h] += ctx_.cost->expert_ms(rows);
       }
-      in_ms_[h] = std::max(in_ms_[h], out_ms_[d]) + t;
-      out_ms_[d] = in_ms_[h];
+      if (t > 0) {
+        in_ms_[h] = std::max(in_ms_[h], out_ms_[d]) + t;
+        out_ms_[d] = in_ms_[h];
+      }
       load_[d] -= rows;
       load_[h] += rows;
       moved_[e] += rows;
-      ++guests_[h];
+      if (!weights_there) ++guests_[h];
       ++helpers;
-      out.add_migration(e, d, h, rows, ctx_.shape);
+      out.add_migration(e, d, h, rows, ctx_.shape, weights_there, k.one_hop != 0);
+    }
+    // Receivers popped from the heap go back with their loads now. Holders of e's weights that
+    // were not popped and received rows get a new entry (their old one is stale now).
+    for (const Entry& x : popped_) push_receiver(x.gpu, cap);
+    for (size_t i = 0; i < holder_load_.size(); ++i) {
+      const int h = receivers_[i];
+      if (load_[h] == holder_load_[i]) continue;
+      bool was_popped = false;
+      for (const Entry& x : popped_) was_popped = was_popped || x.gpu == h;
+      if (!was_popped) push_receiver(h, cap);
     }
   }
 
@@ -221,9 +447,21 @@ class FeplbPlanner final : public Planner {
   const std::vector<int64_t>* rows_ = nullptr;  // this step's expert_counts
   std::vector<int64_t> load_, moved_;
   std::vector<int64_t> guests_;
-  std::vector<double> in_ms_, out_ms_;     // [num_ranks] when the links' queued copies end
+  std::vector<double> in_ms_, out_ms_;      // [num_ranks] when the links' queued copies end
   std::vector<double> home_ms_, guest_ms_;  // [num_ranks] modelled GEMM time, own and guest
   std::vector<int> candidates_, candidate_begin_, order_, donors_, receivers_;
+  std::vector<Entry> heap_, popped_;
+  std::vector<int64_t> holder_load_;  // loads of the receivers holding e's weights when offered
+  static constexpr auto later_ = [](const Entry& a, const Entry& b) {
+    return a.load != b.load ? a.load > b.load : a.gpu > b.gpu;
+  };
+  // Prefetch: per layer history and prediction; this plan's prefetches by expert.
+  std::vector<LayerPrefetch> layers_;
+  std::vector<Pair> merged_;
+  std::vector<double> pre_in_, pre_out_;
+  std::vector<int64_t> pre_slots_;
+  std::vector<int> pre_begin_, pre_gpu_, fill_;
+  Plan scratch_;
 };
 
 }  // namespace

@@ -44,23 +44,28 @@ class FeplbPaperPlanner final : public Planner {
 
     for (int dom = 0; dom < topo.num_domains(); ++dom) {
       const int first = topo.first_gpu_of_domain(dom), last = first + topo.domain_size();
+      // The most and least loaded GPUs from two heaps (ties: lower index); an entry whose GPU's
+      // load has changed since is stale and dropped when it surfaces.
+      max_heap_.clear();
+      min_heap_.clear();
+      for (int d = first; d < last; ++d) push(d);
       for (;;) {
-        int d_max = first;
-        for (int d = first; d < last; ++d) d_max = load_[d] > load_[d_max] ? d : d_max;
+        while (max_heap_.front().load != load_[max_heap_.front().gpu]) {
+          std::pop_heap(max_heap_.begin(), max_heap_.end(), lower_);
+          max_heap_.pop_back();
+        }
+        const int d_max = max_heap_.front().gpu;
         // d_max's dynamic experts still at home, busiest first.
         movable_.clear();
         for (int e : topo.local_experts(d_max)) {
           if (out.dynamic[e] && moved_[e] == 0) movable_.push_back(e);
         }
         sort_ids_descending(movable_, [&](int e) { return c[e]; });
+        const int d_min = least_loaded_except(d_max);
         bool moved_one = false;
         for (int e : movable_) {
-          if (c[e] < ctx_.knobs.tau || c[e] == 0) break;  // busier ones failed; smaller are below tau
-          int d_min = -1;
-          for (int d = first; d < last; ++d) {
-            if (d == d_max || guests_[d] >= ctx_.knobs.max_num_dyn) continue;
-            if (d_min < 0 || load_[d] < load_[d_min]) d_min = d;
-          }
+          if (c[e] < ctx_.knobs.tau || c[e] == 0)
+            break;  // busier ones failed; smaller are below tau
           if (d_min < 0) break;
           if (load_[d_min] + c[e] >= load_[d_max]) continue;  // would not lower the max: skip e
           load_[d_max] -= c[e];
@@ -68,6 +73,8 @@ class FeplbPaperPlanner final : public Planner {
           moved_[e] = c[e];
           ++guests_[d_min];
           out.add_migration(e, d_max, d_min, c[e], ctx_.shape);
+          push(d_max);
+          push(d_min);
           moved_one = true;
           break;
         }
@@ -98,7 +105,52 @@ class FeplbPaperPlanner final : public Planner {
     }
   }
 
+  struct Entry {
+    int64_t load;
+    int gpu;
+  };
+  // Orders the max-heap (most load on top) and, reversed, the min-heap; ties: lower index on top.
+  static constexpr auto lower_ = [](const Entry& a, const Entry& b) {
+    return a.load != b.load ? a.load < b.load : a.gpu > b.gpu;
+  };
+  static constexpr auto higher_ = [](const Entry& a, const Entry& b) {
+    return a.load != b.load ? a.load > b.load : a.gpu > b.gpu;
+  };
+
+  void push(int g) {
+    max_heap_.push_back({load_[g], g});
+    std::push_heap(max_heap_.begin(), max_heap_.end(), lower_);
+    min_heap_.push_back({load_[g], g});
+    std::push_heap(min_heap_.begin(), min_heap_.end(), higher_);
+  }
+
+  // The least loaded GPU other than `skip` with a free guest slot, or -1.
+  int least_loaded_except(int skip) {
+    // Stale entries, full GPUs and (`also`) duplicates of `skip` go.
+    const auto drop_stale = [&](int also) {
+      while (!min_heap_.empty()) {
+        const Entry& t = min_heap_.front();
+        if (t.load == load_[t.gpu] && guests_[t.gpu] < ctx_.knobs.max_num_dyn && t.gpu != also)
+          return;
+        std::pop_heap(min_heap_.begin(), min_heap_.end(), higher_);
+        min_heap_.pop_back();
+      }
+    };
+    drop_stale(-1);
+    if (min_heap_.empty()) return -1;
+    if (min_heap_.front().gpu != skip) return min_heap_.front().gpu;
+    std::pop_heap(min_heap_.begin(), min_heap_.end(), higher_);
+    const Entry held = min_heap_.back();
+    min_heap_.pop_back();
+    drop_stale(skip);
+    const int found = min_heap_.empty() ? -1 : min_heap_.front().gpu;
+    min_heap_.push_back(held);
+    std::push_heap(min_heap_.begin(), min_heap_.end(), higher_);
+    return found;
+  }
+
   std::map<int64_t, std::vector<int64_t>> history_;  // layer -> rows per expert, summed
+  std::vector<Entry> max_heap_, min_heap_;
   std::vector<int64_t> load_, moved_, guests_;
   std::vector<int> movable_, order_;
 };

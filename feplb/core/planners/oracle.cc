@@ -14,7 +14,7 @@ class OraclePlanner final : public Planner {
  public:
   using Planner::Planner;
   std::string_view name() const override { return "oracle"; }
-  PlanLimits limits() const override { return {true, static_cast<int64_t>(ctx_.topo.num_experts())}; }
+  PlanLimits limits() const override { return {true, static_cast<int64_t>(ctx_.topo.num_experts()), true}; }
 
   void plan(const RoutingStep& routing, Plan& out) override {
     const Topology& topo = ctx_.topo;
@@ -35,8 +35,21 @@ class OraclePlanner final : public Planner {
       }
       // Exact balance: total / n each, the remainder's +1 on the most loaded GPUs.
       sort_ids_descending(gpus_, [&](int g) { return load_[g]; });
-      for (int i = 0; i < n; ++i) quota_[gpus_[i]] = total / n + (i < total % n ? 1 : 0);
+      position_.resize(load_.size());
+      for (int i = 0; i < n; ++i) {
+        quota_[gpus_[i]] = total / n + (i < total % n ? 1 : 0);
+        position_[gpus_[i]] = i;
+      }
 
+      // Receivers in a heap by room, most first (ties: earlier in gpus_): a receiver's room only
+      // shrinks, so each one is popped, filled as far as the donor's expert goes, and pushed back
+      // while room remains.
+      heap_.clear();
+      for (int i = 0; i < n; ++i) {
+        const int g = gpus_[i];
+        if (load_[g] < quota_[g]) heap_.push_back({quota_[g] - load_[g], i});
+      }
+      std::make_heap(heap_.begin(), heap_.end(), less_room_);
       for (int donor : gpus_) {
         if (load_[donor] <= quota_[donor]) break;  // sorted: the rest are at or below quota
         auto local = topo.local_experts(donor);
@@ -44,16 +57,20 @@ class OraclePlanner final : public Planner {
         sort_ids_descending(experts_, [&](int e) { return c[e]; });
         for (int e : experts_) {
           while (load_[donor] > quota_[donor] && moved_[e] < c[e]) {
-            int h = -1;  // the receiver with the most room
-            for (int g : gpus_) {
-              if (load_[g] < quota_[g] && (h < 0 || quota_[g] - load_[g] > quota_[h] - load_[h])) h = g;
-            }
-            const int64_t rows = std::min({c[e] - moved_[e], load_[donor] - quota_[donor], quota_[h] - load_[h]});
+            std::pop_heap(heap_.begin(), heap_.end(), less_room_);
+            const int h = gpus_[heap_.back().index];  // the receiver with the most room
+            heap_.pop_back();
+            const int64_t rows =
+                std::min({c[e] - moved_[e], load_[donor] - quota_[donor], quota_[h] - load_[h]});
             out.add_migration(e, donor, h, rows, ctx_.shape);
             out.dynamic[e] = 1;
             moved_[e] += rows;
             load_[donor] -= rows;
             load_[h] += rows;
+            if (load_[h] < quota_[h]) {
+              heap_.push_back({quota_[h] - load_[h], position(h)});
+              std::push_heap(heap_.begin(), heap_.end(), less_room_);
+            }
           }
           if (load_[donor] <= quota_[donor]) break;
         }
@@ -63,8 +80,17 @@ class OraclePlanner final : public Planner {
   }
 
  private:
+  struct Room {
+    int64_t room;
+    int index;  // position in gpus_
+  };
+  static constexpr auto less_room_ = [](const Room& a, const Room& b) {
+    return a.room != b.room ? a.room < b.room : a.index > b.index;
+  };
+  int position(int gpu) const { return position_[gpu]; }
   std::vector<int64_t> load_, moved_, quota_;
-  std::vector<int> gpus_, experts_;
+  std::vector<int> gpus_, experts_, position_;
+  std::vector<Room> heap_;
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +56,11 @@ class Planner {
   virtual void plan(const RoutingStep& routing, Plan& out) = 0;
   // Called once per step after planning it, for planners that learn from history.
   virtual void observe(const RoutingStep& /*routing*/) {}
+  // The weight copies to start before the next micro-batch of `layer` is routed
+  // (CopyKind::kPrefetchWeights, home -> predicted helper, in issue order), predicted from what
+  // this planner observed; the next plan() of that layer lists exactly these. Empty for planners
+  // that do not prefetch. Valid until the next observe().
+  virtual std::span<const Copy> prefetch(int64_t /*layer*/) const { return {}; }
 
  protected:
   const PlannerContext ctx_;

@@ -30,6 +30,7 @@ PlanLimits Planner::limits() const {
   PlanLimits l;
   l.intra_domain_only = true;
   l.max_guest_experts = ctx_.knobs.max_num_dyn;
+  l.rows_via_homes = true;
   return l;
 }
 

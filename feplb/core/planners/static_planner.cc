@@ -8,7 +8,7 @@ class StaticPlanner final : public Planner {
  public:
   using Planner::Planner;
   std::string_view name() const override { return "static"; }
-  PlanLimits limits() const override { return {true, 0}; }
+  PlanLimits limits() const override { return {true, 0, true}; }
   Transport transport() const override {
     return {"DeepEP", ctx_.knobs.deepep_sms, "none", 0, true};
   }

@@ -4,11 +4,13 @@
 namespace feplb::cuda::kernels {
 namespace {
 
-__global__ void count_kernel(const int32_t* __restrict__ topk_idx, int64_t num_pairs,
+// counts: [E + 1]; counts[E] counts the pairs whose expert id is outside [0, E).
+__global__ void count_kernel(const int32_t* __restrict__ topk_idx, int64_t num_pairs, int num_experts,
                              int32_t* __restrict__ counts) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < num_pairs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    atomicAdd(&counts[topk_idx[i]], 1);
+    const int32_t e = topk_idx[i];
+    atomicAdd(&counts[e >= 0 && e < num_experts ? e : num_experts], 1);
   }
 }
 
@@ -41,7 +43,7 @@ __global__ void offsets_kernel(const int32_t* __restrict__ counts, const int32_t
 // One warp per (token, k) pair: claim a send row, copy the token's hidden row in 16-byte words.
 __global__ void scatter_kernel(const uint4* __restrict__ hidden,    // [S, H/8]
                                const int32_t* __restrict__ topk_idx,  // [S*K]
-                               int64_t num_pairs, int top_k, int64_t words_per_row,
+                               int64_t num_pairs, int top_k, int num_experts, int64_t words_per_row,
                                const int32_t* __restrict__ offsets, int32_t* __restrict__ cursor,
                                uint4* __restrict__ send,             // [S*K, H/8]
                                int32_t* __restrict__ pair_pos) {     // [S*K]
@@ -52,10 +54,11 @@ __global__ void scatter_kernel(const uint4* __restrict__ hidden,    // [S, H/8]
     int32_t pos = 0;
     if (lane == 0) {
       const int32_t e = topk_idx[pair];
-      pos = offsets[e] + atomicAdd(&cursor[e], 1);
+      pos = e >= 0 && e < num_experts ? offsets[e] + atomicAdd(&cursor[e], 1) : -1;  // -1: out of range
       pair_pos[pair] = pos;
     }
     pos = __shfl_sync(0xffffffffu, pos, 0);
+    if (pos < 0) continue;
     const uint4* src = hidden + (pair / top_k) * words_per_row;
     uint4* dst = send + static_cast<int64_t>(pos) * words_per_row;
     for (int64_t w = lane; w < words_per_row; w += 32) dst[w] = src[w];
@@ -69,9 +72,10 @@ int grid_for(int64_t items, int per_block) {
 
 }  // namespace
 
-cudaError_t count_experts(const int32_t* topk_idx, int64_t num_pairs, int32_t* counts, cudaStream_t s) {
+cudaError_t count_experts(const int32_t* topk_idx, int64_t num_pairs, int num_experts, int32_t* counts,
+                          cudaStream_t s) {
   if (num_pairs == 0) return cudaSuccess;
-  count_kernel<<<grid_for(num_pairs, 256), 256, 0, s>>>(topk_idx, num_pairs, counts);
+  count_kernel<<<grid_for(num_pairs, 256), 256, 0, s>>>(topk_idx, num_pairs, num_experts, counts);
   return cudaGetLastError();
 }
 
@@ -82,12 +86,12 @@ cudaError_t send_offsets(const int32_t* counts, const int32_t* order, int num_ex
 }
 
 cudaError_t scatter_rows(const bf16* hidden, const int32_t* topk_idx, int64_t num_tokens, int top_k,
-                         int64_t hidden_dim, const int32_t* offsets, int32_t* cursor, bf16* send,
-                         int32_t* pair_pos, cudaStream_t s) {
+                         int num_experts, int64_t hidden_dim, const int32_t* offsets, int32_t* cursor,
+                         bf16* send, int32_t* pair_pos, cudaStream_t s) {
   const int64_t pairs = num_tokens * top_k;
   if (pairs == 0) return cudaSuccess;
   scatter_kernel<<<grid_for(pairs * 32, 256), 256, 0, s>>>(
-      reinterpret_cast<const uint4*>(hidden), topk_idx, pairs, top_k, hidden_dim / 8, offsets, cursor,
+      reinterpret_cast<const uint4*>(hidden), topk_idx, pairs, top_k, num_experts, hidden_dim / 8, offsets, cursor,
       reinterpret_cast<uint4*>(send), pair_pos);
   return cudaGetLastError();
 }

@@ -1,5 +1,5 @@
 // Reproducible random bf16 data on the device (tests and benchmarks).
-#include "feplb/cuda/kernels/kernels.h"
+#include "bench/harness/kernels/kernels.h"
 
 namespace feplb::cuda::kernels {
 namespace {

@@ -1,4 +1,4 @@
-#include "feplb/cuda/trace_runner.h"
+#include "bench/harness/trace_runner.h"
 
 #include <cstdlib>
 #include <exception>
@@ -7,9 +7,12 @@
 #include "feplb/sim/workload.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
+#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/moe_layer.h"
-#include "feplb/cuda/rank_threads.h"
+#include "feplb/cuda/runtime.h"
+#include "bench/harness/local_experts.h"
+#include "bench/harness/rank_threads.h"
 
 namespace feplb::cuda {
 
@@ -35,15 +38,15 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, co
                       "{} virtual ranks need CUDA_DEVICE_MAX_CONNECTIONS >= {} (set before the process starts)", R,
                       3 * R + 2);
   const int64_t S = t.tokens_per_rank, K = t.top_k, H = shape.hidden, F = shape.ffn;
-  LayerConfig c;
+  RuntimeConfig c;
   c.topo = Topology::contiguous(R, gpus_per_node, t.num_experts);
   c.shape = shape;
-  c.top_k = static_cast<int>(K);
+  c.max_top_k = static_cast<int>(K);
   c.max_tokens = S;
-  c.policy = policy;
   c.knobs = knobs;
   c.recv_capacity_rows = worst_receiver_rows(t, c.topo);  // not the dropless worst case (R x memory)
   c.guest_capacity_rows = S * K;
+  c.training = false;
   c.timing = true;
   c.sync_before_counts = true;
   c.timeout_s = timeout_s;
@@ -51,26 +54,27 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, co
   InProcessGroup group(R, timeout_s);
   std::vector<VirtualLayerStats> per(static_cast<size_t>(R));
   run_rank_threads(R, [&](int r) {
-    MoeLayer layer(c, group.endpoint(r));
+    EpRuntime runtime(c, group.endpoint(r));
+    MoeLayer layer(runtime, LayerConfig{static_cast<int>(K), "run"}, make_gpu_planner(runtime, policy));
     Stream s;
-    DeviceBuffer<__nv_bfloat16> w(static_cast<size_t>(c.topo.experts_per_rank() * expert_weight_elems(H, F)));
+    LocalExperts experts(c.topo.experts_per_rank(), H, F, /*grads=*/false);
     DeviceBuffer<__nv_bfloat16> x(static_cast<size_t>(S * H)), out(static_cast<size_t>(S * H));
     DeviceBuffer<int32_t> idx(static_cast<size_t>(S * K));
     DeviceBuffer<float> wt(static_cast<size_t>(S * K));
-    FEPLB_CUDA_CHECK(kernels::fill_random(w.get(), w.size(), 100 + r, 1.0f / 64, s.get()));
+    FEPLB_CUDA_CHECK(kernels::fill_random(experts.weights(), static_cast<size_t>(experts.weight_elems()), 100 + r,
+                                          1.0f / 64, s.get()));
     FEPLB_CUDA_CHECK(kernels::fill_random(x.get(), x.size(), 200 + r, 1.0f, s.get()));
     const std::vector<float> wts(static_cast<size_t>(S * K), 1.0f / static_cast<float>(K));
     if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpyAsync(wt.get(), wts.data(), wt.bytes(), cudaMemcpyHostToDevice, s.get()));
-    layer.set_weights(w.get(), s.get());
     for (int i = 0; i < steps + 2; ++i) {
       const RoutingStep& step = t.steps[static_cast<size_t>(i) % t.steps.size()];
       const auto topk = topk_from_counts(step.row(r), S, static_cast<int>(K));
       if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpyAsync(idx.get(), topk.data(), idx.bytes(), cudaMemcpyHostToDevice, s.get()));
       sync_with_timeout(s.get(), timeout_s, "routing upload");
-      layer.forward(x.get(), idx.get(), wt.get(), S, out.get(), s.get());
+      layer.forward(experts.params(), x.get(), idx.get(), wt.get(), S, out.get(), s.get());
       sync_with_timeout(s.get(), timeout_s, "layer forward");
       if (i < 2) continue;  // warm-up
-      const ForwardStats& st = layer.last_stats();
+      const ForwardStats& st = layer.last_forward_stats();
       VirtualLayerStats& p = per[r];
       p.counts_to_host_us.push_back(st.counts_to_host_us);
       p.plan_us.push_back(st.plan_us);

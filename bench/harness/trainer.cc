@@ -1,12 +1,14 @@
-#include "feplb/cuda/trainer.h"
+#include "bench/harness/trainer.h"
 
 #include <cmath>
 
 #include "feplb/sim/workload.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
+#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/kernels/kernels.h"
-#include "feplb/cuda/rank_threads.h"
+#include "bench/harness/local_experts.h"
+#include "bench/harness/rank_threads.h"
 
 namespace feplb::cuda {
 
@@ -25,9 +27,9 @@ TrainRouting routing_from_trace(const Trace& t, int micro_batches, int layers) {
 }
 
 TrainResult run_virtual_training(const TrainConfig& cfg, const TrainRouting& routing) {
-  const LayerConfig& lc = cfg.layer;
-  const int R = lc.topo.num_ranks(), L = cfg.layers, M = cfg.micro_batches;
-  const int64_t S = lc.max_tokens, K = lc.top_k, H = lc.shape.hidden, F = lc.shape.ffn;
+  const RuntimeConfig& rc = cfg.runtime;
+  const int R = rc.topo.num_ranks(), L = cfg.layers, M = cfg.micro_batches;
+  const int64_t S = rc.max_tokens, K = cfg.top_k, H = rc.shape.hidden, F = rc.shape.ffn;
   FEPLB_REQUIRE_INPUT(L >= 1 && M >= 1 && cfg.steps >= 1, "training: {} layers, {} micro-batches, {} steps", L, M,
                       cfg.steps);
   FEPLB_REQUIRE_INPUT(static_cast<int>(routing.size()) == M, "training: routing for {} micro-batches, {} configured",
@@ -43,8 +45,8 @@ TrainResult run_virtual_training(const TrainConfig& cfg, const TrainRouting& rou
       }
     }
   }
-  const int64_t W = lc.topo.experts_per_rank() * expert_weight_elems(H, F);
-  InProcessGroup group(R, lc.timeout_s);
+  const int experts_per_rank = rc.topo.experts_per_rank();
+  InProcessGroup group(R, rc.timeout_s);
   TrainResult result;
   result.loss.assign(static_cast<size_t>(cfg.steps), 0.0);
   result.step_ms.assign(static_cast<size_t>(cfg.steps), 0.0);
@@ -53,33 +55,34 @@ TrainResult run_virtual_training(const TrainConfig& cfg, const TrainRouting& rou
     TrainResult& me = per[r];
     me.loss.assign(static_cast<size_t>(cfg.steps), 0.0);
     me.step_ms.assign(static_cast<size_t>(cfg.steps), 0.0);
-    Transport& tp = group.endpoint(r);
-    ExpertSlotPool pool(tp, lc.shape, static_cast<int>(lc.knobs.max_num_dyn), default_staging_slots(lc.knobs),
-                        "train.pool");
+    RuntimeConfig c = rc;
+    c.training = true;
+    c.max_top_k = std::max<int>(c.max_top_k, static_cast<int>(K));
+    c.name = "train";
+    EpRuntime runtime(c, group.endpoint(r));
     std::vector<std::unique_ptr<MoeLayer>> layers;
+    std::vector<std::unique_ptr<LocalExperts>> experts;
     for (int l = 0; l < L; ++l) {
-      LayerConfig c = lc;
-      c.training = true;
-      c.pool = &pool;
-      c.name = "train.l" + std::to_string(l);
-      layers.push_back(std::make_unique<MoeLayer>(c, tp));
+      layers.push_back(std::make_unique<MoeLayer>(
+          runtime, LayerConfig{static_cast<int>(K), "train.l" + std::to_string(l)}, make_gpu_planner(runtime, cfg.policy)));
+      experts.push_back(std::make_unique<LocalExperts>(experts_per_rank, H, F, /*grads=*/true));
     }
-    me.pool_bytes = pool.device_bytes();
-    me.layer_bytes = layers[0]->device_bytes();
+    me.workspace_bytes = runtime.workspace_bytes();
     Stream s;
     // Optimizer state per layer: fp32 master weights, Adam moments.
     std::vector<DeviceBuffer<float>> master, mom1, mom2;
     for (int l = 0; l < L; ++l) {
-      bf16* w = layers[l]->mutable_weights();
-      FEPLB_CUDA_CHECK(kernels::fill_random(w, static_cast<size_t>(W), cfg.seed * 1000 + 17 * l + r,
+      LocalExperts& ex = *experts[l];
+      const int64_t W = ex.weight_elems();
+      FEPLB_CUDA_CHECK(kernels::fill_random(ex.weights(), static_cast<size_t>(W), cfg.seed * 1000 + 17 * l + r,
                                             1.0f / std::sqrt(static_cast<float>(H)), s.get()));
       master.emplace_back(static_cast<size_t>(W));
       mom1.emplace_back(static_cast<size_t>(W));
       mom2.emplace_back(static_cast<size_t>(W));
-      FEPLB_CUDA_CHECK(kernels::bf16_to_f32(w, master[l].get(), W, s.get()));
+      FEPLB_CUDA_CHECK(kernels::bf16_to_f32(ex.weights(), master[l].get(), W, s.get()));
       FEPLB_CUDA_CHECK(cudaMemsetAsync(mom1[l].get(), 0, mom1[l].bytes(), s.get()));
       FEPLB_CUDA_CHECK(cudaMemsetAsync(mom2[l].get(), 0, mom2[l].bytes(), s.get()));
-      layers[l]->zero_grad(s.get());
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(ex.grads(), 0, ex.grad_bytes(), s.get()));
     }
     // Inputs, targets and routing per micro-batch; activations h_0..h_L; gradients.
     const size_t act = static_cast<size_t>(S * H);
@@ -107,6 +110,7 @@ TrainResult run_virtual_training(const TrainConfig& cfg, const TrainRouting& rou
     Event t0(true), t1(true);
     kernels::AdamParams adam;
     adam.lr = cfg.lr;
+    std::vector<MicroBatch> saved(static_cast<size_t>(L));
     for (int step = 0; step < cfg.steps; ++step) {
       FEPLB_CUDA_CHECK(cudaMemsetAsync(loss.get(), 0, sizeof(float), s.get()));
       t0.record(s.get());
@@ -114,40 +118,42 @@ TrainResult run_virtual_training(const TrainConfig& cfg, const TrainRouting& rou
         FEPLB_CUDA_CHECK(cudaMemcpyAsync(h[0].get(), x[m].get(), act * sizeof(bf16), cudaMemcpyDeviceToDevice,
                                          s.get()));
         for (int l = 0; l < L; ++l) {
-          layers[l]->forward(h[l].get(), idx[m][l].get(), wt.get(), S, h[l + 1].get(), s.get());
+          saved[l] = layers[l]->forward(experts[l]->params(), h[l].get(), idx[m][l].get(), wt.get(), S,
+                                        h[l + 1].get(), s.get());
           FEPLB_CUDA_CHECK(kernels::add_bf16(h[l + 1].get(), h[l].get(), static_cast<int64_t>(act), s.get()));
+          me.migrated_slices += saved[l].stats().guest_rows > 0 ? 1 : 0;
         }
+        me.saved_bytes = std::max(me.saved_bytes, runtime.saved_bytes());
         FEPLB_CUDA_CHECK(kernels::mse_loss_grad(h[L].get(), target[m].get(), static_cast<int64_t>(act), g.get(),
                                                 loss.get(), s.get()));
         for (int l = L - 1; l >= 0; --l) {
-          layers[l]->backward(g.get(), wt.get(), gx.get(), gw.get(), s.get());
+          layers[l]->backward(std::move(saved[l]), experts[l]->params(), g.get(), wt.get(), gx.get(), gw.get(),
+                              experts[l]->grad_views(), GradMode::kAccumulate, s.get());
           FEPLB_CUDA_CHECK(kernels::add_bf16(g.get(), gx.get(), static_cast<int64_t>(act), s.get()));
+          me.weight_recopies += layers[l]->last_backward_stats().weight_recopies;
         }
-        if (lc.timing) {
-          sync_with_timeout(s.get(), lc.timeout_s, "training micro-batch");
+        if (c.timing) {
+          sync_with_timeout(s.get(), c.timeout_s, "training micro-batch");
           for (int l = 0; l < L; ++l) {
-            me.fwd_wait_ms.push_back(layers[l]->last_stats().wait_ms);
+            me.fwd_wait_ms.push_back(layers[l]->last_forward_stats().wait_ms);
             me.bwd_wait_ms.push_back(layers[l]->last_backward_stats().wait_ms);
           }
-        }
-        for (int l = 0; l < L; ++l) {
-          me.weight_recopies += layers[l]->last_backward_stats().weight_recopies;
-          me.migrated_slices += layers[l]->last_stats().guest_rows > 0 ? 1 : 0;
         }
       }
       const double b1 = std::pow(adam.beta1, step + 1), b2 = std::pow(adam.beta2, step + 1);
       adam.bias1 = static_cast<float>(1 - b1);
       adam.bias2 = static_cast<float>(1 - b2);
       for (int l = 0; l < L; ++l) {
+        LocalExperts& ex = *experts[l];
         layers[l]->sync_gradients(s.get());
-        FEPLB_CUDA_CHECK(kernels::adam_step(master[l].get(), layers[l]->main_grad(), mom1[l].get(), mom2[l].get(),
-                                            layers[l]->mutable_weights(), W, adam, s.get()));
-        layers[l]->zero_grad(s.get());
+        FEPLB_CUDA_CHECK(kernels::adam_step(master[l].get(), ex.grads(), mom1[l].get(), mom2[l].get(), ex.weights(),
+                                            ex.weight_elems(), adam, s.get()));
+        FEPLB_CUDA_CHECK(cudaMemsetAsync(ex.grads(), 0, ex.grad_bytes(), s.get()));
       }
       t1.record(s.get());
       float host_loss = 0;
       FEPLB_CUDA_CHECK(cudaMemcpyAsync(&host_loss, loss.get(), sizeof(float), cudaMemcpyDeviceToHost, s.get()));
-      sync_with_timeout(s.get(), lc.timeout_s, "training step");
+      sync_with_timeout(s.get(), c.timeout_s, "training step");
       me.loss[step] = host_loss;
       me.step_ms[step] = elapsed_ms(t0, t1);
     }
@@ -162,8 +168,8 @@ TrainResult run_virtual_training(const TrainConfig& cfg, const TrainRouting& rou
     result.weight_recopies += p.weight_recopies;
     result.migrated_slices += p.migrated_slices;
   }
-  result.pool_bytes = per[0].pool_bytes;
-  result.layer_bytes = per[0].layer_bytes;
+  result.workspace_bytes = per[0].workspace_bytes;
+  result.saved_bytes = per[0].saved_bytes;
   return result;
 }
 

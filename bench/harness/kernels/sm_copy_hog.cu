@@ -1,6 +1,6 @@
 // Kernels that hold SMs on purpose: an SM copy (the SM transports' data path, optionally paced)
 // and the SM hog used to prove that the copy-engine path needs no SM.
-#include "feplb/cuda/kernels/kernels.h"
+#include "bench/harness/kernels/kernels.h"
 
 namespace feplb::cuda::kernels {
 namespace {

@@ -11,7 +11,7 @@
 #include "feplb/core/plan.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
-#include "feplb/cuda/expert_bench.h"
+#include "bench/harness/expert_bench.h"
 
 namespace feplb::cuda {
 

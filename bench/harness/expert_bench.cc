@@ -1,10 +1,11 @@
-#include "feplb/cuda/expert_bench.h"
+#include "bench/harness/expert_bench.h"
 
 #include <algorithm>
 
 #include "feplb/core/stats.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
+#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/kernels/kernels.h"
 
 namespace feplb::cuda {
@@ -63,11 +64,12 @@ void ExpertBench::enqueue(std::span<const int64_t> rows, int streams, Pass pass)
     const cudaStream_t s = streams_[n % streams].get();
     const __nv_bfloat16* w = w_.get() + (n % sets_) * we;
     if (pass == Pass::kForward) {
-      expert_ffn(*gemm_[n % streams], s, x_.get() + off * H, r, w, gu_.get() + off * 2 * F, act_.get() + off * F,
-                 y_.get() + off * H, H, F);
+      expert_ffn(*gemm_[n % streams], s, x_.get() + off * H, r, w, w + 2 * H * F, gu_.get() + off * 2 * F,
+                 act_.get() + off * F, y_.get() + off * H, H, F);
     } else {
-      expert_ffn_backward(*gemm_[n % streams], s, x_.get() + off * H, r, w, gu_.get() + off * 2 * F, act_.get() + off * F,
-                          dy_.get() + off * H, grad_w_.get() + (n % sets_) * we, 1.0f, dx_.get() + off * H,
+      float* g = grad_w_.get() + (n % sets_) * we;
+      expert_ffn_backward(*gemm_[n % streams], s, x_.get() + off * H, r, w, w + 2 * H * F, gu_.get() + off * 2 * F,
+                          act_.get() + off * F, dy_.get() + off * H, g, g + 2 * H * F, 1.0f, dx_.get() + off * H,
                           dgu_.get() + off * 2 * F, dact_.get() + off * F, H, F);
     }
     off += r;

@@ -1,0 +1,111 @@
+// What an EpRuntime owns (shared with its layers and micro-batch handles, which keep it alive),
+// and the state of one micro-batch between its forward and its backward. Internal to feplb_cuda.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "feplb/core/plan.h"
+#include "feplb/core/routing.h"
+#include "feplb/cuda/gemm.h"
+#include "feplb/cuda/host/job_thread.h"
+#include "feplb/cuda/host/step_layout.h"
+#include "feplb/cuda/moe_layer.h"
+#include "feplb/cuda/resources.h"
+#include "feplb/cuda/runtime.h"
+#include "feplb/cuda/slot_pool.h"
+
+namespace feplb::cuda {
+
+// Device memory of one micro-batch, carved out of two allocations: one sized by the token count
+// (taken at the start of the forward), one by the plan (taken once the plan is known).
+//   pair_pos [S*K] int32   send row of each (token, k) pair
+//   y_send   [S*K, H]      expert outputs in send order (for d topk_weight)
+//   x_home   [recv, H]     rows at this rank's experts after phase 1
+//   gu_home  [recv, 2F], act_home [recv, F]     (their gate|up and activation; backward: gradients)
+//   x_guest  [guest, H], gu_guest [guest, 2F], act_guest [guest, F]   the same for guest rows
+struct MicroBatchState {
+  uint64_t generation = 0;
+  bool in_use = false;
+  int layer_id = -1;
+  uint32_t forward_seq = 0;
+  int64_t num_tokens = 0;
+  cudaStream_t stream = nullptr;  // the forward's: the memory was allocated on it
+  RoutingStep routing;
+  Plan plan;
+  StepLayout layout;
+  ForwardStats stats;
+  void* mem_tokens = nullptr;
+  size_t bytes_tokens = 0;
+  void* mem_plan = nullptr;
+  size_t bytes_plan = 0;
+  int32_t* pair_pos = nullptr;
+  bf16 *y_send = nullptr, *x_home = nullptr, *gu_home = nullptr, *act_home = nullptr;
+  bf16 *x_guest = nullptr, *gu_guest = nullptr, *act_guest = nullptr;
+};
+
+struct RuntimeState {
+  RuntimeState(const RuntimeConfig& config, Transport& transport);
+  ~RuntimeState();
+
+  // Throws the scheduler's stored error, or InputError when the runtime was destroyed.
+  void check_usable(const char* who) const;
+  // A free micro-batch state (InputError when max_in_flight are alive), marked in use by `layer_id`.
+  int acquire(int layer_id);
+  // Gives the memory of state `slot` back (stream-ordered on `stream`; null: the forward's) and
+  // frees the state, if it is still generation `generation`.
+  void release(int slot, uint64_t generation, cudaStream_t stream) noexcept;
+  void* allocate(size_t bytes, cudaStream_t stream);
+  size_t saved_bytes() const;
+
+  RuntimeConfig cfg;
+  Transport& transport;
+  int rank = 0, world = 1, experts_per_rank = 0;
+  int64_t H = 0, F = 0, E = 0, max_pairs = 0, recv_cap = 0, guest_cap = 0;
+  std::atomic<bool> open{true};
+  std::atomic<bool> in_call{false};
+  int next_layer_id = 0;
+
+  std::unique_ptr<Allocator> own_allocator;
+  Allocator* allocator = nullptr;
+  std::unique_ptr<ExpertSlotPool> pool;
+
+  // Buffers of one call at a time (every call starts after the previous one's work on the GPU).
+  // Rows of H bf16 unless said otherwise.
+  DeviceBuffer<bf16> send;       // [max_pairs, H] X (forward) or dY (backward) in send order
+  DeviceBuffer<bf16> ybuf;       // [max_pairs, H] backward: dX back in send order
+  DeviceBuffer<bf16> dyrecv;     // [recv_cap, H] backward: dY at the experts' homes
+  DeviceBuffer<bf16> yrecv;      // [recv_cap, H] Y (forward) or dX (backward) at home; peers write
+  DeviceBuffer<bf16> guest_in;   // [guest_cap, H] guests' X (forward) or dY (backward); owners write
+  DeviceBuffer<bf16> guest_out;  // [guest_cap, H] guests' Y or dX
+  DeviceBuffer<int32_t> counts;                 // [E + 1]: rows per expert, then out-of-range ids
+  DeviceBuffer<int32_t> cursor, offsets, order;  // [E]
+  DeviceBuffer<int32_t> counts_all;             // [R, E + 1] every rank's counts
+  PinnedBuffer<int32_t> counts_host;            // [R, E + 1]
+  std::vector<bf16*> peer_yrecv, peer_guest_in;          // [R] peers' arenas as addressed here
+  // Signal slots: [0, R) phase-2 inputs from owner d landed here; [R, 2R) outputs (forward) or dX
+  // (backward) back from helper h; [2R, 3R) dW back from helper h.
+  std::unique_ptr<Transport::Signals> signals;
+  Stream copy_in, copy_out;
+  GemmEngine gemm;
+  Event ev_counts, ev_dispatched, ev_copy_in_done, ev_guest_ready, ev_guest_done, ev_copy_out_done, ev_call_done;
+
+  // Calls so far (forwards and backwards, every layer): every signal's value.
+  uint32_t seq = 0;
+  // Progress of the scheduler's job for call `seq`, and of the caller's dispatch.
+  std::atomic<uint32_t> plan_seq{0}, copies_seq{0}, dispatched_seq{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+
+  mutable std::mutex handles_mu;  // handles may be dropped from any thread
+  std::vector<MicroBatchState> handles;
+  uint64_t next_generation = 1;
+
+  JobThread scheduler;  // last: joined first, before the buffers its jobs use go away
+};
+
+}  // namespace feplb::cuda

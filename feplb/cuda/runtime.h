@@ -1,0 +1,98 @@
+// EpRuntime: one rank's FEPLB runtime, shared by every MoE layer of the rank and alive for the
+// job. It owns what lives longer than one call: the peer-registered arenas phase-2 copies land in,
+// the guest weight slots and gradient staging (ExpertSlotPool), the signals, two copy streams, the
+// GEMM engine, the one scheduler thread of the rank (it plans and issues phase-2 copies; it sleeps
+// when there is nothing to plan), and the pool of micro-batch states. It borrows the transport.
+// Nothing here belongs to a micro-batch: MoeLayer::forward returns a MicroBatch handle with that.
+//
+//   EpRuntime rt(config, transport);                        // collective: registers peer buffers
+//   MoeLayer layer(rt, {.top_k = 8}, make_gpu_planner(rt, "feplb"));
+//   MicroBatch mb = layer.forward(experts, hidden, idx, w, S, out, stream);
+//   layer.backward(std::move(mb), experts, grad_out, w, grad_hidden, grad_w, grads, GradMode::kAccumulate, stream);
+//   layer.sync_gradients(stream);                           // before an optimizer reads `grads`
+//
+// Public header: CUDA runtime types only (no fmt, no cuBLAS).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "feplb/core/errors.h"
+#include "feplb/core/expert_shape.h"
+#include "feplb/core/knobs.h"
+#include "feplb/core/topology.h"
+#include "feplb/cuda/transport.h"
+
+namespace feplb::cuda {
+
+// Device memory for what a micro-batch keeps from forward to backward (its saved activations),
+// taken at every forward and given back when its backward ends (or its handle is dropped): e.g.
+// a framework's caching allocator. Both calls are stream-ordered on `stream`. allocate() throws
+// (or returns null, which the runtime reports as out of memory) when it cannot.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t bytes, cudaStream_t stream) = 0;
+  virtual void deallocate(void* ptr, size_t bytes, cudaStream_t stream) = 0;
+};
+
+struct RuntimeConfig {
+  Topology topo = Topology::contiguous(1, 8, 1);
+  ExpertShape shape;         // every layer's experts: bf16, hidden and ffn positive multiples of 8
+  int max_top_k = 8;         // the largest top_k of the runtime's layers (sizes the buffers)
+  int64_t max_tokens = 0;    // tokens per rank per call, at most
+  Knobs knobs;               // max_num_dyn = guest weight slots; planners' knobs
+  int64_t recv_capacity_rows = 0;   // rows a rank may receive in phase 1; 0: R * max_tokens * max_top_k
+  int64_t guest_capacity_rows = 0;  // guest rows a rank may compute; 0: 2 * max_tokens * max_top_k
+  int staging_slots = -1;    // fp32 gradient staging slots; -1: default_staging_slots(knobs)
+  int max_in_flight = 16;    // micro-batches alive at once (forward done, backward not yet), all layers
+  bool training = true;      // backward: gradient slots and staging; false: forward only
+  bool timing = false;       // CUDA timing events per call (benchmarks): ForwardStats, BackwardStats
+  double timeout_s = 60.0;   // a peer (or the GPU) silent this long is an Error, never a hang
+  Allocator* allocator = nullptr;  // saved activations; null: the runtime's stream-ordered pool
+  bool sync_before_counts = false; // benchmarks: the host waits for the counts all-gather, so
+                                   // counts -> plan latency excludes waiting for slower ranks
+  std::string name = "feplb";      // names the peer buffers: unique per runtime in a process
+};
+
+// Staging slots a training runtime gets by default: every expert slice a rank may export under
+// the feplb planner's limits (dyn x max_helpers_per_expert), and at least max_num_dyn.
+int default_staging_slots(const Knobs& knobs);
+
+struct RuntimeState;  // internal (feplb/cuda/internal/runtime_state.h)
+
+class EpRuntime {
+ public:
+  // Collective over the transport's ranks: every rank constructs its runtime with the same
+  // configuration (peer buffers are registered). `transport` must outlive the runtime and every
+  // layer made from it. Throws InputError for an impossible configuration, Error otherwise.
+  EpRuntime(const RuntimeConfig& config, Transport& transport);
+  // Destroying the runtime while layers still use it is allowed: their later calls throw
+  // InputError, and the memory is released with the last of them.
+  ~EpRuntime();
+  EpRuntime(const EpRuntime&) = delete;
+  EpRuntime& operator=(const EpRuntime&) = delete;
+
+  const RuntimeConfig& config() const;
+  int rank() const;
+  int world_size() const;
+  Transport& transport() const;
+  // Device memory the runtime holds for the job (arenas, slots, staging, scratch), and the bytes
+  // live micro-batches keep now (saved activations, from the allocator).
+  size_t workspace_bytes() const;
+  size_t saved_bytes() const;
+  int micro_batches_in_flight() const;
+  // CPU time the scheduler thread has used so far (seconds).
+  double scheduler_cpu_seconds() const;
+
+  std::shared_ptr<RuntimeState> state() const { return state_; }
+
+ private:
+  std::shared_ptr<RuntimeState> state_;
+};
+
+}  // namespace feplb::cuda
