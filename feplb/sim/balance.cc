@@ -201,6 +201,12 @@ bool shows_many_donors(const Prior& prior, int ranks) {
   return false;
 }
 
+std::vector<BalanceVariant> feplb_modes() {
+  return {{"feplb prefetch", "feplb", {{"prefetch", 1}}},
+          {"feplb one-hop", "feplb", {{"one_hop", 1}}},
+          {"feplb prefetch + one-hop", "feplb", {{"prefetch", 1}, {"one_hop", 1}}}};
+}
+
 std::vector<BalanceVariant> default_balance_variants() {
   std::vector<BalanceVariant> v;
   for (bool placed : {false, true}) {

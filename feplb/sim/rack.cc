@@ -54,6 +54,14 @@ RackGroup run_group(const RackConfig& c, const std::string& section, const std::
     sim.warmup_steps = c.warmup_steps;
     const SimulationResult r = simulate(trace, sim);
     for (const PolicyResult& p : r.policies) collect_steps(acc, p.name, p, false, false);
+    if (!r.find("feplb")) continue;
+    for (const BalanceVariant& mode : c.modes) {
+      SimulationConfig ms = sim;
+      ms.policies = {mode.policy};
+      apply_knobs(ms.knobs, mode.knobs);
+      const SimulationResult rm = simulate(trace, ms);
+      collect_steps(acc, mode.label, *rm.find(mode.policy), false, true);
+    }
   }
   g.busiest_expert = n > 0 ? busiest / static_cast<double>(n) : 0.0;
   g.group = summarise_group(point.ranks(), point.domains, skew, acc);
@@ -92,6 +100,13 @@ std::vector<RackPoint> parse_rack_points(const std::string& text, const char* fl
     }
   }
   FEPLB_REQUIRE_INPUT(!out.empty(), "{}: no EP size in '{}'", flag, text);
+  return out;
+}
+
+std::vector<std::string> rack_labels(const RackConfig& c) {
+  std::vector<std::string> out = c.sim.policies;
+  if (std::find(out.begin(), out.end(), "feplb") == out.end()) return out;
+  for (const BalanceVariant& m : c.modes) out.push_back(m.label);
   return out;
 }
 
@@ -193,6 +208,20 @@ RackResult run_rack(const RackConfig& config, const Progress& progress) {
   return result;
 }
 
+namespace {
+
+nlohmann::ordered_json feplb_mode_json(const std::vector<BalanceVariant>& modes) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const BalanceVariant& m : modes) {
+    nlohmann::ordered_json knobs = nlohmann::ordered_json::object();
+    for (const KnobOverride& o : m.knobs) knobs[o.name] = o.value;
+    out.push_back({{"label", m.label}, {"policy", m.policy}, {"knobs", knobs}});
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string format_rack_json(const RackResult& r, const std::string& command) {
   using json = nlohmann::ordered_json;
   const RackConfig& c = r.config;
@@ -232,6 +261,7 @@ std::string format_rack_json(const RackResult& r, const std::string& command) {
       {"concentration", c.workload.concentration},
       {"seed", c.workload.seed},
       {"policies", c.sim.policies},
+      {"feplb_modes", feplb_mode_json(c.modes)},
       {"expert_shape", c.sim.shape.describe()},
       {"gpu", gpu_json(c.sim)},
       {"cost_model", c.sim.cost_label},
@@ -276,8 +306,15 @@ std::vector<std::pair<std::string, std::string>> rack_plots(const RackResult& r)
   }
   const auto series = [&](const auto& value) {
     std::vector<Series> out;
-    for (const std::string& p : c.sim.policies) {
-      Series s{p, svg::color_of(p), "", {}};
+    static constexpr const char* kModeDashes[] = {"5,3", "2,2", "8,3,2,3"};
+    size_t mode = 0;
+    for (const std::string& p : rack_labels(c)) {
+      const bool is_mode =
+          std::find(c.sim.policies.begin(), c.sim.policies.end(), p) == c.sim.policies.end();
+      Series s{p,
+               svg::color_of(is_mode ? "feplb" : p),
+               is_mode ? kModeDashes[mode++ % std::size(kModeDashes)] : "",
+               {}};
       for (const RackGroup* g : ep) {
         const BalanceCell* cell = g->group.find(p);
         s.values.push_back(cell ? value(*g, *cell) : svg::kNan);
@@ -290,7 +327,7 @@ std::vector<std::pair<std::string, std::string>> rack_plots(const RackResult& r)
       "{}, {} experts per GPU, top-{}, {} tokens per GPU; GPU class {}; mean over measured steps",
       fmt::format("lognormal max/mean {}", c.skew), c.experts_per_gpu, c.top_k,
       c.workload.tokens_per_rank, c.sim.gpu);
-  const double pw = 440, ph = 330, gap = 20, legend_w = 150;
+  const double pw = 440, ph = 330, gap = 20, legend_w = 200;
 
   svg::Svg straggler(2 * pw + 3 * gap + legend_w, ph + 70);
   straggler.text(gap, 24, "Stragglers against EP size (GPUs; NxD = N NVLink domains of D)", 17,

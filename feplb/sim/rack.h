@@ -57,6 +57,8 @@ struct RackConfig {
   WorkloadSpec workload;     // num_steps: measured micro-batches (num_ranks, top_k set per run)
   int64_t warmup_steps = 8;  // history micro-batches before them (observed, not measured)
   SimulationConfig sim;      // policies (static first), shape, knobs, cost, GPU class
+  // feplb's modes, simulated next to the policies wherever feplb is one (balance.h).
+  std::vector<BalanceVariant> modes = feplb_modes();
   std::string model = "glm5-128e";
 };
 
@@ -68,7 +70,7 @@ struct RackGroup {
   int domain_size = 0;
   int experts = 0;
   double busiest_expert = 0;  // measured steps: mean of max_e rows / mean_e rows
-  BalanceGroup group;         // ranks, domains, mean rows, one cell per policy
+  BalanceGroup group;         // ranks, domains, mean rows, one cell per policy and feplb mode
 
   int experts_per_gpu() const { return group.ranks > 0 ? experts / group.ranks : 0; }
 };
@@ -81,6 +83,9 @@ struct RackResult {
   const RackGroup* find(const std::string& section, int ranks, int experts,
                         const std::string& workload_prefix, const std::string& gpu) const;
 };
+
+// The labels of a group's cells: the policies, then feplb's modes when feplb is one of them.
+std::vector<std::string> rack_labels(const RackConfig& config);
 
 // Throws InputError on an impossible configuration.
 RackResult run_rack(const RackConfig& config, const Progress& progress = {});

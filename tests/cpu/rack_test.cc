@@ -70,6 +70,13 @@ TEST(Rack, SmallReportHoldsItsInvariants) {
     const BalanceCell* oracle = g.group.find("oracle");
     const BalanceCell* fe = g.group.find("feplb");
     ASSERT_TRUE(st && oracle && fe) << g.section;
+    for (const BalanceVariant& mode : c.modes) {  // feplb's modes, next to the policies
+      const BalanceCell* m = g.group.find(mode.label);
+      ASSERT_NE(m, nullptr) << mode.label;
+      EXPECT_TRUE(m->variant);
+      EXPECT_EQ(m->policy, "feplb");
+      EXPECT_EQ(m->max_network_bytes, 0);
+    }
     EXPECT_EQ(st->summary.token_straggler_reduction, 0.0);
     EXPECT_EQ(g.experts, g.experts_per_gpu() * g.group.ranks);
     EXPECT_GE(g.busiest_expert, 1.0);
