@@ -296,7 +296,10 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
                  return fmt::format("{:.2f}x", cell.summary.token_max_over_mean);
                }),
         fmt::join(busiest, ", "), c.skew, c.experts_per_gpu, c.top_k, c.top_k);
-    for (const char* p : {"feplb", "feplb-paper", "oracle"}) {
+    std::vector<std::string> shown = {"feplb"};
+    for (const BalanceVariant& m : c.modes) shown.push_back(m.label);
+    shown.insert(shown.end(), {"feplb-paper", "oracle"});
+    for (const std::string& p : shown) {
       if (!cell_of(lo, p)) continue;
       out += fmt::format("- **{}**: token straggler {}; planner median {}.\n", p,
                          series(p,
