@@ -14,6 +14,8 @@ set(feplb_public_headers
   feplb/core/cost_model.h
   feplb/core/errors.h
   feplb/core/expert_shape.h
+  feplb/core/gpu_class.h
+  feplb/core/gpu_classes.def
   feplb/core/knobs.def
   feplb/core/knobs.h
   feplb/core/limits.h
@@ -32,6 +34,7 @@ set(feplb_public_headers
   feplb/sim/gemm_tables.h
   feplb/sim/placement_report.h
   feplb/sim/prior.h
+  feplb/sim/rack.h
   feplb/sim/report.h
   feplb/sim/simulate.h
   feplb/sim/sweep.h

@@ -27,6 +27,9 @@ struct BalanceVariant {
 // policy and duplicate rule, LLEP's cap.
 std::vector<BalanceVariant> default_balance_variants();
 
+// feplb's modes beyond its default: weights prefetched before routing, rows in one hop, both.
+std::vector<BalanceVariant> feplb_modes();
+
 struct BalanceConfig {
   std::vector<std::string> prior_paths;               // real-model priors (data/priors)
   std::vector<double> skews = {1.2, 2.0, 5.0, 10.0};  // lognormal max/mean over experts
@@ -63,10 +66,7 @@ struct BalanceConfig {
   double many_donor_expert_skew = 2.0;  // max/mean over a GPU's experts
   // Real priors that show it (paths); empty: those of prior_paths that do (shows_many_donors).
   std::vector<std::string> many_donor_priors;
-  std::vector<BalanceVariant> many_donor_modes = {
-      {"feplb prefetch", "feplb", {{"prefetch", 1}}},
-      {"feplb one-hop", "feplb", {{"one_hop", 1}}},
-      {"feplb prefetch + one-hop", "feplb", {{"prefetch", 1}, {"one_hop", 1}}}};
+  std::vector<BalanceVariant> many_donor_modes = feplb_modes();
   std::string cost_dir;  // measured GEMM tables (data/cost); empty: the roofline
 };
 
@@ -87,7 +87,7 @@ struct BalanceCell {
 
 // Real priors pooled, or one lognormal skew level, at one EP size.
 struct BalanceGroup {
-  std::string workload;            // many-donor groups: the workload, shape and cost model
+  std::string workload;  // many-donor groups: the workload, shape and cost model
   std::string shape_name;
   ExpertShape shape;
   std::string cost_label;

@@ -215,13 +215,13 @@ std::string format_balance_markdown(const BalanceResult& r, const std::string& c
       "**Workload.** {} real-model priors (data/priors/) widened to {} experts, and lognormal "
       "popularity with max/mean {} ({} layers each); top-{}, {} tokens per GPU, sequences of {} "
       "tokens, Dirichlet concentration {}, seed {}; {} micro-batches of history (observed, not "
-      "measured), then {} measured. EP = {}, {} GPUs per NVLink domain. Expert shape {}. Copies "
-      "{} GB/s inside a node, {} GB/s between nodes; GEMM times from the {} model. Mean rows per "
+      "measured), then {} measured. EP = {}, {} GPUs per NVLink domain. Expert shape {}. {}; GEMM "
+      "times from the {} model. Mean rows per "
       "GPU {:.0f}: 2% of the mean is {:.0f} rows.\n\n",
       c.prior_paths.size(), c.num_experts, fmt::join(c.skews, ", "), c.skew_layers, c.top_k,
       c.workload.tokens_per_rank, c.workload.seq_len, c.workload.concentration, c.workload.seed,
       c.warmup_steps, c.workload.num_steps, fmt::join(c.ranks, ", "), c.gpus_per_node,
-      c.sim.shape.describe(), k.copy_gbps, k.internode_gbps, c.sim.cost_label, mean0,
+      c.sim.shape.describe(), describe_gpu(find_gpu_class(c.sim.gpu), k), c.sim.cost_label, mean0,
       kTargetShare * mean0);
 
   // Policies and their data movement.

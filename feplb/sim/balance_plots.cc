@@ -1,6 +1,6 @@
-// The SVG plots of docs/results/balance.md, hand-written like report.cc's plot_svg: token
-// straggler, GEMM straggler and weight bytes against EP size and skew; the Pareto plot of
-// straggler against weight bytes; the cross-node picture at the largest EP size.
+// The SVG plots of docs/results/balance.md (helpers in svg_plot.h): token straggler, GEMM
+// straggler and weight bytes against EP size and skew; the Pareto plot of straggler against
+// weight bytes; the cross-node picture at the largest EP size.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,93 +10,22 @@
 
 #include "feplb/sim/balance.h"
 #include "feplb/sim/svg.h"
+#include "feplb/sim/svg_plot.h"
 
 namespace feplb {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
-
-// A log axis over [lo, hi] mapped to pixels [p_lo, p_hi], with a separate position for 0 (values
-// <= 0 or below lo) one step beyond p_lo.
-struct LogAxis {
-  double lo, hi, p_lo, p_hi, zero_gap = 16;
-  bool zero_row = true;  // draw a '0' row for values <= 0
-  double zero() const { return p_lo + (p_hi > p_lo ? -zero_gap : zero_gap); }
-  double map(double v) const {
-    if (!(v > 0)) return zero();
-    const double t =
-        (std::log10(std::clamp(v, lo, hi)) - std::log10(lo)) / (std::log10(hi) - std::log10(lo));
-    return p_lo + t * (p_hi - p_lo);
-  }
-};
-
-std::string tick_label(double v, const std::string& unit) {
-  if (v >= 1) return fmt::format("{:.0f}{}", v, unit);
-  return fmt::format("{}{}", v, unit);
-}
-
-// Draws y ticks (decades) and grid for a vertical log axis on [x0, x1].
-void y_log_ticks(Svg& svg, const LogAxis& y, double x0, double x1, const std::string& unit) {
-  for (double v = y.lo; v <= y.hi * 1.0001; v *= 10) {
-    const double py = y.map(v);
-    svg.line(x0, py, x1, py, "#e6e6e6");
-    svg.text(x0 - 5, py + 3.5, tick_label(v, unit), 10, "end", "#555");
-  }
-  if (!y.zero_row) return;
-  svg.text(x0 - 5, y.zero() + 3.5, "0", 10, "end", "#555");
-  svg.line(x0, y.zero(), x1, y.zero(), "#f0f0f0", 1, "2,3");
-}
-
-struct Series {
-  std::string label;
-  const char* color;
-  const char* dash;
-  std::vector<double> values;  // NaN: missing
-};
-
-// One panel: categorical x (labels), log y, one line + markers per series.
-void line_panel(Svg& svg, double x0, double y0, double w, double h, const std::string& title,
-                const std::string& xtitle, const std::vector<std::string>& xlabels,
-                const std::vector<Series>& series, const LogAxis& yspec, const std::string& unit) {
-  const double left = x0 + 48, right = x0 + w - 10, top = y0 + 30, bottom = y0 + h - 52;
-  LogAxis y = yspec;
-  y.p_lo = bottom - 24;  // the '0' row 8 px above the axis
-  y.p_hi = top;
-  svg.text(x0, y0 + 14, title, 13, "start", "#222", true);
-  y_log_ticks(svg, y, left, right, unit);
-  svg.line(left, top, left, bottom, "#999");
-  svg.line(left, bottom, right, bottom, "#999");
-  const size_t n = xlabels.size();
-  auto xpos = [&](size_t i) {
-    return left + (right - left) * (static_cast<double>(i) + 0.5) / static_cast<double>(n);
-  };
-  for (size_t i = 0; i < n; ++i) svg.text(xpos(i), bottom + 14, xlabels[i], 10, "middle", "#444");
-  svg.text((left + right) / 2, bottom + 30, xtitle, 10, "middle", "#666");
-  for (const Series& s : series) {
-    // Segments between two values; one that reaches the '0' row (off the log scale) is dotted.
-    for (size_t i = 0; i + 1 < n && i + 1 < s.values.size(); ++i) {
-      const double a = s.values[i], b = s.values[i + 1];
-      if (std::isnan(a) || std::isnan(b)) continue;
-      svg.polyline({{xpos(i), y.map(a)}, {xpos(i + 1), y.map(b)}}, s.color, 1.8,
-                   a > 0 && b > 0 ? s.dash : "1,3");
-    }
-    for (size_t i = 0; i < n && i < s.values.size(); ++i) {
-      if (std::isnan(s.values[i])) continue;
-      svg.marker(xpos(i), y.map(s.values[i]), 3, s.color, *s.dash != 0,
-                 fmt::format("{}, {}: {:.3g}{}", s.label, xlabels[i], s.values[i], unit));
-    }
-  }
-}
-
-void legend(Svg& svg, double x, double y, const std::vector<Series>& series) {
-  for (size_t i = 0; i < series.size(); ++i) {
-    const double ly = y + static_cast<double>(i) * 17;
-    svg.line(x, ly, x + 22, ly, series[i].color, 2, series[i].dash);
-    svg.marker(x + 11, ly, 3, series[i].color, *series[i].dash != 0, series[i].label);
-    svg.text(x + 28, ly + 4, series[i].label, 11);
-  }
-}
+using svg::color_of;
+using svg::legend;
+using svg::line_panel;
+using svg::LogAxis;
+using svg::nice_axis;
+using svg::Series;
+using svg::Svg;
+using svg::tick_label;
+using svg::y_log_ticks;
+constexpr double kNan = svg::kNan;
 
 // Labels drawn as lines: the main policies, then feplb with placed homes.
 std::vector<std::pair<std::string, const char*>> line_labels(const BalanceResult& r) {

@@ -1,5 +1,6 @@
 // The placement report: every setting simulated per group and prior, pooled, and written as
 // Markdown (targets, tables, what the numbers show) and JSON.
+#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/placement_report.h"
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "feplb/core/text.h"
 #include "feplb/sim/markdown.h"
 #include "feplb/sim/prior.h"
+#include "feplb/sim/report.h"
 
 namespace feplb {
 namespace {
@@ -472,13 +474,14 @@ std::string format_placement_markdown(const PlacementReportResult& r, const std:
       "tokens per GPU, sequences of {} tokens, seed {}; per prior {} micro-batches of history "
       "then {} measured, 3 layers each; {} GPUs per NVLink domain; the Dirichlet concentration "
       "per sequence (lower: more volatile routing) in each group's title. The priors do not "
-      "drift. Expert shape {}; GEMM times from the {} model. Walk-forward replans every {} "
+      "drift. Expert shape {}; {}; GEMM times from the {} model. Walk-forward replans every {} "
       "micro-batches from the previous {}; a swap of homes must gain {:.2f}% of the mean load. "
       "Migration charges every re-homed expert's weights ({} MiB) and optimizer state ({:.0f} "
       "bytes per parameter) once.\n\n",
       c.prior_paths.size(), c.num_experts, c.top_k, c.workload.tokens_per_rank, c.workload.seq_len,
       c.workload.seed, c.warmup_steps, c.workload.num_steps, c.gpus_per_node,
-      c.sim.shape.describe(), c.sim.cost_label, c.replan_interval, c.replan_window,
+      c.sim.shape.describe(), describe_gpu(find_gpu_class(c.sim.gpu), c.sim.knobs),
+      c.sim.cost_label, c.replan_interval, c.replan_window,
       k.place_min_gain * 100, mib(static_cast<double>(c.sim.shape.weight_bytes())),
       k.optimizer_bytes_per_param);
   {
@@ -603,6 +606,7 @@ std::string format_placement_json(const PlacementReportResult& r, const std::str
                    {"place_dyn_score", c.sim.knobs.place_dyn_score},
                    {"dyn", c.sim.knobs.dyn},
                    {"optimizer_bytes_per_param", c.sim.knobs.optimizer_bytes_per_param},
+                   {"gpu", gpu_json(c.sim)},
                    {"cost_model", c.sim.cost_label}};
   json groups = json::array();
   for (const PlacementGroup& g : r.groups) {

@@ -1,3 +1,4 @@
+#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/report.h"
 
 #include <algorithm>
@@ -64,6 +65,20 @@ std::string format_placement_lines(const SimulationResult& r, double mean_rows) 
 
 }  // namespace
 
+nlohmann::ordered_json gpu_json(const SimulationConfig& c) {
+  const GpuClass& g = find_gpu_class(c.gpu);
+  return {{"class", g.name},
+          {"device", g.device},
+          {"measured", g.measured},
+          {"provenance", g.provenance()},
+          {"source", g.source},
+          {"copy_gbps", c.knobs.copy_gbps},
+          {"internode_gbps", c.knobs.internode_gbps},
+          {"gemm_peak_tflops", c.knobs.gemm_peak_tflops},
+          {"hbm_gbps", c.knobs.hbm_gbps},
+          {"num_sms", c.knobs.num_sms}};
+}
+
 size_t worst_static_step(const SimulationResult& r) {
   const PolicyResult* base = r.find("static");
   FEPLB_CHECK(base != nullptr && !base->steps.empty(), "no static policy in the result");
@@ -80,7 +95,7 @@ std::string format_table(const SimulationResult& r) {
   for (const StepMetrics& m : first) mean_rows += m.mean_rows / static_cast<double>(first.size());
   std::string out = fmt::format(
       "{} | {} steps | {} | {} | top-{} x {} tokens/GPU = {:.0f} rows/GPU on average\n"
-      "copy engine {:.0f} GB/s per GPU per direction; GEMM model: {}\n"
+      "{}; GEMM model: {}\n"
       "fits window: steps in which no GPU waited for a copy (each landed before its receiver ran "
       "out of work that needed none);\n"
       "delays: steps the balancing made slower: a late copy held up the slowest GPU, or (one-hop) "
@@ -90,8 +105,9 @@ std::string format_table(const SimulationResult& r) {
       "prefetch: weights copied before routing (within {:.0f} us of earlier work), MiB/step, and "
       "the share a slice used\n\n",
       r.model.empty() ? "(unnamed model)" : printable(r.model), first.size(), r.topo.describe(),
-      r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows, r.config.knobs.copy_gbps,
-      r.config.cost_label, r.config.knobs.prefetch_window_us);
+      r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows,
+      describe_gpu(find_gpu_class(r.config.gpu), r.config.knobs), r.config.cost_label,
+      r.config.knobs.prefetch_window_us);
   out += format_placement_lines(r, mean_rows);
   out += fmt::format(
       "{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>9} {:>9} {:>12} {:>7} {:>7} {:>8} {:>13}\n",
@@ -147,6 +163,7 @@ std::string format_json(const SimulationResult& r) {
         {"ffn", c.shape.ffn},
         {"dtype", dtype_name(c.shape.dtype)},
         {"weight_bytes", c.shape.weight_bytes()}}},
+      {"gpu", gpu_json(c)},
       {"cost_model", c.cost_label},
       {"policies", c.policies},
       {"knobs", knobs},

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "feplb/core/cost_model.h"
+#include "feplb/core/gpu_class.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/metrics.h"
 #include "feplb/core/placement.h"
@@ -40,6 +41,8 @@ struct SimulationConfig {
   // GEMM cost model; null = roofline from the knobs. Must outlive simulate().
   const GemmCostModel* cost = nullptr;
   std::string cost_label = "roofline";  // how reports name the model
+  // The GPU class the link and GEMM knobs came from (gpu_class.h), for the reports' headers.
+  std::string gpu = std::string(gpu_class_list().front().name);
 };
 
 // Aggregates over steps: means, p95 (steps) and median/p99 (planner timings).

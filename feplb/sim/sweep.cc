@@ -1,3 +1,4 @@
+#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/sweep.h"
 
 #include <filesystem>
@@ -5,6 +6,7 @@
 
 #include "feplb/core/error.h"
 #include "feplb/sim/prior.h"
+#include "feplb/sim/report.h"
 
 namespace feplb {
 namespace {
@@ -88,7 +90,7 @@ std::string format_sweep_markdown(const SweepResult& r, const std::string& comma
       "{} tokens per GPU per micro-batch, {} micro-batches per prior and layer, sequences of {} "
       "tokens with Dirichlet concentration {}, seed {}; {} GPUs per NVLink domain. Expert shape "
       "{}. "
-      "Copy engine {} GB/s per GPU per direction; GEMM times from the {} model.\n\n"
+      "{}; GEMM times from the {} model.\n\n"
       "Columns: token straggler S_T = max - mean rows per GPU (mean over steps, p95 in brackets); "
       "'vs static' is the change of the mean; 'above oracle' = (S_T - S_T of the exact in-domain "
       "floor) / mean rows per GPU; GEMM straggler S_G from the cost model; weights and tokens "
@@ -98,7 +100,8 @@ std::string format_sweep_markdown(const SweepResult& r, const std::string& comma
       "latency measured in-process (median of {} runs per step; median and p99 over steps).\n",
       command, c.prior_paths.size(), c.num_experts, c.top_k, c.workload.tokens_per_rank,
       c.workload.num_steps, c.workload.seq_len, c.workload.concentration, c.workload.seed,
-      c.gpus_per_node, c.sim.shape.describe(), k.copy_gbps, c.sim.cost_label, k.planner_reps);
+      c.gpus_per_node, c.sim.shape.describe(), describe_gpu(find_gpu_class(c.sim.gpu), k),
+      c.sim.cost_label, k.planner_reps);
   if (c.sim.warmup_steps > 0) {
     out += fmt::format(
         "\nEach trace starts with {} more micro-batches of history: every planner observes "
@@ -194,7 +197,8 @@ std::string format_sweep_json(const SweepResult& r, const std::string& command) 
                    {"concentration", c.workload.concentration},
                    {"seed", c.workload.seed},
                    {"gpus_per_node", c.gpus_per_node},
-                   {"copy_gbps", c.sim.knobs.copy_gbps}};
+                   {"copy_gbps", c.sim.knobs.copy_gbps},
+                   {"gpu", gpu_json(c.sim)}};
   json pools = json::object();
   for (const SweepPool& pool : r.pools) {
     json ps = json::object();

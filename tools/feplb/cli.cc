@@ -169,8 +169,9 @@ CLI::Option* add_model_flag(CLI::App& cmd, std::string& model, const std::string
 }
 
 void add_model_flags(CLI::App& cmd, ModelFlags& f, bool cost) {
-  add_int(cmd, "--gpus-per-node", f.gpus_per_node, 1, limits::kMaxRanks,
+  add_int(cmd, "--gpus-per-node,--domain-size", f.gpus_per_node, 1, limits::kMaxRanks,
           "GPUs per NVLink domain (default 8)");
+  add_gpu_flag(cmd, f.gpu);
   if (cost) {
     cmd.add_option("--cost-model", f.cost_model,
                    "GEMM cost model: auto (the measured H200 table in data/cost/ when the shape "
@@ -222,16 +223,44 @@ ExpertShape resolve_shape(const ShapeFlags& f, const Trace* trace, const std::st
 
 std::string data_path(std::string_view relative) { return find_data(relative); }
 
+void add_gpu_flag(CLI::App& cmd, std::string& gpu) {
+  std::vector<std::string> names;
+  for (const GpuClass& g : gpu_class_list()) {
+    names.push_back(fmt::format("{} ({})", g.name, g.measured ? "measured" : "specifications"));
+  }
+  cmd.add_option("--gpu", gpu,
+                 fmt::format("GPU class: copy-engine rates inside and between NVLink domains and "
+                             "the GEMM model (docs/knobs.md): {}; knob flags override (default {})",
+                             fmt::join(names, ", "), gpu_class_list().front().name));
+}
+
+const GpuClass& apply_gpu_flag(const CLI::App& cmd, const std::string& gpu, Knobs& knobs) {
+  const GpuClass& g = find_gpu_class(gpu.empty() ? gpu_class_list().front().name : gpu);
+  Knobs given = knobs;
+  apply_gpu_class(g, knobs);
+  std::vector<KnobInfo> from = list_knobs(given), to = list_knobs(knobs);
+  for (size_t i = 0; i < to.size(); ++i) {
+    if (cmd.count(to[i].flag) == 0) continue;  // not on the command line: the class's value
+    std::visit([&](auto* dst) { *dst = *std::get<decltype(dst)>(from[i].value); }, to[i].value);
+  }
+  return g;
+}
+
 // The file --cost-model reads, for the check that no output overwrites it ("" for roofline, and
 // for auto: the bundled tables are not the user's).
 std::string cost_model_path(const std::string& choice) {
   return choice == "roofline" || choice == "auto" || choice.empty() ? "" : choice;
 }
 
-CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs) {
+void apply_model_flags(const CLI::App& cmd, ModelFlags& flags) {
+  flags.gpu_class = &apply_gpu_flag(cmd, flags.gpu, flags.knobs);
+}
+
+CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs,
+                        const GpuClass& gpu) {
   const bool table_from_data = choice == "auto" || choice.empty();
   return choose_cost_model(choice, shape, knobs, table_from_data ? find_data_dir("cost") : "",
-                           "--cost-model");
+                           "--cost-model", gpu);
 }
 
 std::string self_directory() {

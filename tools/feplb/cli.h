@@ -11,6 +11,7 @@
 
 #include "feplb/core/cost_model.h"
 #include "feplb/core/expert_shape.h"
+#include "feplb/core/gpu_class.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/routing.h"
 #include "feplb/sim/cost_choice.h"
@@ -46,18 +47,31 @@ CLI::Option* add_model_flag(CLI::App& cmd, std::string& model, const std::string
 
 // The flags every planning command shares, declared once: one --flag per knob (knobs.def), the
 // expert shape, the GEMM cost model (--cost-model auto|roofline|FILE) and --gpus-per-node.
+// --gpu CLASS (gpu_classes.def) sets the knobs its link rates and GEMM ceilings determine.
 struct ModelFlags {
   Knobs knobs;
   ShapeFlags shape;
   std::string cost_model = "auto";
   int gpus_per_node = 8;
+  std::string gpu;                      // --gpu; empty: the default class (h200)
+  const GpuClass* gpu_class = nullptr;  // set by apply_model_flags
 };
 // `cost`: add --cost-model too (place models no GEMM time).
 void add_model_flags(CLI::App& cmd, ModelFlags& flags, bool cost = true);
+// --gpu CLASS: the GPU class (gpu_classes.def) whose link rates and GEMM ceilings the knobs take.
+void add_gpu_flag(CLI::App& cmd, std::string& gpu);
+// Sets the knobs the class determines, except those whose flags were given to `cmd` (a knob flag
+// wins over the class). Returns the class; InputError naming --gpu for an unknown one.
+const GpuClass& apply_gpu_flag(const CLI::App& cmd, const std::string& gpu, Knobs& knobs);
+// After parsing: applies --gpu to the knobs, except those whose flags were given to `cmd` (a knob
+// flag wins over the class), and sets gpu_class; InputError naming --gpu for an unknown class.
+void apply_model_flags(const CLI::App& cmd, ModelFlags& flags);
 
 // The GEMM cost model --cost-model names. auto = the measured table in data/cost/ whose shape
-// matches (H200, bf16), else the roofline from the knobs.
-CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs);
+// matches and whose device is the GPU class's (h200: NVIDIA H200), else the roofline from the
+// knobs.
+CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs,
+                        const GpuClass& gpu = gpu_class_list().front());
 // The file --cost-model reads ("" for roofline, or auto with no bundled table).
 std::string cost_model_path(const std::string& choice);
 

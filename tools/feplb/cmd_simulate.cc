@@ -74,7 +74,8 @@ void run_simulate(const SimulateOptions& o) {
   cfg.shape = resolve_shape(o.shape, &trace, trace.model);
   cfg.knobs = o.knobs;
   cfg.trace_label = path;
-  const CostChoice cost = resolve_cost(o.cost_model, cfg.shape, o.knobs);
+  cfg.gpu = std::string(o.gpu_class->name);
+  const CostChoice cost = resolve_cost(o.cost_model, cfg.shape, o.knobs, *o.gpu_class);
   cfg.cost = cost.model.get();
   cfg.cost_label = cost.label;
   ProgressLine progress("simulate", !o.quiet);
@@ -143,7 +144,10 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_flag("--force", o->force, "overwrite existing output files");
   cmd->add_flag("--quiet", o->quiet, "no progress lines on stderr");
   add_model_flags(*cmd, *o);
-  cmd->callback([o] { run_simulate(*o); });
+  cmd->callback([o, cmd] {
+    apply_model_flags(*cmd, *o);
+    run_simulate(*o);
+  });
 }
 
 }  // namespace feplb::cli

@@ -187,7 +187,7 @@ void add_trace_commands(CLI::App& app) {
       trace->add_subcommand("info", "Describe a trace: skew per layer, static straggler");
   info->add_option("trace", *path,
                    "trace file, - for standard input (default: data/traces/default.json)");
-  add_int(*info, "--gpus-per-node", *gpn, 1, limits::kMaxRanks,
+  add_int(*info, "--gpus-per-node,--domain-size", *gpn, 1, limits::kMaxRanks,
           "GPUs per NVLink domain (default 8)");
   info->callback([path, gpn] { run_info(path->empty() ? default_trace_path() : *path, *gpn); });
 }
