@@ -117,7 +117,10 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
   const std::string prefix = "feplb." + cfg.name + ".";
   transport.register_buffer(prefix + "guest_in", guest_in.get(), guest_in.bytes());
   transport.register_buffer(prefix + "yrecv", yrecv.get(), yrecv.bytes());
-  signals = transport.make_signals(prefix + "signals", 3 * world);
+  signals = transport.make_signals(prefix + "signals", 5 * world);
+  slot_quiet.assign(static_cast<size_t>(world), 0);
+  pending.into_here.assign(static_cast<size_t>(world), 0);
+  pending.targets.assign(static_cast<size_t>(world), 0);
   if (transport.supports_peer_copies()) {
     for (int p = 0; p < world; ++p) {
       peer_guest_in.push_back(static_cast<bf16*>(transport.peer_buffer(prefix + "guest_in", p)));
