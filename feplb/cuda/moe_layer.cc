@@ -79,7 +79,9 @@ class CallGuard {
 // Planners whose plans the GPU layer runs: rows dispatched to the experts' homes (the two-phase
 // path), or feplb's, whose one-hop plans send migrated rows straight to their helpers. Every plan
 // is checked again by its StepLayout.
-bool gpu_runnable(const Planner& planner) { return planner.limits().rows_via_homes || planner.name() == "feplb"; }
+bool gpu_runnable(const Planner& planner) {
+  return planner.limits().rows_via_homes || planner.name() == "feplb";
+}
 
 }  // namespace
 
@@ -96,7 +98,8 @@ std::unique_ptr<Planner> make_gpu_planner(const EpRuntime& runtime, std::string_
   const PlannerContext ctx{c.topo, c.shape, knobs, cost};
   std::unique_ptr<Planner> planner = make_planner(policy, ctx);
   FEPLB_REQUIRE_INPUT(gpu_runnable(*planner),
-                      "layer: policy '{}' runs in simulation only (its plans keep rows at their source or on resident "
+                      "layer: policy '{}' runs in simulation only (its plans keep rows at their "
+                      "source or on resident "
                       "replicas; the GPU layer runs static, feplb-paper, feplb and oracle)",
                       policy);
   if (!own) return planner;
@@ -120,9 +123,11 @@ struct MoeLayer::Impl {
   int bad_rank = 0;
   uint32_t job_seq = 0;
   std::vector<uint8_t> recopy;  // [plan slices] backward: the helper's slot needs the weights again
-  bool job_planned = false;     // forward: the planner planned this step (it observes it once the copies are out)
-  bool job_prefetched = false;  // forward: the pending prefetch is this layer's, its weights are in the slots
-  std::string job_error;        // forward: the plan does not match what the layer runs (every rank alike)
+  bool job_planned =
+      false;  // forward: the planner planned this step (it observes it once the copies are out)
+  bool job_prefetched =
+      false;  // forward: the pending prefetch is this layer's, its weights are in the slots
+  std::string job_error;  // forward: the plan does not match what the layer runs (every rank alike)
   std::vector<CeCopy> in_batch, out_batch, pre_batch;
   std::vector<int> pre_slot, pre_next;
   std::vector<Chunk> sends, recvs, back_sends, back_recvs;
@@ -144,7 +149,8 @@ struct MoeLayer::Impl {
   static void run_job(void* self);
   void plan_job();
   void issue_inputs(bool backward);
-  void phase1(const MicroBatchState& h, bf16* recv_base, bf16* guest_base, uint32_t seq, cudaStream_t s);
+  void phase1(const MicroBatchState& h, bf16* recv_base, bf16* guest_base, uint32_t seq,
+              cudaStream_t s);
   int64_t send_rows_back(cudaStream_t co, uint32_t seq);
   void reverse_exchange(const MicroBatchState& h, bf16* send_base, cudaStream_t s);
   void finish_call(uint32_t seq, cudaStream_t s, bool settled = false);
@@ -181,7 +187,8 @@ void MoeLayer::Impl::validate_experts(std::span<const ExpertParams> w, int64_t n
 // The scheduler thread: counts on the host -> plan -> layout -> phase-2 input copies (forward);
 // phase-2 input copies only (backward: the forward's plan).
 
-void MoeLayer::Impl::start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w, uint32_t seq) {
+void MoeLayer::Impl::start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w,
+                               uint32_t seq) {
   experts.assign(w.begin(), w.end());
   job = &h;
   job_backward = backward;
@@ -259,12 +266,14 @@ void MoeLayer::Impl::plan_job() {
       ++k;
     }
     if (!same || k != done.size()) {
-      job_error = fmt::format("planner '{}' of layer '{}' planned other prefetched weights than its prefetch() "
-                              "predicted ({} copied, {} in the plan)",
-                              planner->name(), cfg.name, done.size(), k);
+      job_error = fmt::format(
+          "planner '{}' of layer '{}' planned other prefetched weights than its prefetch() "
+          "predicted ({} copied, {} in the plan)",
+          planner->name(), cfg.name, done.size(), k);
     }
     for (const Copy& c : done) {
-      for (const Slice& sl : h.plan.slices) hits += sl.expert == c.expert && sl.gpu == c.dst_gpu ? 1 : 0;
+      for (const Slice& sl : h.plan.slices)
+        hits += sl.expert == c.expert && sl.gpu == c.dst_gpu ? 1 : 0;
     }
   }
   job_runs = h.layout.fits() && job_error.empty();
@@ -279,7 +288,8 @@ void MoeLayer::Impl::plan_job() {
   h.stats.counts_to_first_copy_us = us_between(t_counts_issued, t1);  // refined when a copy is issued
   h.stats.exported_rows = h.layout.exported_rows();
   h.stats.guest_rows = h.layout.guest_rows_here();
-  for (const GuestWork& g : h.layout.guest_work()) h.stats.dispatched_rows += g.dispatched ? g.rows : 0;
+  for (const GuestWork& g : h.layout.guest_work())
+    h.stats.dispatched_rows += g.dispatched ? g.rows : 0;
   h.stats.prefetched_pairs = job_prefetched ? static_cast<int64_t>(r.pending.copies.size()) : 0;
   h.stats.prefetch_hits = hits;
   r.plan_seq.store(job_seq, std::memory_order_release);
@@ -319,7 +329,8 @@ void MoeLayer::Impl::issue_inputs(bool backward) {
       in_batch.clear();
       for (; i < exports.size() && exports[i].helper == helper; ++i) {
         const Export& x = exports[i];
-        if (backward ? recopy[static_cast<size_t>(x.slice)] != 0 : !(x.prefetched && job_prefetched)) {
+        if (backward ? recopy[static_cast<size_t>(x.slice)] != 0
+                     : !(x.prefetched && job_prefetched)) {
           bf16* slot = r.pool->peer_slot(helper, x.slot);
           in_batch.push_back({slot, experts[static_cast<size_t>(x.local_index)].gate_up,
                               static_cast<size_t>(2 * H * F) * sizeof(bf16)});
@@ -356,8 +367,8 @@ void MoeLayer::Impl::issue_inputs(bool backward) {
 // Phase 1 over this step's chunks (the runtime's send buffer -> `recv_base` at the experts' homes,
 // `guest_base` for rows sent straight to this rank as a helper), then the event the copy stream
 // waits for.
-void MoeLayer::Impl::phase1(const MicroBatchState& h, bf16* recv_base, bf16* guest_base, uint32_t seq,
-                            cudaStream_t s) {
+void MoeLayer::Impl::phase1(const MicroBatchState& h, bf16* recv_base, bf16* guest_base,
+                            uint32_t seq, cudaStream_t s) {
   RuntimeState& r = *rt;
   const size_t row_bytes = static_cast<size_t>(r.H) * sizeof(bf16);
   sends.clear();
@@ -366,7 +377,8 @@ void MoeLayer::Impl::phase1(const MicroBatchState& h, bf16* recv_base, bf16* gue
     sends.push_back({c.peer, r.send.get() + c.row * r.H, static_cast<size_t>(c.rows) * row_bytes});
   }
   for (const RowChunk& c : h.layout.recvs()) {
-    recvs.push_back({c.peer, (c.guest ? guest_base : recv_base) + c.row * r.H, static_cast<size_t>(c.rows) * row_bytes});
+    recvs.push_back({c.peer, (c.guest ? guest_base : recv_base) + c.row * r.H,
+                     static_cast<size_t>(c.rows) * row_bytes});
   }
   r.transport.exchange(sends, recvs, s);
   r.ev_dispatched.record(s);
@@ -435,7 +447,8 @@ void MoeLayer::Impl::finish_call(uint32_t seq, cudaStream_t s, bool settled) {
 void MoeLayer::Impl::wait_prefetch_landed(cudaStream_t s) {
   RuntimeState& r = *rt;
   for (int d = 0; d < r.world; ++d) {
-    if (r.pending.into_here[static_cast<size_t>(d)]) r.signals->wait(4 * r.world + d, r.pending.seq, s);
+    if (r.pending.into_here[static_cast<size_t>(d)])
+      r.signals->wait(4 * r.world + d, r.pending.seq, s);
   }
 }
 
@@ -472,10 +485,11 @@ MoeLayer::MoeLayer(EpRuntime& runtime, const LayerConfig& config, std::unique_pt
                       "layer '{}': top_k {}, the runtime's max_top_k is {}", config.name, config.top_k,
                       r.cfg.max_top_k);
   const PlanLimits limits = planner->limits();
-  FEPLB_REQUIRE_INPUT(gpu_runnable(*planner),
-                      "layer '{}': planner '{}' runs in simulation only (its plans keep rows at their source or on "
-                      "resident replicas)",
-                      config.name, planner->name());
+  FEPLB_REQUIRE_INPUT(
+      gpu_runnable(*planner),
+      "layer '{}': planner '{}' runs in simulation only (its plans keep rows at their source or on "
+      "resident replicas)",
+      config.name, planner->name());
   FEPLB_REQUIRE_INPUT(r.world == 1 || r.transport.supports_peer_copies() || limits.max_guest_experts == 0,
                       "layer '{}': transport '{}' cannot copy into peers' buffers; use policy static", config.name,
                       r.transport.name());
@@ -547,13 +561,15 @@ void MoeLayer::prefetch(std::span<const ExpertParams> experts, cudaStream_t stre
   prefetch_slots(predicted, R, m.pre_slot, m.pre_next);
   for (size_t i = 0; i < predicted.size(); ++i) {
     const Copy& c = predicted[i];
-    const bool ok = c.kind == CopyKind::kPrefetchWeights && c.expert >= 0 && c.expert < r.E && c.dst_gpu >= 0 &&
-                    c.dst_gpu < R && c.src_gpu == r.cfg.topo.home(c.expert) && c.dst_gpu != c.src_gpu &&
-                    m.pre_slot[i] < r.pool->slots();
-    FEPLB_REQUIRE_INPUT(ok,
-                        "prefetch of layer '{}': planner '{}' predicts a copy of expert {} from GPU {} to GPU {} the "
-                        "runtime cannot make (weights from the expert's home to another GPU, at most {} per GPU)",
-                        m.cfg.name, m.planner->name(), c.expert, c.src_gpu, c.dst_gpu, r.pool->slots());
+    const bool ok = c.kind == CopyKind::kPrefetchWeights && c.expert >= 0 && c.expert < r.E &&
+                    c.dst_gpu >= 0 && c.dst_gpu < R && c.src_gpu == r.cfg.topo.home(c.expert) &&
+                    c.dst_gpu != c.src_gpu && m.pre_slot[i] < r.pool->slots();
+    FEPLB_REQUIRE_INPUT(
+        ok,
+        "prefetch of layer '{}': planner '{}' predicts a copy of expert {} from GPU {} to GPU {} "
+        "the "
+        "runtime cannot make (weights from the expert's home to another GPU, at most {} per GPU)",
+        m.cfg.name, m.planner->name(), c.expert, c.src_gpu, c.dst_gpu, r.pool->slots());
   }
   FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, r.ev_call_done.get(), 0));
   if (r.pending.active) {  // an earlier prefetch that no forward used: drop it
@@ -593,7 +609,8 @@ void MoeLayer::prefetch(std::span<const ExpertParams> experts, cudaStream_t stre
       const Copy& c = p.copies[i];
       if (c.src_gpu != r.rank || c.dst_gpu != g) continue;
       const auto local = r.cfg.topo.local_experts(r.rank);
-      const ExpertParams& w = experts[static_cast<size_t>(std::find(local.begin(), local.end(), c.expert) - local.begin())];
+      const ExpertParams& w = experts[static_cast<size_t>(
+          std::find(local.begin(), local.end(), c.expert) - local.begin())];
       bf16* slot = r.pool->peer_slot(g, p.slots[i]);
       m.pre_batch.push_back({slot, w.gate_up, static_cast<size_t>(2 * H * F) * sizeof(bf16)});
       m.pre_batch.push_back({slot + 2 * H * F, w.down, static_cast<size_t>(H * F) * sizeof(bf16)});
@@ -736,8 +753,8 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   for (const GuestWork& g : h.layout.guest_work()) {
     const bf16* w = r.pool->slot(g.slot);
     const bf16* x = (g.dispatched ? guest_x : r.guest_in.get()) + g.row * H;
-    expert_ffn(r.gemm, s, x, g.rows, w, w + 2 * H * F, h.gu_guest + g.row * 2 * F, h.act_guest + g.row * F,
-               r.guest_out.get() + g.row * H, H, F);
+    expert_ffn(r.gemm, s, x, g.rows, w, w + 2 * H * F, h.gu_guest + g.row * 2 * F,
+               h.act_guest + g.row * F, r.guest_out.get() + g.row * H, H, F);
     (g.dispatched ? dispatched_guests : copied_guests) = true;
   }
   m.slots_quiet(&h.layout, settle, s);
@@ -751,14 +768,15 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   if (h.x_guest && copied_guests) {
     FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_ready.get(), 0));
     if (!dispatched_guests) {
-      FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.x_guest, r.guest_in.get(), static_cast<size_t>(guest * H) * sizeof(bf16),
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.x_guest, r.guest_in.get(),
+                                       static_cast<size_t>(guest * H) * sizeof(bf16),
                                        cudaMemcpyDeviceToDevice, co));
     } else {
       for (const GuestWork& g : h.layout.guest_work()) {
         if (g.dispatched) continue;
         FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.x_guest + g.row * H, r.guest_in.get() + g.row * H,
-                                         static_cast<size_t>(g.rows * H) * sizeof(bf16), cudaMemcpyDeviceToDevice,
-                                         co));
+                                         static_cast<size_t>(g.rows * H) * sizeof(bf16),
+                                         cudaMemcpyDeviceToDevice, co));
       }
     }
   }

@@ -12,7 +12,8 @@
 //   their guests, outputs come back by copy engine; reverse all-to-all-v; weighted combine.
 // Backward reuses the micro-batch's plan: dY rows to the helpers by copy engine (weights again
 // only if another call refilled the slot), dX back by copy engine, dW (fp32) into the owner's
-// staging slot, added into the caller's gradient off the critical path. Optimizer state never moves.
+// staging slot, added into the caller's gradient off the critical path. Optimizer state never
+// moves.
 //
 // Two opt-in paths, chosen by the feplb planner's knobs (docs/gpu.md):
 //  * rows in one hop (one_hop = 1): migrated rows go straight to their helper in the phase-1
@@ -76,8 +77,8 @@ struct ForwardStats {
   double counts_to_first_copy_us = 0;  // the sum: counts ready -> first copy issued
   int64_t copies = 0;                  // phase-2 copy calls this rank issued
   int64_t guest_rows = 0, exported_rows = 0;
-  int64_t weight_copies = 0;           // experts' weights this rank copied to helpers in phase 2
-  int64_t dispatched_rows = 0;         // guest rows that reached this rank in phase 1 (one hop)
+  int64_t weight_copies = 0;    // experts' weights this rank copied to helpers in phase 2
+  int64_t dispatched_rows = 0;  // guest rows that reached this rank in phase 1 (one hop)
   // Weights before routing, when this forward used a prefetch() (every rank's pairs, the same on
   // every rank): (expert, helper) pairs prefetched, and those the plan computed rows with.
   int64_t prefetched_pairs = 0, prefetch_hits = 0;

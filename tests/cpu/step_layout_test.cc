@@ -1,6 +1,8 @@
 // The GPU runtime's host-side step layout (feplb/cuda/host/step_layout.h) and its scheduler thread
 // (job_thread.h), without a GPU: where every row sits on every rank, that the ranks' views agree
 // (what one rank sends is what another expects), capacity errors, and an idle thread's CPU use.
+#include "feplb/cuda/host/step_layout.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,7 +14,6 @@
 
 #include "feplb/core/errors.h"
 #include "feplb/cuda/host/job_thread.h"
-#include "feplb/cuda/host/step_layout.h"
 #include "test_util.h"
 
 namespace feplb {
@@ -173,19 +174,32 @@ TEST(StepLayout, OneHopSplitsEachSourcesRowsByTheOrdinalRule) {
     return v;
   };
   // Rank 0 sends expert 0 as two sub-chunks (home first: GPU 0 < GPU 1), then experts 1, 2, 3.
-  EXPECT_EQ(chunks(l0.sends()), (std::vector<C>{{0, 0, 40, false}, {1, 40, 10, false}, {0, 50, 10, false},
-                                                {1, 60, 5, false}, {1, 65, 3, false}}));
-  // Rank 1's rows of expert 0 are ordinals 50-79: none to the home (a zero-row chunk, listed), 30 to itself.
-  EXPECT_EQ(chunks(l1.sends()), (std::vector<C>{{0, 0, 0, false}, {1, 0, 30, false}, {0, 30, 6, false},
-                                                {1, 36, 2, false}, {1, 38, 4, false}}));
+  EXPECT_EQ(chunks(l0.sends()), (std::vector<C>{{0, 0, 40, false},
+                                                {1, 40, 10, false},
+                                                {0, 50, 10, false},
+                                                {1, 60, 5, false},
+                                                {1, 65, 3, false}}));
+  // Rank 1's rows of expert 0 are ordinals 50-79: none to the home (a zero-row chunk, listed), 30
+  // to itself.
+  EXPECT_EQ(chunks(l1.sends()), (std::vector<C>{{0, 0, 0, false},
+                                                {1, 0, 30, false},
+                                                {0, 30, 6, false},
+                                                {1, 36, 2, false},
+                                                {1, 38, 4, false}}));
   // Rank 0 receives only the rows its experts keep: expert 0's 40, expert 1's 16 at row 40.
   EXPECT_EQ(l0.recv_rows(0), 56);
   EXPECT_EQ(l0.expert_base(1), 40);
-  EXPECT_EQ(chunks(l0.recvs()), (std::vector<C>{{0, 0, 40, false}, {0, 40, 10, false}, {1, 40, 0, false},
-                                                {1, 50, 6, false}}));
-  // Rank 1 receives expert 0's rows straight into its guest rows: 10 from rank 0, then 30 from itself.
-  EXPECT_EQ(chunks(l1.recvs()), (std::vector<C>{{0, 0, 10, true}, {0, 0, 5, false}, {0, 7, 3, false},
-                                                {1, 10, 30, true}, {1, 5, 2, false}, {1, 10, 4, false}}));
+  EXPECT_EQ(chunks(l0.recvs()),
+            (std::vector<C>{
+                {0, 0, 40, false}, {0, 40, 10, false}, {1, 40, 0, false}, {1, 50, 6, false}}));
+  // Rank 1 receives expert 0's rows straight into its guest rows: 10 from rank 0, then 30 from
+  // itself.
+  EXPECT_EQ(chunks(l1.recvs()), (std::vector<C>{{0, 0, 10, true},
+                                                {0, 0, 5, false},
+                                                {0, 7, 3, false},
+                                                {1, 10, 30, true},
+                                                {1, 5, 2, false},
+                                                {1, 10, 4, false}}));
   ASSERT_EQ(l1.guest_work().size(), 1u);
   const cuda::GuestWork& g = l1.guest_work()[0];
   EXPECT_TRUE(g.dispatched);
@@ -212,7 +226,8 @@ TEST(StepLayout, OneHopSplitsEachSourcesRowsByTheOrdinalRule) {
 // keeps its slot (it counts against the guest slots).
 TEST(StepLayout, PrefetchedPairsKeepTheSlotsTheyWereCopiedInto) {
   const Topology topo = Topology::contiguous(3, 8, 6);  // experts 0,1 | 2,3 | 4,5
-  const RoutingStep routing = testing::step_from({{40, 1, 1, 30, 1, 1}, {40, 1, 1, 30, 1, 1}, {1, 1, 1, 1, 1, 1}});
+  const RoutingStep routing =
+      testing::step_from({{40, 1, 1, 30, 1, 1}, {40, 1, 1, 30, 1, 1}, {1, 1, 1, 1, 1, 1}});
   Plan plan;
   plan.clear(6);
   plan.add_prefetch(0, 0, 2, testing::glm5());  // used: slot 0 on GPU 2
@@ -225,7 +240,8 @@ TEST(StepLayout, PrefetchedPairsKeepTheSlotsTheyWereCopiedInto) {
   ASSERT_EQ(slot.size(), plan.copies.size());
   EXPECT_EQ(slot[0], 0);
   EXPECT_EQ(slot[1], 1);
-  for (size_t i = 2; i < slot.size(); ++i) EXPECT_EQ(slot[i], -1) << "copy " << i << " is not a prefetch";
+  for (size_t i = 2; i < slot.size(); ++i)
+    EXPECT_EQ(slot[i], -1) << "copy " << i << " is not a prefetch";
   StepLayout l2;
   l2.build(topo, routing, plan, 2, roomy());
   ASSERT_TRUE(l2.fits()) << l2.error();
@@ -233,20 +249,24 @@ TEST(StepLayout, PrefetchedPairsKeepTheSlotsTheyWereCopiedInto) {
   ASSERT_EQ(l2.guest_work().size(), 2u);
   const cuda::GuestWork& a = l2.guest_work()[0];  // grouped by owner: expert 0 (owner 0) first
   const cuda::GuestWork& b = l2.guest_work()[1];
-  EXPECT_EQ(std::make_tuple(a.expert, a.slot, a.prefetched, a.dispatched), std::make_tuple(0, 0, true, false));
-  EXPECT_EQ(std::make_tuple(b.expert, b.slot, b.prefetched, b.dispatched), std::make_tuple(3, 2, false, true));
+  EXPECT_EQ(std::make_tuple(a.expert, a.slot, a.prefetched, a.dispatched),
+            std::make_tuple(0, 0, true, false));
+  EXPECT_EQ(std::make_tuple(b.expert, b.slot, b.prefetched, b.dispatched),
+            std::make_tuple(3, 2, false, true));
   EXPECT_TRUE(l2.rows_copied_from(0));
   EXPECT_FALSE(l2.rows_copied_from(1));
   ASSERT_EQ(l2.slot_uses().size(), 2u) << "the idle prefetched slot is no slot use";
   // Three slots in use on GPU 2: two are too few.
   StepLayout small;
   small.build(topo, routing, plan, 0, {1 << 20, 1 << 20, 2, 8});
-  EXPECT_NE(small.error().find("3 guest experts, over its 2 guest weight slots"), std::string::npos) << small.error();
+  EXPECT_NE(small.error().find("3 guest experts, over its 2 guest weight slots"), std::string::npos)
+      << small.error();
   // A prefetch not from the expert's home is refused.
   Plan bad = plan;
   bad.copies[1].src_gpu = 0;
   small.build(topo, routing, bad, 0, roomy());
-  EXPECT_NE(small.error().find("prefetches expert 2 from GPU 0"), std::string::npos) << small.error();
+  EXPECT_NE(small.error().find("prefetches expert 2 from GPU 0"), std::string::npos)
+      << small.error();
 }
 
 TEST(StepLayout, InconsistentInputsAreInputErrors) {
@@ -270,7 +290,9 @@ TEST(StepLayout, InconsistentInputsAreInputErrors) {
 void expect_rows_land_once(const Topology& topo, const RoutingStep& step, const Plan& plan,
                            const std::vector<StepLayout>& l, const std::string& what) {
   const int R = topo.num_ranks(), E = topo.num_experts();
-  const auto label = [](int e, int64_t ordinal) { return (static_cast<int64_t>(e) << 32) | ordinal; };
+  const auto label = [](int e, int64_t ordinal) {
+    return (static_cast<int64_t>(e) << 32) | ordinal;
+  };
   // Send buffers: experts grouped by home, each home's experts in local order.
   std::vector<std::vector<int64_t>> send(static_cast<size_t>(R)), home(static_cast<size_t>(R)),
       guest(static_cast<size_t>(R));
@@ -296,8 +318,8 @@ void expect_rows_land_once(const Topology& topo, const RoutingStep& step, const 
       for (const cuda::RowChunk& c : l[g].recvs()) {
         if (c.peer == s) in.push_back(c);
       }
-      ASSERT_EQ(out.size(), in.size()) << what << ": rank " << s << " sends " << out.size() << " chunks to " << g
-                                       << ", which receives " << in.size();
+      ASSERT_EQ(out.size(), in.size()) << what << ": rank " << s << " sends " << out.size()
+                                       << " chunks to " << g << ", which receives " << in.size();
       for (size_t i = 0; i < out.size(); ++i) {
         ASSERT_EQ(out[i].rows, in[i].rows) << what << ": chunk " << i << " of " << s << " -> " << g;
         std::vector<int64_t>& dst = in[i].guest ? guest[g] : home[g];
@@ -322,12 +344,15 @@ void expect_rows_land_once(const Topology& topo, const RoutingStep& step, const 
   }
   // Work: what each rank computes, by expert; every routed row exactly once.
   std::map<int64_t, int> computed;
-  std::map<int, std::vector<std::tuple<int, int64_t, int64_t>>> runs;  // expert -> (gpu, first ordinal, rows)
-  const auto take = [&](const std::vector<int64_t>& buf, int64_t row, int64_t rows, int e, int gpu) {
+  std::map<int, std::vector<std::tuple<int, int64_t, int64_t>>>
+      runs;  // expert -> (gpu, first ordinal, rows)
+  const auto take = [&](const std::vector<int64_t>& buf, int64_t row, int64_t rows, int e,
+                        int gpu) {
     for (int64_t k = 0; k < rows; ++k) {
       const int64_t v = buf[static_cast<size_t>(row + k)];
       ASSERT_NE(v, -1) << what << ": rank " << gpu << " computes an unwritten row of expert " << e;
-      ASSERT_EQ(static_cast<int>(v >> 32), e) << what << ": rank " << gpu << " computes another expert's row";
+      ASSERT_EQ(static_cast<int>(v >> 32), e)
+          << what << ": rank " << gpu << " computes another expert's row";
       ++computed[v];
     }
   };
@@ -337,8 +362,11 @@ void expect_rows_land_once(const Topology& topo, const RoutingStep& step, const 
     // Per expert, what phase 1 brought to g: home rows (from expert_base) and dispatched guests.
     for (int e : topo.local_experts(g)) {
       int64_t rows = 0;
-      for (const Slice& sl : plan.slices) rows += sl.expert == e && sl.source == RowSource::kHome ? sl.rows : 0;
-      if (rows > 0) runs[e].emplace_back(g, home[g][static_cast<size_t>(l[g].expert_base(e))] & 0xffffffff, rows);
+      for (const Slice& sl : plan.slices)
+        rows += sl.expert == e && sl.source == RowSource::kHome ? sl.rows : 0;
+      if (rows > 0)
+        runs[e].emplace_back(g, home[g][static_cast<size_t>(l[g].expert_base(e))] & 0xffffffff,
+                             rows);
       for (int64_t k = 1; k < rows; ++k) {
         EXPECT_EQ(home[g][static_cast<size_t>(l[g].expert_base(e) + k)],
                   home[g][static_cast<size_t>(l[g].expert_base(e))] + k)
@@ -349,17 +377,22 @@ void expect_rows_land_once(const Topology& topo, const RoutingStep& step, const 
       if (!w.dispatched) continue;
       runs[w.expert].emplace_back(g, guest[g][static_cast<size_t>(w.row)] & 0xffffffff, w.rows);
       for (int64_t k = 1; k < w.rows; ++k) {
-        EXPECT_EQ(guest[g][static_cast<size_t>(w.row + k)], guest[g][static_cast<size_t>(w.row)] + k) << what;
+        EXPECT_EQ(guest[g][static_cast<size_t>(w.row + k)],
+                  guest[g][static_cast<size_t>(w.row)] + k)
+            << what;
       }
     }
   }
-  EXPECT_EQ(static_cast<int64_t>(computed.size()), step.total_rows()) << what << ": every routed row computed";
-  for (const auto& [v, times] : computed) EXPECT_EQ(times, 1) << what << ": a row computed " << times << " times";
+  EXPECT_EQ(static_cast<int64_t>(computed.size()), step.total_rows())
+      << what << ": every routed row computed";
+  for (const auto& [v, times] : computed)
+    EXPECT_EQ(times, 1) << what << ": a row computed " << times << " times";
   for (auto& [e, r] : runs) {
     std::sort(r.begin(), r.end());
     int64_t next = 0;
     for (const auto& [gpu, first, rows] : r) {
-      EXPECT_EQ(first, next) << what << ": expert " << e << " on GPU " << gpu << " breaks the ordinal rule";
+      EXPECT_EQ(first, next) << what << ": expert " << e << " on GPU " << gpu
+                             << " breaks the ordinal rule";
       next = first + rows;
     }
   }
@@ -375,8 +408,9 @@ TEST(StepLayout, RanksAgreeOnRealPlans) {
     std::string policy;
     int64_t one_hop, prefetch;
   };
-  const std::vector<Mode> modes = {{"static", 0, 0}, {"feplb-paper", 0, 0}, {"feplb", 0, 0}, {"oracle", 0, 0},
-                                   {"feplb", 1, 0},  {"feplb", 0, 1},       {"feplb", 1, 1}};
+  const std::vector<Mode> modes = {{"static", 0, 0}, {"feplb-paper", 0, 0}, {"feplb", 0, 0},
+                                   {"oracle", 0, 0}, {"feplb", 1, 0},       {"feplb", 0, 1},
+                                   {"feplb", 1, 1}};
   for (const Mode& mode : modes) {
     Knobs k;
     k.max_num_dyn = 8;
@@ -458,7 +492,8 @@ TEST(StepLayout, MixedTwoPhaseAndOneHopSlicesLandOnce) {
     planner->plan(step, plan);
     int flipped = 0;
     for (Slice& sl : plan.slices) {
-      if (sl.gpu != b.topo.home(sl.expert) && flipped++ % 2 == 0) sl.source = RowSource::kDispatched;
+      if (sl.gpu != b.topo.home(sl.expert) && flipped++ % 2 == 0)
+        sl.source = RowSource::kDispatched;
     }
     ASSERT_GT(flipped, 1) << "too few migrations to mix";
     std::vector<StepLayout> l(R);

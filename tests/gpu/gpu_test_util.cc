@@ -72,8 +72,8 @@ std::vector<float> download_f32(const float* d, size_t n) {
 // The setup's warm-up forwards, layer by layer (with prefetch() first when the setup asks), of
 // this rank's warm-up inputs (`inputs` when there are none); their handles are dropped.
 void warm_up(const LayerSetup& setup, const std::vector<cuda::MoeLayer*>& layers,
-             const std::vector<std::span<const cuda::ExpertParams>>& weights, const std::vector<RankInputs>& inputs,
-             int rank, cudaStream_t s) {
+             const std::vector<std::span<const cuda::ExpertParams>>& weights,
+             const std::vector<RankInputs>& inputs, int rank, cudaStream_t s) {
   if (setup.warmup_forwards == 0) return;
   const RankInputs& in = setup.warmup_inputs.empty() ? inputs[rank] : setup.warmup_inputs[rank];
   const DeviceInputs d(in);
@@ -81,8 +81,8 @@ void warm_up(const LayerSetup& setup, const std::vector<cuda::MoeLayer*>& layers
   for (int f = 0; f < setup.warmup_forwards; ++f) {
     for (size_t l = 0; l < layers.size(); ++l) {
       if (setup.prefetch) layers[l]->prefetch(weights[l], s);
-      cuda::MicroBatch dropped =
-          layers[l]->forward(weights[l], d.x.get(), d.idx.get(), d.wt.get(), in.tokens, out.get(), s);
+      cuda::MicroBatch dropped = layers[l]->forward(weights[l], d.x.get(), d.idx.get(), d.wt.get(),
+                                                    in.tokens, out.get(), s);
     }
   }
   cuda::sync_with_timeout(s, setup.runtime.timeout_s, "test warm-up forwards");

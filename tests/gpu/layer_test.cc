@@ -12,12 +12,12 @@
 #include <numeric>
 #include <thread>
 
-#include "feplb/sim/prior.h"
-#include "feplb/cuda/nccl_comm.h"
-#include "bench/harness/trainer.h"
-#include "feplb/dist/launch.h"
 #include "bench/harness/local_experts.h"
+#include "bench/harness/trainer.h"
 #include "feplb/cuda/check.h"
+#include "feplb/cuda/nccl_comm.h"
+#include "feplb/dist/launch.h"
+#include "feplb/sim/prior.h"
 #include "gpu_test_util.h"
 
 namespace feplb {
@@ -570,12 +570,14 @@ const PathMode kPathModes[] = {{"one_hop", true, false, false},
                                {"one_hop_prefetch", true, true, true},
                                {"prefetch_knob_only", false, true, false}};
 
-testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_tokens, const PathMode& mode) {
+testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_tokens,
+                                const PathMode& mode) {
   testing::LayerSetup setup = config_for(ranks, experts, top_k, max_tokens, "feplb");
   Knobs& k = setup.runtime.knobs;
   k.one_hop = mode.one_hop ? 1 : 0;
   k.prefetch = mode.prefetch_knob ? 1 : 0;
-  k.prefetch_window_us = 1e6;  // tiny test experts: every predicted pair fits; the guest slots limit them
+  k.prefetch_window_us =
+      1e6;  // tiny test experts: every predicted pair fits; the guest slots limit them
   setup.prefetch = mode.prefetch_call;
   setup.warmup_forwards = mode.prefetch_knob ? 1 : 0;
   return setup;
@@ -583,7 +585,8 @@ testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_t
 
 // Sums over ranks of a forward's path statistics (the prefetch counts are every rank's already).
 struct PathStats {
-  int64_t dispatched_rows = 0, weight_copies = 0, prefetched_pairs = 0, prefetch_hits = 0, guest_rows = 0;
+  int64_t dispatched_rows = 0, weight_copies = 0, prefetched_pairs = 0, prefetch_hits = 0,
+          guest_rows = 0;
   void add(const cuda::ForwardStats& s) {
     dispatched_rows += s.dispatched_rows;
     weight_copies += s.weight_copies;
@@ -597,13 +600,17 @@ struct PathStats {
 void expect_row_sources(const Plan& plan, const Topology& topo, const PathMode& mode) {
   for (const Slice& sl : plan.slices) {
     if (sl.gpu == topo.home(sl.expert)) continue;
-    EXPECT_EQ(sl.source == RowSource::kDispatched, mode.one_hop) << mode.name << ": expert " << sl.expert;
+    EXPECT_EQ(sl.source == RowSource::kDispatched, mode.one_hop)
+        << mode.name << ": expert " << sl.expert;
   }
 }
 
-auto RanksAndPaths() { return ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Values(0, 1, 2, 3)); }
+auto RanksAndPaths() {
+  return ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Values(0, 1, 2, 3));
+}
 std::string RankPathName(const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
-  return "ep" + std::to_string(std::get<0>(info.param)) + "_" + kPathModes[std::get<1>(info.param)].name;
+  return "ep" + std::to_string(std::get<0>(info.param)) + "_" +
+         kPathModes[std::get<1>(info.param)].name;
 }
 
 class LayerPathTest : public ::testing::TestWithParam<std::tuple<int, int>> {
@@ -634,10 +641,12 @@ TEST_P(LayerPathTest, ForwardAndBackwardMatchFloat64Reference) {
   }
   if (mode.prefetch_call) {
     EXPECT_GT(st.prefetched_pairs, 0) << mode.name << ": nothing prefetched";
-    EXPECT_GT(st.prefetch_hits, 0) << mode.name << ": the same routing again, yet no prediction was used";
+    EXPECT_GT(st.prefetch_hits, 0)
+        << mode.name << ": the same routing again, yet no prediction was used";
   } else {
     EXPECT_EQ(st.prefetched_pairs, 0);
-    EXPECT_GT(st.weight_copies, 0) << mode.name << ": migrations without prefetch copy their weights";
+    EXPECT_GT(st.weight_copies, 0)
+        << mode.name << ": migrations without prefetch copy their weights";
   }
   const auto go = random_grad_out(41 + ranks, in);
   const auto got = testing::run_layer_backward(c, m, in, go);
@@ -645,7 +654,9 @@ TEST_P(LayerPathTest, ForwardAndBackwardMatchFloat64Reference) {
   PathStats bst;
   for (const auto& g : got[0]) bst.add(g.forward_stats);
   EXPECT_GT(bst.guest_rows, 0) << mode.name << ": no guest backward";
-  if (mode.prefetch_call) EXPECT_GT(bst.prefetch_hits, 0) << mode.name << ": training forward used no prefetch";
+  if (mode.prefetch_call) {
+    EXPECT_GT(bst.prefetch_hits, 0) << mode.name << ": training forward used no prefetch";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndPaths, LayerPathTest, RanksAndPaths(), RankPathName);
@@ -664,14 +675,17 @@ TEST(LayerPaths, WrongPredictionsCostBytesNeverCorrectness) {
       const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
       testing::LayerSetup c = path_config(ranks, experts, top_k, 96, mode);
       c.warmup_inputs = skewed_inputs(31 + ranks, ranks, experts, top_k, 96, 2.0, /*hot_expert=*/1);
-      const auto in = skewed_inputs(37 + ranks, ranks, experts, top_k, 96, 2.0, /*hot_expert=*/experts - 1);
+      const auto in =
+          skewed_inputs(37 + ranks, ranks, experts, top_k, 96, 2.0, /*hot_expert=*/experts - 1);
       const auto fwd = run_layer(c, m, in, /*forwards=*/1);
       expect_matches_reference(fwd, m, in, top_k, what);
       PathStats st;
       for (const auto& g : fwd) st.add(g.stats);
       EXPECT_GT(st.prefetched_pairs, 0) << what << ": nothing prefetched";
-      EXPECT_LT(st.prefetch_hits, st.prefetched_pairs) << what << ": a different routing, yet every prediction was used";
-      EXPECT_GT(st.weight_copies, 0) << what << ": the new hot expert's migrations need their weights copied";
+      EXPECT_LT(st.prefetch_hits, st.prefetched_pairs)
+          << what << ": a different routing, yet every prediction was used";
+      EXPECT_GT(st.weight_copies, 0)
+          << what << ": the new hot expert's migrations need their weights copied";
       const auto go = random_grad_out(43 + ranks, in);
       expect_gradients_match(testing::run_layer_backward(c, m, in, go), c, m, in, go, what);
     }
@@ -688,7 +702,8 @@ TEST(LayerPaths, EdgeCases) {
       const PathMode& mode = kPathModes[mi];
       const std::string what = std::string(k.name) + " / " + mode.name;
       const auto in = skewed_inputs(33, ranks, experts, k.top_k, k.tokens, k.skew, k.hot);
-      const testing::LayerSetup c = path_config(ranks, experts, k.top_k, std::max<int64_t>(k.tokens, 1), mode);
+      const testing::LayerSetup c =
+          path_config(ranks, experts, k.top_k, std::max<int64_t>(k.tokens, 1), mode);
       expect_matches_reference(run_layer(c, m, in, 2), m, in, k.top_k, what);
       const auto go = random_grad_out(34, in);
       expect_gradients_match(testing::run_layer_backward(c, m, in, go), c, m, in, go, what);
@@ -718,8 +733,10 @@ TEST(LayerPaths, LayersSharingThePoolCopyRefilledSlotsAgain) {
     }
     ASSERT_GT(got[0][0].forward_stats.prefetched_pairs, 0) << mode.name << ": nothing prefetched";
     for (int l = 0; l < layers; ++l) EXPECT_GT(hits[l], 0) << mode.name << " layer " << l;
-    EXPECT_GT(recopies[0], 0) << mode.name << ": layer 0's slots were refilled, yet nothing was copied again";
-    EXPECT_EQ(recopies[layers - 1], 0) << mode.name << ": the last layer's weights were still in its slots";
+    EXPECT_GT(recopies[0], 0) << mode.name
+                              << ": layer 0's slots were refilled, yet nothing was copied again";
+    EXPECT_EQ(recopies[layers - 1], 0)
+        << mode.name << ": the last layer's weights were still in its slots";
   }
 }
 
@@ -744,9 +761,10 @@ TEST(LayerPaths, APrefetchDroppedByAnotherCallIsHarmless) {
     for (int mb = 0; mb < 3; ++mb) {
       for (int r = 0; r < ranks; ++r) {
         const RankInputs& x = in[mb][r];
-        const std::string at = std::string(mode.name) + " micro-batch " + std::to_string(mb) + " rank " +
-                               std::to_string(r);
-        expect_close(got[mb][r].out, m.forward(x.hidden, x.topk_idx, x.topk_weight, x.tokens, top_k), at + " out");
+        const std::string at = std::string(mode.name) + " micro-batch " + std::to_string(mb) +
+                               " rank " + std::to_string(r);
+        expect_close(got[mb][r].out,
+                     m.forward(x.hidden, x.topk_idx, x.topk_weight, x.tokens, top_k), at + " out");
         const std::vector<double> g(go[mb][r].begin(), go[mb][r].end());
         const auto ref = m.backward(x.hidden, x.topk_idx, x.topk_weight, g, x.tokens, top_k);
         expect_close(got[mb][r].grad_hidden, ref.hidden, at + " d hidden");
@@ -754,15 +772,19 @@ TEST(LayerPaths, APrefetchDroppedByAnotherCallIsHarmless) {
         for (size_t i = 0; i < dw_total.size(); ++i) dw_total[i] += ref.weights[i];
       }
     }
-    EXPECT_GT(got[1][0].forward_stats.prefetched_pairs, 0) << mode.name << ": P1 was not used by F1";
-    EXPECT_EQ(got[2][0].forward_stats.prefetched_pairs, 0) << mode.name << ": P2 should have been dropped by B0";
+    EXPECT_GT(got[1][0].forward_stats.prefetched_pairs, 0)
+        << mode.name << ": P1 was not used by F1";
+    EXPECT_EQ(got[2][0].forward_stats.prefetched_pairs, 0)
+        << mode.name << ": P2 should have been dropped by B0";
     const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
     for (int r = 0; r < ranks; ++r) {
       std::vector<double> dw_ref;
       for (int e : c.runtime.topo.local_experts(r)) {
-        dw_ref.insert(dw_ref.end(), dw_total.begin() + e * per_expert, dw_total.begin() + (e + 1) * per_expert);
+        dw_ref.insert(dw_ref.end(), dw_total.begin() + e * per_expert,
+                      dw_total.begin() + (e + 1) * per_expert);
       }
-      expect_close(got[0][r].main_grad, dw_ref, std::string(mode.name) + " rank " + std::to_string(r) + " dW");
+      expect_close(got[0][r].main_grad, dw_ref,
+                   std::string(mode.name) + " rank " + std::to_string(r) + " dW");
     }
   }
 }
@@ -824,7 +846,8 @@ TEST(Training, LossCurvesAgreeWithOneHopAndPrefetch) {
     return cuda::run_virtual_training(t, routing);
   };
   const auto off = run("static", nullptr);
-  EXPECT_LT(off.loss.back(), 0.98 * off.loss.front()) << "the loss did not fall: the gradients do not train";
+  EXPECT_LT(off.loss.back(), 0.98 * off.loss.front())
+      << "the loss did not fall: the gradients do not train";
   for (int mi : {0, 1, 2}) {
     const PathMode& mode = kPathModes[mi];
     const auto on = run("feplb", &mode);

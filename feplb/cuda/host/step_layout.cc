@@ -15,7 +15,8 @@ int64_t overlap(int64_t a, int64_t n, int64_t b, int64_t m) {
 
 }  // namespace
 
-void prefetch_slots(std::span<const Copy> copies, int num_ranks, std::vector<int>& slot, std::vector<int>& next) {
+void prefetch_slots(std::span<const Copy> copies, int num_ranks, std::vector<int>& slot,
+                    std::vector<int>& next) {
   next.assign(static_cast<size_t>(num_ranks), 0);
   slot.assign(copies.size(), -1);
   for (size_t i = 0; i < copies.size(); ++i) {
@@ -62,7 +63,8 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
 
   // What the GPU layer runs: rows dispatched to the experts' homes or straight to helpers, guest
   // weights copied for this micro-batch or prefetched; no resident replicas.
-  if (!plan.resident.empty()) error_ = "the GPU layer runs no resident replicas (plans of EPLB-style policies)";
+  if (!plan.resident.empty())
+    error_ = "the GPU layer runs no resident replicas (plans of EPLB-style policies)";
   prefetch_slots(plan.copies, R, prefetch_slot_, prefetch_next_);
   for (size_t i = 0; i < plan.copies.size(); ++i) {
     const Copy& c = plan.copies[i];
@@ -71,22 +73,27 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
     }
     if (c.kind != CopyKind::kPrefetchWeights) continue;
     FEPLB_REQUIRE_INPUT(c.expert >= 0 && c.expert < E && c.dst_gpu >= 0 && c.dst_gpu < R,
-                        "step layout: prefetch of expert {} to GPU {} outside the topology", c.expert, c.dst_gpu);
+                        "step layout: prefetch of expert {} to GPU {} outside the topology",
+                        c.expert, c.dst_gpu);
     bool again = false;
     for (size_t j = 0; j < i; ++j) {
       const Copy& o = plan.copies[j];
-      again = again || (o.kind == CopyKind::kPrefetchWeights && o.expert == c.expert && o.dst_gpu == c.dst_gpu);
+      again = again || (o.kind == CopyKind::kPrefetchWeights && o.expert == c.expert &&
+                        o.dst_gpu == c.dst_gpu);
     }
     if ((c.src_gpu != topo.home(c.expert) || c.dst_gpu == c.src_gpu || again) && error_.empty()) {
-      error_ = fmt::format("plan prefetches expert {} from GPU {} to GPU {}: not once, from its home {} to another GPU",
-                           c.expert, c.src_gpu, c.dst_gpu, topo.home(c.expert));
+      error_ = fmt::format(
+          "plan prefetches expert {} from GPU {} to GPU {}: not once, from its home {} to another "
+          "GPU",
+          c.expert, c.src_gpu, c.dst_gpu, topo.home(c.expert));
     }
   }
   // Guest slots: the prefetches' first, in plan order, then the other guests.
   guest_experts_.assign(prefetch_next_.begin(), prefetch_next_.end());
 
   // Slices: the rows each kHome slice takes of its expert's rows on the home (in plan order); for
-  // a guest its slot and rows on the helper and the staging slot its gradient lands in on the owner.
+  // a guest its slot and rows on the helper and the staging slot its gradient lands in on the
+  // owner.
   const size_t n = plan.slices.size();
   fill(slice_offset_, n, int64_t{0});
   fill(slice_slot_, n, -1);
@@ -103,8 +110,10 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
     const int home = topo.home(s.expert);
     if (s.source == RowSource::kSource || (s.source == RowSource::kDispatched && s.gpu == home)) {
       if (error_.empty()) {
-        error_ = "the GPU layer runs plans whose rows are dispatched to the experts' homes or straight to their "
-                 "helpers (not kept at their source, nor 'dispatched' to the home)";
+        error_ =
+            "the GPU layer runs plans whose rows are dispatched to the experts' homes or straight "
+            "to their "
+            "helpers (not kept at their source, nor 'dispatched' to the home)";
       }
       continue;
     }
@@ -121,7 +130,8 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
       int slot = -1;
       for (size_t j = 0; j < plan.copies.size() && slot < 0; ++j) {
         const Copy& c = plan.copies[j];
-        if (c.kind == CopyKind::kPrefetchWeights && c.expert == s.expert && c.dst_gpu == s.gpu) slot = prefetch_slot_[j];
+        if (c.kind == CopyKind::kPrefetchWeights && c.expert == s.expert && c.dst_gpu == s.gpu)
+          slot = prefetch_slot_[j];
       }
       slice_prefetched_[i] = slot >= 0;
       slice_slot_[i] = slot >= 0 ? slot : static_cast<int>(guest_experts_[s.gpu]++);
@@ -133,8 +143,9 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
   }
   if (!error_.empty()) return;
   for (int e = 0; e < E; ++e) {
-    FEPLB_CHECK(computed_[e] == routing.expert_counts[e], "plan computes {} rows of expert {}, routed {}", computed_[e],
-                e, routing.expert_counts[e]);
+    FEPLB_CHECK(computed_[e] == routing.expert_counts[e],
+                "plan computes {} rows of expert {}, routed {}", computed_[e], e,
+                routing.expert_counts[e]);
   }
 
   // Phase 1 lands each home's experts one after another (the rows dispatched to the home: its
@@ -147,8 +158,9 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
     }
     recv_rows_[d] = base;
     if (base > capacity.recv_rows && error_.empty()) {
-      error_ = fmt::format("rank {} receives {} rows in phase 1, over its capacity {} (raise recv_capacity_rows)", d,
-                           base, capacity.recv_rows);
+      error_ = fmt::format(
+          "rank {} receives {} rows in phase 1, over its capacity {} (raise recv_capacity_rows)", d,
+          base, capacity.recv_rows);
     }
   }
   for (int g = 0; g < R && error_.empty(); ++g) {
@@ -169,7 +181,9 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
   // Every expert's phase-1 receivers, ascending GPU, and where each starts among the expert's rows.
   for (int e = 0; e < E; ++e) receivers_.push_back({e, topo.home(e), -1, home_rows_[e], 0});
   std::sort(receivers_.begin(), receivers_.end(), [](const Receiver& a, const Receiver& b) {
-    return a.expert != b.expert ? a.expert < b.expert : a.gpu != b.gpu ? a.gpu < b.gpu : a.slice < b.slice;
+    return a.expert != b.expert ? a.expert < b.expert
+           : a.gpu != b.gpu     ? a.gpu < b.gpu
+                                : a.slice < b.slice;
   });
   fill(receiver_begin_, static_cast<size_t>(E) + 1, 0);
   for (const Receiver& rc : receivers_) ++receiver_begin_[static_cast<size_t>(rc.expert) + 1];
@@ -204,14 +218,15 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
       const bool prefetched = slice_prefetched_[i] != 0;
       const int64_t home_row = dispatched ? -1 : expert_base_[s.expert] + slice_offset_[i];
       if (s.gpu == rank && home == peer) {
-        guests_.push_back({static_cast<int>(i), s.expert, home, slice_slot_[i], slice_staging_[i], slice_guest_row_[i],
-                           home_row, s.rows, dispatched, prefetched});
+        guests_.push_back({static_cast<int>(i), s.expert, home, slice_slot_[i], slice_staging_[i],
+                           slice_guest_row_[i], home_row, s.rows, dispatched, prefetched});
         guests_from_[peer] = 1;
         if (!dispatched) rows_from_[peer] = 1;
       }
       if (home == rank && s.gpu == peer) {
-        exports_.push_back({static_cast<int>(i), s.expert, local_index_[s.expert], s.gpu, slice_slot_[i],
-                            slice_staging_[i], home_row, slice_guest_row_[i], s.rows, dispatched, prefetched});
+        exports_.push_back({static_cast<int>(i), s.expert, local_index_[s.expert], s.gpu,
+                            slice_slot_[i], slice_staging_[i], home_row, slice_guest_row_[i],
+                            s.rows, dispatched, prefetched});
         exports_to_[peer] = 1;
         if (!dispatched) rows_to_[peer] = 1;
       }
@@ -252,7 +267,8 @@ void StepLayout::build_chunks(const Topology& topo, const RoutingStep& routing) 
         const int64_t rows = overlap(pre_[e], theirs, rc.ordinal, rc.rows);
         if (rc.slice >= 0 && rows == 0) continue;
         const bool guest = rc.slice >= 0;
-        const int64_t base = guest ? slice_guest_row_[static_cast<size_t>(rc.slice)] : expert_base_[e];
+        const int64_t base =
+            guest ? slice_guest_row_[static_cast<size_t>(rc.slice)] : expert_base_[e];
         recvs_.push_back({src, base + run_[static_cast<size_t>(k)], rows, guest});
         run_[static_cast<size_t>(k)] += rows;
       }

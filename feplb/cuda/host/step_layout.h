@@ -110,7 +110,8 @@ struct SlotUse {
 // kPrefetchWeights copies of `copies` in list order take slots 0, 1, ...; slot[i] is copies[i]'s
 // (-1 for copies of other kinds). `next` is scratch ([num_ranks]). Out-of-range helpers are the
 // caller's to reject.
-void prefetch_slots(std::span<const Copy> copies, int num_ranks, std::vector<int>& slot, std::vector<int>& next);
+void prefetch_slots(std::span<const Copy> copies, int num_ranks, std::vector<int>& slot,
+                    std::vector<int>& next);
 
 class StepLayout {
  public:
@@ -168,9 +169,9 @@ class StepLayout {
   struct Receiver {
     int expert = 0;
     int gpu = 0;
-    int slice = -1;        // the kDispatched slice; -1: the home
+    int slice = -1;  // the kDispatched slice; -1: the home
     int64_t rows = 0;
-    int64_t ordinal = 0;   // its first row among the expert's rows in source-rank order
+    int64_t ordinal = 0;  // its first row among the expert's rows in source-rank order
   };
   void build_chunks(const Topology& topo, const RoutingStep& routing);
 
@@ -181,13 +182,13 @@ class StepLayout {
   std::vector<int64_t> expert_base_, taken_, home_rows_, computed_, pre_;   // [E]
   std::vector<int> local_index_, send_order_;                               // [E]
   std::vector<int> receiver_begin_;                                         // [E + 1]
-  std::vector<Receiver> receivers_;                                         // by expert, ascending GPU
+  std::vector<Receiver> receivers_;  // by expert, ascending GPU
   std::vector<int64_t> slice_offset_;                                       // [slices]
   std::vector<int> slice_slot_, slice_staging_;                             // [slices]
   std::vector<int64_t> slice_guest_row_;                                    // [slices]
   std::vector<uint8_t> slice_prefetched_;                                   // [slices]
-  std::vector<int> prefetch_slot_, prefetch_next_;  // [copies], [R]
-  std::vector<int64_t> run_;                          // [receivers] rows received so far per receiver
+  std::vector<int> prefetch_slot_, prefetch_next_;                          // [copies], [R]
+  std::vector<int64_t> run_;  // [receivers] rows received so far per receiver
   std::vector<RowChunk> sends_, recvs_;
   std::vector<HomeWork> home_;
   std::vector<GuestWork> guests_;

@@ -53,9 +53,9 @@ struct MicroBatchState {
 struct PendingPrefetch {
   bool active = false;
   int layer_id = -1;
-  uint32_t seq = 0;          // the prefetch call's: the value of its landed signals
-  std::vector<Copy> copies;  // kPrefetchWeights in issue order, every rank's
-  std::vector<int> slots;    // [copies] the guest slot on the copy's helper
+  uint32_t seq = 0;                // the prefetch call's: the value of its landed signals
+  std::vector<Copy> copies;        // kPrefetchWeights in issue order, every rank's
+  std::vector<int> slots;          // [copies] the guest slot on the copy's helper
   std::vector<uint8_t> into_here;  // [R] owners that prefetched into this rank
   std::vector<uint8_t> targets;    // [R] ranks some owner prefetched into
 };
@@ -104,10 +104,12 @@ struct RuntimeState {
   // slots are quiet: nothing of its calls so far reads or writes them any more (value:
   // slot_quiet[h]); [4R, 5R) weights prefetched by owner d landed here (value: the prefetch's seq).
   std::unique_ptr<Transport::Signals> signals;
-  Stream copy_in, copy_out;  // phase-2 inputs and prefetched weights (first in, first out), results back
+  Stream copy_in,
+      copy_out;  // phase-2 inputs and prefetched weights (first in, first out), results back
   GemmEngine gemm;
   Event ev_counts, ev_dispatched, ev_copy_in_done, ev_guest_ready, ev_guest_done, ev_copy_out_done, ev_call_done;
-  Event ev_prefetch_ready, ev_prefetch_done;  // the prefetch's stream work before its copies; its copies
+  Event ev_prefetch_ready,
+      ev_prefetch_done;  // the prefetch's stream work before its copies; its copies
 
   // Weights before routing: the prefetch not settled yet, and per rank the number of calls that
   // used or wrote its guest slots (a helper signals slot 3R + h with it once they are quiet; an
