@@ -416,7 +416,7 @@ void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, Polic
     ps.phases.assign(all.size(), std::vector<std::vector<double>>(kNumFields));
   }
   for (size_t r = 0; r < all.size(); ++r) {
-    for (size_t f = 0; f < kNumFields; ++f) ps.phases[r][f].push_back(all[r][f]);
+    for (size_t k = 0; k < kNumFields; ++k) ps.phases[r][k].push_back(all[r][k]);
   }
   for (const auto& r : all) {
     total.push_back(r[kFwdMs] + r[kBwdMs]);

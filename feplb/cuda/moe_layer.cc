@@ -119,6 +119,8 @@ struct MoeLayer::Impl {
   MicroBatchState* job = nullptr;
   bool job_backward = false;
   bool job_runs = false;  // the job's plan is usable: the copies are issued and the call goes on
+  bool job_dispatched = false;      // forward_dispatched: counts_host holds [R, experts_per_rank]
+  const bf16* job_dy_rows = nullptr;  // backward: where the dY rows at home are
   int64_t bad_ids = 0;    // forward: (token, k) pairs of rank bad_rank with an expert id out of range
   int bad_rank = 0;
   uint32_t job_seq = 0;
@@ -145,7 +147,12 @@ struct MoeLayer::Impl {
 
   void wait_seq(const std::atomic<uint32_t>& seq, uint32_t target, const char* what) const;
   void validate_experts(std::span<const ExpertParams> w, int64_t num_tokens, const char* who) const;
-  void start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w, uint32_t seq);
+  void start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w, uint32_t seq,
+                 bool dispatched = false, const bf16* dy_rows = nullptr);
+  void guests_forward(MicroBatchState& h, uint32_t seq, bool settled, cudaStream_t s);
+  int64_t guests_backward(MicroBatchState& h, uint32_t seq, bool settled, cudaStream_t s);
+  void add_staged_grads(const MicroBatchState& h, std::span<const ExpertGrads> grads, uint32_t seq);
+  void copy_exported_results(const MicroBatchState& h, bf16* rows, uint32_t seq, cudaStream_t s);
   static void run_job(void* self);
   void plan_job();
   void issue_inputs(bool backward);
@@ -187,13 +194,16 @@ void MoeLayer::Impl::validate_experts(std::span<const ExpertParams> w, int64_t n
 // The scheduler thread: counts on the host -> plan -> layout -> phase-2 input copies (forward);
 // phase-2 input copies only (backward: the forward's plan).
 
-void MoeLayer::Impl::start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w,
-                               uint32_t seq) {
+void MoeLayer::Impl::start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w, uint32_t seq,
+                               bool dispatched, const bf16* dy_rows) {
   experts.assign(w.begin(), w.end());
   job = &h;
   job_backward = backward;
+  job_dispatched = dispatched;
+  job_dy_rows = dy_rows ? dy_rows : rt->dyrecv.get();
   job_runs = backward;  // a forward's job decides once it has the plan
   job_planned = false;
+  job_error.clear();
   job_seq = seq;
   rt->scheduler.post(&Impl::run_job, this);
 }
@@ -232,7 +242,16 @@ void MoeLayer::Impl::plan_job() {
   h.routing.step = static_cast<int>(job_seq);
   h.routing.layer = layer_id;
   bad_ids = 0;
-  for (int d = 0; d < R; ++d) {
+  if (job_dispatched) {
+    // Each rank's rows per local expert; planners need every expert's total (at its home).
+    std::fill(h.routing.counts.begin(), h.routing.counts.end(), 0);
+    const int L = r.experts_per_rank;
+    for (int d = 0; d < R; ++d) {
+      const auto local = r.cfg.topo.local_experts(d);
+      for (int i = 0; i < L; ++i) h.routing.at(d, local[i]) = r.counts_host.get()[d * L + i];
+    }
+  }
+  for (int d = 0; d < R && !job_dispatched; ++d) {
     const int32_t* row = r.counts_host.get() + static_cast<size_t>(d) * (E + 1);
     std::copy(row, row + E, h.routing.counts.begin() + static_cast<std::ptrdiff_t>(d) * E);
     if (row[E] > 0 && bad_ids == 0) {
@@ -322,7 +341,7 @@ void MoeLayer::Impl::issue_inputs(bool backward) {
     }
     const int64_t H = r.H, F = r.F;
     const size_t row_bytes = static_cast<size_t>(H) * sizeof(bf16);
-    const bf16* rows_base = backward ? r.dyrecv.get() : h.x_home;
+    const bf16* rows_base = backward ? job_dy_rows : h.x_home;
     int64_t issued = 0, weights = 0;
     for (size_t i = 0; i < exports.size();) {
       const int helper = exports[i].helper;
@@ -960,6 +979,300 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts, 
   if (r.cfg.timing) m.tb_end.record(s);
   r.ev_call_done.record(s);
   r.release(mb.slot_, mb.generation_, s);  // the saved activations, after this backward's work
+  mb.release();
+  r.gemm.refine(kGemmRefineBudgetMs);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows a framework dispatched itself: phase 2 and the GEMMs only.
+
+// Guests of a forward: wait (no SM) for each owner's inputs, compute, keep their rows for the
+// backward (training), send the outputs back to their owners' yrecv rows.
+void MoeLayer::Impl::guests_forward(MicroBatchState& h, uint32_t seq, bool settled, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  const int64_t H = r.H, F = r.F;
+  for (int d = 0; d < r.world; ++d) {
+    if (h.layout.guests_from(d)) r.signals->wait(d, seq, s);
+  }
+  if (job_prefetched) wait_prefetch_landed(s);
+  if (r.cfg.timing) t_waited.record(s);
+  r.ev_guest_ready.record(s);
+  for (const GuestWork& g : h.layout.guest_work()) {
+    const bf16* w = r.pool->slot(g.slot);
+    expert_ffn(r.gemm, s, r.guest_in.get() + g.row * H, g.rows, w, w + 2 * H * F, h.gu_guest + g.row * 2 * F,
+               h.act_guest + g.row * F, r.guest_out.get() + g.row * H, H, F);
+  }
+  slots_quiet(&h.layout, settled, s);
+  if (r.cfg.timing) t_guest.record(s);
+  r.ev_guest_done.record(s);
+  const cudaStream_t co = r.copy_out.get();
+  const int64_t guest = h.layout.guest_rows_here();
+  if (h.x_guest && guest > 0) {
+    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_ready.get(), 0));
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.x_guest, r.guest_in.get(), static_cast<size_t>(guest * H) * sizeof(bf16),
+                                     cudaMemcpyDeviceToDevice, co));
+  }
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_done.get(), 0));
+  send_rows_back(co, seq);
+  r.ev_copy_out_done.record(co);
+}
+
+// Guests of a backward: wait for each owner's dY (and weights), dX and dW, send both back (dX
+// into the owner's yrecv, signal R + rank; dW into its staging slots, signal 2R + rank). Returns
+// the copies issued.
+int64_t MoeLayer::Impl::guests_backward(MicroBatchState& h, uint32_t seq, bool settled, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  const int64_t H = r.H, F = r.F;
+  for (int d = 0; d < r.world; ++d) {
+    if (h.layout.guests_from(d)) r.signals->wait(d, seq, s);
+  }
+  if (r.cfg.timing) tb_waited.record(s);
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.pool->grads_free(), 0));
+  for (const GuestWork& g : h.layout.guest_work()) {
+    const bf16* w = r.pool->slot(g.slot);
+    float* gw = r.pool->grad_slot(g.slot);
+    bf16* gu = h.gu_guest + g.row * 2 * F;
+    bf16* act = h.act_guest + g.row * F;
+    expert_ffn_backward(r.gemm, s, h.x_guest + g.row * H, g.rows, w, w + 2 * H * F, gu, act,
+                        r.guest_in.get() + g.row * H, gw, gw + 2 * H * F, 0.0f, r.guest_out.get() + g.row * H, gu,
+                        act, H, F);
+    bstats.guest_rows += g.rows;
+  }
+  slots_quiet(&h.layout, settled, s);
+  if (r.cfg.timing) tb_guest.record(s);
+  r.ev_guest_done.record(s);
+  const cudaStream_t co = r.copy_out.get();
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_done.get(), 0));
+  int64_t copies = send_rows_back(co, seq);
+  const int64_t w_elems = expert_weight_elems(H, F);
+  const auto guests = h.layout.guest_work();
+  for (size_t i = 0; i < guests.size();) {
+    const int owner = guests[i].owner;
+    out_batch.clear();
+    for (; i < guests.size() && guests[i].owner == owner; ++i) {
+      out_batch.push_back({r.pool->peer_staging_slot(owner, guests[i].staging_slot), r.pool->grad_slot(guests[i].slot),
+                           static_cast<size_t>(w_elems) * sizeof(float)});
+    }
+    ce_copy_and_signal(co, out_batch, nullptr, 0);
+    r.signals->signal(owner, 2 * r.world + r.rank, seq, co);
+    copies += static_cast<int64_t>(out_batch.size());
+  }
+  FEPLB_CUDA_CHECK(cudaEventRecord(r.pool->grads_free(), co));
+  r.ev_copy_out_done.record(co);
+  return copies;
+}
+
+// My exported slices' dW: the copy stream waits for each helper's signal and adds the staged
+// gradients into the caller's (sync_gradients and the next backward wait for it).
+void MoeLayer::Impl::add_staged_grads(const MicroBatchState& h, std::span<const ExpertGrads> grads, uint32_t seq) {
+  RuntimeState& r = *rt;
+  const int64_t H = r.H, F = r.F;
+  const cudaStream_t co = r.copy_out.get();
+  for (int hh = 0; hh < r.world; ++hh) {
+    if (h.layout.exports_to(hh)) r.signals->wait(2 * r.world + hh, seq, co);
+  }
+  for (const Export& x : h.layout.exports()) {
+    const float* staged = r.pool->staging_slot(x.staging_slot);
+    const ExpertGrads& g = grads[static_cast<size_t>(x.local_index)];
+    FEPLB_CUDA_CHECK(kernels::add_f32(g.gate_up, staged, 2 * H * F, co));
+    FEPLB_CUDA_CHECK(kernels::add_f32(g.down, staged + 2 * H * F, H * F, co));
+  }
+  FEPLB_CUDA_CHECK(cudaEventRecord(r.pool->staging_free(), co));
+  ev_grads_done.record(co);
+}
+
+// Rows my exported slices' helpers sent back into yrecv (outputs, or dX), into the caller's
+// `rows` at the same positions, once each helper's signal is in.
+void MoeLayer::Impl::copy_exported_results(const MicroBatchState& h, bf16* rows, uint32_t seq, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  for (int hh = 0; hh < r.world; ++hh) {
+    if (h.layout.exports_to(hh)) r.signals->wait(r.world + hh, seq, s);
+  }
+  for (const Export& x : h.layout.exports()) {
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(rows + x.src_row * r.H, r.yrecv.get() + x.src_row * r.H,
+                                     static_cast<size_t>(x.rows * r.H) * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+  }
+}
+
+MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, const bf16* rows,
+                                        std::span<const int64_t> rows_per_expert, bf16* out_rows,
+                                        cudaStream_t stream) {
+  Impl& m = *impl_;
+  RuntimeState& r = *m.rt;
+  r.check_usable("forward_dispatched");
+  FEPLB_REQUIRE_INPUT(static_cast<int>(rows_per_expert.size()) == r.experts_per_rank,
+                      "forward_dispatched of layer '{}': rows of {} experts, this rank has {}", m.cfg.name,
+                      rows_per_expert.size(), r.experts_per_rank);
+  int64_t n = 0;
+  for (size_t i = 0; i < rows_per_expert.size(); ++i) {
+    FEPLB_REQUIRE_INPUT(rows_per_expert[i] >= 0 && rows_per_expert[i] <= (int64_t{1} << 30),
+                        "forward_dispatched of layer '{}': local expert {} has {} rows", m.cfg.name, i,
+                        rows_per_expert[i]);
+    n += rows_per_expert[i];
+  }
+  FEPLB_REQUIRE_INPUT(n <= r.recv_cap, "forward_dispatched of layer '{}': {} rows, over the runtime's receive "
+                      "capacity {} (recv_capacity_rows)", m.cfg.name, n, r.recv_cap);
+  m.validate_experts(experts, 0, "forward_dispatched");
+  FEPLB_REQUIRE_INPUT(n == 0 || (rows && out_rows), "forward_dispatched of layer '{}': a null row pointer with {} "
+                      "rows", m.cfg.name, n);
+  FEPLB_REQUIRE_INPUT(m.planner->limits().rows_via_homes,
+                      "forward_dispatched of layer '{}': planner '{}' plans rows in one hop (one_hop = 1), which "
+                      "needs the layer's own dispatch (forward())",
+                      m.cfg.name, m.planner->name());
+  CallGuard guard(r, "forward_dispatched");
+  const int64_t H = r.H, F = r.F;
+  const int L = r.experts_per_rank;
+  const cudaStream_t s = stream;
+  MicroBatch handle;
+  handle.rt_ = m.rt;
+  handle.slot_ = r.acquire(m.layer_id);
+  MicroBatchState& h = r.handles[static_cast<size_t>(handle.slot_)];
+  handle.generation_ = h.generation;
+  const uint32_t seq = ++r.seq;
+  h.forward_seq = seq;
+  h.num_tokens = n;
+  h.dispatched = true;
+  h.stream = s;
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_call_done.get(), 0));
+  if (r.cfg.timing) m.t_start.record(s);
+  // A pending prefetch is settled as in forward(): used by this layer, dropped by another.
+  const bool settle = r.pending.active;
+  m.job_prefetched = settle && r.pending.layer_id == m.layer_id;
+  if (settle && !m.job_prefetched) m.wait_prefetch_landed(s);
+  // Every rank's rows per local expert, to every rank and to the host (the pinned buffer's
+  // first L entries stage this rank's; the previous call's D2H into it is done).
+  for (int i = 0; i < L; ++i) r.counts_host.get()[i] = static_cast<int32_t>(rows_per_expert[static_cast<size_t>(i)]);
+  FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts.get(), r.counts_host.get(), static_cast<size_t>(L) * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, s));
+  r.transport.all_gather_i32(r.counts.get(), r.counts_all.get(), static_cast<size_t>(L), s);
+  m.t_counts_issued = Clock::now();
+  FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts_host.get(), r.counts_all.get(),
+                                   static_cast<size_t>(r.world * L) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  r.ev_counts.record(s);
+  m.start_job(h, false, experts, seq, /*dispatched=*/true);
+  m.wait_seq(r.plan_seq, seq, "plan");
+  if (!h.layout.fits() || !m.job_error.empty()) {
+    if (m.job_prefetched) m.wait_prefetch_landed(s);
+    m.slots_quiet(nullptr, settle, s);
+    m.finish_call(seq, s, settle);
+    r.ev_call_done.record(s);
+    if (!m.job_error.empty()) throw Error(m.job_error);
+    throw InputError(fmt::format("layer '{}': {}", m.cfg.name, h.layout.error()));
+  }
+  const int64_t guest = h.layout.guest_rows_here();
+  const auto carve_plan = [&](void* base) {
+    Carver c(base);
+    h.gu_home = c.take<bf16>(n * 2 * F);
+    h.act_home = c.take<bf16>(n * F);
+    h.x_guest = r.cfg.training ? c.take<bf16>(guest * H) : nullptr;
+    h.gu_guest = c.take<bf16>(guest * 2 * F);
+    h.act_guest = c.take<bf16>(guest * F);
+    return c.bytes();
+  };
+  h.bytes_plan = n + guest ? carve_plan(nullptr) : 0;
+  h.mem_plan = r.allocate(h.bytes_plan, s);
+  carve_plan(h.mem_plan);
+  h.x_home = const_cast<bf16*>(rows);  // the caller's, read only
+  // The rows are in place: the copy stream may move them on from here.
+  r.ev_dispatched.record(s);
+  r.dispatched_seq.store(seq, std::memory_order_release);
+  if (r.cfg.timing) m.t_dispatched.record(s);
+  for (const HomeWork& w : h.layout.home_work()) {
+    const ExpertParams& p = experts[static_cast<size_t>(w.local_index)];
+    expert_ffn(r.gemm, s, h.x_home + w.row * H, w.rows, p.gate_up, p.down, h.gu_home + w.row * 2 * F,
+               h.act_home + w.row * F, out_rows + w.row * H, H, F);
+  }
+  if (r.cfg.timing) m.t_static.record(s);
+  m.guests_forward(h, seq, settle, s);
+  m.copy_exported_results(h, out_rows, seq, s);
+  if (r.cfg.timing) m.t_returned.record(s);
+  m.finish_call(seq, s, settle);
+  if (r.cfg.timing) m.t_end.record(s);
+  r.ev_call_done.record(s);
+  m.fstats = h.stats;
+  m.last_plan = h.plan;
+  m.last_routing = h.routing;
+  r.gemm.refine(kGemmRefineBudgetMs);
+  if (!r.cfg.training) handle.release();
+  return handle;
+}
+
+void MoeLayer::backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams> experts, const bf16* grad_out_rows,
+                                   bf16* grad_rows, std::span<const ExpertGrads> grads, GradMode mode,
+                                   cudaStream_t stream) {
+  Impl& m = *impl_;
+  RuntimeState& r = *m.rt;
+  r.check_usable("backward_dispatched");
+  FEPLB_REQUIRE_INPUT(r.cfg.training, "backward_dispatched of layer '{}': the runtime was built without training",
+                      m.cfg.name);
+  FEPLB_REQUIRE_INPUT(!mb.rt_ || mb.rt_ == m.rt, "backward_dispatched of layer '{}': the micro-batch belongs to "
+                      "another runtime", m.cfg.name);
+  MicroBatchState& h = mb.checked();
+  FEPLB_REQUIRE_INPUT(h.layer_id == m.layer_id && h.dispatched,
+                      "backward_dispatched of layer '{}' (layer {}): the micro-batch is layer {}'s{}", m.cfg.name,
+                      m.layer_id, h.layer_id, h.dispatched ? "" : ", from forward() (use backward())");
+  const int64_t n = h.num_tokens;
+  m.validate_experts(experts, 0, "backward_dispatched");
+  FEPLB_REQUIRE_INPUT(static_cast<int>(grads.size()) == r.experts_per_rank,
+                      "backward_dispatched of layer '{}': gradients of {} experts, this rank has {}", m.cfg.name,
+                      grads.size(), r.experts_per_rank);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    FEPLB_REQUIRE_INPUT(grads[i].gate_up && grads[i].down,
+                        "backward_dispatched of layer '{}': local expert {} has a null gradient pointer", m.cfg.name,
+                        i);
+  }
+  FEPLB_REQUIRE_INPUT(n == 0 || (grad_out_rows && grad_rows),
+                      "backward_dispatched of layer '{}': a null row pointer with {} rows", m.cfg.name, n);
+  CallGuard guard(r, "backward_dispatched");
+  const int64_t H = r.H, F = r.F;
+  const cudaStream_t s = stream;
+  const uint32_t seq = ++r.seq;
+  m.bstats = BackwardStats{};
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_call_done.get(), 0));
+  if (r.cfg.timing) m.tb_start.record(s);
+  // A pending prefetch is dropped, as in backward().
+  const bool settle = r.pending.active;
+  if (settle) m.wait_prefetch_landed(s);
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.pool->staging_free(), 0));
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_grads_done.get(), 0));
+  if (mode == GradMode::kOverwrite) {
+    for (const ExpertGrads& g : grads) {
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(g.gate_up, 0, static_cast<size_t>(2 * H * F) * sizeof(float), s));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(g.down, 0, static_cast<size_t>(H * F) * sizeof(float), s));
+    }
+  }
+  m.recopy.assign(h.plan.slices.size(), 0);
+  for (const SlotUse& u : h.layout.slot_uses()) {
+    uint64_t& held = r.pool->holder(u.rank, u.slot);
+    const uint64_t want = ExpertSlotPool::tag(m.layer_id, u.expert, h.forward_seq);
+    m.recopy[static_cast<size_t>(u.slice)] = held != want;
+    if (held != want && r.cfg.topo.home(u.expert) == r.rank) ++m.bstats.weight_recopies;
+    held = want;
+  }
+  m.start_job(h, true, experts, seq, /*dispatched=*/true, grad_out_rows);
+  // The collective that orders this rank's copies into its peers' arenas after their last use.
+  r.transport.all_gather_i32(r.counts.get(), r.counts_all.get(), 1, s);
+  r.ev_dispatched.record(s);
+  r.dispatched_seq.store(seq, std::memory_order_release);
+  if (r.cfg.timing) m.tb_dispatched.record(s);
+  for (const HomeWork& w : h.layout.home_work()) {
+    const ExpertParams& p = experts[static_cast<size_t>(w.local_index)];
+    const ExpertGrads& g = grads[static_cast<size_t>(w.local_index)];
+    bf16* gu = h.gu_home + w.row * 2 * F;
+    bf16* act = h.act_home + w.row * F;
+    expert_ffn_backward(r.gemm, s, h.x_home + w.row * H, w.rows, p.gate_up, p.down, gu, act,
+                        grad_out_rows + w.row * H, g.gate_up, g.down, 1.0f, grad_rows + w.row * H, gu, act, H, F);
+  }
+  if (r.cfg.timing) m.tb_static.record(s);
+  const int64_t result_copies = m.guests_backward(h, seq, settle, s);
+  m.copy_exported_results(h, grad_rows, seq, s);
+  if (r.cfg.timing) m.tb_results.record(s);
+  m.add_staged_grads(h, grads, seq);
+  m.finish_call(seq, s, settle);
+  m.bstats.copies += result_copies;
+  if (r.cfg.timing) m.tb_end.record(s);
+  r.ev_call_done.record(s);
+  r.release(mb.slot_, mb.generation_, s);
   mb.release();
   r.gemm.refine(kGemmRefineBudgetMs);
 }

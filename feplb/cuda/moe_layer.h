@@ -170,6 +170,18 @@ class MoeLayer {
                 const float* topk_weight, bf16* grad_hidden, float* grad_topk_weight,
                 std::span<const ExpertGrads> grads, GradMode mode, cudaStream_t stream);
 
+  // For a framework that dispatched the tokens itself (its own all-to-all, DeepEP): `rows`
+  // [N, H] at this rank's experts, grouped by expert in local order, rows_per_expert[i] of local
+  // expert i (host values, N = their sum) -> out_rows [N, H], each row's expert output (not yet
+  // weighted, not combined). Phase 2 and the GEMMs only: the counts all-gather, the plan, the
+  // copy-engine moves. The caller keeps `rows` unchanged until the backward. Collective.
+  MicroBatch forward_dispatched(std::span<const ExpertParams> experts, const bf16* rows,
+                                std::span<const int64_t> rows_per_expert, bf16* out_rows, cudaStream_t stream);
+  // grad_out_rows [N, H] (dL/d out_rows) -> grad_rows [N, H], weight gradients as backward().
+  void backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams> experts, const bf16* grad_out_rows,
+                           bf16* grad_rows, std::span<const ExpertGrads> grads, GradMode mode,
+                           cudaStream_t stream);
+
   // Weights before routing: asks the planner which (expert, helper) pairs this layer's next
   // forward is likely to migrate (Planner::prefetch; nothing unless its knob prefetch = 1) and
   // copies those weights from `experts` (this rank's, as forward takes them) into the helpers'

@@ -152,6 +152,7 @@ int RuntimeState::acquire(int layer_id) {
     h.in_use = true;
     h.generation = next_generation++;
     h.layer_id = layer_id;
+    h.dispatched = false;
     h.mem_tokens = h.mem_plan = nullptr;
     h.bytes_tokens = h.bytes_plan = 0;
     return static_cast<int>(i);

@@ -1,8 +1,6 @@
 // The GPU runtime's host-side step layout (feplb/cuda/host/step_layout.h) and its scheduler thread
 // (job_thread.h), without a GPU: where every row sits on every rank, that the ranks' views agree
 // (what one rank sends is what another expects), capacity errors, and an idle thread's CPU use.
-#include "feplb/cuda/host/step_layout.h"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,6 +12,7 @@
 
 #include "feplb/core/errors.h"
 #include "feplb/cuda/host/job_thread.h"
+#include "feplb/cuda/host/step_layout.h"
 #include "test_util.h"
 
 namespace feplb {

@@ -7,17 +7,19 @@
 // (outputs and gradients are poisoned with NaN first, so an unwritten row fails).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <numeric>
 #include <thread>
 
-#include "bench/harness/local_experts.h"
-#include "bench/harness/trainer.h"
-#include "feplb/cuda/check.h"
-#include "feplb/cuda/nccl_comm.h"
-#include "feplb/dist/launch.h"
 #include "feplb/sim/prior.h"
+#include "feplb/cuda/nccl_comm.h"
+#include "bench/harness/trainer.h"
+#include "feplb/dist/launch.h"
+#include "bench/harness/local_experts.h"
+#include "bench/harness/rank_threads.h"
+#include "feplb/cuda/check.h"
 #include "gpu_test_util.h"
 
 namespace feplb {
@@ -902,6 +904,169 @@ TEST(Layer, NcclTransportWithOneRankMatchesReference) {
   std::vector<testing::RankResult> got(1);
   got[0].out = o;
   expect_matches_reference(got, m, in, top_k, "nccl world 1");
+}
+
+}  // namespace
+}  // namespace feplb
+
+namespace feplb {
+namespace {
+
+// A framework's current stream is often the legacy default stream: the layer runs there too.
+TEST(Layer, RunsOnTheLegacyDefaultStream) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int experts = 8, top_k = 2;
+  Rng rng(31);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(32, 1, experts, top_k, 48, 3.0);
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, experts, top_k, 48, "feplb").runtime;
+  c.training = false;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer layer(rt, {top_k, "default-stream"}, cuda::make_gpu_planner(rt, "feplb"));
+  const auto x16 = testing::to_bf16(in[0].hidden);
+  const auto w16 = testing::to_bf16(testing::local_weights(m, c.topo, 0));
+  cuda::LocalExperts w(experts, kHidden, kFfn, false);
+  cuda::DeviceBuffer<__nv_bfloat16> x(x16.size()), out(x16.size());
+  cuda::DeviceBuffer<int32_t> idx(in[0].topk_idx.size());
+  cuda::DeviceBuffer<float> wt(in[0].topk_weight.size());
+  FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in[0].topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in[0].topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+  layer.forward(w.params(), x.get(), idx.get(), wt.get(), 48, out.get(), nullptr);
+  FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> o16(x16.size());
+  FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+  std::vector<testing::RankResult> got(1);
+  for (uint16_t v : o16) got[0].out.push_back(bf16_to_float(v));
+  expect_matches_reference(got, m, in, top_k, "default stream");
+}
+
+}  // namespace
+}  // namespace feplb
+
+namespace feplb {
+namespace {
+
+// Rows a framework dispatched itself (forward_dispatched / backward_dispatched): each rank's rows
+// grouped by its experts, heavily skewed (rank 0's first expert has most of them), through phase
+// 2 and the GEMMs, against the float64 reference (every row a token routed to its expert alone,
+// weight 1): the output rows, dL/drows and every expert's dL/dW. "feplb-prefetch": a warm-up
+// forward, then prefetch() before the measured one (the same rows: the predictions are used).
+TEST(LayerDispatched, RowsAtHomeMatchTheReference) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, per = experts / ranks;
+  Rng rng(71);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  for (const std::string variant : {"static", "feplb", "feplb-prefetch"}) {
+    const bool prefetch = variant == "feplb-prefetch";
+    const char* policy = variant == "static" ? "static" : "feplb";
+    testing::LayerSetup setup = config_for(ranks, experts, 1, 512, policy);
+    setup.runtime.recv_capacity_rows = 1024;
+    setup.runtime.name = "dispatched." + variant;
+    if (prefetch) {
+      setup.runtime.knobs.prefetch = 1;
+      setup.runtime.knobs.prefetch_window_us = 1e6;
+    }
+    // Rows per local expert on each rank: expert 0 (rank 0) is hot.
+    std::vector<std::vector<int64_t>> counts(ranks, std::vector<int64_t>(per, 0));
+    std::vector<RankInputs> rows(ranks);
+    std::vector<std::vector<float>> grad_out(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      for (int i = 0; i < per; ++i) counts[r][i] = (r == 0 && i == 0) ? 600 : 16 + 7 * i + 3 * r;
+      for (int i = 0; i < per; ++i) {
+        for (int64_t k = 0; k < counts[r][i]; ++k) {
+          rows[r].topk_idx.push_back(r * per + i);
+          rows[r].topk_weight.push_back(1.0f);
+          for (int64_t c = 0; c < kHidden; ++c) {
+            rows[r].hidden.push_back(round_to_bf16(static_cast<float>(rng.normal())));
+            grad_out[r].push_back(round_to_bf16(static_cast<float>(rng.normal())));
+          }
+        }
+      }
+      rows[r].tokens = static_cast<int64_t>(rows[r].topk_idx.size());
+    }
+    std::vector<std::vector<float>> out(ranks), grad_rows(ranks), dw(ranks);
+    std::atomic<int64_t> guests{0}, hits{0};
+    cuda::InProcessGroup group(ranks, 30);
+    cuda::run_rank_threads(ranks, [&](int r) {
+      cuda::RuntimeConfig c = setup.runtime;
+      cuda::EpRuntime rt(c, group.endpoint(r));
+      cuda::MoeLayer layer(rt, {1, "dispatched"}, cuda::make_gpu_planner(rt, policy));
+      cuda::LocalExperts w(per, kHidden, kFfn, true);
+      const auto w16 = testing::to_bf16(testing::local_weights(m, c.topo, r));
+      FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+      FEPLB_CUDA_CHECK(cudaMemset(w.grads(), 0, w.grad_bytes()));
+      const int64_t n = rows[r].tokens;
+      const auto x16 = testing::to_bf16(rows[r].hidden), g16 = testing::to_bf16(grad_out[r]);
+      cuda::DeviceBuffer<__nv_bfloat16> x(x16.size()), g(g16.size()), y(x16.size()), gx(x16.size());
+      FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
+      FEPLB_CUDA_CHECK(cudaMemcpy(g.get(), g16.data(), g16.size() * 2, cudaMemcpyHostToDevice));
+      FEPLB_CUDA_CHECK(cudaMemset(y.get(), 0xff, y.bytes()));
+      FEPLB_CUDA_CHECK(cudaMemset(gx.get(), 0xff, gx.bytes()));
+      cuda::Stream s;
+      if (prefetch) {
+        cuda::MicroBatch warm = layer.forward_dispatched(w.params(), x.get(), counts[r], y.get(), s.get());
+        warm = cuda::MicroBatch();
+        FEPLB_CUDA_CHECK(cudaMemsetAsync(y.get(), 0xff, y.bytes(), s.get()));
+        layer.prefetch(w.params(), s.get());
+      }
+      cuda::MicroBatch mb = layer.forward_dispatched(w.params(), x.get(), counts[r], y.get(), s.get());
+      hits += r == 0 ? mb.stats().prefetch_hits : 0;
+      layer.backward_dispatched(std::move(mb), w.params(), g.get(), gx.get(), w.grad_views(),
+                                cuda::GradMode::kAccumulate, s.get());
+      layer.sync_gradients(s.get());
+      cuda::sync_with_timeout(s.get(), 30, "dispatched");
+      std::vector<uint16_t> h16(static_cast<size_t>(n * kHidden));
+      FEPLB_CUDA_CHECK(cudaMemcpy(h16.data(), y.get(), h16.size() * 2, cudaMemcpyDeviceToHost));
+      for (uint16_t v : h16) out[r].push_back(bf16_to_float(v));
+      FEPLB_CUDA_CHECK(cudaMemcpy(h16.data(), gx.get(), h16.size() * 2, cudaMemcpyDeviceToHost));
+      for (uint16_t v : h16) grad_rows[r].push_back(bf16_to_float(v));
+      dw[r].resize(static_cast<size_t>(w.weight_elems()));
+      FEPLB_CUDA_CHECK(cudaMemcpy(dw[r].data(), w.grads(), dw[r].size() * 4, cudaMemcpyDeviceToHost));
+      guests += layer.last_backward_stats().guest_rows;
+    });
+    for (int r = 0; r < ranks; ++r) {
+      const std::string at = variant + " rank " + std::to_string(r);
+      std::vector<double> go(grad_out[r].begin(), grad_out[r].end());
+      const auto fwd = m.forward(rows[r].hidden, rows[r].topk_idx, rows[r].topk_weight, rows[r].tokens, 1);
+      const auto ref = m.backward(rows[r].hidden, rows[r].topk_idx, rows[r].topk_weight, go, rows[r].tokens, 1);
+      expect_close(out[r], fwd, at + " out rows");
+      expect_close(grad_rows[r], ref.hidden, at + " d rows");
+      const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
+      std::vector<double> dw_ref(ref.weights.begin() + static_cast<std::ptrdiff_t>(r * per * per_expert),
+                                 ref.weights.begin() + static_cast<std::ptrdiff_t>((r + 1) * per * per_expert));
+      expect_close(dw[r], dw_ref, at + " dW");
+    }
+    if (std::string(policy) == "feplb") {
+      EXPECT_GT(guests.load(), 0) << "a hot expert, yet no rank computed guest rows";
+    }
+    if (prefetch) {
+      EXPECT_GT(hits.load(), 0) << "the same rows again, yet no prefetched weights were used";
+    }
+  }
+}
+
+// Rows a framework dispatched are at their experts' homes already: a planner that sends rows
+// straight to helpers (feplb with one_hop = 1) cannot run there, and says so.
+TEST(LayerDispatched, OneHopPlannersAreRefused) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, 4, 1, 8, "feplb").runtime;
+  c.knobs.one_hop = 1;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer layer(rt, {1, "one-hop"}, cuda::make_gpu_planner(rt, "feplb"));
+  cuda::LocalExperts w(4, kHidden, kFfn, true);
+  cuda::Stream s;
+  const std::vector<int64_t> none(4, 0);
+  try {
+    layer.forward_dispatched(w.params(), nullptr, none, nullptr, s.get());
+    ADD_FAILURE() << "forward_dispatched ran a one-hop planner";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("one hop"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ struct MicroBatchState {
   bool in_use = false;
   int layer_id = -1;
   uint32_t forward_seq = 0;
-  int64_t num_tokens = 0;
+  int64_t num_tokens = 0;  // tokens; with dispatched rows, the rows at home
+  bool dispatched = false;  // forward_dispatched: x_home is the caller's rows
   cudaStream_t stream = nullptr;  // the forward's: the memory was allocated on it
   RoutingStep routing;
   Plan plan;
@@ -97,7 +98,7 @@ struct RuntimeState {
   DeviceBuffer<int32_t> counts;                 // [E + 1]: rows per expert, then out-of-range ids
   DeviceBuffer<int32_t> cursor, offsets, order;  // [E]
   DeviceBuffer<int32_t> counts_all;             // [R, E + 1] every rank's counts
-  PinnedBuffer<int32_t> counts_host;            // [R, E + 1]
+  PinnedBuffer<int32_t> counts_host;            // [R, E + 1] (dispatched rows: [R, experts_per_rank])
   std::vector<bf16*> peer_yrecv, peer_guest_in;          // [R] peers' arenas as addressed here
   // Signal slots: [0, R) phase-2 inputs from owner d landed here; [R, 2R) outputs (forward) or dX
   // (backward) back from helper h; [2R, 3R) dW back from helper h; [3R, 4R) helper h's guest
