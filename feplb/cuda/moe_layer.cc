@@ -988,7 +988,8 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts, 
 
 // Guests of a forward: wait (no SM) for each owner's inputs, compute, keep their rows for the
 // backward (training), send the outputs back to their owners' yrecv rows.
-void MoeLayer::Impl::guests_forward(MicroBatchState& h, uint32_t seq, bool settled, cudaStream_t s) {
+void MoeLayer::Impl::guests_forward(MicroBatchState& h, uint32_t seq, bool settled,
+                                    cudaStream_t s) {
   RuntimeState& r = *rt;
   const int64_t H = r.H, F = r.F;
   for (int d = 0; d < r.world; ++d) {
@@ -1020,7 +1021,8 @@ void MoeLayer::Impl::guests_forward(MicroBatchState& h, uint32_t seq, bool settl
 // Guests of a backward: wait for each owner's dY (and weights), dX and dW, send both back (dX
 // into the owner's yrecv, signal R + rank; dW into its staging slots, signal 2R + rank). Returns
 // the copies issued.
-int64_t MoeLayer::Impl::guests_backward(MicroBatchState& h, uint32_t seq, bool settled, cudaStream_t s) {
+int64_t MoeLayer::Impl::guests_backward(MicroBatchState& h, uint32_t seq, bool settled,
+                                        cudaStream_t s) {
   RuntimeState& r = *rt;
   const int64_t H = r.H, F = r.F;
   for (int d = 0; d < r.world; ++d) {
@@ -1115,10 +1117,11 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
   m.validate_experts(experts, 0, "forward_dispatched");
   FEPLB_REQUIRE_INPUT(n == 0 || (rows && out_rows), "forward_dispatched of layer '{}': a null row pointer with {} "
                       "rows", m.cfg.name, n);
-  FEPLB_REQUIRE_INPUT(m.planner->limits().rows_via_homes,
-                      "forward_dispatched of layer '{}': planner '{}' plans rows in one hop (one_hop = 1), which "
-                      "needs the layer's own dispatch (forward())",
-                      m.cfg.name, m.planner->name());
+  FEPLB_REQUIRE_INPUT(
+      m.planner->limits().rows_via_homes,
+      "forward_dispatched of layer '{}': planner '{}' plans rows in one hop (one_hop = 1), which "
+      "needs the layer's own dispatch (forward())",
+      m.cfg.name, m.planner->name());
   CallGuard guard(r, "forward_dispatched");
   const int64_t H = r.H, F = r.F;
   const int L = r.experts_per_rank;

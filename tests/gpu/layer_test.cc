@@ -1008,7 +1008,8 @@ TEST(LayerDispatched, RowsAtHomeMatchTheReference) {
       FEPLB_CUDA_CHECK(cudaMemset(gx.get(), 0xff, gx.bytes()));
       cuda::Stream s;
       if (prefetch) {
-        cuda::MicroBatch warm = layer.forward_dispatched(w.params(), x.get(), counts[r], y.get(), s.get());
+        cuda::MicroBatch warm =
+            layer.forward_dispatched(w.params(), x.get(), counts[r], y.get(), s.get());
         warm = cuda::MicroBatch();
         FEPLB_CUDA_CHECK(cudaMemsetAsync(y.get(), 0xff, y.bytes(), s.get()));
         layer.prefetch(w.params(), s.get());
