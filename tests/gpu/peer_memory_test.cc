@@ -434,6 +434,35 @@ int rank_nccl_transport(const dist::LaunchEnv& env) {
   return 0;
 }
 
+// Rank 1 takes part in sharing NCCL's unique id through the all-gather, then leaves without
+// joining NCCL: rank 0's non-blocking init must end in an Error within its 3 s timeout (the
+// communicator aborted), never a hang. Both ranks on one GPU (only rank 0 initialises NCCL).
+int rank_nccl_peer_never_joins(const dist::LaunchEnv& env) {
+  const dist::AllGatherBlobs gather = dist::tcp_all_gather(env, kRankTimeoutS);
+  if (env.rank == 1) {
+    try {
+      cuda::NcclCommunicator never(env.rank, env.world_size, env.local_rank,
+                                   [&](const std::string& mine) -> std::vector<std::string> {
+                                     gather(mine);  // rank 0 gets its entries
+                                     throw Error("rank 1 leaves before NCCL init");
+                                   });
+    } catch (const Error&) {
+      return 0;
+    }
+    return 1;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    cuda::NcclCommunicator comm(env.rank, env.world_size, env.local_rank, gather, /*timeout_s=*/3);
+  } catch (const Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("rank 0 after %.1f s: %s\n", s, e.what());
+    return std::string(e.what()).find("NCCL init") != std::string::npos && s < 30 ? 0 : 1;
+  }
+  std::fprintf(stderr, "rank 0: NCCL init succeeded without rank 1\n");
+  return 1;
+}
+
 int run_rank(const std::string& which) {
   try {
     const dist::LaunchEnv env = dist::launch_env_from_process();
@@ -446,6 +475,7 @@ int run_rank(const std::string& which) {
     }
     if (which == "ipc_pair") return rank_ipc_pair(env);
     if (which == "nccl_transport") return rank_nccl_transport(env);
+    if (which == "nccl_peer_never_joins") return rank_nccl_peer_never_joins(env);
     const std::string kind = which.substr(0, which.find(':'));
     if (kind == "signals_stress") return rank_signals_stress(env, mechanism_of(which));
     if (kind == "nccl_signals_stress") return rank_nccl_signals_stress(env, mechanism_of(which));
@@ -492,8 +522,9 @@ std::vector<RankOutcome> run_ranks(const std::string& which, int world, const st
     for (char** e = environ; *e; ++e) {
       const std::string kv = *e;
       const std::string key = kv.substr(0, kv.find('='));
-      if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE" ||
-          key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "FEPLB_MP_CASE") {
+      if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" ||
+          key == "LOCAL_WORLD_SIZE" || key == "MASTER_ADDR" || key == "MASTER_PORT" ||
+          key == "FEPLB_RENDEZVOUS_PORT" || key == "FEPLB_MP_CASE") {
         continue;
       }
       env_s.push_back(kv);
@@ -506,6 +537,7 @@ std::vector<RankOutcome> run_ranks(const std::string& which, int world, const st
     env_s.push_back(fmt::format("LOCAL_WORLD_SIZE={}", local_world));
     env_s.push_back("MASTER_ADDR=127.0.0.1");
     env_s.push_back(fmt::format("MASTER_PORT={}", port));
+    env_s.push_back(fmt::format("FEPLB_RENDEZVOUS_PORT={}", port));  // nothing else listens here
     std::vector<char*> envp;
     for (auto& kv : env_s) envp.push_back(kv.data());
     envp.push_back(nullptr);
@@ -607,7 +639,7 @@ TEST(PeerMemoryMp, APeerThatNeverArrivesIsAnErrorNotAHang) {
     dist::LaunchEnv env;
     env.rank = rank;
     env.world_size = 2;
-    env.master_port = free_port();
+    env.rendezvous_port = free_port();
     const auto t0 = std::chrono::steady_clock::now();
     std::string what;
     try {
@@ -618,6 +650,12 @@ TEST(PeerMemoryMp, APeerThatNeverArrivesIsAnErrorNotAHang) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "rank " << rank;
     EXPECT_NE(what.find("rendezvous"), std::string::npos) << "rank " << rank << ": " << what;
   }
+}
+
+TEST(NcclBootstrapMp, APeerThatNeverJoinsNcclIsAnErrorWithinTheTimeout) {
+  std::string why;
+  if (visible_gpus(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
+  expect_all_passed(run_ranks("nccl_peer_never_joins", 2, {0, 0}, /*deadline_s=*/60));
 }
 
 TEST(SignalMechanism, NamesRoundTripAndAnUnknownNameIsAnInputError) {

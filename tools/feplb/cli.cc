@@ -3,15 +3,11 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 
 #include "feplb/core/error.h"
+#include "feplb/sim/data_dir.h"
 #include "feplb/sim/gemm_tables.h"
-
-#ifndef FEPLB_DATA_DIR
-#define FEPLB_DATA_DIR "data"
-#endif
 
 namespace feplb::cli {
 
@@ -47,18 +43,7 @@ ExpertShape resolve_shape(const ShapeFlags& f, const Trace* trace, const std::st
   return shape;
 }
 
-std::string data_dir() {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::is_directory(FEPLB_DATA_DIR, ec)) return FEPLB_DATA_DIR;
-  // A moved build: look next to the binary (build/bin/feplb -> ../../data).
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const fs::path guess = exe.parent_path().parent_path().parent_path() / "data";
-    if (fs::is_directory(guess, ec)) return guess.string();
-  }
-  return FEPLB_DATA_DIR;
-}
+std::string data_path(std::string_view relative) { return find_data(relative); }
 
 void add_cost_flag(CLI::App& cmd, std::string& choice) {
   cmd.add_option(
@@ -68,10 +53,12 @@ void add_cost_flag(CLI::App& cmd, std::string& choice) {
 }
 
 CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs) {
-  return choose_cost_model(choice, shape, knobs, data_dir(), "--cost-model");
+  const bool table_from_data = choice == "auto" || choice.empty();
+  return choose_cost_model(choice, shape, knobs, table_from_data ? find_data_dir("cost") : "",
+                           "--cost-model");
 }
 
-std::string default_trace_path() { return data_dir() + "/traces/default.json"; }
+std::string default_trace_path() { return data_path("traces/default.json"); }
 
 ProgressLine::~ProgressLine() {
   if (printed_) std::fprintf(stderr, "\n");

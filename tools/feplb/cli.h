@@ -30,8 +30,9 @@ ExpertShape resolve_shape(const ShapeFlags& flags, const Trace* trace, const std
 void add_cost_flag(CLI::App& cmd, std::string& choice);
 CostChoice resolve_cost(const std::string& choice, const ExpertShape& shape, const Knobs& knobs);
 
-// The repository's data/ folder (bundled traces and priors).
-std::string data_dir();
+// A file or folder of the bundled data ("priors", "traces/default.json"), looked for where
+// feplb/sim/data_dir.h says; InputError listing the places otherwise.
+std::string data_path(std::string_view relative);
 std::string default_trace_path();
 
 // Prints "label: done/total (pct%)" to stderr at most once a second, and only once the work has

@@ -9,11 +9,11 @@
 #include <sstream>
 
 #include "cli.h"
-#include "feplb/sim/balance.h"
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
-#include "feplb/sim/placement_report.h"
 #include "feplb/core/planners/planner.h"
+#include "feplb/sim/balance.h"
+#include "feplb/sim/placement_report.h"
 #include "feplb/sim/sweep.h"
 
 namespace feplb::cli {
@@ -68,7 +68,8 @@ std::vector<T> parse_list(const std::string& s, const char* flag) {
       } catch (const std::exception&) {
         used = 0;
       }
-      FEPLB_REQUIRE_INPUT(used == item.size() && v >= 1, "{}: '{}' is not a positive integer", flag, item);
+      FEPLB_REQUIRE_INPUT(used == item.size() && v >= 1, "{}: '{}' is not a positive integer", flag,
+                          item);
       out.push_back(v);
     } else if constexpr (std::is_same_v<T, double>) {
       size_t used = 0;
@@ -108,7 +109,7 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
   c.warmup_steps = o.warmup;
   c.sim = o.sweep.sim;
   c.model = o.sweep.model;
-  if (o.cost_model != "roofline") c.cost_dir = data_dir() + "/cost";
+  if (o.cost_model != "roofline") c.cost_dir = data_path("cost");
   if (!o.plots_dir.empty()) {
     FEPLB_REQUIRE_INPUT(fs::is_directory(o.plots_dir, ec), "--plots: {} is not a directory",
                         o.plots_dir);
@@ -179,7 +180,7 @@ std::string given_command(const CLI::App& cmd) {
 
 void run_report(ReportOptions o, const std::string& command) {
   namespace fs = std::filesystem;
-  const std::string dir = o.priors_dir.empty() ? data_dir() + "/priors" : o.priors_dir;
+  const std::string dir = o.priors_dir.empty() ? data_path("priors") : o.priors_dir;
   std::error_code ec;
   FEPLB_REQUIRE_INPUT(fs::is_directory(dir, ec), "--priors: {} is not a directory", dir);
   for (const auto& entry : fs::directory_iterator(dir)) {
@@ -202,8 +203,9 @@ void run_report(ReportOptions o, const std::string& command) {
   o.sweep.ranks = parse_list<int>(o.ranks, "--ranks");
   o.sweep.sim.policies = parse_list<std::string>(o.policies, "--policies");
   for (const std::string& p : o.sweep.sim.policies) {
-    FEPLB_REQUIRE_INPUT(std::find(planner_names().begin(), planner_names().end(), p) != planner_names().end(),
-                        "--policies: unknown policy '{}' (known: {})", p, fmt::join(planner_names(), ", "));
+    FEPLB_REQUIRE_INPUT(
+        std::find(planner_names().begin(), planner_names().end(), p) != planner_names().end(),
+        "--policies: unknown policy '{}' (known: {})", p, fmt::join(planner_names(), ", "));
   }
   o.sweep.sim.warmup_steps = o.warmup;
   o.sweep.sim.shape = resolve_shape(o.shape, nullptr, o.sweep.model);
@@ -212,8 +214,8 @@ void run_report(ReportOptions o, const std::string& command) {
   o.sweep.sim.cost = cost.model.get();
   o.sweep.sim.cost_label = cost.label;
   for (const std::string* out : {&o.out_md, &o.out_json}) {
-    FEPLB_REQUIRE_INPUT(out->empty() || o.force || !fs::exists(*out, ec), "{}: exists; pass --force to overwrite",
-                        *out);
+    FEPLB_REQUIRE_INPUT(out->empty() || o.force || !fs::exists(*out, ec),
+                        "{}: exists; pass --force to overwrite", *out);
   }
   if (o.anchors) {
     run_anchors(o, command);
@@ -235,7 +237,8 @@ void add_report_command(CLI::App& app) {
   auto o = std::make_shared<ReportOptions>();
   o->sweep.workload.num_steps = 16;
   CLI::App* cmd = app.add_subcommand(
-      "report", "Sweep every prior file x EP size x policy and write a Markdown/JSON report (no GPU)");
+      "report",
+      "Sweep every prior file x EP size x policy and write a Markdown/JSON report (no GPU)");
   cmd->add_option("--priors", o->priors_dir, "directory of prior files (default data/priors)");
   cmd->add_flag(
       "--anchors", o->anchors,
@@ -264,16 +267,20 @@ void add_report_command(CLI::App& app) {
       "--placement: 32)");
   cmd->add_option("--plots", o->plots_dir,
                   "--anchors: write the balance-*.svg plots into this directory");
-  cmd->add_option("--experts", o->sweep.num_experts, "experts; priors are widened to it (default 128)");
+  cmd->add_option("--experts", o->sweep.num_experts,
+                  "experts; priors are widened to it (default 128)");
   cmd->add_option("--top-k", o->sweep.top_k, "experts per token (default 8)");
   cmd->add_option("--gpus-per-node", o->sweep.gpus_per_node, "GPUs per NVLink domain (default 8)");
-  cmd->add_option("--tokens-per-rank", o->sweep.workload.tokens_per_rank, "tokens per GPU (default 4096)");
+  cmd->add_option("--tokens-per-rank", o->sweep.workload.tokens_per_rank,
+                  "tokens per GPU (default 4096)");
   cmd->add_option("--steps", o->sweep.workload.num_steps,
                   "measured micro-batches per prior (default 16; --placement: 96)");
   cmd->add_option("--seq-len", o->sweep.workload.seq_len, "tokens per sequence (default 4096)");
-  cmd->add_option("--concentration", o->sweep.workload.concentration, "Dirichlet concentration (default 2000)");
+  cmd->add_option("--concentration", o->sweep.workload.concentration,
+                  "Dirichlet concentration (default 2000)");
   cmd->add_option("--seed", o->sweep.workload.seed, "random seed (default 1)");
-  cmd->add_option("--model", o->sweep.model, "model name, sets the expert shape (default glm5-128e)");
+  cmd->add_option("--model", o->sweep.model,
+                  "model name, sets the expert shape (default glm5-128e)");
   cmd->add_option("--md", o->out_md, "write the Markdown report here (default: stdout)");
   cmd->add_option("--json", o->out_json, "write the JSON results here");
   cmd->add_flag("--force", o->force, "overwrite existing output files");
