@@ -53,6 +53,7 @@ class PlannerWithCost final : public Planner {
   ::feplb::Transport transport() const override { return inner_->transport(); }
   void plan(const RoutingStep& routing, Plan& out) override { inner_->plan(routing, out); }
   void observe(const RoutingStep& routing) override { inner_->observe(routing); }
+  std::span<const Copy> prefetch(int64_t layer) const override { return inner_->prefetch(layer); }
 
  private:
   std::unique_ptr<GemmCostModel> cost_;
