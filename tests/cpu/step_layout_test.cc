@@ -516,9 +516,9 @@ TEST(JobThread, RunsJobsInOrder) {
   for (Ctx& c : ctx) {
     t.post(
         [](void* p) {
-          auto* c = static_cast<Ctx*>(p);
-          c->seen->push_back(c->id);
-          c->done->fetch_add(1);
+          auto* job = static_cast<Ctx*>(p);
+          job->seen->push_back(job->id);
+          job->done->fetch_add(1);
         },
         &c);
   }
