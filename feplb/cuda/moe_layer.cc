@@ -170,6 +170,7 @@ void MoeLayer::Impl::wait_seq(const std::atomic<uint32_t>& seq, uint32_t target,
   const auto deadline = Clock::now() + std::chrono::duration<double>(rt->cfg.timeout_s);
   for (uint64_t spins = 0; seq.load(std::memory_order_acquire) < target; ++spins) {
     if (rt->failed.load(std::memory_order_acquire)) std::rethrow_exception(rt->error);
+    if ((spins & 16383) == 16383) rt->check_peers(what);
     if ((spins & 1023) == 0 && Clock::now() > deadline) {
       throw Error(fmt::format("layer '{}' rank {}: waited {:.0f} s for the scheduler ({})", cfg.name, rt->rank,
                               rt->cfg.timeout_s, what));
@@ -229,6 +230,7 @@ void MoeLayer::Impl::plan_job() {
     const cudaError_t q = cudaEventQuery(r.ev_counts.get());
     if (q == cudaSuccess) break;
     if (q != cudaErrorNotReady) FEPLB_CUDA_CHECK(q);
+    if ((spins & 16383) == 16383) r.check_peers("the counts all-gather");
     if ((spins & 1023) == 0 && Clock::now() > deadline) {
       throw Error(fmt::format("layer '{}' rank {}: counts never reached the host in {:.0f} s (a peer never joined the "
                               "all-gather?)",

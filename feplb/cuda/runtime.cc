@@ -1,8 +1,10 @@
 #include "feplb/cuda/runtime.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "feplb/cuda/check.h"
@@ -137,6 +139,36 @@ RuntimeState::~RuntimeState() {
   FEPLB_CUDA_WARN(cudaStreamSynchronize(copy_out.get()));
 }
 
+void RuntimeState::check_peers(const char* waiting_for) const {
+  const std::string peer = transport.peer_failure();
+  if (!peer.empty()) {
+    throw Error(fmt::format("runtime '{}' rank {}: {} (while waiting for {})", cfg.name, rank, peer,
+                            waiting_for));
+  }
+}
+
+void RuntimeState::sync(cudaStream_t stream, const char* what) const {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.timeout_s);
+  auto next_check = std::chrono::steady_clock::now();
+  for (uint64_t spins = 0;; ++spins) {
+    const cudaError_t err = cudaStreamQuery(stream);
+    if (err == cudaSuccess) return;
+    if (err != cudaErrorNotReady) FEPLB_CUDA_CHECK(err);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_check) {
+      check_peers(what);
+      next_check = now + std::chrono::milliseconds(1);
+    }
+    if (now > deadline) {
+      throw Error(
+          fmt::format("runtime '{}' rank {}: {}: no progress for {:.0f} s (a peer never answered?)",
+                      cfg.name, rank, what, cfg.timeout_s));
+    }
+    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 void RuntimeState::check_usable(const char* who) const {
   if (failed.load(std::memory_order_acquire)) std::rethrow_exception(error);
   if (!open.load(std::memory_order_acquire)) {
@@ -228,6 +260,8 @@ int EpRuntime::micro_batches_in_flight() const {
 }
 
 double EpRuntime::scheduler_cpu_seconds() const { return state_->scheduler.cpu_seconds(); }
+
+void EpRuntime::synchronize(cudaStream_t stream) const { state_->sync(stream, "synchronize"); }
 
 // ---------------------------------------------------------------------------------------------
 

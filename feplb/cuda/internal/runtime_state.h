@@ -67,6 +67,11 @@ struct RuntimeState {
 
   // Throws the scheduler's stored error, or InputError when the runtime was destroyed.
   void check_usable(const char* who) const;
+  // Throws Error naming the failed peer when the transport reports one (Transport::peer_failure),
+  // saying what this rank was waiting for.
+  void check_peers(const char* waiting_for) const;
+  // Waits for `stream`'s work, bounded by the timeout, polling check_peers.
+  void sync(cudaStream_t stream, const char* what) const;
   // A free micro-batch state (InputError when max_in_flight are alive), marked in use by `layer_id`.
   int acquire(int layer_id);
   // Gives the memory of state `slot` back (stream-ordered on `stream`; null: the forward's) and
