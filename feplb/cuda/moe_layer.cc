@@ -134,7 +134,8 @@ struct MoeLayer::Impl {
   std::vector<CeCopy> in_batch, out_batch, pre_batch;
   std::vector<int> pre_slot, pre_next;
   std::vector<Chunk> sends, recvs, back_sends, back_recvs;
-  Clock::time_point t_counts_issued;
+  Clock::time_point t_counts_issued, t_plan_ready;
+  bool first_copy_timed = false;  // forward: t_first_copy was recorded (scheduler thread)
 
   ForwardStats fstats;
   BackwardStats bstats;
@@ -143,6 +144,7 @@ struct MoeLayer::Impl {
   Event ev_grads_done;  // the helpers' weight gradients of the last backward added into the caller's
   Event t_start{true}, t_dispatched{true}, t_static{true}, t_waited{true}, t_guest{true}, t_returned{true},
       t_end{true};
+  Event t_counts{true}, t_first_copy{true};  // counts all-gather done; first phase-2 copy starts
   Event tb_start{true}, tb_dispatched{true}, tb_static{true}, tb_waited{true}, tb_guest{true}, tb_results{true},
       tb_end{true};
 
@@ -205,6 +207,7 @@ void MoeLayer::Impl::start_job(MicroBatchState& h, bool backward, std::span<cons
   job_dy_rows = dy_rows ? dy_rows : rt->dyrecv.get();
   job_runs = backward;  // a forward's job decides once it has the plan
   job_planned = false;
+  if (!backward) first_copy_timed = false;
   job_error.clear();
   job_seq = seq;
   rt->scheduler.post(&Impl::run_job, this);
@@ -299,6 +302,7 @@ void MoeLayer::Impl::plan_job() {
     }
   }
   job_runs = h.layout.fits() && job_error.empty();
+  t_plan_ready = Clock::now();
   if (job_runs) {
     for (const SlotUse& u : h.layout.slot_uses()) {
       r.pool->holder(u.rank, u.slot) = ExpertSlotPool::tag(layer_id, u.expert, job_seq);
@@ -307,7 +311,7 @@ void MoeLayer::Impl::plan_job() {
   h.stats = ForwardStats{};
   h.stats.counts_to_host_us = us_between(t_counts_issued, t_seen);
   h.stats.plan_us = us_between(t0, t1);
-  h.stats.counts_to_first_copy_us = us_between(t_counts_issued, t1);  // refined when a copy is issued
+  h.stats.counts_to_plan_us = us_between(t_seen, t_plan_ready);
   h.stats.exported_rows = h.layout.exported_rows();
   h.stats.guest_rows = h.layout.guest_rows_here();
   for (const GuestWork& g : h.layout.guest_work())
@@ -365,8 +369,13 @@ void MoeLayer::Impl::issue_inputs(bool backward) {
                             static_cast<size_t>(x.rows) * row_bytes});
       }
       if (!backward && issued == 0) {
-        h.stats.counts_to_first_copy_us = us_between(t_counts_issued, Clock::now());
-        h.stats.plan_to_first_copy_us = h.stats.counts_to_first_copy_us - h.stats.counts_to_host_us - h.stats.plan_us;
+        const auto now = Clock::now();
+        h.stats.counts_to_first_copy_us = us_between(t_counts_issued, now);
+        h.stats.plan_to_first_copy_us = us_between(t_plan_ready, now);
+        if (r.cfg.timing) {
+          t_first_copy.record(cs);
+          first_copy_timed = true;
+        }
       }
       ce_copy_and_signal(cs, in_batch, nullptr, 0);
       r.signals->signal(helper, r.rank, seq, cs);
@@ -543,6 +552,8 @@ const ForwardStats& MoeLayer::last_forward_stats() const {
     m.fstats.guest_ms = elapsed_ms(m.t_waited, m.t_guest);
     m.fstats.return_ms = elapsed_ms(m.t_guest, m.t_returned);
     m.fstats.combine_ms = elapsed_ms(m.t_returned, m.t_end);
+    m.fstats.gpu_counts_to_first_copy_ms =
+        m.first_copy_timed ? elapsed_ms(m.t_counts, m.t_first_copy) : 0.0f;
   }
   return m.fstats;
 }
@@ -708,7 +719,8 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   // 2. Every rank's counts (and its out-of-range expert ids), to every rank and to the host; the
   // scheduler plans from them.
   r.transport.all_gather_i32(r.counts.get(), r.counts_all.get(), static_cast<size_t>(r.E + 1), s);
-  if (r.cfg.sync_before_counts) sync_with_timeout(s, r.cfg.timeout_s, "counts all-gather");
+  if (r.cfg.timing) m.t_counts.record(s);
+  if (r.cfg.sync_before_counts) r.sync(s, "the counts all-gather");
   m.t_counts_issued = Clock::now();
   FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts_host.get(), r.counts_all.get(), r.counts_all.bytes(),
                                    cudaMemcpyDeviceToHost, s));
@@ -1151,6 +1163,7 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
   FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts.get(), r.counts_host.get(), static_cast<size_t>(L) * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, s));
   r.transport.all_gather_i32(r.counts.get(), r.counts_all.get(), static_cast<size_t>(L), s);
+  if (r.cfg.timing) m.t_counts.record(s);
   m.t_counts_issued = Clock::now();
   FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts_host.get(), r.counts_all.get(),
                                    static_cast<size_t>(r.world * L) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));

@@ -68,13 +68,20 @@ struct LayerConfig {
   std::string name = "moe";   // for messages
 };
 
-// Host-side measurements of a forward (microseconds, steady clock) and, with the runtime's
-// `timing`, GPU times (ms) on the caller's stream.
+// Host-side measurements of a forward (microseconds, steady clock, taken on the scheduler thread)
+// and, with the runtime's `timing`, GPU times (ms, CUDA events).
 struct ForwardStats {
-  double counts_to_host_us = 0;        // counts D2H issued -> seen by the scheduler
-  double plan_us = 0;                  // planner call
+  double counts_to_host_us = 0;  // counts D2H issued (caller's thread) -> seen by the scheduler
+  double plan_us = 0;            // the planner call alone
+  // Counts seen on the host (the scheduler's poll of the event after their D2H copy succeeds) ->
+  // plan ready (routing assembled, planned, its step layout built and checked).
+  double counts_to_plan_us = 0;
   double plan_to_first_copy_us = 0;    // plan ready -> first phase-2 copy issued (0: no copy)
-  double counts_to_first_copy_us = 0;  // the sum: counts ready -> first copy issued
+  double counts_to_first_copy_us = 0;  // counts D2H issued -> first phase-2 copy issued
+  // With `timing`: the counts all-gather done on the GPU -> the first phase-2 copy starting on the
+  // copy stream (CUDA events on one device; includes the host's planning, as the GPU sees it, and,
+  // on the two-phase path, the wait for phase 1). 0: no copy.
+  float gpu_counts_to_first_copy_ms = 0;
   int64_t copies = 0;                  // phase-2 copy calls this rank issued
   int64_t guest_rows = 0, exported_rows = 0;
   int64_t weight_copies = 0;    // experts' weights this rank copied to helpers in phase 2
