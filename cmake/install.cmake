@@ -16,6 +16,7 @@ set(feplb_public_headers
   feplb/core/expert_shape.h
   feplb/core/knobs.def
   feplb/core/knobs.h
+  feplb/core/limits.h
   feplb/core/metrics.h
   feplb/core/placement.h
   feplb/core/placer.h

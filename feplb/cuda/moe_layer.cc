@@ -50,7 +50,7 @@ class PlannerWithCost final : public Planner {
       : Planner(ctx), cost_(std::move(cost)), inner_(std::move(inner)) {}
   std::string_view name() const override { return inner_->name(); }
   PlanLimits limits() const override { return inner_->limits(); }
-  ::feplb::Transport transport() const override { return inner_->transport(); }
+  DataMovement data_movement() const override { return inner_->data_movement(); }
   void plan(const RoutingStep& routing, Plan& out) override { inner_->plan(routing, out); }
   void observe(const RoutingStep& routing) override { inner_->observe(routing); }
   std::span<const Copy> prefetch(int64_t layer) const override { return inner_->prefetch(layer); }

@@ -26,7 +26,7 @@ std::string stem(const std::string& path) { return std::filesystem::path(path).s
 // Steps of one label, collected over the workloads of a group.
 struct Accumulator {
   std::string label, policy;
-  Transport transport;
+  DataMovement movement;
   bool placed = false, variant = false;
   std::vector<StepMetrics> steps;
 };
@@ -39,7 +39,7 @@ void collect(std::vector<Accumulator>& acc, const std::string& label, const Poli
       return;
     }
   }
-  acc.push_back({label, pr.name, pr.transport, placed, variant, pr.steps});
+  acc.push_back({label, pr.name, pr.movement, placed, variant, pr.steps});
 }
 
 // Simulates `trace` with each layer's homes placed once from the layer's warm-up micro-batches:
@@ -95,7 +95,7 @@ BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<Ac
     BalanceCell c;
     c.label = a.label;
     c.policy = a.policy;
-    c.transport = a.transport;
+    c.movement = a.movement;
     c.placed = a.placed;
     c.variant = a.variant;
     c.summary = summarise_steps(a.steps);
@@ -257,25 +257,6 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
     policies.insert(policies.begin(), "static");
   }
 
-  // EPLB's README example, through the same code the eplb planner uses.
-  {
-    const std::vector<std::vector<double>> weight = {
-        {90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86},
-        {20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27}};
-    eplb::Params p;
-    p.num_experts = 12;
-    p.num_replicas = 16;
-    p.num_groups = 4;
-    p.num_nodes = 2;
-    p.num_gpus = 8;
-    eplb::Workspace ws;
-    for (const auto& w : weight) {
-      eplb::Layout out;
-      eplb::rebalance(w, p, out, ws);
-      result.eplb_readme.push_back(out.phy2log);
-    }
-  }
-
   struct Workload {
     std::string name;
     double skew;  // 0: real prior
@@ -375,7 +356,6 @@ std::string format_balance_json(const BalanceResult& r, const std::string& comma
                    {"policies", c.sim.policies},
                    {"pareto_ranks", c.pareto_ranks},
                    {"variants", variants}};
-  doc["eplb_readme_phy2log"] = r.eplb_readme;
   const auto cells_json = [](const BalanceGroup& g) {
     json cells = json::array();
     for (const BalanceCell& cell : g.cells) {
@@ -385,11 +365,11 @@ std::string format_balance_json(const BalanceResult& r, const std::string& comma
                        {"placed_homes", cell.placed},
                        {"variant", cell.variant},
                        {"transport",
-                        {{"dispatch", cell.transport.dispatch},
-                         {"dispatch_sms", cell.transport.dispatch_sms},
-                         {"balance", cell.transport.balance},
-                         {"balance_sms", cell.transport.balance_sms},
-                         {"balance_every_micro_batch", cell.transport.balance_every_micro_batch}}},
+                        {{"dispatch", cell.movement.dispatch},
+                         {"dispatch_sms", cell.movement.dispatch_sms},
+                         {"balance", cell.movement.balance},
+                         {"balance_sms", cell.movement.balance_sms},
+                         {"balance_every_micro_batch", cell.movement.balance_every_micro_batch}}},
                        {"token_straggler", s.token_straggler},
                        {"token_straggler_p95", s.token_straggler_p95},
                        {"token_straggler_max", cell.max_token_straggler},

@@ -74,7 +74,7 @@ struct BalanceConfig {
 struct BalanceCell {
   std::string label;
   std::string policy;
-  Transport transport;
+  DataMovement movement;
   PolicySummary summary;           // reductions against the group's static
   double max_token_straggler = 0;  // worst step
   double max_token_max_over_mean = 0;
@@ -106,7 +106,6 @@ struct BalanceResult {
   std::vector<BalanceGroup> groups;
   std::vector<BalanceGroup> many_donor;  // per shape, EP size and workload
   std::vector<std::string> many_donor_priors;  // the real priors used there (stems)
-  std::vector<std::vector<int32_t>> eplb_readme;  // EPLB's README example as our rebalance gives it
 
   const BalanceGroup* find(int ranks, double skew) const;
 };
@@ -127,6 +126,8 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress 
 std::string format_balance_markdown(const BalanceResult& result, const std::string& command,
                                     const std::string& plot_dir);
 std::string format_balance_json(const BalanceResult& result, const std::string& command);
+// The file names balance_plots() writes, in its order.
+std::vector<std::string> balance_plot_names();
 // (file name, SVG) pairs: token straggler, GEMM straggler, weight bytes, Pareto, cross-node.
 std::vector<std::pair<std::string, std::string>> balance_plots(const BalanceResult& result);
 

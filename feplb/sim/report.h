@@ -1,5 +1,5 @@
 // Reporters for a SimulationResult: the terminal table, the JSON document (schema in
-// docs/simulate.md) and the SVG picture of per-GPU load before and after each policy.
+// docs/metrics.md) and the SVG picture of per-GPU load before and after each policy.
 #pragma once
 
 #include <string>

@@ -516,9 +516,9 @@ TEST(JobThread, RunsJobsInOrder) {
   for (Ctx& c : ctx) {
     t.post(
         [](void* p) {
-          auto* job = static_cast<Ctx*>(p);
-          job->seen->push_back(job->id);
-          job->done->fetch_add(1);
+          auto* x = static_cast<Ctx*>(p);
+          x->seen->push_back(x->id);
+          x->done->fetch_add(1);
         },
         &c);
   }

@@ -10,7 +10,8 @@
 
 #include "cli.h"
 #include "feplb/core/error.h"
-#include "feplb/core/file_io.h"
+#include "feplb/core/file_output.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/sim/balance.h"
 #include "feplb/sim/placement_report.h"
@@ -22,7 +23,7 @@ namespace {
 constexpr const char* kCorePolicies = "static,feplb-paper,feplb,fastermoe,oracle";
 constexpr int64_t kUnset = std::numeric_limits<int64_t>::min();
 
-struct ReportOptions {
+struct ReportOptions : ModelFlags {
   std::string priors_dir, out_md, out_json, plots_dir;
   std::string ranks;     // default: 2,4,8 (core) or 2,4,8,16 (--anchors)
   std::string policies;  // default: the five core ones, or every planner (--anchors)
@@ -34,9 +35,7 @@ struct ReportOptions {
   bool placement_flags_given = false;  // --walk-forward, --window or --timing-steps
   int64_t walk_forward = 32, window = 32, timing_steps = 1000;
   SweepConfig sweep;
-  ShapeFlags shape;
   bool force = false, quiet = false;
-  std::string cost_model = "auto";
 };
 
 // The Markdown to --md (or stdout) and, when --json is given, the JSON made by `json`.
@@ -44,13 +43,13 @@ template <typename MakeJson>
 void write_outputs(const ReportOptions& o, const std::string& md, const MakeJson& json) {
   if (!o.out_md.empty()) {
     write_file(o.out_md, md, o.force);
-    std::printf("wrote %s\n", o.out_md.c_str());
+    say_wrote(o.out_md);
   } else {
     std::fputs(md.c_str(), stdout);
   }
   if (!o.out_json.empty()) {
     write_file(o.out_json, json(), o.force);
-    std::printf("wrote %s\n", o.out_json.c_str());
+    say_wrote(o.out_json);
   }
 }
 
@@ -110,17 +109,6 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
   c.sim = o.sweep.sim;
   c.model = o.sweep.model;
   if (o.cost_model != "roofline") c.cost_dir = data_path("cost");
-  if (!o.plots_dir.empty()) {
-    FEPLB_REQUIRE_INPUT(fs::is_directory(o.plots_dir, ec), "--plots: {} is not a directory",
-                        o.plots_dir);
-    for (const char* name :
-         {"balance-token-straggler.svg", "balance-gemm-straggler.svg", "balance-weight-bytes.svg",
-          "balance-pareto.svg", "balance-cross-node.svg"}) {
-      const std::string path = (fs::path(o.plots_dir) / name).string();
-      FEPLB_REQUIRE_INPUT(o.force || !fs::exists(path, ec), "{}: exists; pass --force to overwrite",
-                          path);
-    }
-  }
   ProgressLine progress("report", !o.quiet);
   const BalanceResult r = run_balance(c, std::ref(progress));
   std::string plot_dir;
@@ -137,7 +125,7 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
     for (const auto& [name, svg] : balance_plots(r)) {
       const std::string path = (fs::path(o.plots_dir) / name).string();
       write_file(path, svg, o.force);
-      std::printf("wrote %s\n", path.c_str());
+      say_wrote(path);
     }
   }
 }
@@ -196,27 +184,39 @@ void run_report(ReportOptions o, const std::string& command) {
   }
   FEPLB_REQUIRE_INPUT(o.placement || !o.placement_flags_given,
                       "--walk-forward/--window/--timing-steps: only with --placement");
-  FEPLB_REQUIRE_INPUT(o.window >= 1, "--window: {} must be at least 1", o.window);
   if (o.warmup == kUnset) o.warmup = o.anchors ? 16 : o.placement ? 32 : 0;
-  FEPLB_REQUIRE_INPUT(o.warmup >= 0, "--warmup: {} must be at least 0", o.warmup);
   FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || o.anchors, "--plots: only with --anchors");
+  FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || fs::is_directory(o.plots_dir, ec),
+                      "--plots: {} is not a directory", o.plots_dir);
   o.sweep.ranks = parse_list<int>(o.ranks, "--ranks");
-  o.sweep.sim.policies = parse_list<std::string>(o.policies, "--policies");
-  for (const std::string& p : o.sweep.sim.policies) {
-    FEPLB_REQUIRE_INPUT(
-        std::find(planner_names().begin(), planner_names().end(), p) != planner_names().end(),
-        "--policies: unknown policy '{}' (known: {})", p, fmt::join(planner_names(), ", "));
+  for (int r : o.sweep.ranks) {
+    FEPLB_REQUIRE_INPUT(r <= limits::kMaxRanks, "--ranks: {} is outside [1, {}]", r,
+                        limits::kMaxRanks);
   }
+  o.sweep.sim.policies = split_policies(o.policies);
   o.sweep.sim.warmup_steps = o.warmup;
+  o.sweep.sim.knobs = o.knobs;
+  o.sweep.gpus_per_node = o.gpus_per_node;
   o.sweep.sim.shape = resolve_shape(o.shape, nullptr, o.sweep.model);
   validate_knobs(o.sweep.sim.knobs);
+
+  // Every input (the priors, their directory, the cost table) and output, before any work.
+  FileSet files(o.force);
+  files.input_dir("the --priors directory", dir);
+  for (const std::string& p : o.sweep.prior_paths) files.input("a prior file", p);
+  files.input("the --cost-model table", cost_model_path(o.cost_model));
+  files.output("--md", o.out_md);
+  files.output("--json", o.out_json);
+  if (o.anchors && !o.plots_dir.empty()) {
+    for (const std::string& name : balance_plot_names()) {
+      files.output("--plots", (fs::path(o.plots_dir) / name).string());
+    }
+  }
+  files.check();
+
   const CostChoice cost = resolve_cost(o.cost_model, o.sweep.sim.shape, o.sweep.sim.knobs);
   o.sweep.sim.cost = cost.model.get();
   o.sweep.sim.cost_label = cost.label;
-  for (const std::string* out : {&o.out_md, &o.out_json}) {
-    FEPLB_REQUIRE_INPUT(out->empty() || o.force || !fs::exists(*out, ec),
-                        "{}: exists; pass --force to overwrite", *out);
-  }
   if (o.anchors) {
     run_anchors(o, command);
     return;
@@ -247,47 +247,42 @@ void add_report_command(CLI::App& app) {
   cmd->add_flag("--placement", o->placement,
                 "the macro timescale (docs/results/placement.md): walk-forward expert placement "
                 "on real priors at EP=16 (2 nodes) and EP=8, and the placer's timing");
-  cmd->add_option("--walk-forward", o->walk_forward,
-                  "--placement: replan every N micro-batches (default 32)");
-  cmd->add_option("--window", o->window,
-                  "--placement: micro-batches of history per replan (default 32)");
-  cmd->add_option("--timing-steps", o->timing_steps,
-                  "--placement: micro-batches of history the placer is timed on (default 1000)");
+  add_int(*cmd, "--walk-forward", o->walk_forward, 1, limits::kMaxStepId,
+          "--placement: replan every N micro-batches (default 32)");
+  add_int(*cmd, "--window", o->window, 1, limits::kMaxStepId,
+          "--placement: micro-batches of history per replan (default 32)");
+  add_int(*cmd, "--timing-steps", o->timing_steps, 1, limits::kMaxStepId,
+          "--placement: micro-batches of history the placer is timed on (default 1000)");
   cmd->add_option("--ranks", o->ranks,
                   "comma-separated EP sizes (default 2,4,8; --anchors: 2,4,8,16)");
-  cmd->add_option(
-      "--policies", o->policies,
-      "comma-separated policies (default: the five core ones; --anchors: every planner)");
+  add_policies(*cmd, o->policies,
+               "comma-separated policies (default: the five core ones; --anchors: every planner)");
   cmd->add_option(
       "--skews", o->skews,
       "--anchors: lognormal max/mean over experts, comma-separated, or none (default 1.2,2,5,10)");
-  cmd->add_option(
-      "--warmup", o->warmup,
-      "micro-batches of history observed before the measured ones (default 0; --anchors: 16; "
-      "--placement: 32)");
+  add_int(*cmd, "--warmup", o->warmup, 0, limits::kMaxStepId,
+          "micro-batches of history observed before the measured ones (default 0; --anchors: 16; "
+          "--placement: 32)");
   cmd->add_option("--plots", o->plots_dir,
                   "--anchors: write the balance-*.svg plots into this directory");
-  cmd->add_option("--experts", o->sweep.num_experts,
-                  "experts; priors are widened to it (default 128)");
-  cmd->add_option("--top-k", o->sweep.top_k, "experts per token (default 8)");
-  cmd->add_option("--gpus-per-node", o->sweep.gpus_per_node, "GPUs per NVLink domain (default 8)");
-  cmd->add_option("--tokens-per-rank", o->sweep.workload.tokens_per_rank,
-                  "tokens per GPU (default 4096)");
-  cmd->add_option("--steps", o->sweep.workload.num_steps,
-                  "measured micro-batches per prior (default 16; --placement: 96)");
-  cmd->add_option("--seq-len", o->sweep.workload.seq_len, "tokens per sequence (default 4096)");
-  cmd->add_option("--concentration", o->sweep.workload.concentration,
-                  "Dirichlet concentration (default 2000)");
-  cmd->add_option("--seed", o->sweep.workload.seed, "random seed (default 1)");
-  cmd->add_option("--model", o->sweep.model,
-                  "model name, sets the expert shape (default glm5-128e)");
+  add_int(*cmd, "--experts", o->sweep.num_experts, 1, limits::kMaxExperts,
+          "experts; priors are widened to it (default 128)");
+  add_int(*cmd, "--top-k", o->sweep.top_k, 1, limits::kMaxExperts, "experts per token (default 8)");
+  add_int(*cmd, "--tokens-per-rank", o->sweep.workload.tokens_per_rank, 0, int64_t{1} << 24,
+          "tokens per GPU (default 4096)");
+  add_int(*cmd, "--steps", o->sweep.workload.num_steps, 1, limits::kMaxStepId,
+          "measured micro-batches per prior (default 16; --placement: 96)");
+  add_int(*cmd, "--seq-len", o->sweep.workload.seq_len, 1, int64_t{1} << 24,
+          "tokens per sequence (default 4096)");
+  add_real(*cmd, "--concentration", o->sweep.workload.concentration, 0.0, 1e12,
+           "Dirichlet concentration; 0: none (default 2000)");
+  add_int(*cmd, "--seed", o->sweep.workload.seed, "random seed (default 1)");
+  add_model_flag(*cmd, o->sweep.model, "model name (default glm5-128e)");
   cmd->add_option("--md", o->out_md, "write the Markdown report here (default: stdout)");
-  cmd->add_option("--json", o->out_json, "write the JSON results here");
+  cmd->add_option("--json", o->out_json, "write the JSON results here (- for stdout)");
   cmd->add_flag("--force", o->force, "overwrite existing output files");
   cmd->add_flag("--quiet", o->quiet, "no progress lines on stderr");
-  add_cost_flag(*cmd, o->cost_model);
-  add_shape_flags(*cmd, o->shape);
-  add_knob_flags(*cmd, o->sweep.sim.knobs);
+  add_model_flags(*cmd, *o);
   cmd->callback([o, cmd] {
     std::string command = "feplb report";
     o->steps_given = cmd->count("--steps") > 0;
