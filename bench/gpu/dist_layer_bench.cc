@@ -903,6 +903,16 @@ int Bench::run() {
          policies[p], fwd, bwd, total > 0 ? static_total / total : 0.0, quantile_of(ps.token_straggler, 0.5),
          quantile_of(ps.gemm_meas_fwd_ms, 0.5), quantile_of(ps.gemm_pred_ms, 0.5), quantile_of(ps.wait_fwd_ms, 0.5),
          j["ep_overhead_pct"].get<double>(), j["dispatch_combine_pct"].get<double>());
+    if (!ps.counts_to_plan_us.empty()) {
+      const auto q = [](const std::vector<double>& v, double level) {
+        return v.empty() ? 0.0 : quantile_of(v, level);
+      };
+      log0("{:<12} plan latency us: counts -> plan p50 {:.1f} p99 {:.1f}; plan -> first copy p50 "
+           "{:.1f} p99 {:.1f} (host); counts -> first copy on the GPU p50 {:.1f} p99 {:.1f}",
+           policies[p], q(ps.counts_to_plan_us, 0.5), q(ps.counts_to_plan_us, 0.99),
+           q(ps.plan_to_first_copy_us, 0.5), q(ps.plan_to_first_copy_us, 0.99),
+           q(ps.gpu_counts_to_first_copy_us, 0.5), q(ps.gpu_counts_to_first_copy_us, 0.99));
+    }
   }
   pol["fastermoe"] = {
       {"ran_on_gpu", false},
