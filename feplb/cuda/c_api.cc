@@ -471,10 +471,16 @@ int feplb_layer_stats_json(feplb_layer* layer, char* buf, size_t cap, size_t* le
     j["rows_moved"] = moved_rows;
     j["weight_bytes"] = plan.weight_bytes();
     j["token_bytes"] = plan.token_bytes();
-    j["forward"] = {{"counts_to_host_us", f.counts_to_host_us}, {"plan_us", f.plan_us},
-                    {"counts_to_first_copy_us", f.counts_to_first_copy_us}, {"copies", f.copies},
-                    {"guest_rows", f.guest_rows}, {"exported_rows", f.exported_rows},
-                    {"forward_ms", f.forward_ms}, {"copy_wait_ms", f.wait_ms}};
+    j["forward"] = {{"counts_to_host_us", f.counts_to_host_us},
+                    {"plan_us", f.plan_us},
+                    {"counts_to_plan_us", f.counts_to_plan_us},
+                    {"plan_to_first_copy_us", f.plan_to_first_copy_us},
+                    {"counts_to_first_copy_us", f.counts_to_first_copy_us},
+                    {"copies", f.copies},
+                    {"guest_rows", f.guest_rows},
+                    {"exported_rows", f.exported_rows},
+                    {"forward_ms", f.forward_ms},
+                    {"copy_wait_ms", f.wait_ms}};
     j["backward"] = {{"copies", b.copies}, {"weight_recopies", b.weight_recopies}, {"guest_rows", b.guest_rows},
                      {"backward_ms", b.backward_ms}, {"copy_wait_ms", b.wait_ms}};
     write_json(j, buf, cap, len);
