@@ -82,37 +82,7 @@ class DispatchedBackwardArgs(ctypes.Structure):
 
 
 ALLOCATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p)
-DEclass DispatchedForwardArgs(ctypes.Structure):
-    _fields_ = [
-        ("layer", ctypes.c_void_p),
-        ("gate_up", _c_void_p_p),
-        ("down", _c_void_p_p),
-        ("num_experts", ctypes.c_int),
-        ("rows", ctypes.c_void_p),
-        ("rows_per_expert", ctypes.POINTER(ctypes.c_int64)),
-        ("out_rows", ctypes.c_void_p),
-        ("stream", ctypes.c_void_p),
-        ("handle", ctypes.c_int64),
-    ]
-
-
-class DispatchedBackwardArgs(ctypes.Structure):
-    _fields_ = [
-        ("layer", ctypes.c_void_p),
-        ("handle", ctypes.c_int64),
-        ("gate_up", _c_void_p_p),
-        ("down", _c_void_p_p),
-        ("num_experts", ctypes.c_int),
-        ("grad_out_rows", ctypes.c_void_p),
-        ("grad_rows", ctypes.c_void_p),
-        ("grad_gate_up", _c_void_p_p),
-        ("grad_down", _c_void_p_p),
-        ("accumulate", ctypes.c_int),
-        ("stream", ctypes.c_void_p),
-    ]
-
-
-ALLOCATE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p)
+DEALLOCATE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p)
 
 
 class Allocator(ctypes.Structure):
