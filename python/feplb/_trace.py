@@ -50,6 +50,7 @@ class Trace:
         *,
         top_k: int,
         tokens_per_rank: int | None = None,
+        tokens=None,
         model: str = "",
         expert_shape=None,
         step_ids=None,
@@ -66,14 +67,19 @@ class Trace:
         * [steps, layers, ranks, experts]: step_ids label axis 0 (default 0, 1, ...), layer_ids
           axis 1 (default 0, 1, ...).
 
-        top_k: experts per token. tokens_per_rank: tokens per rank per micro-batch; default: each
-        row's sum / top_k, which must then be the same for every rank and step. model: free text
-        (a known prefix such as 'glm5' gives the expert shape); expert_shape: feplb.ExpertShape or
-        a model name, stored in the trace. generator: a JSON object kept as provenance.
+        top_k: experts per token. tokens: the tokens each rank had, shaped like counts without
+        the experts axis ([ranks], [steps, ranks] or [steps, layers, ranks]); a rank that routed
+        fewer than tokens * top_k rows dropped the rest (a capacity factor). tokens_per_rank:
+        the trace's tokens per rank per micro-batch (at least every entry of tokens); without
+        tokens, every rank had that many. With neither, each rank had its row's sum / top_k
+        tokens (which must divide: dropped rows need a token count) and tokens_per_rank is the
+        largest. Ranks and steps with other token counts, or with dropped rows, are stored with
+        their own "tokens" and "dropped" (docs/trace-format.md). model: free text (a known
+        prefix such as 'glm5' gives the expert shape); expert_shape: feplb.ExpertShape or a model
+        name, stored in the trace. generator: a JSON object kept as provenance.
 
-        feplb-trace-v1 needs every rank of every step to route exactly tokens_per_rank * top_k
-        rows, at most tokens_per_rank to one expert: ranks with different token counts, and
-        tokens dropped by a capacity factor, are refused with a ValueError naming the entry.
+        No expert may get more rows than its rank's tokens (a token picks top_k distinct
+        experts); a ValueError names the entry otherwise.
         """
         top_k = _args.integer(top_k, "top_k", 1)
         if tokens_per_rank is not None:
@@ -92,6 +98,22 @@ class Trace:
             raise ValueError(f"generator: not JSON ({e})") from None
 
         entries, steps, layers = _entries(counts, step_ids, layer_ids)
+        if tokens is not None:
+            tok = np.asarray(tokens)
+            axes = {1: "ranks", 2: "steps, ranks", 3: "steps, layers, ranks"}.get(tok.ndim)
+            if axes is None:
+                raise ValueError(
+                    "tokens: expected [ranks], [steps, ranks] or [steps, layers, ranks], got "
+                    f"shape {tok.shape}"
+                )
+            tokens = _args.int_array(tok, "tokens", axes)
+            want = (entries.shape[0], entries.shape[1])
+            if tokens.shape[-1] != want[1] or tokens.size != want[0] * want[1]:
+                raise ValueError(
+                    f"tokens: shape {tokens.shape}, expected counts' shape without the experts "
+                    f"axis ({want[0]} entries x {want[1]} ranks in all)"
+                )
+            tokens = np.ascontiguousarray(tokens.reshape(want))
         return Trace(
             _feplb.Trace.from_arrays(
                 entries,
@@ -99,6 +121,7 @@ class Trace:
                 layers,
                 top_k,
                 tokens_per_rank,
+                tokens,
                 model,
                 expert_shape,
                 generator_json,

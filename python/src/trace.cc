@@ -2,6 +2,7 @@
 // from a framework's routing counts (from_arrays, behind feplb.Trace.from_counts).
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -9,6 +10,7 @@
 
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/trace_io.h"
 #include "python/src/bindings.h"
@@ -16,18 +18,25 @@
 namespace feplb::python {
 namespace {
 
-// The trace reader's limits (feplb/core/trace_io.cc), so that what from_arrays builds loads back.
-constexpr int64_t kMaxRanks = 1 << 14;
-constexpr int64_t kMaxExperts = 1 << 16;
-constexpr int64_t kMaxTokensPerRank = int64_t{1} << 32;
-constexpr int64_t kMaxId = std::numeric_limits<int32_t>::max();
+using limits::kMaxExperts;
+using limits::kMaxRanks;
+using limits::kMaxStepId;
+using limits::kMaxTokensPerRank;
 
-// Tokens each rank routed in each entry, [N, R]: tokens_per_rank when given, else each row's sum
-// over top_k (InputError when a row sum is not a multiple of top_k).
-std::vector<int64_t> rank_tokens(const Int64Array& counts, int top_k,
-                                 std::optional<int64_t> tokens_per_rank) {
+// The tokens each rank had in each entry, [N, R], and the token-expert rows it dropped: `tokens`
+// when given (rows below tokens * top_k were dropped, a capacity factor); else tokens_per_rank for
+// every rank (the same); else each row's sum / top_k, which must then divide (without a token
+// count, a dropped row cannot be told from a missing token).
+struct RankTokens {
+  std::vector<int64_t> tokens, dropped;  // [N * R]
+};
+
+RankTokens rank_tokens(const Int64Array& counts, int top_k, const std::optional<Int64Array>& given,
+                       std::optional<int64_t> tokens_per_rank) {
   const auto N = counts.shape(0), R = counts.shape(1), E = counts.shape(2);
-  std::vector<int64_t> tokens(static_cast<size_t>(N * R));
+  RankTokens out;
+  out.tokens.resize(static_cast<size_t>(N * R));
+  out.dropped.resize(static_cast<size_t>(N * R));
   const int64_t* c = counts.data();
   for (py::ssize_t i = 0; i < N; ++i) {
     for (py::ssize_t r = 0; r < R; ++r) {
@@ -39,42 +48,37 @@ std::vector<int64_t> rank_tokens(const Int64Array& counts, int top_k,
                             i, r, e, v, kMaxTokensPerRank);
         sum += v;
       }
-      if (tokens_per_rank) {
-        FEPLB_REQUIRE_INPUT(sum == *tokens_per_rank * top_k,
-                            "counts[{}][{}]: sums to {}, expected tokens_per_rank * top_k = {}; "
-                            "feplb-trace-v1 holds every rank's full top_k rows per token (no "
-                            "dropped tokens)",
+      const size_t k = static_cast<size_t>(i * R + r);
+      if (given) {
+        const int64_t t = given->data()[i * R + r];
+        FEPLB_REQUIRE_INPUT(t <= kMaxTokensPerRank, "tokens[{}][{}]: {} is above {}", i, r, t,
+                            kMaxTokensPerRank);
+        FEPLB_REQUIRE_INPUT(sum <= t * top_k,
+                            "counts[{}][{}]: sums to {}, more than tokens[{}][{}] * top_k = {}", i,
+                            r, sum, i, r, t * top_k);
+        out.tokens[k] = t;
+      } else if (tokens_per_rank) {
+        FEPLB_REQUIRE_INPUT(sum <= *tokens_per_rank * top_k,
+                            "counts[{}][{}]: sums to {}, more than tokens_per_rank * top_k = {}",
                             i, r, sum, *tokens_per_rank * top_k);
+        out.tokens[k] = *tokens_per_rank;
       } else {
         FEPLB_REQUIRE_INPUT(sum % top_k == 0,
-                            "counts[{}][{}]: sums to {}, not a multiple of top_k = {} (dropped "
-                            "tokens are not representable in feplb-trace-v1)",
+                            "counts[{}][{}]: sums to {}, not a multiple of top_k = {}; give "
+                            "tokens (per rank and step) or tokens_per_rank when rows were dropped",
                             i, r, sum, top_k);
+        out.tokens[k] = sum / top_k;
       }
-      tokens[static_cast<size_t>(i * R + r)] = tokens_per_rank ? *tokens_per_rank : sum / top_k;
+      out.dropped[k] = out.tokens[k] * top_k - sum;
     }
   }
-  return tokens;
-}
-
-// What feplb-trace-v1 can hold of the per-rank token counts: one count for every rank of every
-// step. Returns it; InputError naming the first rank that differs. (A format with per-rank token
-// counts would store `tokens` instead of collapsing it here.)
-int64_t uniform_tokens(const std::vector<int64_t>& tokens, py::ssize_t R) {
-  for (size_t k = 1; k < tokens.size(); ++k) {
-    const auto i = static_cast<py::ssize_t>(k) / R, r = static_cast<py::ssize_t>(k) % R;
-    FEPLB_REQUIRE_INPUT(tokens[k] == tokens[0],
-                        "counts[{}][{}]: routes {} tokens (its sum over top_k), counts[0][0] "
-                        "routes {}; feplb-trace-v1 needs the same tokens_per_rank on every rank "
-                        "of every step (ranks with different token counts are not representable)",
-                        i, r, tokens[k], tokens[0]);
-  }
-  return tokens.empty() ? 0 : tokens[0];
+  return out;
 }
 
 PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
                     const Int64Array& layer_ids, int64_t top_k,
-                    std::optional<int64_t> tokens_per_rank, const std::string& model,
+                    std::optional<int64_t> tokens_per_rank,
+                    const std::optional<Int64Array>& tokens, const std::string& model,
                     std::optional<ExpertShape> shape, const std::string& generator_json) {
   FEPLB_REQUIRE_INPUT(counts.ndim() == 3, "counts: expected [steps, ranks, experts], got {} axes",
                       counts.ndim());
@@ -97,7 +101,8 @@ PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
                             shape->ffn <= (1 << 20),
                         "expert_shape: hidden and ffn must be in 1..{}", 1 << 20);
   }
-  const std::vector<int64_t> tokens = rank_tokens(counts, static_cast<int>(top_k), tokens_per_rank);
+  if (tokens) require_counts(*tokens, "tokens", {N, R}, "(steps, ranks)");
+  const RankTokens rt = rank_tokens(counts, static_cast<int>(top_k), tokens, tokens_per_rank);
 
   PyTrace out;
   Trace& t = out.trace;
@@ -105,30 +110,44 @@ PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
   t.num_experts = static_cast<int>(E);
   t.num_ranks = static_cast<int>(R);
   t.top_k = static_cast<int>(top_k);
-  t.tokens_per_rank = uniform_tokens(tokens, R);
-  FEPLB_REQUIRE_INPUT(t.tokens_per_rank <= kMaxTokensPerRank,
-                      "counts: {} tokens per rank, at most {}", t.tokens_per_rank,
-                      kMaxTokensPerRank);
+  // tokens_per_rank as given, else the most any rank had; ranks and steps with fewer tokens, or
+  // with dropped rows, carry their own "tokens" and "dropped" (docs/trace-format.md).
+  t.tokens_per_rank = tokens_per_rank ? *tokens_per_rank
+                                      : *std::max_element(rt.tokens.begin(), rt.tokens.end());
   t.expert_shape = shape;
   t.generator_json = generator_json;
   std::set<std::pair<int64_t, int64_t>> seen;
   const int64_t* c = counts.data();
   for (py::ssize_t i = 0; i < N; ++i) {
     const int64_t step = step_ids.data()[i], layer = layer_ids.data()[i];
-    FEPLB_REQUIRE_INPUT(step <= kMaxId, "step_ids[{}]: {} is above {}", i, step, kMaxId);
-    FEPLB_REQUIRE_INPUT(layer <= kMaxId, "layer_ids[{}]: {} is above {}", i, layer, kMaxId);
+    FEPLB_REQUIRE_INPUT(step <= kMaxStepId, "step_ids[{}]: {} is above {}", i, step, kMaxStepId);
+    FEPLB_REQUIRE_INPUT(layer <= kMaxStepId, "layer_ids[{}]: {} is above {}", i, layer, kMaxStepId);
     FEPLB_REQUIRE_INPUT(seen.emplace(step, layer).second,
                         "step_ids/layer_ids[{}]: step {} layer {} appears twice", i, step, layer);
     RoutingStep s(step, layer, static_cast<int>(R), static_cast<int>(E));
+    bool uniform = true;
     for (py::ssize_t r = 0; r < R; ++r) {
+      const size_t k = static_cast<size_t>(i * R + r);
+      const int64_t rank_tokens = rt.tokens[k];
+      FEPLB_REQUIRE_INPUT(rank_tokens <= t.tokens_per_rank,
+                          "tokens[{}][{}]: {} is above tokens_per_rank = {}", i, r, rank_tokens,
+                          t.tokens_per_rank);
+      uniform = uniform && rank_tokens == t.tokens_per_rank && rt.dropped[k] == 0;
       for (py::ssize_t e = 0; e < E; ++e) {
         const int64_t v = c[(i * R + r) * E + e];
         // A token picks top_k distinct experts: no expert gets more rows than the rank's tokens.
-        FEPLB_REQUIRE_INPUT(v <= t.tokens_per_rank,
+        FEPLB_REQUIRE_INPUT(v <= rank_tokens,
                             "counts[{}][{}][{}]: {} rows exceed the rank's {} tokens (a token "
                             "picks top_k distinct experts)",
-                            i, r, e, v, t.tokens_per_rank);
+                            i, r, e, v, rank_tokens);
         s.at(static_cast<int>(r), static_cast<int>(e)) = v;
+      }
+    }
+    if (!uniform) {
+      s.tokens.assign(rt.tokens.begin() + i * R, rt.tokens.begin() + (i + 1) * R);
+      s.dropped.assign(rt.dropped.begin() + i * R, rt.dropped.begin() + (i + 1) * R);
+      if (std::all_of(s.dropped.begin(), s.dropped.end(), [](int64_t d) { return d == 0; })) {
+        s.dropped.clear();
       }
     }
     s.sum_experts();
@@ -169,7 +188,7 @@ void bind_trace(py::module_& m) {
           py::arg("text"))
       .def_static("from_arrays", &from_arrays, py::arg("counts"), py::arg("step_ids"),
                   py::arg("layer_ids"), py::arg("top_k"), py::arg("tokens_per_rank"),
-                  py::arg("model"), py::arg("expert_shape"), py::arg("generator_json"))
+                  py::arg("tokens"), py::arg("model"), py::arg("expert_shape"), py::arg("generator_json"))
       .def(
           "save",
           [](const PyTrace& t, const std::string& path, bool overwrite) {

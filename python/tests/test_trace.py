@@ -103,20 +103,42 @@ def test_from_counts_replays_in_the_simulator(rng):
     assert r["policies"]["feplb"]["token_straggler"] < 0.3 * expected
 
 
-def test_from_counts_refuses_what_the_format_cannot_hold(rng):
+def test_from_counts_uneven_tokens_and_dropped_rows(rng, tmp_path):
     c = routed_counts(rng, 4, 16, 256, 2)
     uneven = c.copy()
     uneven[3, :] = routed_counts(rng, 1, 16, 200, 2)[0]  # rank 3 routed fewer tokens
-    with pytest.raises(ValueError, match=r"counts\[0\]\[3\]: routes 200 tokens .* counts\[0\]\[0\] "
-                                         r"routes 256; .*different token counts"):
-        feplb.Trace.from_counts(uneven, top_k=2)
+    t = feplb.Trace.from_counts(uneven, top_k=2)
+    assert t.tokens_per_rank == 256  # the most any rank had
+    step = json.loads(t.to_json())["steps"][0]
+    assert step["tokens"] == [256, 256, 256, 200] and "dropped" not in step
+    t.save(tmp_path / "uneven.json")
+    back = feplb.Trace.load(tmp_path / "uneven.json")  # the file reader accepts it
+    np.testing.assert_array_equal(back.counts[0], uneven)
+    assert json.loads(back.to_json())["steps"][0]["tokens"] == [256, 256, 256, 200]
+
     dropped = c.copy()
     dropped[1, np.argmax(dropped[1])] -= 1  # one token-expert row dropped (capacity factor)
-    with pytest.raises(ValueError, match=r"counts\[0\]\[1\]: sums to 511, not a multiple of top_k"):
+    # Without a token count, a dropped row cannot be told from a missing token.
+    with pytest.raises(ValueError, match=r"counts\[0\]\[1\]: sums to 511, not a multiple of "
+                                         r"top_k = 2; give tokens"):
         feplb.Trace.from_counts(dropped, top_k=2)
-    with pytest.raises(ValueError, match=r"counts\[0\]\[1\]: sums to 511, expected tokens_per_rank "
-                                         r"\* top_k = 512.*dropped"):
-        feplb.Trace.from_counts(dropped, top_k=2, tokens_per_rank=256)
+    d = feplb.Trace.from_counts(dropped, top_k=2, tokens_per_rank=256)
+    step = json.loads(d.to_json())["steps"][0]
+    assert step["tokens"] == [256] * 4 and step["dropped"] == [0, 1, 0, 0]
+    e = feplb.Trace.from_counts(dropped, top_k=2, tokens=[256, 256, 256, 256])
+    assert json.loads(e.to_json())["steps"][0]["dropped"] == [0, 1, 0, 0]
+    # A uniform trace stores no per-rank fields.
+    assert "tokens" not in json.loads(feplb.Trace.from_counts(c, top_k=2).to_json())["steps"][0]
+    with pytest.raises(ValueError, match=r"counts\[0\]\[0\]: sums to 512, more than "
+                                         r"tokens_per_rank \* top_k = 500"):
+        feplb.Trace.from_counts(c, top_k=2, tokens_per_rank=250)
+    with pytest.raises(ValueError, match=r"counts\[0\]\[2\]: sums to 512, more than "
+                                         r"tokens\[0\]\[2\] \* top_k = 400"):
+        feplb.Trace.from_counts(c, top_k=2, tokens=[256, 256, 200, 256])
+    with pytest.raises(ValueError, match=r"tokens\[0\]\[0\]: 300 is above tokens_per_rank = 256"):
+        feplb.Trace.from_counts(c, top_k=2, tokens=[300, 256, 256, 256], tokens_per_rank=256)
+    with pytest.raises(ValueError, match=r"tokens: shape \(3,\)"):
+        feplb.Trace.from_counts(c, top_k=2, tokens=[256, 256, 256])
     hot = np.array([[20, 0, 0, 0], [10, 10, 0, 0]])  # 10 tokens, top-2: 20 rows on one expert
     with pytest.raises(ValueError, match=r"counts\[0\]\[0\]\[0\]: 20 rows exceed the rank's 10"):
         feplb.Trace.from_counts(hot, top_k=2)
