@@ -51,7 +51,12 @@ constexpr int kMaxMisses = 8;
 
 class FeplbPlanner final : public Planner {
  public:
-  using Planner::Planner;
+  explicit FeplbPlanner(const PlannerContext& ctx)
+      : Planner(ctx),
+        weight_ms_(static_cast<double>(ctx.shape.weight_bytes()) / (ctx.knobs.copy_gbps * 1e9) *
+                   1e3),
+        row_ms_(static_cast<double>(ctx.shape.row_bytes()) / (ctx.knobs.copy_gbps * 1e9) * 1e3),
+        setup_ms_(ctx.knobs.copy_setup_us * 1e-3) {}
   std::string_view name() const override { return "feplb"; }
   // One hop (one_hop = 1) dispatches migrated rows straight to their helpers.
   PlanLimits limits() const override {
@@ -110,16 +115,17 @@ class FeplbPlanner final : public Planner {
       // The receivers' tree lays the domain's GPUs out by their window (the GEMM time of their
       // own work), shortest first; without copy timing, by load.
       by_window_.resize(static_cast<size_t>(n));
-      for (int i = 0; i < n; ++i) by_window_[i] = first + i;
-      std::sort(by_window_.begin(), by_window_.end(), [&](int a, int b) {
-        if (home_ms_[a] != home_ms_[b]) return home_ms_[a] < home_ms_[b];
-        return load_[a] != load_[b] ? load_[a] < load_[b] : a < b;
+      for (int i = 0; i < n; ++i)
+        by_window_[i] = {home_ms_[first + i], load_[first + i], first + i};
+      std::sort(by_window_.begin(), by_window_.end(), [](const WindowKey& a, const WindowKey& b) {
+        if (a.home_ms != b.home_ms) return a.home_ms < b.home_ms;
+        return a.load != b.load ? a.load < b.load : a.gpu < b.gpu;
       });
       window_at_.resize(static_cast<size_t>(n));
       donors_.clear();
       tree_.reset(n, k.copy_timing >= 2);
       for (int i = 0; i < n; ++i) {
-        const int g = by_window_[i];
+        const int g = by_window_[i].gpu;
         if (load_[g] > cap) donors_.push_back(g);
         leaf_of_[g] = i;
         window_at_[i] = home_ms_[g];
@@ -348,11 +354,8 @@ class FeplbPlanner final : public Planner {
   // Time the phase-2 copies of one migration take on the links (0: none needed).
   double copy_ms(int64_t rows, bool weights) const {
     const bool row_copy = !ctx_.knobs.one_hop;
-    const int copies = (weights ? 1 : 0) + (row_copy ? 1 : 0);
-    if (copies == 0) return 0.0;
-    const double bytes = static_cast<double>((weights ? ctx_.shape.weight_bytes() : 0) +
-                                             (row_copy ? rows * ctx_.shape.row_bytes() : 0));
-    return bytes / (ctx_.knobs.copy_gbps * 1e9) * 1e3 + copies * ctx_.knobs.copy_setup_us * 1e-3;
+    return (weights ? weight_ms_ + setup_ms_ : 0.0) +
+           (row_copy ? static_cast<double>(rows) * row_ms_ + setup_ms_ : 0.0);
   }
 
   int64_t remaining(int e) const { return (*rows_)[e] - moved_[e]; }
@@ -450,12 +453,11 @@ class FeplbPlanner final : public Planner {
   // of a minimum slice does. Appends it to receivers_ and sets it aside; false if none.
   bool next_receiver(int e, int d, int64_t target, int64_t tol, bool gather) {
     const Knobs& k = ctx_.knobs;
-    const double row_ms = static_cast<double>(ctx_.shape.row_bytes()) / (k.copy_gbps * 1e9) * 1e3;
     ReceiverTree::Need need;
     need.timing = static_cast<int>(k.copy_timing);
     need.out_ms = out_ms_[d];
     need.fixed_ms = copy_ms(0, true);
-    need.per_row_ms = k.one_hop ? 0.0 : row_ms;
+    need.per_row_ms = k.one_hop ? 0.0 : row_ms_;
     need.rows = std::min(remaining(e), load_[d] - target + tol);
     need.finish_by_ms = k.copy_timing == 3 ? finish_by_ms_ : home_ms_[d];
     need.skip = excluded_.data();
@@ -558,6 +560,7 @@ class FeplbPlanner final : public Planner {
   }
 
  private:
+  const double weight_ms_, row_ms_, setup_ms_;  // copy times: one expert's weights, one row, setup
   const std::vector<int64_t>* rows_ = nullptr;  // this step's expert_counts
   std::vector<int64_t> load_, moved_;
   std::vector<int64_t> guests_;
@@ -571,9 +574,15 @@ class FeplbPlanner final : public Planner {
   double finish_by_ms_ = 0;    // copy_timing = 3: late receivers finish by this
   std::vector<double> window_at_;  // the domain's home_ms_ by tree position, when it was built
   ReceiverTree tree_;              // the domain's receivers
-  std::vector<int> by_window_, leaf_of_;  // the domain's GPUs by load; [num_ranks] tree leaf
-  std::vector<uint8_t> excluded_;         // [num_ranks] 1: passed over, 2: out of the tree
-                                          // [num_ranks] set aside for the expert being spilled
+  struct WindowKey {
+    double home_ms;
+    int64_t load;
+    int gpu;
+  };
+  std::vector<WindowKey> by_window_;
+  std::vector<int> leaf_of_;       // the domain's GPUs by load; [num_ranks] tree leaf
+  std::vector<uint8_t> excluded_;  // [num_ranks] 1: passed over, 2: out of the tree
+                                   // [num_ranks] set aside for the expert being spilled
   std::vector<int> excluded_list_;
   // Prefetch: per layer history and prediction; this plan's prefetches by expert.
   std::vector<LayerPrefetch> layers_;

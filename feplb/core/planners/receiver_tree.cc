@@ -24,12 +24,13 @@ void ReceiverTree::put(int pos, int gpu, bool eligible, const Leaf& leaf) {
   leaves_[static_cast<size_t>(pos)] = leaf;
   if (!eligible) {
     hot_[i] = Hot{};
-    late_[i] = Late{};
+    if (late_ok_) late_[i] = Late{};
     return;
   }
   hot_[i] = {static_cast<uint64_t>(leaf.load) << kGpuBits | static_cast<uint64_t>(gpu),
              leaf.home_ms - leaf.in_ms};
-  late_[i] = {leaf.home_ms + leaf.guest_ms, leaf.in_ms + leaf.guest_ms, leaf.guest_ms};
+  if (late_ok_)
+    late_[i] = {leaf.home_ms + leaf.guest_ms, leaf.in_ms + leaf.guest_ms, leaf.guest_ms};
 }
 
 void ReceiverTree::pull(size_t i) {
@@ -90,7 +91,8 @@ int ReceiverTree::search(const Need& need, int from, bool late) const {
   });
   uint64_t best = kNone;
   for (int piece : pieces_) {
-    if (hot_[static_cast<size_t>(piece)].key >= best) break;  // this and the rest are heavier
+    const uint64_t least = hot_[static_cast<size_t>(piece)].key;
+    if (least >= best) break;  // this and the rest are heavier
     stack_.clear();
     stack_.push_back(piece);
     while (!stack_.empty()) {
@@ -99,6 +101,7 @@ int ReceiverTree::search(const Need& need, int from, bool late) const {
       if (hot_[i].key >= best || !may_hold(i)) continue;
       if (i >= static_cast<size_t>(size_)) {
         if (accepts(i)) best = hot_[i].key;
+        if (best == least) break;  // the least loaded of this piece, so of all that are left
         continue;
       }
       const bool left_first = hot_[2 * i].key < hot_[2 * i + 1].key;
