@@ -455,18 +455,32 @@ class FeplbPlanner final : public Planner {
     const Knobs& k = ctx_.knobs;
     ReceiverTree::Need need;
     need.timing = static_cast<int>(k.copy_timing);
-    need.out_ms = out_ms_[d];
+    // Gathering, the copies to the receivers found so far are queued on d's egress first.
+    need.out_ms = gather ? gather_out_ms_ : out_ms_[d];
     need.fixed_ms = copy_ms(0, true);
     need.per_row_ms = k.one_hop ? 0.0 : row_ms_;
     need.rows = std::min(remaining(e), load_[d] - target + tol);
     need.finish_by_ms = k.copy_timing == 3 ? finish_by_ms_ : home_ms_[d];
     need.skip = excluded_.data();
+    // First a receiver whose copy of all it would take (up to the target) lands in time, so that a
+    // donor whose egress is busy fills receivers with long windows instead of using up a short
+    // window with a cut slice; failing that, one whose copy of a minimum slice does.
+    need.fill_to = target;
+    need.min_rows = k.min_slice_rows;
+    need.reserve_ms = copy_ms(k.min_slice_rows, true);
     int h = tree_.find(need, first_with_window(need));
     if (h < 0 && need.per_row_ms > 0 && need.rows > k.min_slice_rows) {
+      need.fill_to = 0;
+      need.reserve_ms = 0;
       need.rows = k.min_slice_rows;
       h = tree_.find(need, first_with_window(need));
     }
     if (h < 0) return false;
+    if (gather) {
+      const int64_t rows = std::min(gather_rows_, std::max<int64_t>(0, target - load_[h]));
+      gather_rows_ -= rows;
+      gather_out_ms_ = std::max(gather_out_ms_, in_ms_[h]) + copy_ms(rows, !prefetched(e, h));
+    }
     exclude(h, gather);
     receivers_.push_back(h);
     return true;
@@ -475,7 +489,8 @@ class FeplbPlanner final : public Planner {
   // The first position in the receivers' tree whose window (at the start of the domain's plan)
   // could hide the copy `need` describes: no receiver before it can.
   int first_with_window(const ReceiverTree::Need& need) const {
-    const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(need.rows);
+    const int64_t rows = need.fill_to > 0 ? std::min(need.rows, need.min_rows) : need.rows;
+    const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(rows);
     return static_cast<int>(
         std::lower_bound(window_at_.begin(), window_at_.end(), need.out_ms + t) -
         window_at_.begin());
@@ -507,6 +522,8 @@ class FeplbPlanner final : public Planner {
     int64_t level = target;
     if (remaining(e) + rest_rows < load_[d] - target) {
       // d cannot reach the target: level it with e's helpers, gathered first.
+      gather_out_ms_ = out_ms_[d];
+      gather_rows_ = std::min(remaining(e), load_[d] - target);
       while (static_cast<int>(receivers_.size()) < allowed &&
              next_receiver(e, d, target, tol, true)) {
       }
@@ -572,6 +589,10 @@ class FeplbPlanner final : public Planner {
   double late_finish_ms_ = 0;  // copy_timing 2: when the donor's late receivers finish, at most //
                                // the domain being balanced
   double finish_by_ms_ = 0;    // copy_timing = 3: late receivers finish by this
+  // Gathering helpers for a hot expert: when d's egress is free after the copies to those found so
+  // far, and the rows not yet assigned to them.
+  double gather_out_ms_ = 0;
+  int64_t gather_rows_ = 0;
   std::vector<double> window_at_;  // the domain's home_ms_ by tree position, when it was built
   ReceiverTree tree_;              // the domain's receivers
   struct WindowKey {

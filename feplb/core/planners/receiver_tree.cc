@@ -61,7 +61,18 @@ int ReceiverTree::find(const Need& need, int from) const {
 // the best receiver found so far or no receiver in it can accept the copy (bounds from its
 // aggregates: the largest slack; the least queued work).
 int ReceiverTree::search(const Need& need, int from, bool late) const {
-  const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(need.rows);
+  // t: the copy's time when every leaf gets need.rows, else a lower bound for any leaf.
+  const int64_t least_rows = need.fill_to > 0 ? std::min(need.rows, need.min_rows) : need.rows;
+  const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(least_rows);
+  // The copy's time to `leaf`, and the window it must leave there (0: it may use all of it).
+  const auto copy_ms = [&](const Leaf& leaf, double& reserve) {
+    reserve = 0;
+    if (need.fill_to <= 0) return t;
+    const int64_t room = need.fill_to - leaf.load;
+    const int64_t rows = std::min(need.rows, std::max(room, least_rows));
+    if (room - rows >= least_rows) reserve = need.reserve_ms;
+    return need.fixed_ms + need.per_row_ms * static_cast<double>(rows);
+  };
   const double by = need.finish_by_ms;
   const auto may_hold = [&](size_t i) {
     if (need.timing == 0 || hot_[i].max_slack >= t) return true;  // maybe hidden
@@ -75,8 +86,9 @@ int ReceiverTree::search(const Need& need, int from, bool late) const {
     if (need.skip != nullptr && need.skip[gpu]) return false;
     if (need.timing == 0) return true;
     const Leaf& leaf = leaves_[i - static_cast<size_t>(size_)];
-    const double lands = std::max(leaf.in_ms, need.out_ms) + t;
-    if (lands <= leaf.home_ms) return true;
+    double reserve = 0;
+    const double lands = std::max(leaf.in_ms, need.out_ms) + copy_ms(leaf, reserve);
+    if (lands + reserve <= leaf.home_ms) return true;
     if (!late) return false;
     const double start = need.timing == 3 ? std::max(leaf.home_ms, lands) : lands;
     return start + leaf.guest_ms <= by;

@@ -34,6 +34,13 @@ class ReceiverTree {
     double fixed_ms = 0;
     double per_row_ms = 0;
     int64_t rows = 0;
+    // When > 0: a receiver gets only what fills it up to this load, so the copy to a leaf carries
+    // min(rows, fill_to - load) rows, at least min_rows (searches prune with min_rows).
+    int64_t fill_to = 0;
+    int64_t min_rows = 0;
+    // With fill_to: a hidden copy that leaves its receiver below fill_to must also leave it this
+    // much of its window (so that its room is not stranded behind a late copy); 0: no such rule.
+    double reserve_ms = 0;
     double finish_by_ms = 0;
     const uint8_t* skip = nullptr;  // [GPU index] non-zero: not offered (may be null)
   };
