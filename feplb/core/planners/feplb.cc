@@ -83,6 +83,7 @@ class FeplbPlanner final : public Planner {
     // Phase-2 copies start once the plan exists: after the counts round trip and the planner
     // (two-phase), or when the GEMMs start (one-hop: planned before the dispatch).
     const double start_ms = k.one_hop ? 0.0 : (k.counts_to_host_us + k.planner_budget_us) * 1e-3;
+    start_ms_ = start_ms;
     in_ms_.assign(static_cast<size_t>(R), start_ms);
     out_ms_.assign(static_cast<size_t>(R), start_ms);
     add_prefetches(routing.layer, out);
@@ -462,16 +463,19 @@ class FeplbPlanner final : public Planner {
     need.rows = std::min(remaining(e), load_[d] - target + tol);
     need.finish_by_ms = k.copy_timing == 3 ? finish_by_ms_ : home_ms_[d];
     need.skip = excluded_.data();
-    // First a receiver whose copy of all it would take (up to the target) lands in time, so that a
-    // donor whose egress is busy fills receivers with long windows instead of using up a short
-    // window with a cut slice; failing that, one whose copy of a minimum slice does.
-    need.fill_to = target;
-    need.min_rows = k.min_slice_rows;
-    need.reserve_ms = copy_ms(k.min_slice_rows, true);
+    // The least loaded receiver whose copy of the excess lands in time, else one whose copy of a
+    // minimum slice does. When the donor's egress is busy (its earlier copies are queued), the
+    // first must also leave a receiver that keeps room for as much again below the target the
+    // window for a minimum slice: a late copy into a short window would strand the rest of the
+    // receiver's room behind it.
+    if (need.out_ms > start_ms_) {
+      need.reserve_to = target;
+      need.reserve_rows = std::max(k.min_slice_rows, need.rows);
+      need.reserve_ms = copy_ms(k.min_slice_rows, true);
+    }
     int h = tree_.find(need, first_with_window(need));
+    need.reserve_to = 0;
     if (h < 0 && need.per_row_ms > 0 && need.rows > k.min_slice_rows) {
-      need.fill_to = 0;
-      need.reserve_ms = 0;
       need.rows = k.min_slice_rows;
       h = tree_.find(need, first_with_window(need));
     }
@@ -489,8 +493,7 @@ class FeplbPlanner final : public Planner {
   // The first position in the receivers' tree whose window (at the start of the domain's plan)
   // could hide the copy `need` describes: no receiver before it can.
   int first_with_window(const ReceiverTree::Need& need) const {
-    const int64_t rows = need.fill_to > 0 ? std::min(need.rows, need.min_rows) : need.rows;
-    const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(rows);
+    const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(need.rows);
     return static_cast<int>(
         std::lower_bound(window_at_.begin(), window_at_.end(), need.out_ms + t) -
         window_at_.begin());
@@ -592,6 +595,7 @@ class FeplbPlanner final : public Planner {
   // Gathering helpers for a hot expert: when d's egress is free after the copies to those found so
   // far, and the rows not yet assigned to them.
   double gather_out_ms_ = 0;
+  double start_ms_ = 0;
   int64_t gather_rows_ = 0;
   std::vector<double> window_at_;  // the domain's home_ms_ by tree position, when it was built
   ReceiverTree tree_;              // the domain's receivers

@@ -28,14 +28,15 @@ void ReceiverTree::put(int pos, int gpu, bool eligible, const Leaf& leaf) {
     return;
   }
   hot_[i] = {static_cast<uint64_t>(leaf.load) << kGpuBits | static_cast<uint64_t>(gpu),
-             leaf.home_ms - leaf.in_ms};
+             leaf.home_ms - leaf.in_ms, leaf.home_ms};
   if (late_ok_)
     late_[i] = {leaf.home_ms + leaf.guest_ms, leaf.in_ms + leaf.guest_ms, leaf.guest_ms};
 }
 
 void ReceiverTree::pull(size_t i) {
   const Hot &a = hot_[2 * i], &b = hot_[2 * i + 1];
-  hot_[i] = {std::min(a.key, b.key), std::max(a.max_slack, b.max_slack)};
+  hot_[i] = {std::min(a.key, b.key), std::max(a.max_slack, b.max_slack),
+             std::max(a.max_home, b.max_home)};
   if (!late_ok_) return;
   const Late &x = late_[2 * i], &y = late_[2 * i + 1];
   late_[i] = {std::min(x.min_home_guest, y.min_home_guest),
@@ -61,21 +62,20 @@ int ReceiverTree::find(const Need& need, int from) const {
 // the best receiver found so far or no receiver in it can accept the copy (bounds from its
 // aggregates: the largest slack; the least queued work).
 int ReceiverTree::search(const Need& need, int from, bool late) const {
-  // t: the copy's time when every leaf gets need.rows, else a lower bound for any leaf.
-  const int64_t least_rows = need.fill_to > 0 ? std::min(need.rows, need.min_rows) : need.rows;
-  const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(least_rows);
-  // The copy's time to `leaf`, and the window it must leave there (0: it may use all of it).
-  const auto copy_ms = [&](const Leaf& leaf, double& reserve) {
-    reserve = 0;
-    if (need.fill_to <= 0) return t;
-    const int64_t room = need.fill_to - leaf.load;
-    const int64_t rows = std::min(need.rows, std::max(room, least_rows));
-    if (room - rows >= least_rows) reserve = need.reserve_ms;
-    return need.fixed_ms + need.per_row_ms * static_cast<double>(rows);
+  const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(need.rows);
+  // The window a hidden copy must leave its receiver: reserve_ms if it leaves the receiver room
+  // for reserve_rows rows below reserve_to.
+  const auto reserve_ms = [&](const Leaf& leaf) {
+    return need.reserve_to - leaf.load - need.rows >= need.reserve_rows ? need.reserve_ms : 0.0;
   };
   const double by = need.finish_by_ms;
+  // A hidden copy lands by home_ms after both the receiver's ingress (in_ms) and the donor's
+  // egress (out_ms) are free.
+  const auto may_hide = [&](size_t i) {
+    return hot_[i].max_slack >= t && hot_[i].max_home >= need.out_ms + t;
+  };
   const auto may_hold = [&](size_t i) {
-    if (need.timing == 0 || hot_[i].max_slack >= t) return true;  // maybe hidden
+    if (need.timing == 0 || may_hide(i)) return true;  // maybe hidden
     if (!late) return false;
     const Late& b = late_[i];
     if (need.timing == 3 && b.min_home_guest > by) return false;
@@ -86,9 +86,8 @@ int ReceiverTree::search(const Need& need, int from, bool late) const {
     if (need.skip != nullptr && need.skip[gpu]) return false;
     if (need.timing == 0) return true;
     const Leaf& leaf = leaves_[i - static_cast<size_t>(size_)];
-    double reserve = 0;
-    const double lands = std::max(leaf.in_ms, need.out_ms) + copy_ms(leaf, reserve);
-    if (lands + reserve <= leaf.home_ms) return true;
+    const double lands = std::max(leaf.in_ms, need.out_ms) + t;
+    if (lands + reserve_ms(leaf) <= leaf.home_ms) return true;
     if (!late) return false;
     const double start = need.timing == 3 ? std::max(leaf.home_ms, lands) : lands;
     return start + leaf.guest_ms <= by;

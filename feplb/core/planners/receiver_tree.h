@@ -34,12 +34,11 @@ class ReceiverTree {
     double fixed_ms = 0;
     double per_row_ms = 0;
     int64_t rows = 0;
-    // When > 0: a receiver gets only what fills it up to this load, so the copy to a leaf carries
-    // min(rows, fill_to - load) rows, at least min_rows (searches prune with min_rows).
-    int64_t fill_to = 0;
-    int64_t min_rows = 0;
-    // With fill_to: a hidden copy that leaves its receiver below fill_to must also leave it this
-    // much of its window (so that its room is not stranded behind a late copy); 0: no such rule.
+    // A hidden copy that leaves its receiver room for reserve_rows rows below reserve_to must also
+    // leave it reserve_ms of its window (a later slice's copy), so that the room is not stranded
+    // behind it (reserve_to 0: no such rule).
+    int64_t reserve_to = 0;
+    int64_t reserve_rows = 0;
     double reserve_ms = 0;
     double finish_by_ms = 0;
     const uint8_t* skip = nullptr;  // [GPU index] non-zero: not offered (may be null)
@@ -63,10 +62,12 @@ class ReceiverTree {
   static constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
   static constexpr int kGpuBits = 20;
   // What a search reads at every node: the least (load, GPU) of the eligible leaves below, packed
-  // as load << kGpuBits | GPU (kNone: none), and their largest slack (home_ms - in_ms).
+  // as load << kGpuBits | GPU (kNone: none), their largest slack (home_ms - in_ms) and their
+  // largest home_ms (the bound for a donor whose egress is free only later).
   struct Hot {
     uint64_t key = kNone;
     double max_slack = -std::numeric_limits<double>::infinity();
+    double max_home = -std::numeric_limits<double>::infinity();
   };
   // Bounds for late copies, over the eligible leaves below.
   struct Late {
