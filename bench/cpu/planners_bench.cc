@@ -1,5 +1,8 @@
 // Planner microbenchmarks: the time of one Planner::plan() call for every registered planner, on
-// routing from the project's workload generator at EP=8/E=128 and EP=64/E=256 (scripts/bench-cpu).
+// routing from the project's workload generator (scripts/bench-cpu): EP=8/E=128 and EP=64/E=256
+// in NVLink domains of 8 GPUs, and rack-scale NVLink domains of 64 to 256 GPUs (the ep*_nvl*
+// cases: lognormal skew with 4 experts per GPU, and 2 experts per GPU with hot experts ~10x the
+// mean).
 #include <benchmark/benchmark.h>
 
 #include <atomic>
@@ -77,21 +80,28 @@ struct BenchConfig {
   std::string_view label;  // the last part of the benchmark name
   int ranks;
   int experts;
-  int gpus_per_node;
+  int gpus_per_node;  // GPUs per NVLink domain
   PriorKind prior;
-  double skew = 4.0;  // lognormal max/mean over experts
+  double skew = 4.0;  // kLognormal: max/mean popularity over experts
 };
 
 // (a) EP=8, E=128: one NVLink domain. (b) EP=64, E=256: 8 domains of 8 GPUs, with the OLMoE prior
-// and with a lognormal prior of max/mean 4. (c) Rack scale, one NVLink domain of 72 GPUs (E=288)
-// and of 256 (E=1024), 4 experts per GPU, lognormal max/mean 5 (`trace gen --skew 5`). All:
-// top-8, 4096 tokens per rank, GLM-5 expert shape.
+// and with a lognormal prior of max/mean 4. (c) Rack scale, one NVLink domain of all the GPUs:
+// the routing of `feplb trace gen --skew 5 --experts E --ranks R` (lognormal max/mean 5, seed 1,
+// 4 experts per GPU) at EP=8/E=128, EP=72/E=288 and EP=256/E=1024; and 2 experts per GPU with hot
+// experts: the OLMoE arXiv prior widened to 128 experts at EP=64 (busiest expert 6.5-8x the mean
+// expert, busiest GPU 5.6-6.5x the mean GPU, by `feplb trace info`), and lognormal max/mean 13 at
+// EP=72/E=144 (busiest expert 9.9x the mean after top-8 sampling). All: top-8, 4096 tokens per
+// rank, GLM-5 expert shape.
 constexpr BenchConfig kConfigs[] = {
     {"ep8_e128", 8, 128, 8, PriorKind::kOlmoeArxiv},
     {"ep64_e256", 64, 256, 8, PriorKind::kOlmoeArxiv},
     {"ep64_e256_lognormal", 64, 256, 8, PriorKind::kLognormal},
-    {"ep72_e288_one_domain", 72, 288, 72, PriorKind::kLognormal, 5.0},
-    {"ep256_e1024_one_domain", 256, 1024, 256, PriorKind::kLognormal, 5.0},
+    {"ep8_e128_skew5", 8, 128, 8, PriorKind::kLognormal, 5.0},
+    {"ep72_e288_skew5_nvl72", 72, 288, 72, PriorKind::kLognormal, 5.0},
+    {"ep256_e1024_skew5_nvl256", 256, 1024, 256, PriorKind::kLognormal, 5.0},
+    {"ep64_e128_olmoe_nvl64", 64, 128, 64, PriorKind::kOlmoeArxiv},
+    {"ep72_e144_hot10_nvl72", 72, 144, 72, PriorKind::kLognormal, 13.0},
 };
 
 constexpr int kTopK = 8;

@@ -182,7 +182,7 @@ class Gather {
 enum Field : size_t {
   kFwdMs, kBwdMs, kStFwdMs, kStDispatchMs, kStStaticMs, kStWaitMs, kStGuestMs, kStReturnMs, kStCombineMs, kBwBwdMs,
   kBwDispatchMs, kBwStaticMs, kBwWaitMs, kBwGuestMs, kBwResultsWaitMs, kBwCombineMs, kPlanUs, kCountsToCopyUs,
-  kCopies, kGuestRows, kRecopies, kNumFields
+  kCopies, kGuestRows, kRecopies, kCountsToPlanUs, kPlanToCopyUs, kGpuCountsToCopyMs, kNumFields
 };
 
 // The phases of a forward and of a backward, in timeline order (ForwardStats / BackwardStats).
@@ -201,6 +201,9 @@ struct PolicySeries {
   std::vector<double> wait_fwd_ms, wait_bwd_ms;            // max over ranks
   std::vector<double> wait_fwd_mean_ms, wait_bwd_mean_ms;  // mean over ranks
   std::vector<double> plan_us, counts_to_first_copy_us;    // every rank (copies only for the latter)
+  // Plan latency, every rank: counts seen on the host -> plan ready, plan ready -> first phase-2
+  // copy issued (host clock; ranks that copied), counts all-gather done -> first copy starts (GPU).
+  std::vector<double> counts_to_plan_us, plan_to_first_copy_us, gpu_counts_to_first_copy_us;
   double guest_rows = 0, copies = 0, weight_recopies = 0;  // totals over steps and ranks
   std::vector<std::vector<std::vector<double>>> phases;    // [rank][field][step] timeline, CUDA events
 };
@@ -397,6 +400,9 @@ void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, Polic
   v[kBwCombineMs] = b.combine_ms;
   v[kPlanUs] = f.plan_us;
   v[kCountsToCopyUs] = f.copies > 0 ? f.counts_to_first_copy_us : -1.0;
+  v[kCountsToPlanUs] = f.counts_to_plan_us;
+  v[kPlanToCopyUs] = f.copies > 0 ? f.plan_to_first_copy_us : -1.0;
+  v[kGpuCountsToCopyMs] = f.copies > 0 ? f.gpu_counts_to_first_copy_ms : -1.0;
   v[kCopies] = static_cast<double>(f.copies + b.copies);
   v[kGuestRows] = static_cast<double>(f.guest_rows);
   v[kRecopies] = static_cast<double>(b.weight_recopies);
@@ -416,7 +422,7 @@ void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, Polic
     ps.phases.assign(all.size(), std::vector<std::vector<double>>(kNumFields));
   }
   for (size_t r = 0; r < all.size(); ++r) {
-    for (size_t f = 0; f < kNumFields; ++f) ps.phases[r][f].push_back(all[r][f]);
+    for (size_t k = 0; k < kNumFields; ++k) ps.phases[r][k].push_back(all[r][k]);
   }
   for (const auto& r : all) {
     total.push_back(r[kFwdMs] + r[kBwdMs]);
@@ -424,6 +430,11 @@ void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, Polic
     gb.push_back(r[kBwStaticMs] + r[kBwGuestMs]);
     ps.plan_us.push_back(r[kPlanUs]);
     if (r[kCountsToCopyUs] >= 0) ps.counts_to_first_copy_us.push_back(r[kCountsToCopyUs]);
+    ps.counts_to_plan_us.push_back(r[kCountsToPlanUs]);
+    if (r[kPlanToCopyUs] >= 0) ps.plan_to_first_copy_us.push_back(r[kPlanToCopyUs]);
+    if (r[kGpuCountsToCopyMs] > 0) {
+      ps.gpu_counts_to_first_copy_us.push_back(1e3 * r[kGpuCountsToCopyMs]);
+    }
     ps.copies += r[kCopies];
     ps.guest_rows += r[kGuestRows];
     ps.weight_recopies += r[kRecopies];
@@ -466,6 +477,20 @@ json Bench::policy_json(const PolicySeries& ps) const {
                   {"backward_mean_over_ranks", spread(ps.wait_bwd_mean_ms)}};
   j["plan_us"] = spread(ps.plan_us);
   j["counts_to_first_copy_us"] = spread(ps.counts_to_first_copy_us);
+  const auto quantile = [](const std::vector<double>& v, double q) {
+    return v.empty() ? json(nullptr) : json(quantile_of(v, q));
+  };
+  j["plan_latency_us"] = {
+      {"counts_to_plan_p50", quantile(ps.counts_to_plan_us, 0.5)},
+      {"counts_to_plan_p99", quantile(ps.counts_to_plan_us, 0.99)},
+      {"plan_to_first_copy_p50", quantile(ps.plan_to_first_copy_us, 0.5)},
+      {"plan_to_first_copy_p99", quantile(ps.plan_to_first_copy_us, 0.99)},
+      {"gpu_counts_to_first_copy_p50", quantile(ps.gpu_counts_to_first_copy_us, 0.5)},
+      {"gpu_counts_to_first_copy_p99", quantile(ps.gpu_counts_to_first_copy_us, 0.99)},
+      {"samples",
+       {{"counts_to_plan", ps.counts_to_plan_us.size()},
+        {"plan_to_first_copy", ps.plan_to_first_copy_us.size()},
+        {"gpu_counts_to_first_copy", ps.gpu_counts_to_first_copy_us.size()}}}};
   j["phase2_copies_per_step"] = ps.copies / steps;
   j["guest_rows_per_step"] = ps.guest_rows / steps;
   j["backward_weight_recopies_per_step"] = ps.weight_recopies / steps;
@@ -878,6 +903,16 @@ int Bench::run() {
          policies[p], fwd, bwd, total > 0 ? static_total / total : 0.0, quantile_of(ps.token_straggler, 0.5),
          quantile_of(ps.gemm_meas_fwd_ms, 0.5), quantile_of(ps.gemm_pred_ms, 0.5), quantile_of(ps.wait_fwd_ms, 0.5),
          j["ep_overhead_pct"].get<double>(), j["dispatch_combine_pct"].get<double>());
+    if (!ps.counts_to_plan_us.empty()) {
+      const auto q = [](const std::vector<double>& v, double level) {
+        return v.empty() ? 0.0 : quantile_of(v, level);
+      };
+      log0("{:<12} plan latency us: counts -> plan p50 {:.1f} p99 {:.1f}; plan -> first copy p50 "
+           "{:.1f} p99 {:.1f} (host); counts -> first copy on the GPU p50 {:.1f} p99 {:.1f}",
+           policies[p], q(ps.counts_to_plan_us, 0.5), q(ps.counts_to_plan_us, 0.99),
+           q(ps.plan_to_first_copy_us, 0.5), q(ps.plan_to_first_copy_us, 0.99),
+           q(ps.gpu_counts_to_first_copy_us, 0.5), q(ps.gpu_counts_to_first_copy_us, 0.99));
+    }
   }
   pol["fastermoe"] = {
       {"ran_on_gpu", false},
@@ -922,6 +957,16 @@ int Bench::run() {
                         "dispatch (permute, counts all-gather, plan, all-to-all-v), static_gemms, copy_wait "
                         "(idle until phase-2 inputs land), guest_gemms, return (until this rank's exported "
                         "rows' results are back), combine (reverse all-to-all-v, combine)"}};
+    g_doc["definitions"]["plan_latency_us"] =
+        "per forward and rank, one process per GPU, p50 and p99 over every rank's measured "
+        "forwards (all ranks pooled): counts_to_plan = host steady clock on the rank's scheduler "
+        "thread, from its poll of the CUDA event after the gathered counts' device-to-host copy "
+        "first succeeding (counts seen on the host) to the plan ready (routing assembled, planner "
+        "run, step layout built and checked); plan_to_first_copy = host clock, plan ready to the "
+        "first phase-2 copy call (ranks that issued copies; on the two-phase path it includes "
+        "waiting for the caller's thread to post phase 1); gpu_counts_to_first_copy = CUDA events "
+        "on the rank's GPU, counts all-gather done on the compute stream to the first phase-2 copy "
+        "starting on the copy stream (the whole chain as the GPU sees it), in us";
     g_doc["complete"] = true;
     save_locked();
   }

@@ -9,8 +9,8 @@ namespace feplb {
 
 void ReferenceMoe::expert_forward(int64_t e, const float* x, double* y) const {
   const int64_t H = hidden, F = ffn;
-  const float* w_gu = expert_weights(e);          // [H, 2F]
-  const float* w_down = w_gu + 2 * H * F;         // [F, H]
+  const float* w_gu = expert_weights(e);   // [H, 2F]
+  const float* w_down = w_gu + 2 * H * F;  // [F, H]
   std::vector<double> gu(static_cast<size_t>(2 * F), 0.0);
   for (int64_t i = 0; i < H; ++i) {
     const double xi = x[i];
@@ -26,7 +26,8 @@ void ReferenceMoe::expert_forward(int64_t e, const float* x, double* y) const {
   }
 }
 
-std::vector<double> ReferenceMoe::forward(const std::vector<float>& x, const std::vector<int32_t>& idx,
+std::vector<double> ReferenceMoe::forward(const std::vector<float>& x,
+                                          const std::vector<int32_t>& idx,
                                           const std::vector<float>& w, int64_t S, int K) const {
   FEPLB_CHECK(static_cast<int64_t>(x.size()) == S * hidden, "hidden has {} values", x.size());
   FEPLB_CHECK(static_cast<int64_t>(idx.size()) == S * K && w.size() == idx.size(), "top-k shapes");
@@ -42,8 +43,10 @@ std::vector<double> ReferenceMoe::forward(const std::vector<float>& x, const std
   return out;
 }
 
-ReferenceMoe::Grads ReferenceMoe::backward(const std::vector<float>& x, const std::vector<int32_t>& idx,
-                                           const std::vector<float>& w, const std::vector<double>& dout, int64_t S,
+ReferenceMoe::Grads ReferenceMoe::backward(const std::vector<float>& x,
+                                           const std::vector<int32_t>& idx,
+                                           const std::vector<float>& w,
+                                           const std::vector<double>& dout, int64_t S,
                                            int K) const {
   const int64_t H = hidden, F = ffn;
   FEPLB_CHECK(static_cast<int64_t>(dout.size()) == S * H, "grad_out has {} values", dout.size());
@@ -51,22 +54,24 @@ ReferenceMoe::Grads ReferenceMoe::backward(const std::vector<float>& x, const st
   g.hidden.assign(static_cast<size_t>(S * H), 0.0);
   g.topk_weight.assign(static_cast<size_t>(S * K), 0.0);
   g.weights.assign(weights.size(), 0.0);
-  std::vector<double> gu(static_cast<size_t>(2 * F)), a(static_cast<size_t>(F)), y(static_cast<size_t>(H)),
-      dy(static_cast<size_t>(H)), da(static_cast<size_t>(F)), dgu(static_cast<size_t>(2 * F));
+  std::vector<double> gu(static_cast<size_t>(2 * F)), a(static_cast<size_t>(F)),
+      y(static_cast<size_t>(H)), dy(static_cast<size_t>(H)), da(static_cast<size_t>(F)),
+      dgu(static_cast<size_t>(2 * F));
   for (int64_t t = 0; t < S; ++t) {
     const float* xt = x.data() + t * H;
     const double* dot = dout.data() + t * H;
     for (int k = 0; k < K; ++k) {
       const int32_t e = idx[t * K + k];
       FEPLB_CHECK(e >= 0 && e < num_experts, "expert {} out of range", e);
-      const float* w_gu = expert_weights(e);    // [H, 2F]
-      const float* w_down = w_gu + 2 * H * F;   // [F, H]
+      const float* w_gu = expert_weights(e);   // [H, 2F]
+      const float* w_down = w_gu + 2 * H * F;  // [F, H]
       double* g_gu = g.weights.data() + e * 3 * H * F;
       double* g_down = g_gu + 2 * H * F;
       // Forward again: gate|up, activation, output.
       std::fill(gu.begin(), gu.end(), 0.0);
       for (int64_t i = 0; i < H; ++i) {
-        for (int64_t j = 0; j < 2 * F; ++j) gu[j] += static_cast<double>(xt[i]) * w_gu[i * 2 * F + j];
+        for (int64_t j = 0; j < 2 * F; ++j)
+          gu[j] += static_cast<double>(xt[i]) * w_gu[i * 2 * F + j];
       }
       std::fill(y.begin(), y.end(), 0.0);
       for (int64_t f = 0; f < F; ++f) {

@@ -18,8 +18,10 @@ struct ReferenceMoe {
   // One expert's output for one row x [hidden] -> y [hidden].
   void expert_forward(int64_t e, const float* x, double* y) const;
   // The layer forward: hidden [S, H], topk_idx / topk_weight [S, K] -> out [S, H].
-  std::vector<double> forward(const std::vector<float>& hidden, const std::vector<int32_t>& topk_idx,
-                              const std::vector<float>& topk_weight, int64_t num_tokens, int top_k) const;
+  std::vector<double> forward(const std::vector<float>& hidden,
+                              const std::vector<int32_t>& topk_idx,
+                              const std::vector<float>& topk_weight, int64_t num_tokens,
+                              int top_k) const;
 
   // The layer backward for the loss L with dL/dout = grad_out [S, H]: dL/dhidden [S, H],
   // dL/dtopk_weight [S, K], and dL/dweights laid out like `weights` [E, 3HF].
@@ -27,8 +29,8 @@ struct ReferenceMoe {
     std::vector<double> hidden, topk_weight, weights;
   };
   Grads backward(const std::vector<float>& hidden, const std::vector<int32_t>& topk_idx,
-                 const std::vector<float>& topk_weight, const std::vector<double>& grad_out, int64_t num_tokens,
-                 int top_k) const;
+                 const std::vector<float>& topk_weight, const std::vector<double>& grad_out,
+                 int64_t num_tokens, int top_k) const;
 };
 
 }  // namespace feplb

@@ -118,6 +118,7 @@ TrainResult run_virtual_training(const TrainConfig& cfg, const TrainRouting& rou
         FEPLB_CUDA_CHECK(cudaMemcpyAsync(h[0].get(), x[m].get(), act * sizeof(bf16), cudaMemcpyDeviceToDevice,
                                          s.get()));
         for (int l = 0; l < L; ++l) {
+          if (cfg.prefetch) layers[l]->prefetch(experts[l]->params(), s.get());
           saved[l] = layers[l]->forward(experts[l]->params(), h[l].get(), idx[m][l].get(), wt.get(), S,
                                         h[l + 1].get(), s.get());
           FEPLB_CUDA_CHECK(kernels::add_bf16(h[l + 1].get(), h[l].get(), static_cast<int64_t>(act), s.get()));

@@ -27,6 +27,8 @@ struct TrainConfig {
   int micro_batches = 1;   // per step (gradients accumulate in the fp32 main gradient)
   float lr = 1e-3f;
   uint64_t seed = 1;
+  bool prefetch =
+      false;  // each layer's prefetch() right before its forward (planner knob prefetch = 1)
 };
 
 // [micro_batch][layer][rank] -> topk_idx [tokens * top_k]

@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "feplb/core/error.h"
-#include "feplb/core/file_io.h"
+#include "feplb/core/file_input.h"
+#include "feplb/core/internal/json_stream.h"
+#include "feplb/core/limits.h"
 
 namespace feplb {
 namespace {
@@ -91,23 +93,106 @@ double TableCostModel::expert_ms(int64_t rows) const {
   return ms_[i - 1] + (ms_[i] - ms_[i - 1]) * (static_cast<double>(rows) - x0) / (x1 - x0);
 }
 
-TableCostModel read_gemm_table(const std::string& path) {
-  using json = nlohmann::json;
-  return parse_file(path, [](const std::string& text) {
-    try {
-      const json doc = json::parse(text);
-      FEPLB_REQUIRE_INPUT(doc.is_object() && doc.value("format", "") == "feplb-gemm-table-v1",
-                          "format: expected \"feplb-gemm-table-v1\"");
-      const json& sh = doc.at("shape");
-      ExpertShape shape{sh.at("hidden").get<int64_t>(), sh.at("ffn").get<int64_t>(),
-                        parse_dtype(sh.value("dtype", "bf16"), "shape.dtype")};
-      return TableCostModel(doc.at("rows").get<std::vector<int64_t>>(),
-                            doc.at("ms").get<std::vector<double>>(), shape,
-                            doc.value("device", ""));
-    } catch (const json::exception& e) {
-      throw InputError(e.what());  // parse errors and missing or mistyped fields, one line each
+namespace {
+
+using json_stream::int_in;
+using json_stream::Take;
+using json_stream::type_of;
+
+constexpr std::string_view kGemmTableFormat = "feplb-gemm-table-v1";
+
+// The table document, streamed; every member is small and captured whole.
+class GemmTableReader : public json_stream::Reader<GemmTableReader> {
+ public:
+  explicit GemmTableReader(const ByteSource& source) : Reader(source) {}
+
+  Take take(bool object) {
+    if (depth() == 0) {
+      FEPLB_REQUIRE_INPUT(object, "expected a JSON object at the top, got array");
+      return Take::stream();
     }
-  });
+    return Take::whole(limits::kMaxGemmTablePoints * limits::kBytesPerFloat);
+  }
+  void opened(bool /*object*/) {}
+  void closed(bool /*object*/) {}
+
+  void value(json_stream::json&& v) {
+    if (depth() == 0) {
+      throw InputError(fmt::format("expected a JSON object at the top, got {}", type_of(v)));
+    }
+    const std::string& key = key_at(0);
+    if (key == "format") {
+      FEPLB_REQUIRE_INPUT(v.is_string() && v.get_ref<const std::string&>() == kGemmTableFormat,
+                          "format: expected \"{}\", got {}", kGemmTableFormat, v.dump());
+      format_ = true;
+    } else if (key == "device") {
+      FEPLB_REQUIRE_INPUT(v.is_string(), "device: expected a string, got {}", type_of(v));
+      device_ = v.get<std::string>();
+    } else if (key == "shape") {
+      FEPLB_REQUIRE_INPUT(v.is_object(), "shape: expected an object, got {}", type_of(v));
+      const auto dim = [&](const char* k) {
+        const auto it = v.find(k);
+        FEPLB_REQUIRE_INPUT(it != v.end(), "shape.{}: missing", k);
+        return int_in(*it, fmt::format("shape.{}", k), 1, limits::kMaxExpertDim);
+      };
+      shape_.hidden = dim("hidden");
+      shape_.ffn = dim("ffn");
+      if (const auto it = v.find("dtype"); it != v.end()) {
+        FEPLB_REQUIRE_INPUT(it->is_string(), "shape.dtype: expected a string, got {}",
+                            type_of(*it));
+        shape_.dtype = parse_dtype(it->get<std::string>(), "shape.dtype");
+      }
+      has_shape_ = true;
+    } else if (key == "rows") {
+      FEPLB_REQUIRE_INPUT(v.is_array(), "rows: expected an array, got {}", type_of(v));
+      for (size_t i = 0; i < v.size(); ++i) {
+        rows_.push_back(int_in(v[i], fmt::format("rows[{}]", i), 1,
+                               limits::kMaxTokensPerRank * limits::kMaxRanks));
+      }
+      has_rows_ = true;
+    } else if (key == "ms") {
+      FEPLB_REQUIRE_INPUT(v.is_array(), "ms: expected an array, got {}", type_of(v));
+      for (size_t i = 0; i < v.size(); ++i) {
+        ms_.push_back(json_stream::number(v[i], fmt::format("ms[{}]", i)));
+      }
+      has_ms_ = true;
+    }
+  }
+
+  TableCostModel finish() {
+    FEPLB_REQUIRE_INPUT(format_, "format: missing");
+    FEPLB_REQUIRE_INPUT(has_shape_, "shape: missing");
+    FEPLB_REQUIRE_INPUT(has_rows_, "rows: missing");
+    FEPLB_REQUIRE_INPUT(has_ms_, "ms: missing");
+    FEPLB_REQUIRE_INPUT(rows_.size() <= static_cast<size_t>(limits::kMaxGemmTablePoints),
+                        "rows: {} points, more than the limit of {}", rows_.size(),
+                        limits::kMaxGemmTablePoints);
+    return TableCostModel(std::move(rows_), std::move(ms_), shape_, std::move(device_));
+  }
+
+ private:
+  bool format_ = false, has_shape_ = false, has_rows_ = false, has_ms_ = false;
+  ExpertShape shape_;
+  std::string device_;
+  std::vector<int64_t> rows_;
+  std::vector<double> ms_;
+};
+
+TableCostModel read_gemm_table_from(ByteSource& source) {
+  GemmTableReader reader(source);
+  json_stream::parse(source, reader);
+  return reader.finish();
+}
+
+}  // namespace
+
+TableCostModel parse_gemm_table(std::string_view text) {
+  ByteSource source(text, kGemmTableFormat, limits::kMaxGemmTableBytes);
+  return read_gemm_table_from(source);
+}
+
+TableCostModel read_gemm_table(const std::string& path) {
+  return parse_input(path, kGemmTableFormat, limits::kMaxGemmTableBytes, read_gemm_table_from);
 }
 
 std::string format_gemm_table(const TableCostModel& t) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "feplb/core/expert_shape.h"
@@ -28,7 +29,7 @@ class RooflineCostModel final : public GemmCostModel {
 
  private:
   ExpertShape shape_;
-  double peak_flops_;      // FLOP/s
+  double peak_flops_;  // FLOP/s
   double hbm_bytes_per_s_;
   int64_t num_sms_;
   double launch_ms_;
@@ -41,7 +42,8 @@ class RooflineCostModel final : public GemmCostModel {
 //  "rows":[increasing ints > 0],"ms":[same length]}.
 class TableCostModel final : public GemmCostModel {
  public:
-  TableCostModel(std::vector<int64_t> rows, std::vector<double> ms, ExpertShape shape, std::string device);
+  TableCostModel(std::vector<int64_t> rows, std::vector<double> ms, ExpertShape shape,
+                 std::string device);
   double expert_ms(int64_t rows) const override;
   const ExpertShape& shape() const { return shape_; }
   const std::string& device() const { return device_; }
@@ -63,6 +65,7 @@ double prefetch_window_us(const ExpertShape& shape, int64_t tokens_per_rank, con
 
 // Reads a feplb-gemm-table-v1 file; throws InputError naming the field.
 TableCostModel read_gemm_table(const std::string& path);
+TableCostModel parse_gemm_table(std::string_view text);
 std::string format_gemm_table(const TableCostModel& table);
 
 }  // namespace feplb

@@ -19,17 +19,16 @@ namespace feplb {
 }  // namespace feplb
 
 // Internal invariant: FEPLB_CHECK(x > 0, "x was {}", x).
-#define FEPLB_CHECK(cond, ...)                                                           \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      ::feplb::fail_internal(__FILE__, __LINE__,                                         \
-                             std::string("check failed: " #cond ": ") +                 \
-                                 fmt::format(__VA_ARGS__));                              \
-    }                                                                                    \
+#define FEPLB_CHECK(cond, ...)                                                                     \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      ::feplb::fail_internal(__FILE__, __LINE__,                                                   \
+                             std::string("check failed: " #cond ": ") + fmt::format(__VA_ARGS__)); \
+    }                                                                                              \
   } while (0)
 
 // User input: FEPLB_REQUIRE_INPUT(ok, "steps[{}].counts: row {} has {} entries", ...).
-#define FEPLB_REQUIRE_INPUT(cond, ...)                                 \
-  do {                                                                 \
+#define FEPLB_REQUIRE_INPUT(cond, ...)                                \
+  do {                                                                \
     if (!(cond)) throw ::feplb::InputError(fmt::format(__VA_ARGS__)); \
   } while (0)

@@ -17,9 +17,9 @@ std::string flag_of(std::string_view name) {
 
 std::vector<KnobInfo> list_knobs(Knobs& knobs) {
   std::vector<KnobInfo> out;
-#define FEPLB_KNOB(type, name, def, min, unit, help)                                   \
+#define FEPLB_KNOB(type, name, def, min, max, unit, help)                              \
   out.push_back(KnobInfo{#name, flag_of(#name), &knobs.name, static_cast<double>(def), \
-                         static_cast<double>(min), unit, help});
+                         static_cast<double>(min), static_cast<double>(max), unit, help});
 #include "feplb/core/knobs.def"
 #undef FEPLB_KNOB
   return out;
@@ -29,8 +29,8 @@ void validate_knobs(const Knobs& knobs) {
   Knobs copy = knobs;
   for (const KnobInfo& k : list_knobs(copy)) {
     const double v = std::visit([](auto* p) { return static_cast<double>(*p); }, k.value);
-    FEPLB_REQUIRE_INPUT(v >= k.minimum, "{}: {} is below its minimum {} {}", k.flag, v, k.minimum,
-                        k.unit);
+    FEPLB_REQUIRE_INPUT(v >= k.minimum && v <= k.maximum, "{}: {} is outside [{}, {}] {}", k.flag,
+                        v, k.minimum, k.maximum, k.unit);
   }
 }
 
@@ -52,7 +52,8 @@ KnobOverride parse_knob_override(const std::string& kv) {
   FEPLB_REQUIRE_INPUT(eq != std::string::npos && eq > 0, "--knob: '{}' is not NAME=VALUE", kv);
   char* end = nullptr;
   const double v = std::strtod(kv.c_str() + eq + 1, &end);
-  FEPLB_REQUIRE_INPUT(end && *end == '\0' && end != kv.c_str() + eq + 1, "--knob: '{}': bad value", kv);
+  FEPLB_REQUIRE_INPUT(end && *end == '\0' && end != kv.c_str() + eq + 1, "--knob: '{}': bad value",
+                      kv);
   return {kv.substr(0, eq), v};
 }
 

@@ -8,21 +8,24 @@
 #include <variant>
 #include <vector>
 
+#include "feplb/core/limits.h"
+
 namespace feplb {
 
 struct Knobs {
-#define FEPLB_KNOB(type, name, def, min, unit, help) type name = def;
+#define FEPLB_KNOB(type, name, def, min, max, unit, help) type name = def;
 #include "feplb/core/knobs.def"
 #undef FEPLB_KNOB
 };
 
 // One knob, described for listing and binding: `value` points into a Knobs object.
 struct KnobInfo {
-  std::string_view name;   // e.g. "max_num_dyn"
-  std::string flag;        // e.g. "--max-num-dyn"
+  std::string_view name;  // e.g. "max_num_dyn"
+  std::string flag;       // e.g. "--max-num-dyn"
   std::variant<int64_t*, double*> value;
   double default_value;
   double minimum;
+  double maximum;
   std::string_view unit;
   std::string_view help;
 };
@@ -30,7 +33,7 @@ struct KnobInfo {
 // Every knob of `knobs`, in declaration order.
 std::vector<KnobInfo> list_knobs(Knobs& knobs);
 
-// Throws InputError naming the flag if a knob is below its minimum.
+// Throws InputError naming the flag if a knob is outside [minimum, maximum] (or not finite).
 void validate_knobs(const Knobs& knobs);
 
 // One knob set by name (reports' variants).

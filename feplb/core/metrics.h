@@ -1,4 +1,4 @@
-// Metrics of one plan (FEPLB.md §3): token straggler, GEMM straggler, bytes moved (by kind and by
+// Metrics of one plan: token straggler, GEMM straggler, bytes moved (by kind and by
 // link: NVLink inside a node, network between nodes), whether the phase-2 copies land inside each
 // receiving GPU's static-GEMM window.
 #pragma once

@@ -23,4 +23,11 @@ int64_t RoutingStep::total_rows() const {
   return std::accumulate(expert_counts.begin(), expert_counts.end(), int64_t{0});
 }
 
+bool Trace::uniform() const {
+  for (const RoutingStep& s : steps) {
+    if (!s.dropped.empty() || !s.tokens.empty()) return false;
+  }
+  return true;
+}
+
 }  // namespace feplb

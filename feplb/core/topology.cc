@@ -22,8 +22,8 @@ Topology::Topology(int num_ranks, int gpus_per_node, std::vector<int> home)
   local_.assign(static_cast<size_t>(num_experts_), -1);
   for (int e = 0; e < num_experts_; ++e) {
     const int g = home_[e];
-    FEPLB_REQUIRE_INPUT(g >= 0 && g < num_ranks_, "placement: expert {} has home GPU {} outside [0, {})",
-                        e, g, num_ranks_);
+    FEPLB_REQUIRE_INPUT(g >= 0 && g < num_ranks_,
+                        "placement: expert {} has home GPU {} outside [0, {})", e, g, num_ranks_);
     FEPLB_REQUIRE_INPUT(filled[g] < per_rank, "placement: GPU {} holds more than {} experts", g,
                         per_rank);
     local_[static_cast<size_t>(g) * per_rank + filled[g]++] = e;

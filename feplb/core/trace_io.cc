@@ -1,31 +1,34 @@
 #include "feplb/core/trace_io.h"
 
+#include <fmt/format.h>
+
 #include <limits>
 #include <set>
 #include <utility>
 
 #include "feplb/core/error.h"
-#include "feplb/core/file_io.h"
-#include "feplb/core/internal/json_input.h"
+#include "feplb/core/file_input.h"
+#include "feplb/core/internal/json_stream.h"
+#include "feplb/core/limits.h"
 
 namespace feplb {
 namespace {
 
-using json_input::int_in;
-using json_input::json;
-using json_input::member;
-using json_input::type_of;
-
-// Limits that keep a malformed or hostile file from asking for absurd memory.
-constexpr int64_t kMaxRanks = 1 << 14;
-constexpr int64_t kMaxExperts = 1 << 16;
-constexpr int64_t kMaxTokensPerRank = int64_t{1} << 32;
+using json_stream::int_in;
+using json_stream::json;
+using json_stream::Take;
+using json_stream::type_of;
 
 std::optional<ExpertShape> parse_shape(const json& v) {
   FEPLB_REQUIRE_INPUT(v.is_object(), "expert_shape: expected an object, got {}", type_of(v));
   ExpertShape s;
-  s.hidden = int_in(member(v, "hidden", "expert_shape."), "expert_shape.hidden", 1, 1 << 20);
-  s.ffn = int_in(member(v, "ffn", "expert_shape."), "expert_shape.ffn", 1, 1 << 20);
+  const auto dim = [&](const char* key) {
+    const auto it = v.find(key);
+    FEPLB_REQUIRE_INPUT(it != v.end(), "expert_shape.{}: missing", key);
+    return int_in(*it, fmt::format("expert_shape.{}", key), 1, limits::kMaxExpertDim);
+  };
+  s.hidden = dim("hidden");
+  s.ffn = dim("ffn");
   if (auto it = v.find("dtype"); it != v.end()) {
     FEPLB_REQUIRE_INPUT(it->is_string(), "expert_shape.dtype: expected a string, got {}",
                         type_of(*it));
@@ -34,93 +37,364 @@ std::optional<ExpertShape> parse_shape(const json& v) {
   return s;
 }
 
-RoutingStep parse_step(const json& v, size_t index, const Trace& t) {
-  const std::string where = fmt::format("steps[{}]", index);
-  FEPLB_REQUIRE_INPUT(v.is_object(), "{}: expected an object, got {}", where, type_of(v));
-  const int64_t step = int_in(member(v, "step", where + "."), where + ".step", 0,
-                              std::numeric_limits<int32_t>::max());
-  const int64_t layer = int_in(member(v, "layer", where + "."), where + ".layer", 0,
-                               std::numeric_limits<int32_t>::max());
-  const json& counts = member(v, "counts", where + ".");
-  FEPLB_REQUIRE_INPUT(counts.is_array(), "{}.counts: expected an array, got {}", where,
-                      type_of(counts));
-  FEPLB_REQUIRE_INPUT(counts.size() == static_cast<size_t>(t.num_ranks),
-                      "{}.counts: has {} rows, expected num_ranks = {}", where, counts.size(),
-                      t.num_ranks);
-  // Every row's shape is checked before the [num_ranks, num_experts] matrix is allocated: the
-  // header alone may ask for gigabytes, which only a file that big may make us allocate.
-  for (int src = 0; src < t.num_ranks; ++src) {
-    const json& row = counts[static_cast<size_t>(src)];
-    FEPLB_REQUIRE_INPUT(row.is_array(), "{}.counts[{}]: expected an array, got {}", where, src,
-                        type_of(row));
-    FEPLB_REQUIRE_INPUT(row.size() == static_cast<size_t>(t.num_experts),
-                        "{}.counts[{}]: has {} entries, expected num_experts = {}", where, src,
-                        row.size(), t.num_experts);
-  }
-  RoutingStep s(step, layer, t.num_ranks, t.num_experts);
-  const int64_t row_sum = t.rows_per_rank();
-  for (int src = 0; src < t.num_ranks; ++src) {
-    const json& row = counts[static_cast<size_t>(src)];
-    int64_t sum = 0;
-    for (int e = 0; e < t.num_experts; ++e) {
-      // Each token picks top_k distinct experts, so no expert gets more than S rows from a rank.
-      const int64_t c = int_in(row[static_cast<size_t>(e)],
-                               fmt::format("{}.counts[{}][{}]", where, src, e), 0, t.tokens_per_rank);
-      s.at(src, e) = c;
-      sum += c;
+// The trace document, streamed: the header's members and each step's small members are captured,
+// the counts go straight into the step's [num_ranks, num_experts] matrix. Header members may come
+// in any order; a step is shape-checked as soon as num_ranks and num_experts are known and its
+// counts as soon as top_k and tokens_per_rank are too (else at the end of the document).
+class TraceReader : public json_stream::Reader<TraceReader> {
+ public:
+  explicit TraceReader(const ByteSource& source) : Reader(source) {}
+
+  // Levels of streamed containers: the document, "steps", a step, its "counts", a row.
+  enum Level : size_t { kDoc = 1, kSteps = 2, kStep = 3, kCounts = 4, kRow = 5 };
+
+  Take take(bool object) {
+    switch (depth()) {
+      case 0:
+        // Anything else is captured (so a syntax error in it is named first), then refused.
+        return object ? Take::stream() : Take::whole();
+      case kDoc:
+        return key_at(0) == "steps" && !object ? Take::stream() : Take::whole();
+      case kSteps:
+        return object ? Take::stream() : Take::whole();
+      case kStep:
+        return key_at(kStep - 1) == "counts" && !object ? Take::stream() : Take::whole();
+      case kCounts:
+        return object ? Take::whole() : Take::stream();
+      default:
+        return Take::whole();
     }
-    FEPLB_REQUIRE_INPUT(sum == row_sum,
-                        "{}.counts[{}]: sums to {}, expected tokens_per_rank * top_k = {}", where,
-                        src, sum, row_sum);
   }
-  s.sum_experts();
-  return s;
+
+  void opened(bool /*object*/) {
+    switch (depth()) {
+      case kSteps:
+        saw_steps_ = true;
+        break;
+      case kStep:
+        step_ = Pending{};
+        step_.index = index_at(kSteps - 1);
+        break;
+      case kCounts:
+        step_.has_counts = true;
+        if (shape_known()) step_.flat.reserve(static_cast<size_t>(t_.num_ranks) * t_.num_experts);
+        break;
+      case kRow:
+        row_start_ = step_.flat.size();
+        break;
+      default:
+        break;
+    }
+  }
+
+  void closed(bool /*object*/) {
+    switch (depth()) {
+      case kRow: {
+        const auto row = static_cast<int>(step_.row_len.size());
+        const size_t len = step_.flat.size() - row_start_;
+        if (shape_known()) check_row_length(step_.index, row, len);
+        step_.row_len.push_back(len);
+        break;
+      }
+      case kCounts:
+        if (shape_known()) check_row_count(step_.index, step_.row_len.size());
+        break;
+      case kStep:
+        finish_step();
+        break;
+      default:
+        break;
+    }
+  }
+
+  void value(json&& v) {
+    switch (depth()) {
+      case 0:
+        throw InputError(fmt::format("expected a JSON object at the top, got {}", type_of(v)));
+      case kDoc:
+        header(key_at(0), v);
+        break;
+      case kSteps:
+        throw InputError(
+            fmt::format("steps[{}]: expected an object, got {}", index_at(1), type_of(v)));
+      case kStep:
+        step_member(key_at(kStep - 1), std::move(v));
+        break;
+      case kCounts:
+        throw InputError(fmt::format("{}: expected an array, got {}", path(), type_of(v)));
+      case kRow:
+        count(v);
+        break;
+      default:
+        break;
+    }
+  }
+
+  Trace finish() {
+    FEPLB_REQUIRE_INPUT(seen_format_, "format: missing");
+    for (const char* key : {"num_experts", "num_ranks", "top_k", "tokens_per_rank"}) {
+      FEPLB_REQUIRE_INPUT(seen_.count(key), "{}: missing", key);
+    }
+    FEPLB_REQUIRE_INPUT(saw_steps_, "steps: missing");
+    FEPLB_REQUIRE_INPUT(!t_.steps.empty() || !pending_.empty(),
+                        "steps: empty; a trace needs at least one step");
+    // Steps that came before the header.
+    for (Pending& p : pending_) build_step(p);
+    pending_.clear();
+    for (size_t i = values_checked_; i < t_.steps.size(); ++i) check_values(i);
+    for (RoutingStep& s : t_.steps) s.sum_experts();
+    return std::move(t_);
+  }
+
+ private:
+  // A step as read, before its shape is known: the counts row by row.
+  struct Pending {
+    size_t index = 0;
+    bool has_counts = false, has_step = false, has_layer = false;
+    int64_t step = 0, layer = 0;
+    std::vector<int64_t> flat;
+    std::vector<size_t> row_len;
+    json tokens, dropped;  // null when absent
+  };
+
+  // Set once their header members have been read (checked per count: kept as flags).
+  bool shape_known() const { return shape_known_; }
+  bool values_known() const { return values_known_; }
+
+  void header(const std::string& key, const json& v) {
+    seen_.insert(key);
+    if (key == "format") {
+      seen_format_ = true;
+      FEPLB_REQUIRE_INPUT(v.is_string() && v.get_ref<const std::string&>() == kTraceFormat,
+                          "format: expected \"{}\", got {}", kTraceFormat, v.dump());
+    } else if (key == "model") {
+      FEPLB_REQUIRE_INPUT(v.is_string(), "model: expected a string, got {}", type_of(v));
+      t_.model = v.get<std::string>();
+    } else if (key == "num_experts") {
+      t_.num_experts = static_cast<int>(int_in(v, "num_experts", 1, limits::kMaxExperts));
+    } else if (key == "num_ranks") {
+      t_.num_ranks = static_cast<int>(int_in(v, "num_ranks", 1, limits::kMaxRanks));
+    } else if (key == "top_k") {
+      t_.top_k = static_cast<int>(int_in(v, "top_k", 1, limits::kMaxExperts));
+    } else if (key == "tokens_per_rank") {
+      t_.tokens_per_rank = int_in(v, "tokens_per_rank", 0, limits::kMaxTokensPerRank);
+    } else if (key == "expert_shape") {
+      t_.expert_shape = parse_shape(v);
+    } else if (key == "generator") {
+      FEPLB_REQUIRE_INPUT(v.is_object(), "generator: expected an object, got {}", type_of(v));
+      t_.generator_json = v.dump();
+    } else if (key == "steps") {
+      throw InputError(fmt::format("steps: expected an array, got {}", type_of(v)));
+    } else {
+      seen_.erase(key);  // unknown members are ignored
+      return;
+    }
+    shape_known_ = seen_.count("num_experts") && seen_.count("num_ranks");
+    values_known_ = shape_known_ && seen_.count("top_k") && seen_.count("tokens_per_rank");
+    if (shape_known() && !shape_checked_) check_shape();
+    if (values_known() && !values_checked_header_) {
+      values_checked_header_ = true;
+      FEPLB_REQUIRE_INPUT(t_.top_k <= t_.num_experts, "top_k: {} is outside [1, num_experts = {}]",
+                          t_.top_k, t_.num_experts);
+      for (size_t i = values_checked_; i < t_.steps.size(); ++i) check_values(i);
+      values_checked_ = t_.steps.size();
+    }
+  }
+
+  void check_shape() {
+    shape_checked_ = true;
+    FEPLB_REQUIRE_INPUT(t_.num_experts % t_.num_ranks == 0,
+                        "num_experts: {} is not divisible by num_ranks {}", t_.num_experts,
+                        t_.num_ranks);
+    const int64_t per_step = int64_t{t_.num_ranks} * t_.num_experts;
+    FEPLB_REQUIRE_INPUT(per_step <= limits::kMaxTraceCounts,
+                        "num_ranks x num_experts: {} x {} = {} counts per step, above the limit "
+                        "of {} counts in a trace",
+                        t_.num_ranks, t_.num_experts, per_step, limits::kMaxTraceCounts);
+    // Steps read before the shape was known.
+    for (Pending& p : pending_) build_step(p);
+    pending_.clear();
+  }
+
+  void step_member(const std::string& key, json&& v) {
+    const std::string where = fmt::format("steps[{}].{}", step_.index, key);
+    if (key == "step") {
+      step_.step = int_in(v, where, 0, limits::kMaxStepId);
+      step_.has_step = true;
+    } else if (key == "layer") {
+      step_.layer = int_in(v, where, 0, limits::kMaxStepId);
+      step_.has_layer = true;
+    } else if (key == "counts") {
+      throw InputError(fmt::format("{}: expected an array, got {}", where, type_of(v)));
+    } else if (key == "tokens") {
+      step_.tokens = std::move(v);
+    } else if (key == "dropped") {
+      step_.dropped = std::move(v);
+    }
+  }
+
+  // One count, as it streams in: an integer in [0, 2^32]; its bound by the rank's tokens is
+  // checked with the step's values.
+  void count(const json& v) {
+    if (v.is_number_unsigned() || v.is_number_integer()) {
+      // Fast path: a plain non-negative integer.
+      if (v.is_number_unsigned()) {
+        const uint64_t u = v.get<uint64_t>();
+        if (u <= static_cast<uint64_t>(limits::kMaxTokensPerRank)) {
+          push_count(static_cast<int64_t>(u));
+          return;
+        }
+      }
+    }
+    push_count(int_in(v, path(), 0, limits::kMaxTokensPerRank));
+  }
+
+  void push_count(int64_t c) {
+    FEPLB_REQUIRE_INPUT(++numbers_ <= limits::kMaxTraceCounts,
+                        "{}: more than {} counts, the limit of a trace", path(),
+                        limits::kMaxTraceCounts);
+    if (shape_known() && step_.flat.size() - row_start_ >= static_cast<size_t>(t_.num_experts)) {
+      // Too many entries: keep counting them for the message, store none.
+      ++overflow_;
+      return;
+    }
+    step_.flat.push_back(c);
+  }
+
+  void check_row_length(size_t step, int row, size_t len) {
+    const size_t n = len + overflow_;
+    overflow_ = 0;
+    FEPLB_REQUIRE_INPUT(n == static_cast<size_t>(t_.num_experts),
+                        "steps[{}].counts[{}]: has {} entries, expected num_experts = {}", step,
+                        row, n, t_.num_experts);
+  }
+
+  void check_row_count(size_t step, size_t rows) {
+    FEPLB_REQUIRE_INPUT(rows == static_cast<size_t>(t_.num_ranks),
+                        "steps[{}].counts: has {} rows, expected num_ranks = {}", step, rows,
+                        t_.num_ranks);
+  }
+
+  void finish_step() {
+    const std::string where = fmt::format("steps[{}]", step_.index);
+    FEPLB_REQUIRE_INPUT(step_.has_step, "{}.step: missing", where);
+    FEPLB_REQUIRE_INPUT(step_.has_layer, "{}.layer: missing", where);
+    FEPLB_REQUIRE_INPUT(step_.has_counts, "{}.counts: missing", where);
+    FEPLB_REQUIRE_INPUT(seen_ids_.emplace(step_.step, step_.layer).second,
+                        "{}: step {} layer {} appears twice", where, step_.step, step_.layer);
+    if (!shape_known()) {
+      step_.flat.shrink_to_fit();
+      pending_.push_back(std::move(step_));
+      return;
+    }
+    build_step(step_);
+    if (values_known()) {
+      check_values(t_.steps.size() - 1);
+      values_checked_ = t_.steps.size();
+    }
+  }
+
+  // Shape-checks a step and appends it to the trace.
+  void build_step(Pending& p) {
+    for (size_t r = 0; r < p.row_len.size(); ++r) {
+      check_row_length(p.index, static_cast<int>(r), p.row_len[r]);
+    }
+    check_row_count(p.index, p.row_len.size());
+    RoutingStep s;
+    s.step = p.step;
+    s.layer = p.layer;
+    s.num_ranks = t_.num_ranks;
+    s.num_experts = t_.num_experts;
+    s.counts = std::move(p.flat);
+    s.tokens = per_rank(p.tokens, p.index, "tokens");
+    s.dropped = per_rank(p.dropped, p.index, "dropped");
+    t_.steps.push_back(std::move(s));
+    step_index_.push_back(p.index);
+  }
+
+  // A step's optional "tokens" or "dropped": num_ranks non-negative integers (empty if absent).
+  std::vector<int64_t> per_rank(const json& v, size_t index, const char* key) {
+    if (v.is_null()) return {};
+    const std::string where = fmt::format("steps[{}].{}", index, key);
+    FEPLB_REQUIRE_INPUT(v.is_array(), "{}: expected an array, got {}", where, type_of(v));
+    FEPLB_REQUIRE_INPUT(v.size() == static_cast<size_t>(t_.num_ranks),
+                        "{}: has {} entries, expected num_ranks = {}", where, v.size(),
+                        t_.num_ranks);
+    std::vector<int64_t> out;
+    out.reserve(v.size());
+    for (size_t r = 0; r < v.size(); ++r) {
+      out.push_back(int_in(v[r], fmt::format("{}[{}]", where, r), 0, limits::kMaxTokensPerRank));
+    }
+    return out;
+  }
+
+  // The values of step i: tokens within tokens_per_rank, counts within the rank's tokens, each
+  // row summing to tokens * top_k - dropped.
+  void check_values(size_t i) {
+    const RoutingStep& s = t_.steps[i];
+    const size_t index = step_index_[i];
+    for (int src = 0; src < t_.num_ranks; ++src) {
+      const int64_t tokens = t_.tokens_of(s, src);
+      FEPLB_REQUIRE_INPUT(tokens <= t_.tokens_per_rank,
+                          "steps[{}].tokens[{}]: {} is above tokens_per_rank = {}", index, src,
+                          tokens, t_.tokens_per_rank);
+      const int64_t dropped = t_.dropped_of(s, src);
+      FEPLB_REQUIRE_INPUT(dropped <= tokens * t_.top_k,
+                          "steps[{}].dropped[{}]: {} is above tokens * top_k = {}", index, src,
+                          dropped, tokens * t_.top_k);
+      int64_t sum = 0;
+      for (int e = 0; e < t_.num_experts; ++e) {
+        // Each token picks top_k distinct experts, so no expert gets more than its tokens.
+        const int64_t c = s.at(src, e);
+        FEPLB_REQUIRE_INPUT(c <= tokens, "steps[{}].counts[{}][{}]: {} is above {} = {}", index,
+                            src, e, c, s.tokens.empty() ? "tokens_per_rank" : "the rank's tokens",
+                            tokens);
+        sum += c;
+      }
+      if (s.tokens.empty() && s.dropped.empty()) {
+        FEPLB_REQUIRE_INPUT(sum == tokens * t_.top_k,
+                            "steps[{}].counts[{}]: sums to {}, expected tokens_per_rank * top_k = "
+                            "{}",
+                            index, src, sum, tokens * t_.top_k);
+      } else {
+        FEPLB_REQUIRE_INPUT(sum == tokens * t_.top_k - dropped,
+                            "steps[{}].counts[{}]: sums to {}, expected tokens[{}] * top_k - "
+                            "dropped[{}] = {} * {} - {} = {}",
+                            index, src, sum, src, src, tokens, t_.top_k, dropped,
+                            tokens * t_.top_k - dropped);
+      }
+    }
+  }
+
+  Trace t_;
+  std::set<std::string> seen_;  // header members seen
+  bool seen_format_ = false, saw_steps_ = false, shape_checked_ = false;
+  bool shape_known_ = false, values_known_ = false;
+  bool values_checked_header_ = false;
+  size_t values_checked_ = 0;  // t_.steps[0, values_checked_) have had check_values
+  std::set<std::pair<int64_t, int64_t>> seen_ids_;
+  std::vector<Pending> pending_;  // steps read before the shape was known
+  Pending step_;                  // the step being read
+  size_t row_start_ = 0, overflow_ = 0;
+  int64_t numbers_ = 0;
+  std::vector<size_t> step_index_;  // [t_.steps]: index in the file's "steps"
+};
+
+Trace read_from(ByteSource& source) {
+  TraceReader reader(source);
+  json_stream::parse(source, reader);
+  return reader.finish();
 }
 
 }  // namespace
 
 Trace parse_trace(std::string_view text) {
-  // A trace nests 5 deep (document, steps, step, counts, row); parse_document refuses far deeper.
-  const json doc = json_input::parse_document(text);
-  FEPLB_REQUIRE_INPUT(doc.is_object(), "expected a JSON object at the top, got {}", type_of(doc));
-  const json& format = member(doc, "format", "");
-  FEPLB_REQUIRE_INPUT(format.is_string() && format.get<std::string>() == kTraceFormat,
-                      "format: expected \"{}\", got {}", kTraceFormat, format.dump());
-
-  Trace t;
-  if (auto it = doc.find("model"); it != doc.end()) {
-    FEPLB_REQUIRE_INPUT(it->is_string(), "model: expected a string, got {}", type_of(*it));
-    t.model = it->get<std::string>();
-  }
-  t.num_experts = static_cast<int>(int_in(member(doc, "num_experts", ""), "num_experts", 1, kMaxExperts));
-  t.num_ranks = static_cast<int>(int_in(member(doc, "num_ranks", ""), "num_ranks", 1, kMaxRanks));
-  t.top_k = static_cast<int>(int_in(member(doc, "top_k", ""), "top_k", 1, t.num_experts));
-  t.tokens_per_rank =
-      int_in(member(doc, "tokens_per_rank", ""), "tokens_per_rank", 0, kMaxTokensPerRank);
-  FEPLB_REQUIRE_INPUT(t.num_experts % t.num_ranks == 0,
-                      "num_experts: {} is not divisible by num_ranks {}", t.num_experts, t.num_ranks);
-  if (auto it = doc.find("expert_shape"); it != doc.end()) t.expert_shape = parse_shape(*it);
-  if (auto it = doc.find("generator"); it != doc.end()) {
-    FEPLB_REQUIRE_INPUT(it->is_object(), "generator: expected an object, got {}", type_of(*it));
-    t.generator_json = it->dump();
-  }
-
-  const json& steps = member(doc, "steps", "");
-  FEPLB_REQUIRE_INPUT(steps.is_array(), "steps: expected an array, got {}", type_of(steps));
-  FEPLB_REQUIRE_INPUT(!steps.empty(), "steps: empty; a trace needs at least one step");
-  std::set<std::pair<int64_t, int64_t>> seen;
-  t.steps.reserve(std::min<size_t>(steps.size(), 4096));
-  for (size_t i = 0; i < steps.size(); ++i) {
-    RoutingStep s = parse_step(steps[i], i, t);
-    FEPLB_REQUIRE_INPUT(seen.emplace(s.step, s.layer).second,
-                        "steps[{}]: step {} layer {} appears twice", i, s.step, s.layer);
-    t.steps.push_back(std::move(s));
-  }
-  return t;
+  ByteSource source(text, kTraceFormat, limits::kMaxTraceBytes);
+  return read_from(source);
 }
 
 Trace read_trace(const std::string& path) {
-  return parse_file(path, [](const std::string& text) { return parse_trace(text); });
+  return parse_input(path, kTraceFormat, limits::kMaxTraceBytes, read_from);
 }
 
 std::string format_trace(const Trace& t) {
@@ -136,21 +410,27 @@ std::string format_trace(const Trace& t) {
                             {"ffn", t.expert_shape->ffn},
                             {"dtype", dtype_name(t.expert_shape->dtype)}};
   }
-  if (!t.generator_json.empty()) head["generator"] = nlohmann::ordered_json::parse(t.generator_json);
-  // The header as one JSON object, then "steps" with one step per line (diff-friendly).
+  if (!t.generator_json.empty()) {
+    head["generator"] = nlohmann::ordered_json::parse(t.generator_json);
+  }
+  // The header as one JSON object, then "steps" with one step per line (diff-friendly); a step's
+  // members in alphabetical order.
   std::string out = head.dump();
   out.pop_back();  // the closing brace; "steps" is appended as the last member
   out += ",\n\"steps\":[\n";
+  auto inserter = std::back_inserter(out);
   for (size_t i = 0; i < t.steps.size(); ++i) {
     const RoutingStep& s = t.steps[i];
-    json rows = json::array();
+    out += "{\"counts\":[";
     for (int src = 0; src < s.num_ranks; ++src) {
-      auto r = s.row(src);
-      rows.push_back(std::vector<int64_t>(r.begin(), r.end()));
+      fmt::format_to(inserter, "{}[{}]", src ? "," : "", fmt::join(s.row(src), ","));
     }
-    json step = {{"step", s.step}, {"layer", s.layer}, {"counts", std::move(rows)}};
-    out += step.dump();
-    out += i + 1 < t.steps.size() ? ",\n" : "\n";
+    out += ']';
+    if (!s.dropped.empty())
+      fmt::format_to(inserter, ",\"dropped\":[{}]", fmt::join(s.dropped, ","));
+    fmt::format_to(inserter, ",\"layer\":{},\"step\":{}", s.layer, s.step);
+    if (!s.tokens.empty()) fmt::format_to(inserter, ",\"tokens\":[{}]", fmt::join(s.tokens, ","));
+    out += i + 1 < t.steps.size() ? "},\n" : "}\n";
   }
   out += "]}\n";
   return out;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <new>
 #include <random>
+#include <utility>
 
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/resources.h"
@@ -291,12 +292,13 @@ struct EventEntry {
 class EventSignals final : public Transport::Signals {
  public:
   EventSignals(const std::string& name, int count, int rank, int world,
-               const AllGatherBlobs& all_gather, double timeout_s)
+               const AllGatherBlobs& all_gather, double timeout_s, PeerFailure peer_failure)
       : name_(name),
         count_(count),
         rank_(rank),
         world_(world),
         timeout_s_(timeout_s),
+        peer_failure_(std::move(peer_failure)),
         last_sent_(static_cast<size_t>(world) * count, 0) {
     const size_t per_rank =
         static_cast<size_t>(world) * count * kSignalRing;  // events, [receiver][slot][k]
@@ -416,6 +418,13 @@ class EventSignals final : public Transport::Signals {
         FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, in_[in_index(best_p, slot, best_k)], 0));
         return;
       }
+      if ((spins & 16383) == 16383 && peer_failure_) {
+        const std::string failed = peer_failure_();
+        if (!failed.empty()) {
+          throw Error(fmt::format("signal set '{}': rank {} waiting for slot {} to reach {}: {}",
+                                  name_, rank_, slot, value, failed));
+        }
+      }
       if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline) {
         throw Error(
             fmt::format("signal set '{}': rank {} waited {:.3g} s for slot {} to reach {}: {}",
@@ -443,6 +452,7 @@ class EventSignals final : public Transport::Signals {
   std::string name_;
   int count_, rank_, world_;
   double timeout_s_;
+  PeerFailure peer_failure_;
   std::vector<uint32_t> last_sent_;  // [receiver][slot]: the last value this rank signalled
   OwnedEvents own_;                  // [receiver][slot][k]: recorded by this rank
   OwnedEvents opened_;               // peers' events opened here
@@ -539,13 +549,15 @@ class FlagSignals final : public Transport::Signals {
 
 std::unique_ptr<Transport::Signals> make_ipc_signals(const std::string& name, int count, int rank,
                                                      int world, const AllGatherBlobs& all_gather,
-                                                     SignalMechanism mechanism, double timeout_s) {
+                                                     SignalMechanism mechanism, double timeout_s,
+                                                     PeerFailure peer_failure) {
   FEPLB_CHECK(count >= 1 && world >= 1 && rank >= 0 && rank < world && timeout_s > 0,
               "signal set '{}': {} slots, rank {} of {}, timeout {} s", name, count, rank, world,
               timeout_s);
   switch (mechanism) {
     case SignalMechanism::kEvent:
-      return std::make_unique<EventSignals>(name, count, rank, world, all_gather, timeout_s);
+      return std::make_unique<EventSignals>(name, count, rank, world, all_gather, timeout_s,
+                                            std::move(peer_failure));
     case SignalMechanism::kStreamMemop:
     case SignalMechanism::kCeFlag:
       return std::make_unique<FlagSignals>(name, count, rank, world, all_gather, mechanism,

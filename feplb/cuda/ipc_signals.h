@@ -51,6 +51,7 @@
 // rank). Waits and setup are bounded by `timeout_s`.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,8 +64,14 @@ namespace feplb::cuda {
 // minus one ahead of a waiter's host on one slot.
 inline constexpr int kSignalRing = 4;
 
+// A failed peer in one line, or empty (Transport::peer_failure).
+using PeerFailure = std::function<std::string()>;
+
+// `peer_failure` (may be empty): kEvent waits poll it about every millisecond and throw an Error
+// with its text (the set, the slot, the value and the failed peer) as soon as it reports one.
 std::unique_ptr<Transport::Signals> make_ipc_signals(const std::string& name, int count, int rank,
                                                      int world, const AllGatherBlobs& all_gather,
-                                                     SignalMechanism mechanism, double timeout_s);
+                                                     SignalMechanism mechanism, double timeout_s,
+                                                     PeerFailure peer_failure = {});
 
 }  // namespace feplb::cuda

@@ -12,7 +12,15 @@
 //   their guests, outputs come back by copy engine; reverse all-to-all-v; weighted combine.
 // Backward reuses the micro-batch's plan: dY rows to the helpers by copy engine (weights again
 // only if another call refilled the slot), dX back by copy engine, dW (fp32) into the owner's
-// staging slot, added into the caller's gradient off the critical path. Optimizer state never moves.
+// staging slot, added into the caller's gradient off the critical path. Optimizer state never
+// moves.
+//
+// Two opt-in paths, chosen by the feplb planner's knobs (docs/gpu.md):
+//  * rows in one hop (one_hop = 1): migrated rows go straight to their helper in the phase-1
+//    all-to-all-v and their outputs (backward: dX) come back in the reverse one; only the weights
+//    (and dW) move by copy engine;
+//  * weights before routing (prefetch = 1): prefetch() copies the predicted migrations' weights
+//    into the helpers' guest slots ahead of the forward (e.g. before the attention block).
 //
 // Public header: CUDA runtime types only (no fmt, no cuBLAS).
 #pragma once
@@ -60,15 +68,27 @@ struct LayerConfig {
   std::string name = "moe";   // for messages
 };
 
-// Host-side measurements of a forward (microseconds, steady clock) and, with the runtime's
-// `timing`, GPU times (ms) on the caller's stream.
+// Host-side measurements of a forward (microseconds, steady clock, taken on the scheduler thread)
+// and, with the runtime's `timing`, GPU times (ms, CUDA events).
 struct ForwardStats {
-  double counts_to_host_us = 0;        // counts D2H issued -> seen by the scheduler
-  double plan_us = 0;                  // planner call
+  double counts_to_host_us = 0;  // counts D2H issued (caller's thread) -> seen by the scheduler
+  double plan_us = 0;            // the planner call alone
+  // Counts seen on the host (the scheduler's poll of the event after their D2H copy succeeds) ->
+  // plan ready (routing assembled, planned, its step layout built and checked).
+  double counts_to_plan_us = 0;
   double plan_to_first_copy_us = 0;    // plan ready -> first phase-2 copy issued (0: no copy)
-  double counts_to_first_copy_us = 0;  // the sum: counts ready -> first copy issued
+  double counts_to_first_copy_us = 0;  // counts D2H issued -> first phase-2 copy issued
+  // With `timing`: the counts all-gather done on the GPU -> the first phase-2 copy starting on the
+  // copy stream (CUDA events on one device; includes the host's planning, as the GPU sees it, and,
+  // on the two-phase path, the wait for phase 1). 0: no copy.
+  float gpu_counts_to_first_copy_ms = 0;
   int64_t copies = 0;                  // phase-2 copy calls this rank issued
   int64_t guest_rows = 0, exported_rows = 0;
+  int64_t weight_copies = 0;    // experts' weights this rank copied to helpers in phase 2
+  int64_t dispatched_rows = 0;  // guest rows that reached this rank in phase 1 (one hop)
+  // Weights before routing, when this forward used a prefetch() (every rank's pairs, the same on
+  // every rank): (expert, helper) pairs prefetched, and those the plan computed rows with.
+  int64_t prefetched_pairs = 0, prefetch_hits = 0;
   // The forward's timeline: dispatch_ms + static_ms + wait_ms + guest_ms + return_ms + combine_ms
   // = forward_ms.
   float forward_ms = 0;   // the whole forward
@@ -125,17 +145,19 @@ class MicroBatch {
   uint64_t generation_ = 0;
 };
 
-// A planner by name for a layer of `runtime` (topology, shape and knobs from its configuration).
-// InputError for a policy whose plans the GPU layer cannot run (rows dispatched elsewhere than
-// the experts' homes: FasterMoE, EPLB, LLEP, MoonEP run in simulation only). `cost` (null: the
-// roofline from the knobs) must outlive the planner.
+// A planner by name for a layer of `runtime` (topology, shape and knobs from its configuration;
+// prefetch_window_us = 0 becomes the attention block's time for the runtime's max_tokens, as in
+// the simulator). InputError for a policy whose plans the GPU layer cannot run (rows kept at their
+// source or on resident replicas: FasterMoE, EPLB, LLEP, MoonEP run in simulation only). `cost`
+// (null: the roofline from the knobs) must outlive the planner.
 std::unique_ptr<Planner> make_gpu_planner(const EpRuntime& runtime, std::string_view policy,
                                           const GemmCostModel* cost = nullptr);
 
 class MoeLayer {
  public:
-  // `planner` must promise plans the GPU layer runs (PlanLimits::rows_via_homes). Layers of a
-  // runtime are constructed in the same order on every rank (they are numbered by it).
+  // `planner` must promise plans the GPU layer runs (PlanLimits::rows_via_homes, or feplb's
+  // one-hop plans). Layers of a runtime are constructed in the same order on every rank (they are
+  // numbered by it).
   MoeLayer(EpRuntime& runtime, const LayerConfig& config, std::unique_ptr<Planner> planner);
   ~MoeLayer();
   MoeLayer(const MoeLayer&) = delete;
@@ -154,6 +176,31 @@ class MoeLayer {
   void backward(MicroBatch&& mb, std::span<const ExpertParams> experts, const bf16* grad_out,
                 const float* topk_weight, bf16* grad_hidden, float* grad_topk_weight,
                 std::span<const ExpertGrads> grads, GradMode mode, cudaStream_t stream);
+
+  // For a framework that dispatched the tokens itself (its own all-to-all, DeepEP): `rows`
+  // [N, H] at this rank's experts, grouped by expert in local order, rows_per_expert[i] of local
+  // expert i (host values, N = their sum) -> out_rows [N, H], each row's expert output (not yet
+  // weighted, not combined). Phase 2 and the GEMMs only: the counts all-gather, the plan, the
+  // copy-engine moves. The caller keeps `rows` unchanged until the backward. Collective.
+  MicroBatch forward_dispatched(std::span<const ExpertParams> experts, const bf16* rows,
+                                std::span<const int64_t> rows_per_expert, bf16* out_rows, cudaStream_t stream);
+  // grad_out_rows [N, H] (dL/d out_rows) -> grad_rows [N, H], weight gradients as backward().
+  void backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams> experts, const bf16* grad_out_rows,
+                           bf16* grad_rows, std::span<const ExpertGrads> grads, GradMode mode,
+                           cudaStream_t stream);
+
+  // Weights before routing: asks the planner which (expert, helper) pairs this layer's next
+  // forward is likely to migrate (Planner::prefetch; nothing unless its knob prefetch = 1) and
+  // copies those weights from `experts` (this rank's, as forward takes them) into the helpers'
+  // guest slots on the runtime's phase-2 copy stream: after `stream`'s prior work, each helper's
+  // copies after its last use of its slots (no SM; the host may wait for a slower peer to have
+  // issued that use). Returns at once. Call it ahead of the forward, e.g. before the attention
+  // block, at the same point of every rank's call sequence. The runtime's next call settles it:
+  // this layer's forward uses the prefetched weights (no second copy; a predicted pair the plan
+  // does not use costs its bytes, never correctness; a migration that was not predicted is copied
+  // as without prefetch); any other call (another layer, a backward, another prefetch) drops it.
+  // `experts` must stay unchanged until then. A forward without a prefetch() runs as before.
+  void prefetch(std::span<const ExpertParams> experts, cudaStream_t stream);
 
   // Later work on `stream` sees every weight gradient this layer's backwards produced.
   void sync_gradients(cudaStream_t stream);

@@ -1,8 +1,10 @@
 #include "feplb/cuda/runtime.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "feplb/cuda/check.h"
@@ -117,7 +119,10 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
   const std::string prefix = "feplb." + cfg.name + ".";
   transport.register_buffer(prefix + "guest_in", guest_in.get(), guest_in.bytes());
   transport.register_buffer(prefix + "yrecv", yrecv.get(), yrecv.bytes());
-  signals = transport.make_signals(prefix + "signals", 3 * world);
+  signals = transport.make_signals(prefix + "signals", 5 * world);
+  slot_quiet.assign(static_cast<size_t>(world), 0);
+  pending.into_here.assign(static_cast<size_t>(world), 0);
+  pending.targets.assign(static_cast<size_t>(world), 0);
   if (transport.supports_peer_copies()) {
     for (int p = 0; p < world; ++p) {
       peer_guest_in.push_back(static_cast<bf16*>(transport.peer_buffer(prefix + "guest_in", p)));
@@ -132,6 +137,36 @@ RuntimeState::~RuntimeState() {
   // buffers: wait for the copy streams before they are freed.
   FEPLB_CUDA_WARN(cudaStreamSynchronize(copy_in.get()));
   FEPLB_CUDA_WARN(cudaStreamSynchronize(copy_out.get()));
+}
+
+void RuntimeState::check_peers(const char* waiting_for) const {
+  const std::string peer = transport.peer_failure();
+  if (!peer.empty()) {
+    throw Error(fmt::format("runtime '{}' rank {}: {} (while waiting for {})", cfg.name, rank, peer,
+                            waiting_for));
+  }
+}
+
+void RuntimeState::sync(cudaStream_t stream, const char* what) const {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.timeout_s);
+  auto next_check = std::chrono::steady_clock::now();
+  for (uint64_t spins = 0;; ++spins) {
+    const cudaError_t err = cudaStreamQuery(stream);
+    if (err == cudaSuccess) return;
+    if (err != cudaErrorNotReady) FEPLB_CUDA_CHECK(err);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_check) {
+      check_peers(what);
+      next_check = now + std::chrono::milliseconds(1);
+    }
+    if (now > deadline) {
+      throw Error(
+          fmt::format("runtime '{}' rank {}: {}: no progress for {:.0f} s (a peer never answered?)",
+                      cfg.name, rank, what, cfg.timeout_s));
+    }
+    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 void RuntimeState::check_usable(const char* who) const {
@@ -149,6 +184,7 @@ int RuntimeState::acquire(int layer_id) {
     h.in_use = true;
     h.generation = next_generation++;
     h.layer_id = layer_id;
+    h.dispatched = false;
     h.mem_tokens = h.mem_plan = nullptr;
     h.bytes_tokens = h.bytes_plan = 0;
     return static_cast<int>(i);
@@ -224,6 +260,8 @@ int EpRuntime::micro_batches_in_flight() const {
 }
 
 double EpRuntime::scheduler_cpu_seconds() const { return state_->scheduler.cpu_seconds(); }
+
+void EpRuntime::synchronize(cudaStream_t stream) const { state_->sync(stream, "synchronize"); }
 
 // ---------------------------------------------------------------------------------------------
 

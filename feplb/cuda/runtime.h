@@ -88,6 +88,13 @@ class EpRuntime {
   int micro_batches_in_flight() const;
   // CPU time the scheduler thread has used so far (seconds).
   double scheduler_cpu_seconds() const;
+  // Waits for `stream`'s work, bounded by the configuration's timeout_s: Error if it does not
+  // finish, and as soon as the transport reports a failed peer (Transport::peer_failure: a peer
+  // process that exited, the communicator's asynchronous error), naming it. Use it instead of
+  // cudaStreamSynchronize, which waits forever for a step a dead peer never completes. After
+  // such an Error, abort the communicator and leave the process: streams may still wait on the
+  // dead peer's work, and destroying the runtime waits for its copy streams.
+  void synchronize(cudaStream_t stream) const;
 
   std::shared_ptr<RuntimeState> state() const { return state_; }
 

@@ -83,6 +83,12 @@ class Transport {
   std::unique_ptr<Signals> make_signals(const std::string& name, int count) {
     return make_signals(name, count, kDefaultSignalMechanism);
   }
+
+  // A peer this rank can no longer work with, in one line naming it ("rank 1 (pid 4242)
+  // exited"; or the communicator's asynchronous error), or empty while none is known. The
+  // runtime's bounded waits on peers poll it (about every millisecond), so a peer that dies in
+  // the middle of a step is an Error within milliseconds, not at the timeout. Safe from any thread.
+  virtual std::string peer_failure() const { return {}; }
 };
 
 // R virtual ranks in one process on the current GPU. Each rank's thread calls its endpoint's
@@ -107,7 +113,10 @@ class InProcessGroup {
 
 // One rank of an NCCL communicator (which the caller keeps owning). Its signal sets are
 // make_ipc_signals (feplb/cuda/ipc_signals.h) over the communicator's all-gather: every rank of
-// the communicator on one host.
+// the communicator on one host. peer_failure() reports a peer process on this host that exited
+// (PeerWatch, feplb/cuda/peer_watch.h) and the communicator's asynchronous error
+// (ncclCommGetAsyncError); after such an Error, abort the communicator and leave the process
+// (streams may still wait on the dead peer's work).
 std::unique_ptr<Transport> make_nccl_transport(void* nccl_comm, int device);
 
 }  // namespace feplb::cuda

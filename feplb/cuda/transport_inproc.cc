@@ -191,6 +191,14 @@ class InProcessTransport final : public Transport {
   // Same-device copies in one batch call: they run on copy engines (FEPLB.md §8).
   void copy_batch(cudaStream_t stream) {
     if (sizes_.empty()) return;
+    // The batch call refuses the legacy default stream (a framework's usual current stream):
+    // there, one cudaMemcpyAsync per chunk (same-device copies on copy engines as well).
+    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
+      for (size_t i = 0; i < sizes_.size(); ++i) {
+        FEPLB_CUDA_CHECK(cudaMemcpyAsync(dsts_[i], srcs_[i], sizes_[i], cudaMemcpyDeviceToDevice, stream));
+      }
+      return;
+    }
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.srcLocHint.type = cudaMemLocationTypeDevice;

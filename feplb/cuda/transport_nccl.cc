@@ -8,6 +8,7 @@
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/ipc_signals.h"
 #include "feplb/cuda/peer_memory.h"
+#include "feplb/cuda/peer_watch.h"
 #include "feplb/cuda/resources.h"
 #include "feplb/cuda/transport.h"
 
@@ -28,11 +29,17 @@ namespace {
 constexpr double kSetupTimeoutS = 60.0;
 
 // A call on a communicator: a non-blocking one (nccl_comm.cc creates them so) may answer
-// ncclInProgress; then poll its state until it settles or `timeout_s` passes. Blocking
-// communicators never answer ncclInProgress, so this is a plain check for them.
-void nccl_settle(ncclComm_t comm, ncclResult_t r, const char* what, double timeout_s) {
+// ncclInProgress; then poll its state until it settles, `timeout_s` passes or `watch` reports a
+// peer that exited. Blocking communicators never answer ncclInProgress, so this is a plain check
+// for them.
+void nccl_settle(ncclComm_t comm, ncclResult_t r, const char* what, double timeout_s,
+                 const PeerWatch* watch = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (r == ncclInProgress) {
+  for (uint64_t polls = 0; r == ncclInProgress; ++polls) {
+    if (watch && (polls & 255) == 255) {
+      const std::string failed = watch->dead_peer();
+      if (!failed.empty()) throw Error(fmt::format("{}: {}", what, failed));
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       throw Error(fmt::format("{}: NCCL still in progress after {:.0f} s (a peer never joined?); "
                               "abort the communicator",
@@ -55,14 +62,18 @@ class NcclTransport final : public Transport {
   NcclTransport(ncclComm_t comm, int device) : comm_(comm), device_(device) {
     FEPLB_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     FEPLB_NCCL_CHECK(ncclCommCount(comm_, &world_));
-    if (world_ > 1) reachable_ = all_peers_reachable(rank_, blob_gather(), &unreachable_why_);
+    if (world_ > 1) {
+      reachable_ = all_peers_reachable(rank_, blob_gather(), &unreachable_why_);
+      watch_ = PeerWatch(rank_, world_, blob_gather());
+    }
   }
   std::string_view name() const override { return "nccl"; }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
   void all_gather_i32(const int32_t* send, int32_t* recv, size_t count, cudaStream_t stream) override {
-    nccl_settle(comm_, ncclAllGather(send, recv, count, ncclInt32, comm_, stream), "ncclAllGather", kSetupTimeoutS);
+    nccl_settle(comm_, ncclAllGather(send, recv, count, ncclInt32, comm_, stream), "ncclAllGather",
+                kSetupTimeoutS, &watch_);
   }
 
   void exchange(std::span<const Chunk> sends, std::span<const Chunk> recvs, cudaStream_t stream) override {
@@ -73,7 +84,7 @@ class NcclTransport final : public Transport {
     for (const Chunk& c : recvs) {
       if (c.bytes) FEPLB_NCCL_CHECK(ncclRecv(c.ptr, c.bytes, ncclUint8, c.peer, comm_, stream));
     }
-    nccl_settle(comm_, ncclGroupEnd(), "exchange (ncclGroupEnd)", kSetupTimeoutS);
+    nccl_settle(comm_, ncclGroupEnd(), "exchange (ncclGroupEnd)", kSetupTimeoutS, &watch_);
   }
 
   void register_buffer(const std::string& name, void* ptr, size_t bytes) override {
@@ -98,7 +109,20 @@ class NcclTransport final : public Transport {
     FEPLB_CHECK(count > 0, "make_signals: '{}' with {} slots", name, count);
     FEPLB_CHECK(signal_names_.insert(name).second, "make_signals: '{}' made twice", name);
     FEPLB_CHECK(world_ == 1 || reachable_, "NCCL transport: signals need peer memory: {}", unreachable_why_);
-    return make_ipc_signals(name, count, rank_, world_, blob_gather(), mechanism, kSetupTimeoutS);
+    return make_ipc_signals(name, count, rank_, world_, blob_gather(), mechanism, kSetupTimeoutS,
+                            [this] { return peer_failure(); });
+  }
+
+  std::string peer_failure() const override {
+    std::string failed = watch_.dead_peer();
+    if (!failed.empty()) return failed;
+    ncclResult_t r = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &r) == ncclSuccess && r != ncclSuccess &&
+        r != ncclInProgress) {
+      return fmt::format("the NCCL communicator of rank {} reports error {} ({}): {}", rank_,
+                         static_cast<int>(r), ncclGetErrorString(r), ncclGetLastError(comm_));
+    }
+    return {};
   }
 
  private:
@@ -149,6 +173,7 @@ class NcclTransport final : public Transport {
   Stream setup_stream_;  // registration and probes, synchronous
   bool reachable_ = false;
   std::string unreachable_why_;
+  PeerWatch watch_;  // the peers' processes on this host
   std::map<std::string, Registered> buffers_;
   std::set<std::string> signal_names_;
 };

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -56,18 +57,21 @@ double seconds_left(Clock::time_point deadline) {
 }
 
 // Reads or writes exactly n bytes before the deadline.
-void io_exact(int fd, void* buf, size_t n, bool write, Clock::time_point deadline, const std::string& what) {
+void io_exact(int fd, void* buf, size_t n, bool write, Clock::time_point deadline,
+              const std::string& what) {
   char* p = static_cast<char*>(buf);
   while (n > 0) {
     pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
     const double left = seconds_left(deadline);
     if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left * 1000) + 1) <= 0) {
-      throw Error(fmt::format("rendezvous: timed out {} {}", write ? "sending to" : "receiving from", what));
+      throw Error(fmt::format("rendezvous: timed out {} {}",
+                              write ? "sending to" : "receiving from", what));
     }
     const ssize_t r = write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
     if (r <= 0) {
       if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      throw Error(fmt::format("rendezvous: connection to {} closed ({})", what, r == 0 ? "EOF" : std::strerror(errno)));
+      throw Error(fmt::format("rendezvous: connection to {} closed ({})", what,
+                              r == 0 ? "EOF" : std::strerror(errno)));
     }
     p += r;
     n -= static_cast<size_t>(r);
@@ -95,11 +99,17 @@ sockaddr_in resolve(const LaunchEnv& env) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   const int rc = ::getaddrinfo(env.master_addr.c_str(), nullptr, &hints, &res);
-  FEPLB_REQUIRE_INPUT(rc == 0 && res, "MASTER_ADDR: cannot resolve '{}' ({})", env.master_addr, gai_strerror(rc));
+  FEPLB_REQUIRE_INPUT(rc == 0 && res, "MASTER_ADDR: cannot resolve '{}' ({})", env.master_addr,
+                      gai_strerror(rc));
   sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
   ::freeaddrinfo(res);
-  addr.sin_port = htons(static_cast<uint16_t>(env.master_port));
+  addr.sin_port = htons(static_cast<uint16_t>(rendezvous_port(env)));
   return addr;
+}
+
+// One rank's entry in share_from_rank0: "<what> <rank> <world>\n" then, on rank 0, the payload.
+std::string share_header(std::string_view what, int rank, int world_size) {
+  return fmt::format("{} {} {}\n", what, rank, world_size);
 }
 
 }  // namespace
@@ -121,19 +131,29 @@ LaunchEnv launch_env(const GetEnv& getenv) {
   e.local_rank = int_var(getenv, local, e.rank % e.local_world_size, 0, e.local_world_size - 1);
   if (const char* a = getenv("MASTER_ADDR")) e.master_addr = a;
   e.master_port = int_var(getenv, "MASTER_PORT", e.master_port, 1, 65535);
+  FEPLB_REQUIRE_INPUT(
+      getenv("FEPLB_RENDEZVOUS_PORT") || e.master_port < 65535,
+      "FEPLB_RENDEZVOUS_PORT: not set, and its default MASTER_PORT + 1 = {} is no port",
+      e.master_port + 1);
+  e.rendezvous_port = int_var(getenv, "FEPLB_RENDEZVOUS_PORT", e.master_port + 1, 1, 65535);
   return e;
+}
+
+int rendezvous_port(const LaunchEnv& env) {
+  return env.rendezvous_port > 0 ? env.rendezvous_port : env.master_port + 1;
 }
 
 LaunchEnv launch_env_from_process() {
   return launch_env([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
 }
 
-std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::string& blob, double timeout_s) {
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::string& blob,
+                                               double timeout_s) {
+  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                        std::chrono::duration<double>(timeout_s));
   if (env.world_size == 1) return {blob};
   const sockaddr_in addr = resolve(env);
-  const std::string master = fmt::format("{}:{}", env.master_addr, env.master_port);
+  const std::string master = fmt::format("{}:{}", env.master_addr, rendezvous_port(env));
   if (env.rank == 0) {
     Fd listener(::socket(AF_INET, SOCK_STREAM, 0));
     FEPLB_CHECK(listener.get() >= 0, "socket: {}", std::strerror(errno));
@@ -141,8 +161,10 @@ std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::
     ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     sockaddr_in any = addr;
     any.sin_addr.s_addr = htonl(INADDR_ANY);
-    FEPLB_REQUIRE_INPUT(::bind(listener.get(), reinterpret_cast<const sockaddr*>(&any), sizeof(any)) == 0,
-                        "MASTER_PORT: cannot listen on port {} ({})", env.master_port, std::strerror(errno));
+    FEPLB_REQUIRE_INPUT(
+        ::bind(listener.get(), reinterpret_cast<const sockaddr*>(&any), sizeof(any)) == 0,
+        "FEPLB_RENDEZVOUS_PORT: cannot listen on port {} ({}; the default is MASTER_PORT + 1)",
+        rendezvous_port(env), std::strerror(errno));
     FEPLB_CHECK(::listen(listener.get(), 128) == 0, "listen: {}", std::strerror(errno));
     std::vector<std::string> blobs(static_cast<size_t>(env.world_size));
     std::vector<Fd> peers(static_cast<size_t>(env.world_size));
@@ -156,15 +178,16 @@ std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::
         for (int r = 1; r < env.world_size; ++r) {
           if (peers[r].get() < 0) missing += fmt::format("{}{}", missing.empty() ? "" : ",", r);
         }
-        throw Error(fmt::format("rendezvous: rank(s) {} never connected to {} within {:.0f} s", missing, master,
-                                timeout_s));
+        throw Error(fmt::format("rendezvous: rank(s) {} never connected to {} within {:.0f} s",
+                                missing, master, timeout_s));
       }
       Fd c(::accept(listener.get(), nullptr, nullptr));
       if (c.get() < 0) continue;
       uint32_t r = 0;
       io_exact(c.get(), &r, sizeof(r), false, deadline, "a new peer");
       FEPLB_CHECK(r >= 1 && r < static_cast<uint32_t>(env.world_size) && peers[r].get() < 0,
-                  "rendezvous: a peer claims rank {} (world {}), out of range or twice", r, env.world_size);
+                  "rendezvous: a peer claims rank {} (world {}), out of range or twice", r,
+                  env.world_size);
       blobs[r] = recv_blob(c.get(), deadline, fmt::format("rank {}", r));
       peers[r] = std::move(c);
       ++arrived;
@@ -174,7 +197,8 @@ std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::
     // listener's backlog and being reset.
     listener = Fd();
     for (int r = 1; r < env.world_size; ++r) {
-      for (const std::string& b : blobs) send_blob(peers[r].get(), b, deadline, fmt::format("rank {}", r));
+      for (const std::string& b : blobs)
+        send_blob(peers[r].get(), b, deadline, fmt::format("rank {}", r));
     }
     return blobs;
   }
@@ -189,15 +213,67 @@ std::vector<std::string> rendezvous_all_gather(const LaunchEnv& env, const std::
       io_exact(s.get(), &r, sizeof(r), true, deadline, "rank 0 at " + master);
       send_blob(s.get(), blob, deadline, "rank 0 at " + master);
       std::vector<std::string> blobs;
-      for (int i = 0; i < env.world_size; ++i) blobs.push_back(recv_blob(s.get(), deadline, "rank 0 at " + master));
+      for (int i = 0; i < env.world_size; ++i)
+        blobs.push_back(recv_blob(s.get(), deadline, "rank 0 at " + master));
       return blobs;
     }
     if (seconds_left(deadline) <= 0) {
-      throw Error(fmt::format("rendezvous: rank {} could not reach rank 0 at {} within {:.0f} s ({})", env.rank,
-                              master, timeout_s, std::strerror(errno)));
+      throw Error(
+          fmt::format("rendezvous: rank {} could not reach rank 0 at {} within {:.0f} s ({})",
+                      env.rank, master, timeout_s, std::strerror(errno)));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+AllGatherBlobs tcp_all_gather(const LaunchEnv& env, double timeout_s) {
+  return [env, timeout_s](const std::string& blob) {
+    return rendezvous_all_gather(env, blob, timeout_s);
+  };
+}
+
+std::string share_from_rank0(std::string_view what, int rank, int world_size,
+                             const std::string& root_blob, size_t expected_bytes,
+                             const AllGatherBlobs& all_gather) {
+  FEPLB_REQUIRE_INPUT(world_size >= 1 && rank >= 0 && rank < world_size,
+                      "{}: rank {} is not in [0, {})", what, rank, world_size);
+  FEPLB_REQUIRE_INPUT(rank != 0 || root_blob.size() == expected_bytes,
+                      "{}: rank 0's blob is {} bytes, not {}", what, root_blob.size(),
+                      expected_bytes);
+  FEPLB_REQUIRE_INPUT(static_cast<bool>(all_gather), "{}: no all-gather function", what);
+  std::vector<std::string> all;
+  try {
+    all =
+        all_gather(share_header(what, rank, world_size) + (rank == 0 ? root_blob : std::string()));
+  } catch (const InputError& e) {  // e.g. a rendezvous port that cannot be bound
+    throw InputError(fmt::format("{}: the all-gather failed on rank {} of {}: {}", what, rank,
+                                 world_size, e.what()));
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: the all-gather failed on rank {} of {}: {}", what, rank,
+                            world_size, e.what()));
+  }
+  if (all.size() != static_cast<size_t>(world_size)) {
+    throw Error(
+        fmt::format("{}: the all-gather returned {} entries on rank {}, expected one per rank ({})",
+                    what, all.size(), rank, world_size));
+  }
+  for (int r = 0; r < world_size; ++r) {
+    const std::string header = share_header(what, r, world_size);
+    const std::string& got = all[static_cast<size_t>(r)];
+    if (got.compare(0, header.size(), header) != 0) {
+      const std::string shown = got.substr(0, std::min(got.find('\n'), size_t{64}));
+      throw Error(fmt::format(
+          "{}: entry {} of the all-gather on rank {} is '{}', expected '{} {} {}' (every "
+          "rank's blob, in rank order, from one group)",
+          what, r, rank, shown, what, r, world_size));
+    }
+  }
+  std::string payload = all[0].substr(share_header(what, 0, world_size).size());
+  if (payload.size() != expected_bytes) {
+    throw Error(
+        fmt::format("{}: rank 0 sent {} bytes, expected {}", what, payload.size(), expected_bytes));
+  }
+  return payload;
 }
 
 }  // namespace feplb::dist

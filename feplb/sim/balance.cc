@@ -1,4 +1,5 @@
 #include "feplb/sim/balance.h"
+#include "feplb/sim/internal/report_parts.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "feplb/core/stats.h"
 #include "feplb/sim/gemm_tables.h"
 #include "feplb/sim/prior.h"
+#include "feplb/sim/report.h"
 
 namespace feplb {
 namespace {
@@ -22,25 +24,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr const char* kPlaced = ", placed homes";
 
 std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
-
-// Steps of one label, collected over the workloads of a group.
-struct Accumulator {
-  std::string label, policy;
-  Transport transport;
-  bool placed = false, variant = false;
-  std::vector<StepMetrics> steps;
-};
-
-void collect(std::vector<Accumulator>& acc, const std::string& label, const PolicyResult& pr,
-             bool placed, bool variant) {
-  for (Accumulator& a : acc) {
-    if (a.label == label) {
-      a.steps.insert(a.steps.end(), pr.steps.begin(), pr.steps.end());
-      return;
-    }
-  }
-  acc.push_back({label, pr.name, pr.transport, placed, variant, pr.steps});
-}
 
 // Simulates `trace` with each layer's homes placed once from the layer's warm-up micro-batches:
 // EPLB's hierarchical packing, no replicas (pack_homes in placer.h). Adds the experts re-homed
@@ -80,43 +63,6 @@ SimulationResult simulate_placed(const Trace& trace, const SimulationConfig& bas
   return simulate(trace, cfg);
 }
 
-BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<Accumulator>& acc) {
-  BalanceGroup g;
-  g.ranks = ranks;
-  g.domains = domains;
-  g.skew = skew;
-  double rows = 0;
-  for (const StepMetrics& m : acc.front().steps) rows += m.mean_rows;
-  g.mean_rows =
-      acc.front().steps.empty() ? 0.0 : rows / static_cast<double>(acc.front().steps.size());
-  std::vector<PolicySummary*> all;
-  g.cells.reserve(acc.size());
-  for (Accumulator& a : acc) {
-    BalanceCell c;
-    c.label = a.label;
-    c.policy = a.policy;
-    c.transport = a.transport;
-    c.placed = a.placed;
-    c.variant = a.variant;
-    c.summary = summarise_steps(a.steps);
-    std::vector<double> floor;
-    for (const StepMetrics& m : a.steps) {
-      c.max_token_straggler = std::max(c.max_token_straggler, m.token_straggler);
-      c.max_token_max_over_mean = std::max(c.max_token_max_over_mean, m.token_max_over_mean);
-      c.max_guest_slots = std::max(c.max_guest_slots, static_cast<double>(m.max_guest_slots));
-      c.max_network_bytes = std::max(c.max_network_bytes, static_cast<double>(m.network_bytes));
-      floor.push_back(m.oracle_straggler);
-    }
-    c.oracle_straggler = mean_of(floor);
-    g.cells.push_back(std::move(c));
-  }
-  for (BalanceCell& c : g.cells) all.push_back(&c.summary);
-  const BalanceCell* base = g.find("static");
-  FEPLB_CHECK(base != nullptr, "balance: no static policy");
-  apply_reductions(all, base->summary);
-  return g;
-}
-
 // The many-donor section: per shape, EP size and workload, every policy and feplb's modes.
 void run_many_donor(const BalanceConfig& config, BalanceResult& result) {
   std::map<std::string, std::string> prior_of;  // stem -> path
@@ -136,8 +82,10 @@ void run_many_donor(const BalanceConfig& config, BalanceResult& result) {
   for (const BalanceConfig::Shape& sh : config.many_donor_shapes) {
     const CostModelChoice cost =
         config.cost_dir.empty()
-            ? CostModelChoice{nullptr, roofline_label(config.sim.knobs)}
-            : find_gemm_table(config.cost_dir, "data/cost", sh.shape, config.sim.knobs);
+            ? CostModelChoice{nullptr,
+                              roofline_label(config.sim.knobs, find_gpu_class(config.sim.gpu))}
+            : find_gemm_table(config.cost_dir, "data/cost", sh.shape, config.sim.knobs,
+                              find_gpu_class(config.sim.gpu));
     for (int ranks : config.many_donor_ranks) {
       struct Workload {
         std::string name;
@@ -166,15 +114,15 @@ void run_many_donor(const BalanceConfig& config, BalanceResult& result) {
         sim.shape = sh.shape;
         sim.cost = cost.model.get();
         sim.cost_label = cost.label;
-        std::vector<Accumulator> acc;
+        std::vector<BalanceSteps> acc;
         const SimulationResult r = simulate(trace, sim);
-        for (const PolicyResult& p : r.policies) collect(acc, p.name, p, false, false);
+        for (const PolicyResult& p : r.policies) collect_steps(acc, p.name, p, false, false);
         for (const BalanceVariant& v : config.many_donor_modes) {
           SimulationConfig vs = sim;
           vs.policies = {v.policy};
           apply_knobs(vs.knobs, v.knobs);
           const SimulationResult rv = simulate(trace, vs);
-          collect(acc, v.label, *rv.find(v.policy), false, true);
+          collect_steps(acc, v.label, *rv.find(v.policy), false, true);
         }
         const Topology topo = Topology::contiguous(ranks, config.gpus_per_node, config.num_experts);
         BalanceGroup g = summarise_group(ranks, topo.num_domains(), 0.0, acc);
@@ -190,6 +138,54 @@ void run_many_donor(const BalanceConfig& config, BalanceResult& result) {
 
 }  // namespace
 
+void collect_steps(std::vector<BalanceSteps>& acc, const std::string& label, const PolicyResult& pr,
+                   bool placed, bool variant) {
+  for (BalanceSteps& a : acc) {
+    if (a.label == label) {
+      a.steps.insert(a.steps.end(), pr.steps.begin(), pr.steps.end());
+      return;
+    }
+  }
+  acc.push_back({label, pr.name, pr.movement, placed, variant, pr.steps});
+}
+
+BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<BalanceSteps>& acc) {
+  BalanceGroup g;
+  g.ranks = ranks;
+  g.domains = domains;
+  g.skew = skew;
+  double rows = 0;
+  for (const StepMetrics& m : acc.front().steps) rows += m.mean_rows;
+  g.mean_rows =
+      acc.front().steps.empty() ? 0.0 : rows / static_cast<double>(acc.front().steps.size());
+  std::vector<PolicySummary*> all;
+  g.cells.reserve(acc.size());
+  for (BalanceSteps& a : acc) {
+    BalanceCell c;
+    c.label = a.label;
+    c.policy = a.policy;
+    c.movement = a.movement;
+    c.placed = a.placed;
+    c.variant = a.variant;
+    c.summary = summarise_steps(a.steps);
+    std::vector<double> floor;
+    for (const StepMetrics& m : a.steps) {
+      c.max_token_straggler = std::max(c.max_token_straggler, m.token_straggler);
+      c.max_token_max_over_mean = std::max(c.max_token_max_over_mean, m.token_max_over_mean);
+      c.max_guest_slots = std::max(c.max_guest_slots, static_cast<double>(m.max_guest_slots));
+      c.max_network_bytes = std::max(c.max_network_bytes, static_cast<double>(m.network_bytes));
+      floor.push_back(m.oracle_straggler);
+    }
+    c.oracle_straggler = mean_of(floor);
+    g.cells.push_back(std::move(c));
+  }
+  for (BalanceCell& c : g.cells) all.push_back(&c.summary);
+  const BalanceCell* base = g.find("static");
+  FEPLB_CHECK(base != nullptr, "balance: no static policy");
+  apply_reductions(all, base->summary);
+  return g;
+}
+
 bool shows_many_donors(const Prior& prior, int ranks) {
   const int E = prior.num_experts();
   if (ranks < 2 || E % ranks != 0) return false;
@@ -204,6 +200,12 @@ bool shows_many_donors(const Prior& prior, int ranks) {
     if (over >= 2 && under >= 2) return true;
   }
   return false;
+}
+
+std::vector<BalanceVariant> feplb_modes() {
+  return {{"feplb prefetch", "feplb", {{"prefetch", 1}}},
+          {"feplb one-hop", "feplb", {{"one_hop", 1}}},
+          {"feplb prefetch + one-hop", "feplb", {{"prefetch", 1}, {"one_hop", 1}}}};
 }
 
 std::vector<BalanceVariant> default_balance_variants() {
@@ -257,25 +259,6 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
     policies.insert(policies.begin(), "static");
   }
 
-  // EPLB's README example, through the same code the eplb planner uses.
-  {
-    const std::vector<std::vector<double>> weight = {
-        {90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86},
-        {20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27}};
-    eplb::Params p;
-    p.num_experts = 12;
-    p.num_replicas = 16;
-    p.num_groups = 4;
-    p.num_nodes = 2;
-    p.num_gpus = 8;
-    eplb::Workspace ws;
-    for (const auto& w : weight) {
-      eplb::Layout out;
-      eplb::rebalance(w, p, out, ws);
-      result.eplb_readme.push_back(out.phy2log);
-    }
-  }
-
   struct Workload {
     std::string name;
     double skew;  // 0: real prior
@@ -295,7 +278,7 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
   int64_t done = 0;
   for (int ranks : config.ranks) {
     const Topology topo = Topology::contiguous(ranks, config.gpus_per_node, config.num_experts);
-    std::vector<Accumulator> real;
+    std::vector<BalanceSteps> real;
     double rehomed = 0;
     int64_t layers = 0;
     for (const Workload& w : workloads) {
@@ -309,15 +292,16 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
       sim.gpus_per_node = config.gpus_per_node;
       sim.warmup_steps = config.warmup_steps;
       const SimulationResult r = simulate(trace, sim);
-      std::vector<Accumulator> one;
-      std::vector<Accumulator>& acc = w.skew > 0 ? one : real;
-      for (const PolicyResult& p : r.policies) collect(acc, p.name, p, false, false);
+      std::vector<BalanceSteps> one;
+      std::vector<BalanceSteps>& acc = w.skew > 0 ? one : real;
+      for (const PolicyResult& p : r.policies) collect_steps(acc, p.name, p, false, false);
       if (w.skew == 0) {
         SimulationConfig placed = sim;
         placed.policies = config.placed_policies;
         const SimulationResult rp =
             simulate_placed(trace, placed, topo.num_domains(), rehomed, layers);
-        for (const PolicyResult& p : rp.policies) collect(acc, p.name + kPlaced, p, true, false);
+        for (const PolicyResult& p : rp.policies)
+          collect_steps(acc, p.name + kPlaced, p, true, false);
         if (ranks == config.pareto_ranks) {
           for (const BalanceVariant& v : config.variants) {
             SimulationConfig vs = sim;
@@ -329,7 +313,7 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
                 v.placed_homes
                     ? simulate_placed(trace, vs, topo.num_domains(), unused, unused_layers)
                     : simulate(trace, vs);
-            collect(acc, v.label, *rv.find(v.policy), v.placed_homes, true);
+            collect_steps(acc, v.label, *rv.find(v.policy), v.placed_homes, true);
           }
         }
       } else {
@@ -345,6 +329,49 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
   }
   run_many_donor(config, result);
   return result;
+}
+
+nlohmann::ordered_json balance_cell_json(const BalanceCell& cell) {
+  const PolicySummary& s = cell.summary;
+  return {{"label", cell.label},
+          {"policy", cell.policy},
+          {"placed_homes", cell.placed},
+          {"variant", cell.variant},
+          {"transport",
+           {{"dispatch", cell.movement.dispatch},
+            {"dispatch_sms", cell.movement.dispatch_sms},
+            {"balance", cell.movement.balance},
+            {"balance_sms", cell.movement.balance_sms},
+            {"balance_every_micro_batch", cell.movement.balance_every_micro_batch}}},
+          {"token_straggler", s.token_straggler},
+          {"token_straggler_p95", s.token_straggler_p95},
+          {"token_straggler_max", cell.max_token_straggler},
+          {"token_max_over_mean", s.token_max_over_mean},
+          {"token_max_over_mean_max", cell.max_token_max_over_mean},
+          {"gemm_straggler_ms", s.gemm_straggler_ms},
+          {"gemm_straggler_ms_p95", s.gemm_straggler_ms_p95},
+          {"weight_bytes_per_step", s.weight_bytes_per_step},
+          {"token_bytes_per_step", s.token_bytes_per_step},
+          {"nvlink_bytes_per_step", s.nvlink_bytes_per_step},
+          {"network_bytes_per_step", s.network_bytes_per_step},
+          {"dispatch_nvlink_bytes_per_step", s.dispatch_nvlink_bytes_per_step},
+          {"dispatch_network_bytes_per_step", s.dispatch_network_bytes_per_step},
+          {"guest_slots_max", cell.max_guest_slots},
+          {"network_bytes_max", cell.max_network_bytes},
+          {"fits_static_window", s.fits_static_window},
+          {"delayed_steps", s.delayed_steps},
+          {"copy_exposed_ms", s.copy_exposed_ms},
+          {"plan_exposed_ms", s.plan_exposed_ms},
+          {"exposed_ms", s.exposed_ms},
+          {"prefetch_bytes_per_step", s.prefetch_bytes_per_step},
+          {"prefetch_wasted_bytes_per_step", s.prefetch_wasted_bytes_per_step},
+          {"prefetch_hit_rate", s.prefetch_hit_rate},
+          {"prefetch_coverage", s.prefetch_coverage},
+          {"planner_us_median", s.planner_us_median},
+          {"planner_us_p99", s.planner_us_p99},
+          {"inter_node_floor", cell.oracle_straggler},
+          {"token_straggler_reduction", s.token_straggler_reduction},
+          {"gemm_straggler_reduction", s.gemm_straggler_reduction}};
 }
 
 std::string format_balance_json(const BalanceResult& r, const std::string& command) {
@@ -373,53 +400,12 @@ std::string format_balance_json(const BalanceResult& r, const std::string& comma
                    {"concentration", c.workload.concentration},
                    {"seed", c.workload.seed},
                    {"policies", c.sim.policies},
+                   {"gpu", gpu_json(c.sim)},
                    {"pareto_ranks", c.pareto_ranks},
                    {"variants", variants}};
-  doc["eplb_readme_phy2log"] = r.eplb_readme;
   const auto cells_json = [](const BalanceGroup& g) {
     json cells = json::array();
-    for (const BalanceCell& cell : g.cells) {
-      const PolicySummary& s = cell.summary;
-      cells.push_back({{"label", cell.label},
-                       {"policy", cell.policy},
-                       {"placed_homes", cell.placed},
-                       {"variant", cell.variant},
-                       {"transport",
-                        {{"dispatch", cell.transport.dispatch},
-                         {"dispatch_sms", cell.transport.dispatch_sms},
-                         {"balance", cell.transport.balance},
-                         {"balance_sms", cell.transport.balance_sms},
-                         {"balance_every_micro_batch", cell.transport.balance_every_micro_batch}}},
-                       {"token_straggler", s.token_straggler},
-                       {"token_straggler_p95", s.token_straggler_p95},
-                       {"token_straggler_max", cell.max_token_straggler},
-                       {"token_max_over_mean", s.token_max_over_mean},
-                       {"token_max_over_mean_max", cell.max_token_max_over_mean},
-                       {"gemm_straggler_ms", s.gemm_straggler_ms},
-                       {"gemm_straggler_ms_p95", s.gemm_straggler_ms_p95},
-                       {"weight_bytes_per_step", s.weight_bytes_per_step},
-                       {"token_bytes_per_step", s.token_bytes_per_step},
-                       {"nvlink_bytes_per_step", s.nvlink_bytes_per_step},
-                       {"network_bytes_per_step", s.network_bytes_per_step},
-                       {"dispatch_nvlink_bytes_per_step", s.dispatch_nvlink_bytes_per_step},
-                       {"dispatch_network_bytes_per_step", s.dispatch_network_bytes_per_step},
-                       {"guest_slots_max", cell.max_guest_slots},
-                       {"network_bytes_max", cell.max_network_bytes},
-                       {"fits_static_window", s.fits_static_window},
-                       {"delayed_steps", s.delayed_steps},
-                       {"copy_exposed_ms", s.copy_exposed_ms},
-                       {"plan_exposed_ms", s.plan_exposed_ms},
-                       {"exposed_ms", s.exposed_ms},
-                       {"prefetch_bytes_per_step", s.prefetch_bytes_per_step},
-                       {"prefetch_wasted_bytes_per_step", s.prefetch_wasted_bytes_per_step},
-                       {"prefetch_hit_rate", s.prefetch_hit_rate},
-                       {"prefetch_coverage", s.prefetch_coverage},
-                       {"planner_us_median", s.planner_us_median},
-                       {"planner_us_p99", s.planner_us_p99},
-                       {"inter_node_floor", cell.oracle_straggler},
-                       {"token_straggler_reduction", s.token_straggler_reduction},
-                       {"gemm_straggler_reduction", s.gemm_straggler_reduction}});
-    }
+    for (const BalanceCell& cell : g.cells) cells.push_back(balance_cell_json(cell));
     return cells;
   };
   json groups = json::array();

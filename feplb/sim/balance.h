@@ -27,6 +27,9 @@ struct BalanceVariant {
 // policy and duplicate rule, LLEP's cap.
 std::vector<BalanceVariant> default_balance_variants();
 
+// feplb's modes beyond its default: weights prefetched before routing, rows in one hop, both.
+std::vector<BalanceVariant> feplb_modes();
+
 struct BalanceConfig {
   std::vector<std::string> prior_paths;               // real-model priors (data/priors)
   std::vector<double> skews = {1.2, 2.0, 5.0, 10.0};  // lognormal max/mean over experts
@@ -63,10 +66,7 @@ struct BalanceConfig {
   double many_donor_expert_skew = 2.0;  // max/mean over a GPU's experts
   // Real priors that show it (paths); empty: those of prior_paths that do (shows_many_donors).
   std::vector<std::string> many_donor_priors;
-  std::vector<BalanceVariant> many_donor_modes = {
-      {"feplb prefetch", "feplb", {{"prefetch", 1}}},
-      {"feplb one-hop", "feplb", {{"one_hop", 1}}},
-      {"feplb prefetch + one-hop", "feplb", {{"prefetch", 1}, {"one_hop", 1}}}};
+  std::vector<BalanceVariant> many_donor_modes = feplb_modes();
   std::string cost_dir;  // measured GEMM tables (data/cost); empty: the roofline
 };
 
@@ -74,7 +74,7 @@ struct BalanceConfig {
 struct BalanceCell {
   std::string label;
   std::string policy;
-  Transport transport;
+  DataMovement movement;
   PolicySummary summary;           // reductions against the group's static
   double max_token_straggler = 0;  // worst step
   double max_token_max_over_mean = 0;
@@ -87,7 +87,7 @@ struct BalanceCell {
 
 // Real priors pooled, or one lognormal skew level, at one EP size.
 struct BalanceGroup {
-  std::string workload;            // many-donor groups: the workload, shape and cost model
+  std::string workload;  // many-donor groups: the workload, shape and cost model
   std::string shape_name;
   ExpertShape shape;
   std::string cost_label;
@@ -106,7 +106,6 @@ struct BalanceResult {
   std::vector<BalanceGroup> groups;
   std::vector<BalanceGroup> many_donor;  // per shape, EP size and workload
   std::vector<std::string> many_donor_priors;  // the real priors used there (stems)
-  std::vector<std::vector<int32_t>> eplb_readme;  // EPLB's README example as our rebalance gives it
 
   const BalanceGroup* find(int ranks, double skew) const;
 };
@@ -127,6 +126,8 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress 
 std::string format_balance_markdown(const BalanceResult& result, const std::string& command,
                                     const std::string& plot_dir);
 std::string format_balance_json(const BalanceResult& result, const std::string& command);
+// The file names balance_plots() writes, in its order.
+std::vector<std::string> balance_plot_names();
 // (file name, SVG) pairs: token straggler, GEMM straggler, weight bytes, Pareto, cross-node.
 std::vector<std::pair<std::string, std::string>> balance_plots(const BalanceResult& result);
 

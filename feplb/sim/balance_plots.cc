@@ -1,6 +1,6 @@
-// The SVG plots of docs/results/balance.md, hand-written like report.cc's plot_svg: token
-// straggler, GEMM straggler and weight bytes against EP size and skew; the Pareto plot of
-// straggler against weight bytes; the cross-node picture at the largest EP size.
+// The SVG plots of docs/results/balance.md (helpers in svg_plot.h): token straggler, GEMM
+// straggler and weight bytes against EP size and skew; the Pareto plot of straggler against
+// weight bytes; the cross-node picture at the largest EP size.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,189 +9,23 @@
 #include <limits>
 
 #include "feplb/sim/balance.h"
+#include "feplb/sim/svg.h"
+#include "feplb/sim/svg_plot.h"
 
 namespace feplb {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
-constexpr const char* kFont = "Helvetica,Arial,sans-serif";
-
-const char* color_of(const std::string& policy) {
-  static const std::pair<const char*, const char*> kColors[] = {
-      {"static", "#888888"},    {"feplb-paper", "#9b59b6"}, {"feplb", "#1f5fbf"},
-      {"fastermoe", "#e8923a"}, {"oracle", "#000000"},      {"eplb", "#2a9d3a"},
-      {"llep", "#c0392b"},      {"moonep", "#16a0a0"},
-  };
-  for (const auto& [name, color] : kColors) {
-    if (policy == name) return color;
-  }
-  return "#555555";
-}
-
-std::string escape(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
-}
-
-class Svg {
- public:
-  Svg(double width, double height) {
-    s_ = fmt::format(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" "
-        "viewBox=\"0 0 {0:.0f} "
-        "{1:.0f}\" font-family=\"{2}\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-        width, height, kFont);
-  }
-  void text(double x, double y, const std::string& t, double size = 11,
-            const char* anchor = "start", const char* fill = "#222", bool bold = false) {
-    s_ += fmt::format(
-        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{}\" text-anchor=\"{}\" "
-        "fill=\"{}\"{}>{}</text>\n",
-        x, y, size, anchor, fill, bold ? " font-weight=\"bold\"" : "", escape(t));
-  }
-  void line(double x1, double y1, double x2, double y2, const char* stroke, double width = 1,
-            const char* dash = "") {
-    s_ += fmt::format(
-        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
-        "stroke-width=\"{}\"{}/>\n",
-        x1, y1, x2, y2, stroke, width, *dash ? fmt::format(" stroke-dasharray=\"{}\"", dash) : "");
-  }
-  void rect(double x, double y, double w, double h, const char* fill,
-            const std::string& title = "") {
-    s_ += fmt::format(
-        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
-        "fill=\"{}\">{}</rect>\n",
-        x, y, w, h, fill, title.empty() ? "" : "<title>" + escape(title) + "</title>");
-  }
-  void marker(double x, double y, double r, const char* fill, bool hollow,
-              const std::string& title) {
-    s_ += fmt::format(
-        "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\" stroke=\"{}\" "
-        "stroke-width=\"1.5\">"
-        "<title>{}</title></circle>\n",
-        x, y, r, hollow ? "white" : fill, fill, escape(title));
-  }
-  void polyline(const std::vector<std::pair<double, double>>& pts, const char* stroke, double width,
-                const char* dash = "") {
-    if (pts.size() < 2) return;
-    std::string p;
-    for (const auto& [x, y] : pts) p += fmt::format("{:.1f},{:.1f} ", x, y);
-    s_ +=
-        fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"{}\"{}/>\n",
-                    p, stroke, width, *dash ? fmt::format(" stroke-dasharray=\"{}\"", dash) : "");
-  }
-  std::string done() { return s_ + "</svg>\n"; }
-
- private:
-  std::string s_;
-};
-
-// A log axis over [lo, hi] mapped to pixels [p_lo, p_hi], with a separate position for 0 (values
-// <= 0 or below lo) one step beyond p_lo.
-struct LogAxis {
-  double lo, hi, p_lo, p_hi, zero_gap = 16;
-  bool zero_row = true;  // draw a '0' row for values <= 0
-  double zero() const { return p_lo + (p_hi > p_lo ? -zero_gap : zero_gap); }
-  double map(double v) const {
-    if (!(v > 0)) return zero();
-    const double t =
-        (std::log10(std::clamp(v, lo, hi)) - std::log10(lo)) / (std::log10(hi) - std::log10(lo));
-    return p_lo + t * (p_hi - p_lo);
-  }
-};
-
-std::string tick_label(double v, const std::string& unit) {
-  if (v >= 1) return fmt::format("{:.0f}{}", v, unit);
-  return fmt::format("{}{}", v, unit);
-}
-
-// Draws y ticks (decades) and grid for a vertical log axis on [x0, x1].
-void y_log_ticks(Svg& svg, const LogAxis& y, double x0, double x1, const std::string& unit) {
-  for (double v = y.lo; v <= y.hi * 1.0001; v *= 10) {
-    const double py = y.map(v);
-    svg.line(x0, py, x1, py, "#e6e6e6");
-    svg.text(x0 - 5, py + 3.5, tick_label(v, unit), 10, "end", "#555");
-  }
-  if (!y.zero_row) return;
-  svg.text(x0 - 5, y.zero() + 3.5, "0", 10, "end", "#555");
-  svg.line(x0, y.zero(), x1, y.zero(), "#f0f0f0", 1, "2,3");
-}
-
-// A round axis maximum and its tick step (1, 2 or 5 times a power of ten; 4 to 7 ticks).
-std::pair<double, double> nice_axis(double max) {
-  const double mag = std::pow(10.0, std::floor(std::log10(std::max(max, 1e-9))));
-  for (double step : {0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0}) {
-    const double s = step * mag;
-    if (max / s <= 7) return {std::ceil(max / s) * s, s};
-  }
-  return {max, max / 4};
-}
-
-struct Series {
-  std::string label;
-  const char* color;
-  const char* dash;
-  std::vector<double> values;  // NaN: missing
-};
-
-// One panel: categorical x (labels), log y, one line + markers per series.
-void line_panel(Svg& svg, double x0, double y0, double w, double h, const std::string& title,
-                const std::string& xtitle, const std::vector<std::string>& xlabels,
-                const std::vector<Series>& series, const LogAxis& yspec, const std::string& unit) {
-  const double left = x0 + 48, right = x0 + w - 10, top = y0 + 30, bottom = y0 + h - 52;
-  LogAxis y = yspec;
-  y.p_lo = bottom - 18;
-  y.p_hi = top;
-  svg.text(x0, y0 + 14, title, 13, "start", "#222", true);
-  y_log_ticks(svg, y, left, right, unit);
-  svg.line(left, top, left, bottom, "#999");
-  svg.line(left, bottom, right, bottom, "#999");
-  const size_t n = xlabels.size();
-  auto xpos = [&](size_t i) {
-    return left + (right - left) * (static_cast<double>(i) + 0.5) / static_cast<double>(n);
-  };
-  for (size_t i = 0; i < n; ++i) svg.text(xpos(i), bottom + 14, xlabels[i], 10, "middle", "#444");
-  svg.text((left + right) / 2, bottom + 30, xtitle, 10, "middle", "#666");
-  for (const Series& s : series) {
-    // Segments between two values; one that reaches the '0' row (off the log scale) is dotted.
-    for (size_t i = 0; i + 1 < n && i + 1 < s.values.size(); ++i) {
-      const double a = s.values[i], b = s.values[i + 1];
-      if (std::isnan(a) || std::isnan(b)) continue;
-      svg.polyline({{xpos(i), y.map(a)}, {xpos(i + 1), y.map(b)}}, s.color, 1.8,
-                   a > 0 && b > 0 ? s.dash : "1,3");
-    }
-    for (size_t i = 0; i < n && i < s.values.size(); ++i) {
-      if (std::isnan(s.values[i])) continue;
-      svg.marker(xpos(i), y.map(s.values[i]), 3, s.color, *s.dash != 0,
-                 fmt::format("{}, {}: {:.3g}{}", s.label, xlabels[i], s.values[i], unit));
-    }
-  }
-}
-
-void legend(Svg& svg, double x, double y, const std::vector<Series>& series) {
-  for (size_t i = 0; i < series.size(); ++i) {
-    const double ly = y + static_cast<double>(i) * 17;
-    svg.line(x, ly, x + 22, ly, series[i].color, 2, series[i].dash);
-    svg.marker(x + 11, ly, 3, series[i].color, *series[i].dash != 0, series[i].label);
-    svg.text(x + 28, ly + 4, series[i].label, 11);
-  }
-}
+using svg::color_of;
+using svg::legend;
+using svg::line_panel;
+using svg::LogAxis;
+using svg::nice_axis;
+using svg::Series;
+using svg::Svg;
+using svg::tick_label;
+using svg::y_log_ticks;
+constexpr double kNan = svg::kNan;
 
 // Labels drawn as lines: the main policies, then feplb with placed homes.
 std::vector<std::pair<std::string, const char*>> line_labels(const BalanceResult& r) {
@@ -228,7 +62,7 @@ std::string two_panel_plot(const BalanceResult& r, const std::string& title,
         "{}{}", ranks, r.find(ranks, 0.0) && r.find(ranks, 0.0)->domains > 1 ? " (2 nodes)" : ""));
   for (double s : c.skews) skew_labels.push_back(fmt::format("{}", s));
   for (const auto& [label, dash] : labels) {
-    Series a{label, color_of(policy_of_label(label)), dash, {}}, b = a;
+    Series a{label, policy_color(policy_of_label(label)), dash, {}}, b = a;
     for (int ranks : c.ranks) {
       const BalanceGroup* g = r.find(ranks, 0.0);
       const BalanceCell* cl = g ? g->find(label) : nullptr;
@@ -261,13 +95,14 @@ std::string pareto_plot(const BalanceResult& r) {
                        r.config.pareto_ranks),
            17, "start", "#222", true);
   svg.text(20, 42,
-           "each point: one setting, mean over every step of the 11 priors; filled: default "
-           "settings, hollow: "
-           "variants; the line: the Pareto front of runtime settings",
+           fmt::format("each point: one setting, mean over every step of the {} prior{}; filled: "
+                       "default settings, hollow: variants; the line: the Pareto front of runtime "
+                       "settings",
+                       r.config.prior_paths.size(), r.config.prior_paths.size() == 1 ? "" : "s"),
            11, "start", "#555");
   if (!g) return svg.done();
   const double left = 80, right = width - 230, top = 70, bottom = height - 60;
-  LogAxis y{0.01, 100, bottom - 20, top};
+  LogAxis y{0.01, 100, bottom - 26, top};  // the '0' row 10 px above the axis
   LogAxis x{1, 10000, left + 24, right};
   y_log_ticks(svg, y, left, right, "%");
   for (double v = x.lo; v <= x.hi * 1.0001; v *= 10) {
@@ -285,6 +120,7 @@ std::string pareto_plot(const BalanceResult& r) {
   auto py = [&](const BalanceCell& c) {
     return y.map(c.summary.token_straggler / g->mean_rows * 100);
   };
+  std::vector<std::vector<std::pair<double, double>>> drawn;  // lines the labels avoid
   // Series of variants joined by thin lines (feplb tolerance, placed homes, LLEP's cap).
   for (const auto& [prefix, policy] : std::vector<std::pair<std::string, std::string>>{
            {"feplb tol", "feplb"}, {"feplb, placed homes, tol", "feplb"}, {"llep cap", "llep"}}) {
@@ -293,7 +129,8 @@ std::string pareto_plot(const BalanceResult& r) {
       if (c.label.rfind(prefix, 0) == 0) pts.emplace_back(px(c), py(c));
     }
     std::sort(pts.begin(), pts.end());
-    svg.polyline(pts, color_of(policy), 1, "2,2");
+    svg.polyline(pts, policy_color(policy), 1, "2,2");
+    drawn.push_back(pts);
   }
   // The front.
   const std::vector<uint8_t> front = pareto_front(*g);
@@ -307,33 +144,80 @@ std::string pareto_plot(const BalanceResult& r) {
     if (i > 0) steps.emplace_back(fpts[i].first, fpts[i - 1].second);
     steps.push_back(fpts[i]);
   }
-  svg.polyline(steps, "#f2c200", 4);
+  svg.polyline(steps, colors::kFront, 3);
+  drawn.push_back(steps);
   for (const BalanceCell& c : g->cells) {
     const bool main = !c.variant;
     const std::string tip = fmt::format("{}: {:.0f} MiB, {:.2f}% of mean", c.label,
                                         c.summary.weight_bytes_per_step / kMiB,
                                         c.summary.token_straggler / g->mean_rows * 100);
-    svg.marker(px(c), py(c), main ? 5.5 : 3.5, color_of(policy_of_label(c.label)), !main, tip);
+    svg.marker(px(c), py(c), main ? 5.5 : 3.5, policy_color(policy_of_label(c.label)), !main, tip);
   }
-  // Labels of the main settings, moved up or down until they overlap no other label.
-  std::vector<std::array<double, 4>> boxes;  // x0, y0, x1, y1
+  // Labels of the main settings. Each takes the first of a list of places around its point
+  // (right, left, above, below, then further out, with a leader line) whose box stays inside the
+  // plot and overlaps no other label, no marker and no axis tick label; where none is free, the
+  // place that overlaps least.
+  using Box = std::array<double, 4>;  // x0, y0, x1, y1
+  const auto overlap = [](const Box& a, const Box& b) {
+    const double w = std::min(a[2], b[2]) - std::max(a[0], b[0]);
+    const double h = std::min(a[3], b[3]) - std::max(a[1], b[1]);
+    return w > 0 && h > 0 ? w * h : 0.0;
+  };
+  std::vector<Box> taken;
+  for (const BalanceCell& c : g->cells) {
+    const double rad = c.variant ? 3.5 : 5.5;
+    taken.push_back({px(c) - rad, py(c) - rad, px(c) + rad, py(c) + rad});
+  }
+  // The lines, as small boxes every few pixels along each segment.
+  for (const auto& line : drawn) {
+    for (size_t i = 0; i + 1 < line.size(); ++i) {
+      const auto [x0, y0] = line[i];
+      const auto [x1, y1] = line[i + 1];
+      const int n = 1 + static_cast<int>(std::hypot(x1 - x0, y1 - y0) / 4);
+      for (int k = 0; k <= n; ++k) {
+        const double sx = x0 + (x1 - x0) * k / n, sy = y0 + (y1 - y0) * k / n;
+        taken.push_back({sx - 1.5, sy - 1.5, sx + 1.5, sy + 1.5});
+      }
+    }
+  }
+  taken.push_back({left - 40, bottom, right + 40, bottom + 20});  // x tick labels
+  taken.push_back({left - 48, top - 20, left, bottom});           // y tick labels
   for (const BalanceCell& c : g->cells) {
     if (c.variant) continue;
-    const double w = 6.3 * static_cast<double>(c.label.size()), tx = px(c) + 8;
-    for (double dy : {-7.0, -20.0, 14.0, -33.0, 27.0, -46.0, 40.0, 53.0}) {
-      const double ty = py(c) + dy;
-      const bool clear =
-          std::none_of(boxes.begin(), boxes.end(), [&](const std::array<double, 4>& b) {
-            return tx < b[2] && tx + w > b[0] && ty - 10 < b[3] && ty + 2 > b[1];
-          });
-      if (!clear && dy != 53.0) continue;
-      if (dy != 14.0 && dy != -7.0) {
-        svg.line(px(c) + 3, py(c), tx - 1, ty - 4, color_of(policy_of_label(c.label)), 0.7);
-      }
-      svg.text(tx, ty, c.label, 11, "start", color_of(policy_of_label(c.label)));
-      boxes.push_back({tx, ty - 10, tx + w, ty + 2});
-      break;
+    const double w = 6.4 * static_cast<double>(c.label.size()), h = 12;
+    const double cx = px(c), cy = py(c);
+    struct Place {
+      double dx, dy;  // of the text's baseline start from the point
+      bool leader;
+    };
+    std::vector<Place> places = {
+        {8, 4, false}, {-8 - w, 4, false}, {-w / 2, -9, false}, {-w / 2, 17, false}};
+    for (double d : {22.0, 36.0, 50.0, 64.0}) {
+      places.push_back({8, 4 - d, true});
+      places.push_back({8, 4 + d, true});
+      places.push_back({-8 - w, 4 - d, true});
+      places.push_back({-8 - w, 4 + d, true});
     }
+    double best_cost = INFINITY;
+    Place best = places.front();
+    for (const Place& p : places) {
+      const Box box{cx + p.dx, cy + p.dy - h + 2, cx + p.dx + w, cy + p.dy + 2};
+      double cost = 0;
+      if (box[0] < left || box[2] > right || box[1] < top || box[3] > bottom) cost += 1e6;
+      for (const Box& t : taken) cost += overlap(box, t);
+      if (cost < best_cost) {
+        best_cost = cost;
+        best = p;
+      }
+      if (cost == 0) break;
+    }
+    const char* color = policy_color(policy_of_label(c.label));
+    if (best.leader) {
+      svg.line(cx, cy, best.dx > 0 ? cx + best.dx - 2 : cx + best.dx + w + 2, cy + best.dy - 4,
+               color, 0.7);
+    }
+    svg.text(cx + best.dx, cy + best.dy, c.label, 11, "start", color);
+    taken.push_back({cx + best.dx, cy + best.dy - h + 2, cx + best.dx + w, cy + best.dy + 2});
   }
   // Legend of the variant series.
   const double lx = right + 20;
@@ -346,11 +230,11 @@ std::string pareto_plot(const BalanceResult& r) {
            {"  no duplicates, global", "eplb"},
            {"llep --llep-cap-factor 1.05..1.3", "llep"}}) {
     ly += 17;
-    svg.marker(lx + 5, ly - 4, 3.5, color_of(policy), true, text);
+    svg.marker(lx + 5, ly - 4, 3.5, policy_color(policy), true, text);
     svg.text(lx + 14, ly, text, 11);
   }
   ly += 26;
-  svg.line(lx, ly - 4, lx + 22, ly - 4, "#f2c200", 4);
+  svg.line(lx, ly - 4, lx + 22, ly - 4, colors::kFront, 3);
   svg.text(lx + 28, ly, "Pareto front", 11);
   ly += 22;
   svg.text(lx, ly, "0 on an axis: drawn at '0'", 10, "start", "#666");
@@ -397,14 +281,14 @@ std::string cross_node_plot(const BalanceResult& r) {
   double yy = top;
   for (const BalanceCell& c : g->cells) {
     if (c.variant) continue;
-    const char* color = color_of(policy_of_label(c.label));
+    const char* color = policy_color(policy_of_label(c.label));
     const double st = c.summary.token_straggler / g->mean_rows * 100;
     const double floor = c.oracle_straggler / g->mean_rows * 100;
     svg.text(x0 - 8, yy + 14, c.label, 11, "end");
     svg.rect(x0, yy, lw * st / smax, bar_h, color, fmt::format("{}: {:.2f}%", c.label, st));
     svg.text(x0 + lw * st / smax + 5, yy + 14, fmt::format("{:.2f}%", st), 10, "start", "#333");
-    svg.line(x0 + lw * floor / smax, yy - 3, x0 + lw * floor / smax, yy + bar_h + 3, "#c00", 2,
-             "3,2");
+    svg.line(x0 + lw * floor / smax, yy - 3, x0 + lw * floor / smax, yy + bar_h + 3, colors::kFloor,
+             2, "3,2");
     const double net = c.summary.network_bytes_per_step / kMiB;
     svg.rect(rx, yy, rw * net / nmax, bar_h, color, fmt::format("{}: {:.0f} MiB", c.label, net));
     svg.text(rx + rw * net / nmax + 5, yy + 14, fmt::format("{:.0f}", net), 10, "start", "#333");
@@ -418,7 +302,7 @@ std::string cross_node_plot(const BalanceResult& r) {
   for (double v = 0; v <= nmax * 1.0001; v += n_step) {
     svg.text(rx + rw * v / nmax, yy + 14, fmt::format("{:g}", v), 10, "middle", "#555");
   }
-  svg.line(x0, yy + 32, x0 + 20, yy + 32, "#c00", 2, "3,2");
+  svg.line(x0, yy + 32, x0 + 20, yy + 32, colors::kFloor, 2, "3,2");
   svg.text(x0 + 26, yy + 36,
            "the floor between nodes: max over nodes of node rows / GPUs - mean (no in-node "
            "balancing goes below it)",
@@ -427,6 +311,11 @@ std::string cross_node_plot(const BalanceResult& r) {
 }
 
 }  // namespace
+
+std::vector<std::string> balance_plot_names() {
+  return {"balance-token-straggler.svg", "balance-gemm-straggler.svg", "balance-weight-bytes.svg",
+          "balance-pareto.svg", "balance-cross-node.svg"};
+}
 
 std::vector<std::pair<std::string, std::string>> balance_plots(const BalanceResult& r) {
   auto straggler = [](const BalanceGroup& g, const BalanceCell& c) {

@@ -14,9 +14,12 @@ namespace feplb {
 using CostChoice = CostModelChoice;
 
 // `choice`: "auto" (or "") = the measured table in `data_dir`/cost whose shape matches `shape`
-// (find_gemm_table), else the roofline from the knobs; "roofline"; or a feplb-gemm-table-v1
-// file, which must be for `shape` (InputError naming `field` otherwise).
-CostChoice choose_cost_model(const std::string& choice, const ExpertShape& shape, const Knobs& knobs,
-                             const std::string& data_dir, std::string_view field);
+// and whose device is the GPU class's (find_gemm_table), else the roofline from the knobs;
+// "roofline"; or a feplb-gemm-table-v1 file, which must be for `shape` (InputError naming
+// `field` otherwise).
+CostChoice choose_cost_model(const std::string& choice, const ExpertShape& shape,
+                             const Knobs& knobs, const std::string& data_dir,
+                             std::string_view field,
+                             const GpuClass& gpu = gpu_class_list().front());
 
 }  // namespace feplb

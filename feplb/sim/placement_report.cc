@@ -1,5 +1,6 @@
 // The placement report: every setting simulated per group and prior, pooled, and written as
 // Markdown (targets, tables, what the numbers show) and JSON.
+#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/placement_report.h"
 
 #include <algorithm>
@@ -15,8 +16,11 @@
 #include "feplb/core/error.h"
 #include "feplb/core/placement.h"
 #include "feplb/core/placer.h"
-#include "feplb/sim/prior.h"
 #include "feplb/core/stats.h"
+#include "feplb/core/text.h"
+#include "feplb/sim/markdown.h"
+#include "feplb/sim/prior.h"
+#include "feplb/sim/report.h"
 
 namespace feplb {
 namespace {
@@ -319,10 +323,8 @@ PlacementReportResult run_placement_report(const PlacementReportConfig& config,
 
 namespace {
 
-std::string pct_of(double v, double mean) {
-  return fmt::format("{:.2f}%", mean > 0 ? v / mean * 100 : 0.0);
-}
-std::string mib(double bytes) { return fmt::format("{:.0f}", bytes / kMiB); }
+using md::mib;
+using md::pct;
 
 const PlacementCell& cell(const PlacementGroup& g, const std::string& setting,
                           const std::string& policy) {
@@ -342,34 +344,54 @@ bool listed(const PlacementGroup& g, const PlacementCell& c) {
 
 // Every cell of a group: balance and bytes per (setting, policy), and the settings' migration.
 std::string group_tables(const PlacementGroup& g) {
-  std::string out = fmt::format(
-      "| setting | policy | S_T rows (% of mean) | p95 | between nodes (% of mean) | S_G ms | "
-      "weights MiB | token copies MiB |\n|---|---|---|---|---|---|---|---|\n");
+  md::Table cells({"setting", "policy", "S_T rows (% of mean)", "p95", "between nodes (% of mean)",
+                   "S_G ms", "weights MiB", "token copies MiB"});
   for (const PlacementCell& c : g.cells) {
     if (!listed(g, c)) continue;
     const PolicySummary& s = c.summary;
-    out += fmt::format(
-        "| {} | {} | {:.0f} ({}) | {:.0f} | {:.0f} ({}) | {:.3f} | {} | {} |\n", c.setting,
-        c.policy, s.token_straggler, pct_of(s.token_straggler, g.mean_rows), s.token_straggler_p95,
-        s.inter_node_floor, pct_of(s.inter_node_floor, g.mean_rows), s.gemm_straggler_ms,
-        mib(s.weight_bytes_per_step), mib(s.token_bytes_per_step));
+    cells.add({c.setting, c.policy,
+               fmt::format("{:.0f} ({})", s.token_straggler, pct(s.token_straggler, g.mean_rows)),
+               fmt::format("{:.0f}", s.token_straggler_p95),
+               fmt::format("{:.0f} ({})", s.inter_node_floor, pct(s.inter_node_floor, g.mean_rows)),
+               fmt::format("{:.3f}", s.gemm_straggler_ms), mib(s.weight_bytes_per_step),
+               mib(s.token_bytes_per_step)});
   }
-  if (!g.migrations.empty()) {
-    out +=
-        "\n| setting | replans | experts re-homed per layer: first replan / later ones | to "
-        "another node, per replan | migration MiB per step: all / after the first | placer ms "
-        "per replan (median) |\n|---|---|---|---|---|---|\n";
-    for (const PlacementMigration& m : g.migrations) {
-      const auto it = std::find_if(g.spec.settings.begin(), g.spec.settings.end(),
-                                   [&](const PlacementSetting& s) { return s.label == m.setting; });
-      if (it != g.spec.settings.end() && !it->report_migration) continue;
-      out += fmt::format("| {} | {} | {:.1f} / {:.1f} | {:.1f} | {} / {} | {:.1f} |\n", m.setting,
-                         m.replans, m.rehomed_first, m.rehomed_later, m.across_nodes,
-                         mib(m.bytes_per_step), mib(m.later_bytes_per_step), m.place_ms_median);
-    }
+  md::Table moves({"setting", "replans", "experts re-homed per layer: first / later replans",
+                   "to another node, per replan", "migration MiB per step: all / after the first",
+                   "placer ms per replan (median)"});
+  for (const PlacementMigration& m : g.migrations) {
+    const auto it = std::find_if(g.spec.settings.begin(), g.spec.settings.end(),
+                                 [&](const PlacementSetting& s) { return s.label == m.setting; });
+    if (it != g.spec.settings.end() && !it->report_migration) continue;
+    moves.add({m.setting, fmt::format("{}", m.replans),
+               fmt::format("{:.1f} / {:.1f}", m.rehomed_first, m.rehomed_later),
+               fmt::format("{:.1f}", m.across_nodes),
+               mib(m.bytes_per_step) + " / " + mib(m.later_bytes_per_step),
+               fmt::format("{:.1f}", m.place_ms_median)});
   }
-  return out;
+  return cells.str() + moves.str();
 }
+
+// What each setting of default_placement_groups() does.
+constexpr std::pair<const char*, const char*> kSettingNotes[] = {
+    {"contiguous", "expert e on GPU e / (E/R), never moved"},
+    {"walk-forward",
+     "before the first measured micro-batch and every --walk-forward after, homes and dynamic "
+     "sets recomputed from the previous --window micro-batches only, improving the homes in "
+     "force by swaps (--place-homes 0)"},
+    {"walk-forward, from scratch",
+     "the same from scratch: EPLB's packing, swaps, relabelled (--place-homes 1)"},
+    {"walk-forward, window 8", "the same from 8 micro-batches of history"},
+    {"placed once", "one placement from the history micro-batches, never replanned"},
+    {"contiguous, history sets",
+     "contiguous homes (--place-homes 2); feplb and feplb-paper take the placement's dynamic "
+     "sets (--feplb-dyn-set 1, --paper-dyn-set 2)"},
+    {"walk-forward, history sets", "walk-forward homes and the placement's dynamic sets"},
+    {"walk-forward, history sets by mean rows",
+     "the same, sets by mean rows (--place-dyn-score 1)"},
+    {"walk-forward, history sets by mean + std",
+     "the same, sets by mean + std of rows (--place-dyn-score 2)"},
+};
 
 }  // namespace
 
@@ -382,329 +404,183 @@ std::string format_placement_markdown(const PlacementReportResult& r, const std:
     if (g.domains > 1 && !g16) g16 = &g;
     if (g.domains == 1) one_node.push_back(&g);
   }
+  double worst_ms = 0;
+  for (const PlacementTiming& t : r.timings) worst_ms = std::max(worst_ms, t.max_ms);
 
-  // Target 1: between nodes.
-  std::string t1 = "no EP group over several nodes was simulated", v1 = "-";
+  // Targets.
+  md::Table targets({"target", "measured", "verdict"});
   double floor_before = 0, floor_after = 0;
   if (g16 && g16->find("contiguous", "static") && g16->find("walk-forward", "static")) {
     floor_before = cell(*g16, "contiguous", "static").summary.inter_node_floor;
     floor_after = cell(*g16, "walk-forward", "static").summary.inter_node_floor;
     const double cut = floor_before > 0 ? 1 - floor_after / floor_before : 0;
-    t1 = fmt::format("{:.0f} -> {:.0f} rows per GPU ({} -> {} of the mean): {:.0f}% lower",
-                     floor_before, floor_after, pct_of(floor_before, g16->mean_rows),
-                     pct_of(floor_after, g16->mean_rows), cut * 100);
-    v1 = cut >= 0.5 ? "**met**" : "**not met**";
+    targets.add({fmt::format("{}: walk-forward cuts the imbalance between nodes by >= 50% "
+                             "against contiguous homes",
+                             g16->spec.name),
+                 fmt::format("{:.0f} -> {:.0f} rows per GPU ({} -> {} of the mean): {:.0f}% lower",
+                             floor_before, floor_after, pct(floor_before, g16->mean_rows),
+                             pct(floor_after, g16->mean_rows), cut * 100),
+                 md::verdict(cut >= 0.5)});
   }
-  // Target 2: per (group, homes), history sets minus per-micro-batch sets.
-  struct Gap {
-    const PlacementGroup* group;
-    std::string homes;
-    const PolicySummary *per_mb, *history;
-    double diff;
-  };
-  std::vector<Gap> gaps;
+  // Per (one-node group, homes): feplb with history sets minus per-micro-batch sets.
+  md::Table sets({"workload", "homes", "feplb, per-micro-batch sets: S_T (p95)",
+                  "feplb, history sets: S_T (p95)", "difference (% of mean)",
+                  "feplb-paper: own history / placement's sets"});
   for (const PlacementGroup* g : one_node) {
-    for (const auto& [homes, with_sets] :
-         {std::pair<std::string, std::string>{"contiguous", "contiguous, history sets"},
-          {"walk-forward", "walk-forward, history sets"}}) {
+    for (const char* homes : {"contiguous", "walk-forward"}) {
+      const std::string with_sets = std::string(homes) + ", history sets";
       if (!g->find(homes, "feplb") || !g->find(with_sets, "feplb")) continue;
       const PolicySummary& a = cell(*g, homes, "feplb").summary;
       const PolicySummary& b = cell(*g, with_sets, "feplb").summary;
       // Means of integer rows: below half a row the two round to the same straggler.
-      const double diff = b.token_straggler - a.token_straggler;
-      gaps.push_back({g, homes, &a, &b, std::abs(diff) < 0.5 ? 0.0 : diff});
+      const double diff = std::abs(b.token_straggler - a.token_straggler) < 0.5
+                              ? 0.0
+                              : b.token_straggler - a.token_straggler;
+      const bool paper = g->find(homes, "feplb-paper") && g->find(with_sets, "feplb-paper");
+      sets.add({g->spec.name, homes,
+                fmt::format("{:.0f} ({:.0f})", a.token_straggler, a.token_straggler_p95),
+                fmt::format("{:.0f} ({:.0f})", b.token_straggler, b.token_straggler_p95),
+                fmt::format("{:+.0f} ({:+.2f}%)", diff,
+                            g->mean_rows > 0 ? diff / g->mean_rows * 100 : 0.0),
+                paper ? fmt::format("{:.0f} / {:.0f}",
+                                    cell(*g, homes, "feplb-paper").summary.token_straggler,
+                                    cell(*g, with_sets, "feplb-paper").summary.token_straggler)
+                      : "-"});
+      if (std::string(homes) == "walk-forward") {
+        targets.add({fmt::format("{}: feplb with the placement's (history) dynamic sets no worse "
+                                 "than with per-micro-batch sets, on walk-forward homes",
+                                 g->spec.name),
+                     fmt::format("{:+.0f} rows ({:+.2f}% of the mean)", diff,
+                                 g->mean_rows > 0 ? diff / g->mean_rows * 100 : 0.0),
+                     md::verdict(diff <= 0)});
+      }
     }
   }
-  std::string t2;
-  bool placed_met = true, contiguous_met = true;  // no gap on walk-forward / contiguous homes
-  for (const Gap& gp : gaps) {
-    (gp.homes == "contiguous" ? contiguous_met : placed_met) &= gp.diff <= 0;
-    t2 += fmt::format("{}{}, {} homes: {:+.0f} rows ({:+.2f}% of the mean)", t2.empty() ? "" : "; ",
-                      gp.group->spec.name, gp.homes, gp.diff,
-                      gp.group->mean_rows > 0 ? gp.diff / gp.group->mean_rows * 100 : 0.0);
-  }
-  std::string v2 = "-";
-  if (!gaps.empty()) {
-    v2 = placed_met ? "**met** on the placement's homes" : "**not met** on the placement's homes";
-    v2 += contiguous_met ? "; no gap on contiguous homes either"
-                         : "; a gap on contiguous homes, explained in §2";
-  }
-  // Target 3: timing.
-  double worst_ms = 0;
-  for (const PlacementTiming& t : r.timings) worst_ms = std::max(worst_ms, t.max_ms);
+  targets.add({"placing 128 experts from a 1,000-step history takes < 1 s",
+               fmt::format("slowest run {:.1f} ms ({})", worst_ms, r.machine),
+               md::verdict(worst_ms < 1000 && !r.timings.empty())});
 
-  std::string out =
+  std::string out = fmt::format(
       "# The macro timescale: history-based expert placement\n\n"
-      "Generated by `" +
-      command +
-      "` (do not edit by hand; rerun it; about four minutes on one core). Raw numbers: the file "
-      "given to --json. The algorithm, the file format and the walk-forward simulation: "
-      "[../placement.md](../placement.md).\n\n"
-      "## Targets\n\n| target | measured | verdict |\n|---|---|---|\n";
-  out += fmt::format(
-      "| EP=16 over two nodes of 8: in walk-forward mode, the imbalance between nodes (which "
-      "in-node balancing leaves) falls by >= 50% against contiguous placement | {} | {} |\n",
-      t1, v1);
-  out += fmt::format(
-      "| EP=8 in one node: feplb with the placement's (history-based) dynamic sets reaches a token "
-      "straggler no worse than with per-micro-batch sets from the current counts (history sets "
-      "minus per-micro-batch sets, same homes) | {} | {} |\n",
-      t2.empty() ? "not simulated" : t2, v2);
-  out += fmt::format(
-      "| placing 128 experts from a 1,000-step history takes < 1 s | slowest run {:.1f} ms ({}) | "
-      "{} |\n\n",
-      worst_ms, r.machine, worst_ms < 1000 && !r.timings.empty() ? "**met**" : "**not met**");
-
+      "Generated by `{}` (do not edit by hand; rerun it). Raw numbers: the file given to --json. "
+      "The algorithm, the file format and the walk-forward simulation: "
+      "[../placement.md](../placement.md); columns: docs/metrics.md ('between nodes' is the "
+      "in-domain floor, max over nodes of ceil(node rows / GPUs) - mean).\n\n"
+      "## Targets\n\n",
+      printable(command));
+  out += targets.str();
   out += fmt::format(
       "**Workload.** The {} real-model priors (data/priors/) widened to {} experts, top-{}, {} "
-      "tokens per GPU per micro-batch, sequences of {} tokens, seed {}; per prior {} micro-batches "
-      "of history then {} measured, each with the prior's 3 layers; {} GPUs per NVLink domain; "
-      "Dirichlet concentration per sequence as in each group's title (the generator's volatility: "
-      "lower is more volatile). The priors are stationary: popularity does not drift over the "
-      "trace. Expert shape {}; GEMM times from the {} model.\n\n",
+      "tokens per GPU, sequences of {} tokens, seed {}; per prior {} micro-batches of history "
+      "then {} measured, 3 layers each; {} GPUs per NVLink domain; the Dirichlet concentration "
+      "per sequence (lower: more volatile routing) in each group's title. The priors do not "
+      "drift. Expert shape {}; {}; GEMM times from the {} model. Walk-forward replans every {} "
+      "micro-batches from the previous {}; a swap of homes must gain {:.2f}% of the mean load. "
+      "Migration charges every re-homed expert's weights ({} MiB) and optimizer state ({:.0f} "
+      "bytes per parameter) once.\n\n",
       c.prior_paths.size(), c.num_experts, c.top_k, c.workload.tokens_per_rank, c.workload.seq_len,
       c.workload.seed, c.warmup_steps, c.workload.num_steps, c.gpus_per_node,
-      c.sim.shape.describe(), c.sim.cost_label);
-  out += fmt::format(
-      "**Settings.** *contiguous*: expert e on GPU e / (E/R), never moved. *walk-forward*: before "
-      "micro-batch {} and every {} after, the placer (`feplb place`) recomputes homes and dynamic "
-      "sets from the previous {} micro-batches only (never the current or later ones), improving "
-      "the homes in force by swaps (--place-homes 0, a swap must gain {:.2f}% of the mean load per "
-      "GPU); the planners are rebuilt on the new homes and re-observe the window. *from scratch*: "
-      "--place-homes 1 (EPLB's packing, then swaps, relabelled to keep homes). *window 8*: 8 "
-      "micro-batches of history per replan. *placed once*: one placement from the {} history "
-      "micro-batches, never replanned. *history sets*: feplb takes its candidates from the "
-      "placement's dynamic sets (--feplb-dyn-set 1) and feplb-paper uses them too (--paper-dyn-set "
-      "2), instead of each GPU's {} busiest experts of the micro-batch (feplb) or of every step "
-      "seen "
-      "(feplb-paper); the sets are each GPU's {} experts with the most rows in the window's steps "
-      "where their GPU is above its node's mean (--place-dyn-score 0; *by mean rows*: 1, *by mean "
-      "+ std*: 2). *contiguous, history sets* keeps contiguous homes (--place-homes 2) and only "
-      "chooses the sets. **Migration**: every re-homed expert moves its weights ({} MiB) and its "
-      "optimizer state ({:.0f} bytes per parameter: fp32 master, Adam m and v) once; 'per step' "
-      "divides all replans' bytes by the measured (micro-batch, layer) steps.\n\n",
-      c.warmup_steps, c.replan_interval, c.replan_window, k.place_min_gain * 100, c.warmup_steps,
-      k.dyn, k.dyn, mib(static_cast<double>(c.sim.shape.weight_bytes())),
+      c.sim.shape.describe(), describe_gpu(find_gpu_class(c.sim.gpu), c.sim.knobs),
+      c.sim.cost_label, c.replan_interval, c.replan_window,
+      k.place_min_gain * 100, mib(static_cast<double>(c.sim.shape.weight_bytes())),
       k.optimizer_bytes_per_param);
-  out +=
-      "**Columns.** S_T = max - mean rows per GPU (mean over steps; p95); between nodes = the "
-      "in-domain floor, max over nodes of ceil(node rows / GPUs) - mean: what no in-node "
-      "balancing removes (0 in one node); S_G = modelled GEMM straggler; weights and token "
-      "copies per (micro-batch, layer) step made by the per-micro-batch balancing (the "
-      "migration is in the second table).\n\n";
+  {
+    md::Table t({"setting", "what it does"});
+    for (const auto& [label, note] : kSettingNotes) t.add({label, note});
+    out += t.str();
+  }
 
-  // 1. Between nodes.
-  out += "## 1. Between nodes: EP=16 over 2 nodes of 8 GPUs\n\n";
   if (g16) {
-    const PlacementGroup& g = *g16;
-    out += fmt::format("Imbalance between nodes: {} ({}).\n\n", t1, v1);
-    if (g.find("walk-forward", "feplb") && g.find("contiguous", "feplb")) {
-      const PolicySummary& fw = cell(g, "walk-forward", "feplb").summary;
-      const PolicySummary& fc = cell(g, "contiguous", "feplb").summary;
-      out += fmt::format(
-          "feplb's token straggler follows: {:.0f} rows ({}) on contiguous homes, {:.0f} ({}) on "
-          "walk-forward homes, moving {} instead of {} MiB of weights and {} instead of {} MiB of "
-          "token rows per step inside the nodes (nothing between nodes either way).\n\n",
-          fc.token_straggler, pct_of(fc.token_straggler, g.mean_rows), fw.token_straggler,
-          pct_of(fw.token_straggler, g.mean_rows), mib(fw.weight_bytes_per_step),
-          mib(fc.weight_bytes_per_step), mib(fw.token_bytes_per_step),
-          mib(fc.token_bytes_per_step));
-    }
-    out += group_tables(g) + "\n";
+    out += fmt::format("## 1. Between nodes: {}\n\n", g16->spec.name) + group_tables(*g16);
   }
-
-  // 2. Dynamic sets.
-  out +=
-      "## 2. Dynamic sets from history: EP=8 in one node\n\n"
-      "| workload | homes | feplb, per-micro-batch sets | feplb, history sets | difference | "
-      "feplb-paper: own history / placement's sets |\n|---|---|---|---|---|---|\n";
-  for (const Gap& gp : gaps) {
-    const PlacementGroup& g = *gp.group;
-    std::string paper = "-";
-    const std::string with_sets = gp.homes + ", history sets";
-    if (g.find(gp.homes, "feplb-paper") && g.find(with_sets, "feplb-paper")) {
-      paper =
-          fmt::format("{:.0f} / {:.0f}", cell(g, gp.homes, "feplb-paper").summary.token_straggler,
-                      cell(g, with_sets, "feplb-paper").summary.token_straggler);
-    }
-    out += fmt::format(
-        "| {} | {} | {:.0f} ({}), p95 {:.0f} | {:.0f} ({}), p95 {:.0f} | {:+.0f} "
-        "rows ({:+.2f}% of the mean) | {} |\n",
-        g.spec.name, gp.homes, gp.per_mb->token_straggler,
-        pct_of(gp.per_mb->token_straggler, g.mean_rows), gp.per_mb->token_straggler_p95,
-        gp.history->token_straggler, pct_of(gp.history->token_straggler, g.mean_rows),
-        gp.history->token_straggler_p95, gp.diff,
-        g.mean_rows > 0 ? gp.diff / g.mean_rows * 100 : 0.0, paper);
-  }
-  out += "\n";
-  for (const Gap& gp : gaps) {
-    if (gp.diff <= 0) continue;
-    const Gap* other = nullptr;  // the same workload on the other homes
-    for (const Gap& o : gaps) {
-      if (o.group == gp.group && o.homes != gp.homes) other = &o;
-    }
-    std::string on_other = "";
-    if (other && other->diff <= 0) {
-      const PlacementCell* st = gp.group->find(other->homes, "static");
-      on_other = fmt::format(
-          " On {} homes (static p95 {:.0f} rows) each GPU has less to shed, "
-          "its historically hottest experts carry enough, and the difference "
-          "is {:.0f} rows.",
-          other->homes, st ? st->summary.token_straggler_p95 : 0.0, other->diff);
-    } else if (other) {
-      on_other =
-          fmt::format(" On {} homes the difference is {:+.0f} rows.", other->homes, other->diff);
-    }
-    const PlacementCell* st = gp.group->find(gp.homes, "static");
-    out += fmt::format(
-        "**The gap** ({}, {} homes: {:+.0f} rows, {:+.2f}% of the mean; p95 {:.0f} against "
-        "{:.0f}). feplb can only move its candidates' rows. Per micro-batch its candidates are "
-        "each GPU's {} busiest experts of that micro-batch, by definition those that carry the "
-        "most "
-        "rows; the history set is the {} that were busiest over the last {} micro-batches. When "
-        "routing drifts inside the window (here a Dirichlet concentration of {:.0f} per "
-        "sequence), the two differ on some micro-batches and the history set carries fewer rows "
-        "there. That costs balance only where a GPU has much to shed: the gap is in the heavy "
-        "micro-batches (the p95), on homes where static EP leaves {:.0f} rows at the p95.{}\n\n",
-        gp.group->spec.name, gp.homes, gp.diff,
-        gp.group->mean_rows > 0 ? gp.diff / gp.group->mean_rows * 100 : 0.0,
-        gp.history->token_straggler_p95, gp.per_mb->token_straggler_p95, k.dyn, k.dyn,
-        c.replan_window, gp.group->spec.concentration, st ? st->summary.token_straggler_p95 : 0.0,
-        on_other);
-  }
+  out += "## 2. Dynamic sets from history: one node\n\n" + sets.str();
   for (const PlacementGroup* g : one_node) {
     out += fmt::format("### {} (Dirichlet concentration {:.0f})\n\n", g->spec.name,
-                       g->spec.concentration);
-    out += group_tables(*g) + "\n";
+                       g->spec.concentration) +
+           group_tables(*g);
   }
 
   // 3. Timing.
-  out += fmt::format(
-      "## 3. How long placing takes\n\n"
-      "One layer's history ({}), placed from contiguous homes by one call of Placer::place "
-      "(homes, dynamic sets and the statistics), wall time of {} runs on {}, one thread. "
-      "`scripts/bench-cpu --out bench/results/cpu-placement.json --benchmark_filter=place` "
-      "measures "
-      "the same with Google Benchmark (bench/cpu/placement_bench.cc).\n\n"
-      "| EP | nodes | experts | history micro-batches | homes | median ms | min / max ms | "
-      "experts re-homed |\n|---|---|---|---|---|---|---|---|\n",
-      r.timing_prior, c.timing_reps, r.machine);
-  for (const PlacementTiming& t : r.timings) {
-    out += fmt::format("| {} | {} | {} | {} | {} | {:.1f} | {:.1f} / {:.1f} | {} |\n", t.ranks,
-                       t.domains, t.experts, t.steps, t.mode, t.median_ms, t.min_ms, t.max_ms,
-                       t.rehomed);
+  {
+    md::Table t({"EP", "nodes", "experts", "history micro-batches", "homes", "median ms",
+                 "min / max ms", "experts re-homed"});
+    for (const PlacementTiming& x : r.timings) {
+      t.add({fmt::format("{}", x.ranks), fmt::format("{}", x.domains), fmt::format("{}", x.experts),
+             fmt::format("{}", x.steps), x.mode, fmt::format("{:.1f}", x.median_ms),
+             fmt::format("{:.1f} / {:.1f}", x.min_ms, x.max_ms), fmt::format("{}", x.rehomed)});
+    }
+    out += fmt::format(
+        "## 3. How long placing takes\n\nOne layer's history ({}), placed from contiguous homes "
+        "by one Placer::place call, {} runs on {}, one thread (Google Benchmark: "
+        "`scripts/bench-cpu --out bench/results/cpu-placement.json --force "
+        "--benchmark_filter=place`).\n\n",
+        r.timing_prior, c.timing_reps, r.machine);
+    out += t.str();
   }
-  out += "\n";
 
-  // 4. Reading the numbers.
-  out += "## 4. What the numbers show\n\n";
+  // 4. What the numbers show, as comparisons.
+  md::Table show({"comparison", "measured"});
   if (g16 && g16->find("walk-forward", "static") && g16->find("contiguous", "feplb")) {
     const PlacementGroup& g = *g16;
     const PolicySummary& sw = cell(g, "walk-forward", "static").summary;
     const PolicySummary& fc = cell(g, "contiguous", "feplb").summary;
-    out += fmt::format(
-        "- **Homes do what per-micro-batch balancing cannot.** At EP=16, static EP on walk-forward "
-        "homes ({:.0f} rows, {}) is {} than feplb on contiguous homes ({:.0f} rows, {}): feplb "
-        "cannot go below the floor between nodes ({:.0f} rows).\n",
-        sw.token_straggler, pct_of(sw.token_straggler, g.mean_rows),
-        sw.token_straggler < fc.token_straggler ? "better" : "not better", fc.token_straggler,
-        pct_of(fc.token_straggler, g.mean_rows), floor_before);
+    show.add(
+        {fmt::format("{}: static on walk-forward homes vs feplb on contiguous homes", g.spec.name),
+         fmt::format("{} vs {} (feplb cannot go below the floor between nodes, {})",
+                     pct(sw.token_straggler, g.mean_rows), pct(fc.token_straggler, g.mean_rows),
+                     pct(floor_before, g.mean_rows))});
     const PlacementMigration* wf = g.migration("walk-forward");
     const PlacementMigration* fs = g.migration("walk-forward, from scratch");
     if (wf && fs && g.find("walk-forward, from scratch", "static")) {
-      out += fmt::format(
-          "- **Improving the homes in force, or placing from scratch.** From scratch (EPLB's "
-          "packing, then swaps) ends {:.0f} rows between nodes against {:.0f}, and re-homes {:.1f} "
-          "experts per layer at every later replan ({:.1f} to the other node) against {:.1f}: {} "
-          "against {} MiB per step after the first replan. EPLB's packing ignores the current "
-          "layout; relabelling nodes and GPUs recovers only what a renaming can.\n",
-          cell(g, "walk-forward, from scratch", "static").summary.inter_node_floor, floor_after,
-          fs->rehomed_later, fs->across_nodes, wf->rehomed_later, mib(fs->later_bytes_per_step),
-          mib(wf->later_bytes_per_step));
-      out += fmt::format(
-          "- **The first replan is the migration.** It re-homes {:.1f} experts per layer: {:.1f} "
-          "GiB "
-          "per trace (3 layers), {:.1f} GiB of it between nodes, {:.1f} s at {:.0f} GB/s if one "
-          "NIC carried it all; later replans move {:.1f} experts per layer. A job pays the first "
-          "once; here it is amortised over only {} measured micro-batches, so the per-step figures "
-          "are upper bounds for a job that replans at checkpoints, thousands of micro-batches "
-          "apart.\n",
-          wf->rehomed_first, wf->first_bytes / (kMiB * 1024),
-          wf->first_network_bytes / (kMiB * 1024),
-          wf->first_network_bytes / (k.internode_gbps * 1e9), k.internode_gbps, wf->rehomed_later,
-          c.workload.num_steps);
+      show.add(
+          {"improving the homes in force vs placing from scratch: floor between nodes, experts "
+           "re-homed per later replan, MiB per step after the first replan",
+           fmt::format("{:.0f} vs {:.0f} rows; {:.1f} vs {:.1f}; {} vs {}", floor_after,
+                       cell(g, "walk-forward, from scratch", "static").summary.inter_node_floor,
+                       wf->rehomed_later, fs->rehomed_later, mib(wf->later_bytes_per_step),
+                       mib(fs->later_bytes_per_step))});
+      show.add(
+          {"the first replan: experts re-homed per layer, GiB per trace (of it between "
+           "nodes), seconds on one NIC",
+           fmt::format("{:.1f}; {:.1f} ({:.1f}); {:.1f} s at {:.0f} GB/s", wf->rehomed_first,
+                       wf->first_bytes / (kMiB * 1024), wf->first_network_bytes / (kMiB * 1024),
+                       wf->first_network_bytes / (k.internode_gbps * 1e9), k.internode_gbps)});
     }
     if (g.find("placed once", "static") && g.find("walk-forward, window 8", "static")) {
-      out += fmt::format(
-          "- **Replanning is for drift, and these priors do not drift.** Placed once from the "
-          "first "
-          "{} micro-batches: {:.0f} rows between nodes; replanned every {} from a window of {}: "
-          "{:.0f} ({:.1f} experts re-homed per layer at later replans); from a window of 8: {:.0f} "
-          "({:.1f}). A real router's popularity moves during training (the paper's reason for a "
-          "predictor); the generator's does not, so here walk-forward can at best match a one-off "
-          "placement, and what a shorter window adds is noise to chase.\n",
-          c.warmup_steps, cell(g, "placed once", "static").summary.inter_node_floor,
-          c.replan_interval, c.replan_window, floor_after,
-          g.migration("walk-forward") ? g.migration("walk-forward")->rehomed_later : 0.0,
-          cell(g, "walk-forward, window 8", "static").summary.inter_node_floor,
-          g.migration("walk-forward, window 8")
-              ? g.migration("walk-forward, window 8")->rehomed_later
-              : 0.0);
+      show.add(
+          {"floor between nodes: placed once / walk-forward / window 8 (stationary priors: "
+           "replanning can at best match one placement)",
+           fmt::format("{:.0f} / {:.0f} / {:.0f} rows",
+                       cell(g, "placed once", "static").summary.inter_node_floor, floor_after,
+                       cell(g, "walk-forward, window 8", "static").summary.inter_node_floor)});
     }
   }
   for (const PlacementGroup* g : one_node) {
     if (!g->find("walk-forward", "feplb") || !g->find("contiguous", "feplb")) continue;
     const PolicySummary& fw = cell(*g, "walk-forward", "feplb").summary;
     const PolicySummary& fc = cell(*g, "contiguous", "feplb").summary;
-    const PlacementMigration* wf = g->migration("walk-forward");
-    out += fmt::format(
-        "- **{}: on placed homes feplb moves {} per micro-batch.** feplb: {:.0f} rows ({}) on "
-        "contiguous homes with {} MiB of weights and {} MiB of token copies per step; {:.0f} rows "
-        "({}) on walk-forward homes with {} and {} MiB{}.\n",
-        g->spec.name,
-        fw.weight_bytes_per_step + fw.token_bytes_per_step <
-                fc.weight_bytes_per_step + fc.token_bytes_per_step
-            ? "less"
-            : "more",
-        fc.token_straggler, pct_of(fc.token_straggler, g->mean_rows), mib(fc.weight_bytes_per_step),
-        mib(fc.token_bytes_per_step), fw.token_straggler, pct_of(fw.token_straggler, g->mean_rows),
-        mib(fw.weight_bytes_per_step), mib(fw.token_bytes_per_step),
-        wf ? fmt::format("; the replans re-home {:.1f} experts per layer first, {:.1f} later",
-                         wf->rehomed_first, wf->rehomed_later)
-           : std::string());
-  }
-  bool scores_equal = true;
-  for (const PlacementGroup* g : one_node) {
+    show.add({fmt::format("{}: feplb on contiguous vs walk-forward homes: S_T, weights + token "
+                          "copies MiB per step",
+                          g->spec.name),
+              fmt::format("{} vs {}; {} + {} vs {} + {}", pct(fc.token_straggler, g->mean_rows),
+                          pct(fw.token_straggler, g->mean_rows), mib(fc.weight_bytes_per_step),
+                          mib(fc.token_bytes_per_step), mib(fw.weight_bytes_per_step),
+                          mib(fw.token_bytes_per_step))});
     const PlacementCell* base = g->find("walk-forward, history sets", "feplb");
-    for (const char* v :
-         {"walk-forward, history sets by mean rows", "walk-forward, history sets by mean + std"}) {
-      const PlacementCell* x = g->find(v, "feplb");
-      if (base && x) {
-        scores_equal &= std::abs(x->summary.token_straggler - base->summary.token_straggler) <=
-                        0.001 * g->mean_rows;
-      }
+    const PlacementCell* mean = g->find("walk-forward, history sets by mean rows", "feplb");
+    const PlacementCell* std_ = g->find("walk-forward, history sets by mean + std", "feplb");
+    if (base && mean && std_) {
+      show.add({fmt::format("{}: feplb with history sets by score 0 / 1 / 2", g->spec.name),
+                fmt::format("{} / {} / {}", pct(base->summary.token_straggler, g->mean_rows),
+                            pct(mean->summary.token_straggler, g->mean_rows),
+                            pct(std_->summary.token_straggler, g->mean_rows))});
     }
   }
-  out += fmt::format(
-      "- **Which history set{}.** The three scores (rows when the GPU is overloaded, mean rows, "
-      "mean + std) give feplb {} token stragglers on walk-forward homes{}.\n\n",
-      scores_equal ? " hardly matters here" : " matters",
-      scores_equal ? "the same (within 0.1% of the mean)" : "different",
-      scores_equal
-          ? ": under these priors a GPU's hottest experts stay its hottest, so any of these "
-            "scores picks experts that cover what the GPU must shed"
-          : " (the tables of §2)");
+  out += "## 4. What the numbers show\n\n" + show.str();
   out +=
-      "## 5. What this leaves out\n\n"
-      "- Migration time is not simulated: like the paper, we assume the moves hide in a "
-      "checkpoint (they move weights and optimizer state between micro-batches, off every "
-      "critical path); only their bytes are charged.\n"
-      "- The placer's objective is in-sample: it balances the window it sees. Walk-forward "
-      "measures it out of sample, on the following micro-batches only.\n"
-      "- Traces are stationary per prior; drift, new data mixtures and router changes during "
-      "training are not modelled, so the value of frequent replans is not measured here.\n"
-      "- Each expert has one home (no replicas): EPLB-style redundant slots would balance "
-      "further at the cost of memory and per-step re-syncs (docs/results/balance.md).\n";
+      "Not simulated: migration time (like the paper, moves are assumed to hide in a checkpoint; "
+      "only their bytes are charged), drift of the router's popularity (the priors are "
+      "stationary), and replicas (one home per expert; docs/results/balance.md has EPLB's).\n";
   return out;
 }
 
@@ -730,6 +606,7 @@ std::string format_placement_json(const PlacementReportResult& r, const std::str
                    {"place_dyn_score", c.sim.knobs.place_dyn_score},
                    {"dyn", c.sim.knobs.dyn},
                    {"optimizer_bytes_per_param", c.sim.knobs.optimizer_bytes_per_param},
+                   {"gpu", gpu_json(c.sim)},
                    {"cost_model", c.sim.cost_label}};
   json groups = json::array();
   for (const PlacementGroup& g : r.groups) {

@@ -6,13 +6,13 @@
 #include <numeric>
 
 #include "feplb/core/error.h"
-#include "feplb/core/file_io.h"
+#include "feplb/core/file_input.h"
+#include "feplb/core/internal/json_stream.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/rng.h"
 
 namespace feplb {
 namespace {
-
-using json = nlohmann::json;
 
 std::vector<double> normalised(std::vector<double> w, std::string_view what) {
   const double total = std::accumulate(w.begin(), w.end(), 0.0);
@@ -29,69 +29,122 @@ double max_over_mean(const std::vector<double>& p) {
   return mean > 0 ? *std::max_element(p.begin(), p.end()) / mean : 0.0;
 }
 
-Prior parse_prior(const std::string& text) {
-  json doc;
-  try {
-    // A prior nests 3 deep; refusing deeper documents keeps the dump() in the error messages
-    // below from recursing off the end of the stack.
-    const json::parser_callback_t depth_limit = [](int depth, json::parse_event_t, json&) {
-      FEPLB_REQUIRE_INPUT(depth <= 64, "malformed JSON: nested deeper than 64 levels");
-      return true;
-    };
-    doc = json::parse(text, depth_limit);
-  } catch (const json::exception& e) {
-    // parse_error for bad syntax, out_of_range for numbers beyond a double (1e400).
-    std::string what = e.what();
-    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-    throw InputError("malformed JSON: " + what);
+namespace {
+
+using json_stream::int_in;
+using json_stream::Take;
+using json_stream::type_of;
+using sjson = json_stream::json;
+
+// The prior document, streamed: each row of "counts" is captured (E numbers) and kept as doubles;
+// the other members are captured. Members may come in any order; the rows are checked against
+// "experts" and "layers" at the end.
+class PriorReader : public json_stream::Reader<PriorReader> {
+ public:
+  explicit PriorReader(const ByteSource& source) : Reader(source) {}
+
+  Take take(bool object) {
+    if (depth() == 0) {
+      FEPLB_REQUIRE_INPUT(object, "expected a JSON object at the top");
+      return Take::stream();
+    }
+    if (depth() == 1 && key_at(0) == "counts" && !object) return Take::stream();
+    if (depth() == 2) return Take::whole(limits::kMaxExperts * limits::kBytesPerFloat);
+    return Take::whole();
   }
-  FEPLB_REQUIRE_INPUT(doc.is_object(), "expected a JSON object at the top");
-  auto need = [&](const char* key) -> const json& {
-    auto it = doc.find(key);
-    FEPLB_REQUIRE_INPUT(it != doc.end(), "{}: missing", key);
-    return *it;
-  };
-  Prior p;
-  if (auto it = doc.find("model"); it != doc.end() && it->is_string())
-    p.model = it->get<std::string>();
-  if (auto it = doc.find("source"); it != doc.end() && it->is_string())
-    p.source = it->get<std::string>();
-  const json& experts = need("experts");
-  FEPLB_REQUIRE_INPUT(experts.is_number_integer() && experts.get<int64_t>() >= 1 &&
-                          experts.get<int64_t>() <= (1 << 16),
-                      "experts: expected an integer in [1, 65536], got {}", experts.dump());
-  const int num_experts = experts.get<int>();
-  const json& top_k = need("top_k");
-  FEPLB_REQUIRE_INPUT(
-      top_k.is_number_integer() && top_k.get<int64_t>() >= 1 && top_k.get<int64_t>() <= num_experts,
-      "top_k: expected an integer in [1, experts], got {}", top_k.dump());
-  p.top_k = top_k.get<int>();
-  const json& counts = need("counts");
-  FEPLB_REQUIRE_INPUT(counts.is_array() && !counts.empty(), "counts: expected a non-empty array");
-  const json& layers = need("layers");
-  FEPLB_REQUIRE_INPUT(layers.is_array() && layers.size() == counts.size(),
-                      "layers: expected an array with one id per counts row ({})", counts.size());
-  for (size_t l = 0; l < counts.size(); ++l) {
-    FEPLB_REQUIRE_INPUT(layers[l].is_number_integer() && layers[l].get<int64_t>() >= 0,
-                        "layers[{}]: expected a non-negative integer", l);
-    p.layer_ids.push_back(layers[l].get<int64_t>());
-    const json& row = counts[l];
-    FEPLB_REQUIRE_INPUT(row.is_array() && row.size() == static_cast<size_t>(num_experts),
-                        "counts[{}]: expected {} entries", l, num_experts);
-    std::vector<double> w(static_cast<size_t>(num_experts));
-    for (int e = 0; e < num_experts; ++e) {
-      const json& c = row[static_cast<size_t>(e)];
+  void opened(bool /*object*/) {
+    if (depth() == 2) saw_counts_ = true;
+  }
+  void closed(bool /*object*/) {}
+
+  void value(sjson&& v) {
+    if (depth() == 0) throw InputError("expected a JSON object at the top");
+    if (depth() == 2) {
+      row(v, index_at(1));
+      return;
+    }
+    const std::string& key = key_at(0);
+    if (key == "model" && v.is_string()) {
+      p_.model = v.get<std::string>();
+    } else if (key == "source" && v.is_string()) {
+      p_.source = v.get<std::string>();
+    } else if (key == "experts") {
+      experts_ = int_in(v, "experts", 1, limits::kMaxExperts);
+    } else if (key == "top_k") {
+      top_k_ = int_in(v, "top_k", 1, limits::kMaxExperts);
+    } else if (key == "layers") {
+      FEPLB_REQUIRE_INPUT(v.is_array(), "layers: expected an array of layer ids, got {}",
+                          type_of(v));
+      has_layers_ = true;
+      for (size_t l = 0; l < v.size(); ++l) {
+        p_.layer_ids.push_back(int_in(v[l], fmt::format("layers[{}]", l), 0, limits::kMaxStepId));
+      }
+    } else if (key == "counts") {
+      throw InputError(fmt::format("counts: expected a non-empty array, got {}", type_of(v)));
+    }
+  }
+
+  Prior finish() {
+    FEPLB_REQUIRE_INPUT(experts_ > 0, "experts: missing");
+    FEPLB_REQUIRE_INPUT(top_k_ > 0, "top_k: missing");
+    FEPLB_REQUIRE_INPUT(top_k_ <= experts_, "top_k: {} is outside [1, experts = {}]", top_k_,
+                        experts_);
+    FEPLB_REQUIRE_INPUT(saw_counts_, "counts: missing");
+    FEPLB_REQUIRE_INPUT(!rows_.empty(), "counts: expected a non-empty array");
+    FEPLB_REQUIRE_INPUT(has_layers_, "layers: missing");
+    FEPLB_REQUIRE_INPUT(p_.layer_ids.size() == rows_.size(),
+                        "layers: expected an array with one id per counts row ({}), got {}",
+                        rows_.size(), p_.layer_ids.size());
+    p_.top_k = static_cast<int>(top_k_);
+    for (size_t l = 0; l < rows_.size(); ++l) {
+      FEPLB_REQUIRE_INPUT(rows_[l].size() == static_cast<size_t>(experts_),
+                          "counts[{}]: expected {} entries, got {}", l, experts_, rows_[l].size());
+      p_.popularity.push_back(normalised(std::move(rows_[l]), fmt::format("counts[{}]", l)));
+    }
+    return std::move(p_);
+  }
+
+ private:
+  void row(const sjson& v, size_t l) {
+    FEPLB_REQUIRE_INPUT(v.is_array(), "counts[{}]: expected an array, got {}", l, type_of(v));
+    entries_ += static_cast<int64_t>(v.size());
+    FEPLB_REQUIRE_INPUT(entries_ <= limits::kMaxPriorEntries,
+                        "counts[{}]: more than {} counts, the limit of a prior", l,
+                        limits::kMaxPriorEntries);
+    std::vector<double> w(v.size());
+    for (size_t e = 0; e < v.size(); ++e) {
+      const sjson& c = v[e];
       FEPLB_REQUIRE_INPUT(c.is_number() && c.get<double>() >= 0 && std::isfinite(c.get<double>()),
-                          "counts[{}][{}]: expected a non-negative number, got {}", l, e, c.dump());
+                          "counts[{}][{}]: expected a non-negative number, got {}", l, e,
+                          c.is_number() ? c.dump() : type_of(c));
       w[e] = c.get<double>();
     }
-    p.popularity.push_back(normalised(std::move(w), fmt::format("counts[{}]", l)));
+    rows_.push_back(std::move(w));
   }
-  return p;
+
+  Prior p_;
+  int64_t experts_ = 0, top_k_ = 0, entries_ = 0;
+  bool saw_counts_ = false, has_layers_ = false;
+  std::vector<std::vector<double>> rows_;
+};
+
+Prior read_prior_from(ByteSource& source) {
+  PriorReader reader(source);
+  json_stream::parse(source, reader);
+  return reader.finish();
+}
+
+constexpr std::string_view kPriorFormat = "prior";
+
+}  // namespace
+
+Prior parse_prior(const std::string& text) {
+  ByteSource source(std::string_view(text), kPriorFormat, limits::kMaxPriorBytes);
+  return read_prior_from(source);
 }
 
 Prior read_prior(const std::string& path) {
-  Prior p = parse_file(path, [](const std::string& text) { return parse_prior(text); });
+  Prior p = parse_input(path, kPriorFormat, limits::kMaxPriorBytes, read_prior_from);
   if (p.source.empty()) p.source = path;
   return p;
 }

@@ -11,13 +11,15 @@
 namespace feplb {
 
 struct Prior {
-  std::string model;                           // e.g. "OLMoE-1B-7B-0924" or "lognormal"
-  std::string source;                          // where it came from (file, or generator settings)
-  int top_k = 0;                               // the model's top-k (0 when not known)
-  std::vector<int64_t> layer_ids;              // [num_layers]
+  std::string model;                            // e.g. "OLMoE-1B-7B-0924" or "lognormal"
+  std::string source;                           // where it came from (file, or generator settings)
+  int top_k = 0;                                // the model's top-k (0 when not known)
+  std::vector<int64_t> layer_ids;               // [num_layers]
   std::vector<std::vector<double>> popularity;  // [num_layers, num_experts], each row sums to 1
 
-  int num_experts() const { return popularity.empty() ? 0 : static_cast<int>(popularity[0].size()); }
+  int num_experts() const {
+    return popularity.empty() ? 0 : static_cast<int>(popularity[0].size());
+  }
   int num_layers() const { return static_cast<int>(popularity.size()); }
 };
 
@@ -26,7 +28,8 @@ Prior read_prior(const std::string& path);
 Prior parse_prior(const std::string& text);
 
 // Lognormal popularity p_e ~ exp(sigma * z_e), z_e ~ N(0,1) drawn from `seed`, with sigma found by
-// bisection so that max_e p_e / mean_e p_e == target_max_over_mean, for each of `num_layers` layers.
+// bisection so that max_e p_e / mean_e p_e == target_max_over_mean, for each of `num_layers`
+// layers.
 Prior lognormal_prior(int num_experts, double target_max_over_mean, int num_layers, uint64_t seed);
 
 // Many-donor skew: several GPUs of every NVLink domain overloaded at once while the others sit

@@ -1,9 +1,12 @@
+#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/report.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "feplb/core/error.h"
+#include "feplb/core/text.h"
+#include "feplb/sim/svg.h"
 
 namespace feplb {
 namespace {
@@ -62,6 +65,20 @@ std::string format_placement_lines(const SimulationResult& r, double mean_rows) 
 
 }  // namespace
 
+nlohmann::ordered_json gpu_json(const SimulationConfig& c) {
+  const GpuClass& g = find_gpu_class(c.gpu);
+  return {{"class", g.name},
+          {"device", g.device},
+          {"measured", g.measured},
+          {"provenance", g.provenance()},
+          {"source", g.source},
+          {"copy_gbps", c.knobs.copy_gbps},
+          {"internode_gbps", c.knobs.internode_gbps},
+          {"gemm_peak_tflops", c.knobs.gemm_peak_tflops},
+          {"hbm_gbps", c.knobs.hbm_gbps},
+          {"num_sms", c.knobs.num_sms}};
+}
+
 size_t worst_static_step(const SimulationResult& r) {
   const PolicyResult* base = r.find("static");
   FEPLB_CHECK(base != nullptr && !base->steps.empty(), "no static policy in the result");
@@ -78,7 +95,7 @@ std::string format_table(const SimulationResult& r) {
   for (const StepMetrics& m : first) mean_rows += m.mean_rows / static_cast<double>(first.size());
   std::string out = fmt::format(
       "{} | {} steps | {} | {} | top-{} x {} tokens/GPU = {:.0f} rows/GPU on average\n"
-      "copy engine {:.0f} GB/s per GPU per direction; GEMM model: {}\n"
+      "{}; GEMM model: {}\n"
       "fits window: steps in which no GPU waited for a copy (each landed before its receiver ran "
       "out of work that needed none);\n"
       "delays: steps the balancing made slower: a late copy held up the slowest GPU, or (one-hop) "
@@ -87,9 +104,10 @@ std::string format_table(const SimulationResult& r) {
       "the slowest one costs nothing;\n"
       "prefetch: weights copied before routing (within {:.0f} us of earlier work), MiB/step, and "
       "the share a slice used\n\n",
-      r.model.empty() ? "(unnamed model)" : r.model, first.size(), r.topo.describe(),
-      r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows, r.config.knobs.copy_gbps,
-      r.config.cost_label, r.config.knobs.prefetch_window_us);
+      r.model.empty() ? "(unnamed model)" : printable(r.model), first.size(), r.topo.describe(),
+      r.config.shape.describe(), r.top_k, r.tokens_per_rank, mean_rows,
+      describe_gpu(find_gpu_class(r.config.gpu), r.config.knobs), r.config.cost_label,
+      r.config.knobs.prefetch_window_us);
   out += format_placement_lines(r, mean_rows);
   out += fmt::format(
       "{:<12} {:>17} {:>9} {:>7} {:>17} {:>7} {:>9} {:>9} {:>12} {:>7} {:>7} {:>8} {:>13}\n",
@@ -145,6 +163,7 @@ std::string format_json(const SimulationResult& r) {
         {"ffn", c.shape.ffn},
         {"dtype", dtype_name(c.shape.dtype)},
         {"weight_bytes", c.shape.weight_bytes()}}},
+      {"gpu", gpu_json(c)},
       {"cost_model", c.cost_label},
       {"policies", c.policies},
       {"knobs", knobs},
@@ -218,11 +237,11 @@ std::string format_json(const SimulationResult& r) {
         {"dispatch_network_bytes_per_step", s.dispatch_network_bytes_per_step},
         {"guest_slots_max", s.guest_slots_max},
         {"transport",
-         {{"dispatch", p.transport.dispatch},
-          {"dispatch_sms", p.transport.dispatch_sms},
-          {"balance", p.transport.balance},
-          {"balance_sms", p.transport.balance_sms},
-          {"balance_every_micro_batch", p.transport.balance_every_micro_batch}}},
+         {{"dispatch", p.movement.dispatch},
+          {"dispatch_sms", p.movement.dispatch_sms},
+          {"balance", p.movement.balance},
+          {"balance_sms", p.movement.balance_sms},
+          {"balance_every_micro_batch", p.movement.balance_every_micro_batch}}},
     };
   }
   doc["policies"] = policies;
@@ -231,140 +250,129 @@ std::string format_json(const SimulationResult& r) {
 
 std::string plot_svg(const SimulationResult& r) {
   // Top: one panel per policy, per-GPU rows at the step where static is worst (own experts'
-  // rows and guest rows stacked, the mean dashed). Bottom: token straggler over the steps.
+  // rows and guest rows stacked, the mean dashed), on one y scale. Bottom: token straggler over
+  // the steps, one line per policy in its colour. The bar colours and the mean line's are used
+  // for nothing else.
+  constexpr const char* kOwn = colors::kOwnRows;
+  constexpr const char* kGuest = colors::kGuestRows;
+  constexpr const char* kMean = colors::kMean;
   const size_t worst = worst_static_step(r);
   const int R = r.topo.num_ranks();
   const int n = static_cast<int>(r.policies.size());
   const int cols = std::min(n, 3), rows = (n + cols - 1) / cols;
-  const double pw = 330, ph = 220, top = 80, gap = 30;
+  const double pw = 330, ph = 220, top = 80, gap = 30, axis_w = 44;
   const double line_h = 260;
-  const double width = cols * pw + (cols + 1) * gap;
+  const double width = cols * (pw + axis_w) + (cols + 1) * gap;
   const double height = top + rows * (ph + gap) + line_h + 80;
-  int64_t ymax = 1;
+  int64_t most = 1;
   for (const PolicyResult& p : r.policies) {
-    for (int g = 0; g < R; ++g)
-      ymax = std::max(ymax, p.loads[worst].home_rows[g] + p.loads[worst].guest_rows[g]);
+    for (int g = 0; g < R; ++g) {
+      most = std::max(most, p.loads[worst].home_rows[g] + p.loads[worst].guest_rows[g]);
+    }
   }
+  const auto [ymax, ystep] = nice_axis(static_cast<double>(most));
   const double mean = r.policies.front().steps[worst].mean_rows;
   const auto [step_id, layer_id] = r.step_ids[worst];
 
-  std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" "
-      "viewBox=\"0 0 {0:.0f} {1:.0f}\" font-family=\"Helvetica,Arial,sans-serif\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-      width, height);
-  s += fmt::format(
-      "<text x=\"{:.0f}\" y=\"28\" font-size=\"18\" font-weight=\"bold\">Token-expert rows per "
-      "GPU, "
-      "step {} layer {} (the step where static is worst)</text>\n",
-      gap, step_id, layer_id);
-  s += fmt::format(
-      "<text x=\"{0:.0f}\" y=\"47\" font-size=\"12\" fill=\"#444\">{1} | {2} | top-{3}, {4} "
-      "tokens/GPU"
-      "</text>\n<text x=\"{0:.0f}\" y=\"62\" font-size=\"12\" fill=\"#444\">"
-      "<tspan fill=\"#4878a8\">\u25a0</tspan> rows of the GPU's own experts  "
-      "<tspan fill=\"#e8923a\">\u25a0</tspan> guest rows it computes for other GPUs  "
-      "<tspan fill=\"#c00\">- - -</tspan> mean rows per GPU</text>\n",
-      gap, r.model, r.topo.describe(), r.top_k, r.tokens_per_rank);
+  Svg svg(width, height);
+  svg.text(gap, 28,
+           fmt::format("Token-expert rows per GPU, step {} layer {} (the step where static is "
+                       "worst)",
+                       step_id, layer_id),
+           18, "start", "#222", true);
+  svg.text(gap, 47,
+           fmt::format("{} | {} | top-{}, {} tokens/GPU", r.model, r.topo.describe(), r.top_k,
+                       r.tokens_per_rank),
+           12, "start", "#444");
+  // The legend, one entry after another (about 6.7 px per character at 12 px).
+  double lx = gap;
+  for (const auto& [color, label] : std::vector<std::pair<const char*, const char*>>{
+           {kOwn, "rows of the GPU's own experts"},
+           {kGuest, "guest rows it computes for other GPUs"},
+           {nullptr, "mean rows per GPU"}}) {
+    if (color) {
+      svg.rect(lx, 54, 10, 10, color);
+    } else {
+      svg.line(lx, 59, lx + 22, 59, kMean, 1.5, "5,3");
+      lx += 12;
+    }
+    svg.text(lx + 14, 63, label, 12, "start", "#444");
+    lx += 14 + 6.7 * static_cast<double>(std::string_view(label).size()) + 24;
+  }
   for (int i = 0; i < n; ++i) {
     const PolicyResult& p = r.policies[i];
-    const double x0 = gap + (i % cols) * (pw + gap), y0 = top + (i / cols) * (ph + gap);
+    const double x0 = gap + axis_w + (i % cols) * (pw + axis_w + gap);
+    const double y0 = top + (i / cols) * (ph + gap);
     const double plot_h = ph - 50, base_y = y0 + 30 + plot_h;
     const double bw = (pw - 20) / R;
     const StepMetrics& m = p.steps[worst];
-    s += fmt::format(
-        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"13\" font-weight=\"bold\">{}</text>\n", x0,
-        y0 + 14, p.name);
-    s += fmt::format(
-        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#444\">S_T {:.0f} rows "
-        "({:.3f}x mean), {:.0f} MiB moved</text>\n",
-        x0, y0 + 27, m.token_straggler, m.token_max_over_mean,
-        static_cast<double>(m.weight_bytes) / kMiB);
-    s += fmt::format(
-        "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#999\"/>\n", x0,
-        base_y, x0 + pw - 10);
-    for (int g = 0; g < R; ++g) {
-      const double home_h =
-          plot_h * static_cast<double>(p.loads[worst].home_rows[g]) / static_cast<double>(ymax);
-      const double guest_h =
-          plot_h * static_cast<double>(p.loads[worst].guest_rows[g]) / static_cast<double>(ymax);
-      const double bx = x0 + 5 + g * bw;
-      s += fmt::format(
-          "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#4878a8\">"
-          "<title>GPU {}: {} own rows</title></rect>\n",
-          bx, base_y - home_h, bw * 0.8, home_h, g, p.loads[worst].home_rows[g]);
-      if (guest_h > 0) {
-        s += fmt::format(
-            "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#e8923a\">"
-            "<title>GPU {}: {} guest rows</title></rect>\n",
-            bx, base_y - home_h - guest_h, bw * 0.8, guest_h, g, p.loads[worst].guest_rows[g]);
-      }
-      if (R <= 16) {
-        s += fmt::format(
-            "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"9\" text-anchor=\"middle\" "
-            "fill=\"#666\">{}</text>\n",
-            bx + bw * 0.4, base_y + 11, g);
-      }
+    svg.text(x0, y0 + 14, p.name, 13, "start", policy_color(p.name), true);
+    svg.text(x0, y0 + 27,
+             fmt::format("S_T {:.0f} rows ({:.3f}x mean), {:.0f} MiB moved", m.token_straggler,
+                         m.token_max_over_mean, static_cast<double>(m.weight_bytes) / kMiB),
+             11, "start", "#444");
+    // The y scale: rows, with a light grid.
+    for (double v = 0; v <= ymax * 1.0001; v += ystep) {
+      const double y = base_y - plot_h * v / ymax;
+      if (v > 0) svg.line(x0, y, x0 + pw - 10, y, "#eeeeee");
+      svg.text(x0 - 4, y + 3.5, fmt::format("{:.0f}", v), 9, "end", "#666");
     }
-    const double mean_y = base_y - plot_h * mean / static_cast<double>(ymax);
-    s += fmt::format(
-        "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#c00\" "
-        "stroke-dasharray=\"5,3\"/>\n",
-        x0, mean_y, x0 + pw - 10);
+    svg.line(x0, base_y - plot_h, x0, base_y, "#999999");
+    svg.line(x0, base_y, x0 + pw - 10, base_y, "#999999");
+    for (int g = 0; g < R; ++g) {
+      const auto home = static_cast<double>(p.loads[worst].home_rows[g]);
+      const auto guest = static_cast<double>(p.loads[worst].guest_rows[g]);
+      const double home_h = plot_h * home / ymax, guest_h = plot_h * guest / ymax;
+      const double bx = x0 + 5 + g * bw;
+      svg.rect(bx, base_y - home_h, bw * 0.8, home_h, kOwn,
+               fmt::format("GPU {}: {:.0f} own rows", g, home));
+      if (guest_h > 0) {
+        svg.rect(bx, base_y - home_h - guest_h, bw * 0.8, guest_h, kGuest,
+                 fmt::format("GPU {}: {:.0f} guest rows", g, guest));
+      }
+      if (R <= 16) svg.text(bx + bw * 0.4, base_y + 11, fmt::format("{}", g), 9, "middle", "#666");
+    }
+    const double mean_y = base_y - plot_h * mean / ymax;
+    svg.line(x0, mean_y, x0 + pw - 10, mean_y, kMean, 1.5, "5,3");
   }
 
-  // Token straggler over the steps, one line per policy.
-  static const char* kColors[] = {"#888888", "#4878a8", "#2a9d3a", "#e8923a",
-                                  "#000000", "#9b59b6", "#c0392b", "#16a085"};
+  // Token straggler over the steps, one line per policy. Zero sits a few pixels above the x axis
+  // so that a policy at 0 (the oracle) stays visible.
   const double lx0 = gap + 50, ly0 = top + rows * (ph + gap) + 30;
-  const double lw = width - lx0 - gap - 210, lh = line_h - 60;
+  const double lw = width - lx0 - gap - 210, lh = line_h - 60, lift = 5;
   double smax = 1.0;
   for (const PolicyResult& p : r.policies) {
-    for (const StepMetrics& m : p.steps) smax = std::max(smax, m.token_straggler);
+    for (const StepMetrics& sm : p.steps) smax = std::max(smax, sm.token_straggler);
   }
-  s += fmt::format(
-      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"14\" font-weight=\"bold\">Token straggler "
-      "(max - mean rows per GPU) at every step</text>\n",
-      gap, ly0 - 8);
-  s += fmt::format(
-      "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#999\"/>\n", lx0,
-      ly0 + 10, ly0 + 10 + lh);
-  s += fmt::format(
-      "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#999\"/>\n", lx0,
-      ly0 + 10 + lh, lx0 + lw);
-  for (int t = 0; t <= 4; ++t) {
-    const double v = smax * t / 4, y = ly0 + 10 + lh - lh * t / 4;
-    s += fmt::format(
-        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"end\" "
-        "fill=\"#666\">{:.0f}</text>\n",
-        lx0 - 4, y + 3, v);
+  const auto [saxis, sstep] = nice_axis(smax);
+  const double axis_y = ly0 + 10 + lh;
+  const auto map_y = [&](double v) { return axis_y - lift - (lh - lift) * v / saxis; };
+  svg.text(gap, ly0 - 8, "Token straggler (max - mean rows per GPU) at every step", 14, "start",
+           "#222", true);
+  for (double v = 0; v <= saxis * 1.0001; v += sstep) {
+    if (v > 0) svg.line(lx0, map_y(v), lx0 + lw, map_y(v), "#eeeeee");
+    svg.text(lx0 - 4, map_y(v) + 3, fmt::format("{:.0f}", v), 10, "end", "#666");
   }
+  svg.line(lx0, ly0 + 10, lx0, axis_y, "#999999");
+  svg.line(lx0, axis_y, lx0 + lw, axis_y, "#999999");
   const size_t nsteps = r.step_ids.size();
   for (int i = 0; i < n; ++i) {
     const PolicyResult& p = r.policies[i];
-    std::string pts;
+    std::vector<std::pair<double, double>> pts;
     for (size_t j = 0; j < nsteps; ++j) {
       const double x =
           lx0 +
           (nsteps > 1 ? lw * static_cast<double>(j) / static_cast<double>(nsteps - 1) : lw / 2);
-      const double y = ly0 + 10 + lh - lh * p.steps[j].token_straggler / smax;
-      pts += fmt::format("{:.1f},{:.1f} ", x, y);
+      pts.emplace_back(x, map_y(p.steps[j].token_straggler));
     }
-    const char* color = kColors[i % 8];
-    s += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>\n",
-                     pts, color);
-    s += fmt::format(
-        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"3\" fill=\"{}\"/>"
-        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\">{} (mean {:.0f})</text>\n",
-        lx0 + lw + 12, ly0 + 20 + i * 16, color, lx0 + lw + 28, ly0 + 24 + i * 16, p.name,
-        p.summary.token_straggler);
+    const char* color = policy_color(p.name);
+    svg.polyline(pts, color, 1.5);
+    svg.line(lx0 + lw + 12, ly0 + 22 + i * 16, lx0 + lw + 24, ly0 + 22 + i * 16, color, 3);
+    svg.text(lx0 + lw + 28, ly0 + 26 + i * 16,
+             fmt::format("{} (mean {:.0f})", p.name, p.summary.token_straggler), 11);
   }
-  s += fmt::format(
-      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" fill=\"#666\" text-anchor=\"middle\">"
-      "trace step (micro-batch x layer)</text>\n",
-      lx0 + lw / 2, ly0 + lh + 26);
-  s += "</svg>\n";
-  return s;
+  svg.text(lx0 + lw / 2, axis_y + 16, "trace step (micro-batch x layer)", 10, "middle", "#666");
+  return svg.done();
 }
 
 }  // namespace feplb

@@ -253,7 +253,7 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
         FEPLB_CHECK(it != layers.end(), "no placement for layer {}", layer);
         return static_cast<size_t>(it - layers.begin());
       };
-      pr.transport = planners.front()->transport();
+      pr.movement = planners.front()->data_movement();
       for (size_t i = epoch.history_first; i < epoch.first; ++i) {
         planners[slot(trace.steps[i].layer)]->observe(trace.steps[i]);
       }

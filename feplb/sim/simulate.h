@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "feplb/core/cost_model.h"
+#include "feplb/core/gpu_class.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/metrics.h"
 #include "feplb/core/placement.h"
@@ -36,10 +37,12 @@ struct SimulationConfig {
   int64_t replan_window = 0;  // micro-batches of history per replan; 0: replan_interval
   ExpertShape shape;
   Knobs knobs;
-  std::string trace_label;            // shown in reports (e.g. the trace path)
+  std::string trace_label;  // shown in reports (e.g. the trace path)
   // GEMM cost model; null = roofline from the knobs. Must outlive simulate().
   const GemmCostModel* cost = nullptr;
   std::string cost_label = "roofline";  // how reports name the model
+  // The GPU class the link and GEMM knobs came from (gpu_class.h), for the reports' headers.
+  std::string gpu = std::string(gpu_class_list().front().name);
 };
 
 // Aggregates over steps: means, p95 (steps) and median/p99 (planner timings).
@@ -64,16 +67,16 @@ struct PolicySummary {
   double prefetch_bytes_per_step = 0, prefetch_wasted_bytes_per_step = 0;
   double prefetch_hit_rate = 0, prefetch_coverage = 0;
   double planner_us_median = 0, planner_us_p99 = 0;
-  double above_oracle_pct_of_mean = 0;    // mean of (S_T - S_T oracle) / mean rows * 100
-  double inter_node_floor = 0;            // mean of the in-domain floor (oracle's S_T): the
-                                          // imbalance between nodes that in-node balancing leaves
-  double token_straggler_reduction = 0;   // 1 - S_T / S_T(static), from the means
+  double above_oracle_pct_of_mean = 0;   // mean of (S_T - S_T oracle) / mean rows * 100
+  double inter_node_floor = 0;           // mean of the in-domain floor (oracle's S_T): the
+                                         // imbalance between nodes that in-node balancing leaves
+  double token_straggler_reduction = 0;  // 1 - S_T / S_T(static), from the means
   double gemm_straggler_reduction = 0;
 };
 
 struct PolicyResult {
   std::string name;
-  Transport transport;
+  DataMovement movement;
   std::vector<StepMetrics> steps;  // [measured trace steps]
   std::vector<GpuLoads> loads;     // [measured trace steps]
   PolicySummary summary;

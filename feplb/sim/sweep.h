@@ -16,8 +16,8 @@ struct SweepConfig {
   int num_experts = 128;                 // priors are widened to this (expand_prior)
   int top_k = 8;
   int gpus_per_node = 8;
-  WorkloadSpec workload;                 // num_ranks / top_k are set per run
-  SimulationConfig sim;                  // policies, shape, knobs
+  WorkloadSpec workload;  // num_ranks / top_k are set per run
+  SimulationConfig sim;   // policies, shape, knobs
   std::string model = "glm5-128e";
 };
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "feplb/core/error.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/rng.h"
 
 namespace feplb {
@@ -13,7 +14,8 @@ namespace {
 // the CDF with rejection of repeats, and an exact scan when one expert holds most of the mass.
 class TopKSampler {
  public:
-  explicit TopKSampler(const std::vector<double>& weights) : weights_(weights), cdf_(weights.size()) {
+  explicit TopKSampler(const std::vector<double>& weights)
+      : weights_(weights), cdf_(weights.size()) {
     double acc = 0.0;
     for (size_t e = 0; e < weights.size(); ++e) cdf_[e] = acc += weights[e];
     total_ = acc;
@@ -76,10 +78,10 @@ class TopKSampler {
 
 void check_spec(const WorkloadSpec& spec, int num_experts) {
   FEPLB_REQUIRE_INPUT(spec.num_ranks >= 1, "ranks: {} must be at least 1", spec.num_ranks);
-  FEPLB_REQUIRE_INPUT(num_experts % spec.num_ranks == 0,
-                      "experts: {} is not divisible by ranks {}", num_experts, spec.num_ranks);
-  FEPLB_REQUIRE_INPUT(spec.top_k >= 1 && spec.top_k <= num_experts,
-                      "top-k: {} must be in [1, {}]", spec.top_k, num_experts);
+  FEPLB_REQUIRE_INPUT(num_experts % spec.num_ranks == 0, "experts: {} is not divisible by ranks {}",
+                      num_experts, spec.num_ranks);
+  FEPLB_REQUIRE_INPUT(spec.top_k >= 1 && spec.top_k <= num_experts, "top-k: {} must be in [1, {}]",
+                      spec.top_k, num_experts);
   FEPLB_REQUIRE_INPUT(spec.tokens_per_rank >= 0 && spec.tokens_per_rank <= (int64_t{1} << 24),
                       "tokens-per-rank: {} must be in [0, 16777216]", spec.tokens_per_rank);
   FEPLB_REQUIRE_INPUT(spec.seq_len >= 1, "seq-len: {} must be at least 1", spec.seq_len);
@@ -122,6 +124,19 @@ RoutingStep generate_step(const std::vector<double>& popularity, const WorkloadS
 Trace generate_trace(const Prior& prior, const WorkloadSpec& spec, const Progress& progress) {
   FEPLB_REQUIRE_INPUT(prior.num_layers() >= 1, "prior: has no layers");
   check_spec(spec, prior.num_experts());
+  // The trace format's limits (limits.h), checked before anything is allocated.
+  FEPLB_REQUIRE_INPUT(
+      spec.num_ranks <= limits::kMaxRanks && prior.num_experts() <= limits::kMaxExperts,
+      "ranks, experts: {} and {} are above the trace limits {} and {}", spec.num_ranks,
+      prior.num_experts(), limits::kMaxRanks, limits::kMaxExperts);
+  const double counts = static_cast<double>(spec.num_steps) * prior.num_layers() * spec.num_ranks *
+                        prior.num_experts();
+  FEPLB_REQUIRE_INPUT(
+      counts <= static_cast<double>(limits::kMaxTraceCounts),
+      "steps: {} micro-batches x {} layers x {} ranks x {} experts = {:.0f} counts, "
+      "above the limit of {} counts in a trace",
+      spec.num_steps, prior.num_layers(), spec.num_ranks, prior.num_experts(), counts,
+      limits::kMaxTraceCounts);
   Trace t;
   t.model = prior.model;
   t.num_experts = prior.num_experts();
@@ -148,16 +163,20 @@ Trace generate_trace(const Prior& prior, const WorkloadSpec& spec, const Progres
 std::vector<int32_t> topk_from_counts(std::span<const int64_t> counts, int64_t tokens, int top_k) {
   int64_t total = 0;
   for (int64_t c : counts) {
-    FEPLB_REQUIRE_INPUT(c >= 0 && c <= tokens, "counts: {} rows for one expert from {} tokens", c, tokens);
+    FEPLB_REQUIRE_INPUT(c >= 0 && c <= tokens, "counts: {} rows for one expert from {} tokens", c,
+                        tokens);
     total += c;
   }
-  FEPLB_REQUIRE_INPUT(total == tokens * top_k, "counts: sum {} != tokens * top_k = {}", total, tokens * top_k);
+  FEPLB_REQUIRE_INPUT(total == tokens * top_k, "counts: sum {} != tokens * top_k = {}", total,
+                      tokens * top_k);
   std::vector<int32_t> slots;
   slots.reserve(static_cast<size_t>(total));
-  for (size_t e = 0; e < counts.size(); ++e) slots.insert(slots.end(), static_cast<size_t>(counts[e]), static_cast<int32_t>(e));
+  for (size_t e = 0; e < counts.size(); ++e)
+    slots.insert(slots.end(), static_cast<size_t>(counts[e]), static_cast<int32_t>(e));
   std::vector<int32_t> idx(static_cast<size_t>(total));
   for (int64_t t = 0; t < tokens; ++t) {
-    for (int k = 0; k < top_k; ++k) idx[static_cast<size_t>(t * top_k + k)] = slots[static_cast<size_t>(t + k * tokens)];
+    for (int k = 0; k < top_k; ++k)
+      idx[static_cast<size_t>(t * top_k + k)] = slots[static_cast<size_t>(t + k * tokens)];
   }
   return idx;
 }

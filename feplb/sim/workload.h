@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "feplb/sim/prior.h"
 #include "feplb/core/routing.h"
+#include "feplb/sim/prior.h"
 
 namespace feplb {
 
@@ -18,9 +18,9 @@ struct WorkloadSpec {
   int num_ranks = 8;
   int64_t tokens_per_rank = 4096;
   int top_k = 8;
-  int64_t seq_len = 4096;        // tokens per sequence (a rank's micro-batch holds S / seq_len)
-  double concentration = 2000;   // Dirichlet total concentration; <= 0 means no per-sequence drift
-  int64_t num_steps = 16;        // micro-batches; each has one entry per prior layer
+  int64_t seq_len = 4096;       // tokens per sequence (a rank's micro-batch holds S / seq_len)
+  double concentration = 2000;  // Dirichlet total concentration; <= 0 means no per-sequence drift
+  int64_t num_steps = 16;       // micro-batches; each has one entry per prior layer
   uint64_t seed = 1;
 };
 

@@ -11,13 +11,26 @@ no GPU and no torch needed. docs/python.md has examples.
 
 Errors: bad input raises ValueError naming the argument (or the file's field); a broken
 invariant inside feplb raises RuntimeError. Both carry the C++ message.
+
+`feplb.torch` (docs/torch.md) is the GPU layer for PyTorch training loops: it loads the runtime's
+C library (libfeplb_c) and needs torch with CUDA, not this package's planning extension.
 """
 
-from ._feplb import ExpertShape, Topology
-from ._data import data_dir, default_trace_path
-from ._plan import Copies, Knob, Plan, Planner, Slices, knobs, plan, policies
-from ._simulate import DEFAULT_POLICIES, simulate
-from ._trace import Trace, TraceStep
+try:
+    from ._feplb import ExpertShape, Topology
+    from ._data import data_dir, default_trace_path
+    from ._plan import Copies, Knob, Plan, Planner, Slices, knobs, plan, policies
+    from ._simulate import DEFAULT_POLICIES, simulate
+    from ._trace import Trace, TraceStep
+except ImportError as _error:  # the planning extension is not built for this interpreter
+    _planning_error = _error
+
+    def __getattr__(name):
+        raise ImportError(
+            f"feplb.{name} needs the _feplb extension, which did not load for this Python "
+            f"({_planning_error}); build it with FEPLB_PYTHON=ON for this interpreter. "
+            "feplb.torch does not need it."
+        )
 
 __version__ = "0.1.0"
 

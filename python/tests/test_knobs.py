@@ -12,7 +12,13 @@ def parse_knobs_def():
     text = (REPO / "feplb" / "core" / "knobs.def").read_text()
     text = "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("//"))
     number = r"\s*([-\d.e]+)\s*,"
-    pattern = r"FEPLB_KNOB\(\s*(int64_t|double)\s*,\s*(\w+)\s*," + number * 2 + r'\s*"([^"]*)"'
+    maximum = r"\s*[^,]+,"  # a number or a limits:: constant
+    pattern = (
+        r"FEPLB_KNOB\(\s*(int64_t|double)\s*,\s*(\w+)\s*,"
+        + number * 2
+        + maximum
+        + r'\s*"([^"]*)"'
+    )
     return [
         (name, "int" if t == "int64_t" else "float", float(d), float(m), unit)
         for t, name, d, m, unit in re.findall(pattern, text)

@@ -125,9 +125,11 @@ def test_knobs_reach_the_planner(skewed):
     assert tight.metrics["token_straggler"] > loose.metrics["token_straggler"]
     nothing = feplb.plan(skewed, "feplb", shape=SHAPE, copy_timing=0, dyn=0)
     assert len(nothing.copies) == 0
-    # copy_timing=1 (the default) takes only copies that land while the receiver is busy.
+    # copy_timing=1 (the default) takes only copies that land while the receiver is busy: no
+    # more than without the rule, and every one of them lands in time.
     hidden = feplb.plan(skewed, "feplb", shape=SHAPE)
-    assert 0 < len(hidden.copies) < len(loose.copies)
+    assert 0 < len(hidden.copies) <= len(loose.copies)
+    assert hidden.metrics["fits_static_window"]
 
 
 def test_shape_sets_the_bytes(skewed):
@@ -141,9 +143,13 @@ def test_shape_sets_the_bytes(skewed):
     assert feplb.Planner(topology=feplb.Topology(8, 64), shape=glm5).cost_model.startswith(
         "measured per-expert table"
     )
+    # data/cost/ has a measured table for this shape too (Qwen3-30B-like experts); none for 1024x512.
     assert feplb.Planner(topology=feplb.Topology(8, 64), shape=SHAPE).cost_model.startswith(
-        "roofline"
+        "measured per-expert table"
     )
+    assert feplb.Planner(
+        topology=feplb.Topology(8, 64), shape=feplb.ExpertShape(1024, 512, "bf16")
+    ).cost_model.startswith("roofline")
 
 
 def test_dynamic_sets(skewed):

@@ -12,7 +12,8 @@ import feplb
 # be equal, float for float.
 MEASURED = {
     "planner_us_median", "planner_us_p99", "fits_static_window", "window_slack_ms_p5",
-    "copy_exposed_ms", "copy_exposed_ms_p95", "place_ms",
+    "copy_exposed_ms", "copy_exposed_ms_p95", "exposed_ms", "exposed_ms_p95", "plan_exposed_ms",
+    "delayed_steps", "place_ms",
 }
 
 

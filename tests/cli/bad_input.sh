@@ -155,6 +155,39 @@ expect_bad gen_prior_and_skew "--prior|--skew" -- \
   trace gen --quiet --out both.json --prior prior.json --skew 2
 [[ -e both.json ]] && fail gen_prior_and_skew "wrote both.json"
 
+# Every numeric flag is range-checked: no clamping, no inf/nan, the limit named.
+expect_bad copy_timing_3 "--copy-timing|3|[0, 2]" -- "${sim[@]}" valid.json --copy-timing 3
+expect_bad copy_timing_99 "--copy-timing" -- "${sim[@]}" valid.json --copy-timing 99
+expect_bad dyn_overflow "--dyn|9223372036854775808" -- \
+  "${sim[@]}" valid.json --dyn 9223372036854775808
+expect_bad copy_gbps_inf "--copy-gbps|finite" -- "${sim[@]}" valid.json --copy-gbps inf
+expect_bad copy_gbps_1e400 "--copy-gbps|1e400" -- "${sim[@]}" valid.json --copy-gbps 1e400
+expect_bad copy_gbps_nan "--copy-gbps" -- "${sim[@]}" valid.json --copy-gbps nan
+expect_bad hidden_huge "--hidden|1099511627776" -- "${sim[@]}" valid.json --hidden 1099511627776
+expect_bad dtype_unknown "--dtype|int4|bf16" -- "${sim[@]}" valid.json --dtype int4
+expect_bad window_zero "--window|0" -- "${sim[@]}" valid.json --walk-forward 2 --window 0
+expect_bad place_window_zero "--window|0" -- place --trace valid.json --window 0
+expect_bad gen_concentration_nan "--concentration|finite" -- \
+  trace gen --quiet --out c.json --skew 2 --concentration nan
+expect_bad gen_experts_zero "--experts|0" -- trace gen --quiet --out c.json --skew 2 --experts 0
+expect_bad gen_steps_limit "steps|134217728" -- \
+  trace gen --quiet --out c.json --skew 2 --steps 2147483647
+expect_bad gen_shape_limit "134217728" -- \
+  trace gen --quiet --out c.json --skew 2 --ranks 16384 --experts 16384 --steps 1
+[[ -e c.json ]] && fail gen_limits "wrote c.json"
+expect_bad report_seed_negative "--seed" -- report --quiet --seed -1
+expect_bad eplb_walk_forward "--window|--eplb-interval|eplb" -- \
+  "${sim[@]}" valid.json --policies static,eplb --walk-forward 1 --window 1
+# A typo names the unknown command and lists the known ones.
+expect_bad typo_command "unknown command 'simulte'|simulate, place, trace" -- simulte
+expect_bad typo_subcommand "unknown command 'trace gne'|gen, info" -- trace gne
+# Inputs: regular files only; duplicate keys refused.
+expect_bad dev_zero "/dev/zero|character device" -- "${sim[@]}" /dev/zero
+mkfifo a_fifo
+expect_bad fifo "a_fifo|FIFO" -- "${sim[@]}" a_fifo
+sed 's/"model":"tiny",/"model":"tiny","model":"again",/' valid.json >dup_key.json
+expect_bad duplicate_key "dup_key.json|duplicate key|model" -- "${sim[@]}" dup_key.json
+
 # --- Outputs that must not be overwritten -----------------------------------------------------
 
 printf 'keep me\n' >existing.json
@@ -274,6 +307,20 @@ checks=$((checks + 1))
 run_feplb zero_tokens "${sim[@]}" zero_tokens.json
 rc=$?
 [[ $rc -eq 0 ]] || fail zero_tokens "exit code $rc; stderr: $(head -c 400 zero_tokens.err)"
+
+# trace gen --skew without a shape: the default shape is stored, so simulate accepts the trace.
+checks=$((checks + 1))
+run_feplb gen_noshape trace gen --quiet --out gen_noshape.json --skew 2 --experts 8 --ranks 2 \
+  --tokens-per-rank 16 --steps 2
+rc=$?
+if [[ $rc -ne 0 ]]; then
+  fail gen_noshape "exit code $rc; stderr: $(head -c 400 gen_noshape.err)"
+else
+  grep -q 'default' gen_noshape.out || fail gen_noshape "does not say the shape is the default"
+  run_feplb gen_noshape_simulate "${sim[@]}" gen_noshape.json --policies static,feplb
+  rc=$?
+  [[ $rc -eq 0 ]] || fail gen_noshape_simulate "exit code $rc; $(head -c 400 gen_noshape_simulate.err)"
+fi
 
 checks=$((checks + 1))
 run_feplb gen trace gen --quiet --out gen.json --skew 2 --experts 8 --ranks 2 --tokens-per-rank 16 \

@@ -335,14 +335,14 @@ TEST(Llep, HandExample) {
   EXPECT_EQ(plan.copies[0].dst_gpu, 1);
 }
 
-// Transports: what each policy's data movement holds, as the knobs say.
-TEST(Transport, EachPolicyNamesItsSms) {
+// Data movement: what each policy's data movement holds, as the knobs say.
+TEST(DataMovement, EachPolicyNamesItsSms) {
   Bench b(8, 8, 128);
-  EXPECT_EQ(b.make("feplb")->transport().balance_sms, 0);
-  EXPECT_EQ(b.make("feplb")->transport().dispatch_sms, b.knobs.deepep_sms);
-  EXPECT_EQ(b.make("moonep")->transport().balance_sms, b.knobs.moonep_sms);
-  EXPECT_EQ(b.make("llep")->transport().balance_sms, b.knobs.nccl_sms);
-  EXPECT_FALSE(b.make("eplb")->transport().balance_every_micro_batch);
+  EXPECT_EQ(b.make("feplb")->data_movement().balance_sms, 0);
+  EXPECT_EQ(b.make("feplb")->data_movement().dispatch_sms, b.knobs.deepep_sms);
+  EXPECT_EQ(b.make("moonep")->data_movement().balance_sms, b.knobs.moonep_sms);
+  EXPECT_EQ(b.make("llep")->data_movement().balance_sms, b.knobs.nccl_sms);
+  EXPECT_FALSE(b.make("eplb")->data_movement().balance_every_micro_batch);
 }
 
 }  // namespace

@@ -87,10 +87,10 @@ TEST(Metrics, CopiesThatLandAfterTheOwnWorkDoNotFit) {
   const StepMetrics m = measure_plan(plan, topo, cost, k, 0.0);
   EXPECT_FALSE(m.fits_static_window);
   EXPECT_LT(m.window_slack_ms, 0);
-  // Weights + rows at 380 GB/s after the 21 us round trip: GPU 1 finishes at
+  // Weights + rows at copy_gbps after the 21 us round trip: GPU 1 finishes at
   // arrival + its guest GEMM, later than GPU 0's 6000-row GEMM? It is not: exposure is 0 here.
   const double arrival_ms =
-      21e-3 + (3.0 * 6144 * 2048 * 2 + 2000.0 * 6144 * 2) / 380e9 * 1e3 + 2 * 5e-3;
+      21e-3 + (3.0 * 6144 * 2048 * 2 + 2000.0 * 6144 * 2) / (k.copy_gbps * 1e9) * 1e3 + 2 * 5e-3;
   const double gpu1_finish = std::max(cost.expert_ms(2), arrival_ms) + cost.expert_ms(2000);
   EXPECT_NEAR(m.copy_exposed_ms, std::max(0.0, gpu1_finish - m.gemm_max_ms), 1e-9);
 }
@@ -104,7 +104,9 @@ TEST(Metrics, LateCopiesDelayTheLayerOnlyWhenTheReceiverBecomesTheSlowest) {
   Knobs k;
   const RooflineCostModel cost(glm5(), k);
   const auto arrival_ms = [&](int64_t rows) {
-    return 21e-3 + (3.0 * 6144 * 2048 * 2 + static_cast<double>(rows) * 6144 * 2) / 380e9 * 1e3 +
+    return 21e-3 +
+           (3.0 * 6144 * 2048 * 2 + static_cast<double>(rows) * 6144 * 2) / (k.copy_gbps * 1e9) *
+               1e3 +
            2 * 5e-3;
   };
   // 2000 of 8000 rows to GPU 1: it waits (its own work is 2 rows) but ends long before GPU 0.

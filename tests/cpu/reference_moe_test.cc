@@ -1,18 +1,19 @@
 // The float64 reference MoE (the GPU tests' ground truth) against a hand-computed expert, and
 // bf16 rounding.
+#include "bench/harness/reference_moe.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "feplb/core/bf16.h"
-#include "bench/harness/reference_moe.h"
 
 namespace feplb {
 namespace {
 
 TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f)), 1.0f);
-  EXPECT_EQ(round_to_bf16(1.0f + 1.0f / 256), 1.0f);           // tie -> even (1.0)
+  EXPECT_EQ(round_to_bf16(1.0f + 1.0f / 256), 1.0f);               // tie -> even (1.0)
   EXPECT_EQ(round_to_bf16(1.0f + 3.0f / 256), 1.0f + 4.0f / 256);  // tie -> even (1 + 2^-6)
   EXPECT_EQ(round_to_bf16(-2.5f), -2.5f);
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
@@ -59,7 +60,8 @@ TEST(ReferenceMoe, BackwardMatchesFiniteDifferences) {
   std::vector<double> dout(static_cast<size_t>(S * H));
   for (double& v : dout) v = rnd();
   const auto g = m.backward(x, idx, w, dout, S, K);
-  auto loss = [&](const ReferenceMoe& mm, const std::vector<float>& xx, const std::vector<float>& ww) {
+  auto loss = [&](const ReferenceMoe& mm, const std::vector<float>& xx,
+                  const std::vector<float>& ww) {
     const auto out = mm.forward(xx, idx, ww, S, K);
     double l = 0;
     for (size_t i = 0; i < out.size(); ++i) l += out[i] * dout[i];
@@ -68,7 +70,8 @@ TEST(ReferenceMoe, BackwardMatchesFiniteDifferences) {
   // Perturbations are exact in float (powers of two), so the differences are clean.
   const float h = 1.0f / 1024;
   auto check = [&](double analytic, double numeric, const char* what, size_t i) {
-    EXPECT_NEAR(analytic, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << what << "[" << i << "]";
+    EXPECT_NEAR(analytic, numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+        << what << "[" << i << "]";
   };
   for (size_t i = 0; i < x.size(); ++i) {
     auto xp = x, xm = x;

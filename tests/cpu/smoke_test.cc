@@ -1,9 +1,9 @@
 // Smoke test: the bundled default trace plans and validates under every policy.
 #include <gtest/gtest.h>
 
-#include "feplb/sim/simulate.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/trace_io.h"
+#include "feplb/sim/simulate.h"
 
 namespace feplb {
 namespace {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <span>
 #include <thread>
 #include <tuple>
 
@@ -130,13 +131,141 @@ TEST(StepLayout, CapacityErrorsNameTheCapacityOnEveryRank) {
   EXPECT_TRUE(l.fits()) << l.error();
 }
 
-TEST(StepLayout, RowsDispatchedElsewhereThanHomeAreRefused) {
+TEST(StepLayout, RowsKeptAtTheirSourceAreRefused) {
   TwoRanks t;
-  t.plan.slices[0].source = RowSource::kDispatched;
+  t.plan.slices[0].source = RowSource::kSource;
   StepLayout l;
   l.build(t.topo, t.routing, t.plan, 0, roomy());
   EXPECT_FALSE(l.fits());
-  EXPECT_NE(l.error().find("homes only"), std::string::npos) << l.error();
+  EXPECT_NE(l.error().find("not kept at their source"), std::string::npos) << l.error();
+  // A "dispatched" slice on the expert's home, and resident replicas, are refused too.
+  TwoRanks h;
+  h.plan.slices.back().source = RowSource::kDispatched;  // expert 3's home slice
+  l.build(h.topo, h.routing, h.plan, 0, roomy());
+  EXPECT_FALSE(l.fits());
+  TwoRanks r;
+  r.plan.resident.push_back({0, 1});
+  l.build(r.topo, r.routing, r.plan, 0, roomy());
+  EXPECT_NE(l.error().find("resident replicas"), std::string::npos) << l.error();
+}
+
+// The two-rank case in one hop: expert 0's 80 rows (50 from rank 0, then 30 from rank 1) go to
+// GPU 0 (its home, 40 rows: ordinals 0-39) and GPU 1 (ordinals 40-79) in ascending GPU order, so
+// rank 0 sends 40 to itself and 10 to rank 1, rank 1 its 30 to itself; no row or output copies.
+TEST(StepLayout, OneHopSplitsEachSourcesRowsByTheOrdinalRule) {
+  const Topology topo = Topology::contiguous(2, 8, 4);
+  const RoutingStep routing = testing::step_from({{50, 10, 5, 3}, {30, 6, 2, 4}});
+  Plan plan;
+  plan.clear(4);
+  plan.dynamic[0] = 1;
+  plan.add_migration(0, 0, 1, 40, testing::glm5(), /*weights_prefetched=*/false, /*one_hop=*/true);
+  plan.add_home_slices(topo, routing, {40, 0, 0, 0});
+  StepLayout l0, l1;
+  l0.build(topo, routing, plan, 0, roomy());
+  l1.build(topo, routing, plan, 1, roomy());
+  ASSERT_TRUE(l0.fits()) << l0.error();
+  ASSERT_TRUE(l1.fits()) << l1.error();
+  EXPECT_TRUE(l0.has_dispatched());
+  using C = std::tuple<int, int64_t, int64_t, bool>;
+  const auto chunks = [](std::span<const cuda::RowChunk> cs) {
+    std::vector<C> v;
+    for (const cuda::RowChunk& c : cs) v.emplace_back(c.peer, c.row, c.rows, c.guest);
+    return v;
+  };
+  // Rank 0 sends expert 0 as two sub-chunks (home first: GPU 0 < GPU 1), then experts 1, 2, 3.
+  EXPECT_EQ(chunks(l0.sends()), (std::vector<C>{{0, 0, 40, false},
+                                                {1, 40, 10, false},
+                                                {0, 50, 10, false},
+                                                {1, 60, 5, false},
+                                                {1, 65, 3, false}}));
+  // Rank 1's rows of expert 0 are ordinals 50-79: none to the home (a zero-row chunk, listed), 30
+  // to itself.
+  EXPECT_EQ(chunks(l1.sends()), (std::vector<C>{{0, 0, 0, false},
+                                                {1, 0, 30, false},
+                                                {0, 30, 6, false},
+                                                {1, 36, 2, false},
+                                                {1, 38, 4, false}}));
+  // Rank 0 receives only the rows its experts keep: expert 0's 40, expert 1's 16 at row 40.
+  EXPECT_EQ(l0.recv_rows(0), 56);
+  EXPECT_EQ(l0.expert_base(1), 40);
+  EXPECT_EQ(chunks(l0.recvs()),
+            (std::vector<C>{
+                {0, 0, 40, false}, {0, 40, 10, false}, {1, 40, 0, false}, {1, 50, 6, false}}));
+  // Rank 1 receives expert 0's rows straight into its guest rows: 10 from rank 0, then 30 from
+  // itself.
+  EXPECT_EQ(chunks(l1.recvs()), (std::vector<C>{{0, 0, 10, true},
+                                                {0, 0, 5, false},
+                                                {0, 7, 3, false},
+                                                {1, 10, 30, true},
+                                                {1, 5, 2, false},
+                                                {1, 10, 4, false}}));
+  ASSERT_EQ(l1.guest_work().size(), 1u);
+  const cuda::GuestWork& g = l1.guest_work()[0];
+  EXPECT_TRUE(g.dispatched);
+  EXPECT_EQ(g.row, 0);
+  EXPECT_EQ(g.rows, 40);
+  EXPECT_EQ(g.owner_row, -1);
+  ASSERT_EQ(l0.exports().size(), 1u);
+  EXPECT_TRUE(l0.exports()[0].dispatched);
+  EXPECT_EQ(l0.exports()[0].src_row, -1);
+  // The helper still needs the weights (and sends dW back), but no rows move by copy.
+  EXPECT_TRUE(l0.exports_to(1));
+  EXPECT_TRUE(l1.guests_from(0));
+  EXPECT_FALSE(l0.rows_copied_to(1));
+  EXPECT_FALSE(l1.rows_copied_from(0));
+  ASSERT_EQ(l0.home_work().size(), 2u);
+  EXPECT_EQ(l0.home_work()[0].expert, 1);  // static first
+  EXPECT_EQ(l0.home_work()[1].expert, 0);
+  EXPECT_EQ(l0.home_work()[1].row, 0);
+  EXPECT_EQ(l0.home_work()[1].rows, 40);
+}
+
+// Prefetched weights: per helper, the plan's prefetches in order take slots 0, 1, ...; a slice on
+// a prefetched pair uses its slot (no weight copy), other guests come after; an unused prefetch
+// keeps its slot (it counts against the guest slots).
+TEST(StepLayout, PrefetchedPairsKeepTheSlotsTheyWereCopiedInto) {
+  const Topology topo = Topology::contiguous(3, 8, 6);  // experts 0,1 | 2,3 | 4,5
+  const RoutingStep routing =
+      testing::step_from({{40, 1, 1, 30, 1, 1}, {40, 1, 1, 30, 1, 1}, {1, 1, 1, 1, 1, 1}});
+  Plan plan;
+  plan.clear(6);
+  plan.add_prefetch(0, 0, 2, testing::glm5());  // used: slot 0 on GPU 2
+  plan.add_prefetch(2, 1, 2, testing::glm5());  // unused: slot 1 on GPU 2, idle
+  plan.add_migration(0, 0, 2, 50, testing::glm5(), /*weights_prefetched=*/true, /*one_hop=*/false);
+  plan.add_migration(3, 1, 2, 40, testing::glm5(), /*weights_prefetched=*/false, /*one_hop=*/true);
+  plan.add_home_slices(topo, routing, {50, 0, 0, 40, 0, 0});
+  std::vector<int> slot, next;
+  cuda::prefetch_slots(plan.copies, 3, slot, next);
+  ASSERT_EQ(slot.size(), plan.copies.size());
+  EXPECT_EQ(slot[0], 0);
+  EXPECT_EQ(slot[1], 1);
+  for (size_t i = 2; i < slot.size(); ++i)
+    EXPECT_EQ(slot[i], -1) << "copy " << i << " is not a prefetch";
+  StepLayout l2;
+  l2.build(topo, routing, plan, 2, roomy());
+  ASSERT_TRUE(l2.fits()) << l2.error();
+  EXPECT_EQ(l2.guest_experts(2), 3) << "two prefetched slots (one idle) and one copied guest";
+  ASSERT_EQ(l2.guest_work().size(), 2u);
+  const cuda::GuestWork& a = l2.guest_work()[0];  // grouped by owner: expert 0 (owner 0) first
+  const cuda::GuestWork& b = l2.guest_work()[1];
+  EXPECT_EQ(std::make_tuple(a.expert, a.slot, a.prefetched, a.dispatched),
+            std::make_tuple(0, 0, true, false));
+  EXPECT_EQ(std::make_tuple(b.expert, b.slot, b.prefetched, b.dispatched),
+            std::make_tuple(3, 2, false, true));
+  EXPECT_TRUE(l2.rows_copied_from(0));
+  EXPECT_FALSE(l2.rows_copied_from(1));
+  ASSERT_EQ(l2.slot_uses().size(), 2u) << "the idle prefetched slot is no slot use";
+  // Three slots in use on GPU 2: two are too few.
+  StepLayout small;
+  small.build(topo, routing, plan, 0, {1 << 20, 1 << 20, 2, 8});
+  EXPECT_NE(small.error().find("3 guest experts, over its 2 guest weight slots"), std::string::npos)
+      << small.error();
+  // A prefetch not from the expert's home is refused.
+  Plan bad = plan;
+  bad.copies[1].src_gpu = 0;
+  small.build(topo, routing, bad, 0, roomy());
+  EXPECT_NE(small.error().find("prefetches expert 2 from GPU 0"), std::string::npos)
+      << small.error();
 }
 
 TEST(StepLayout, InconsistentInputsAreInputErrors) {
@@ -149,41 +278,172 @@ TEST(StepLayout, InconsistentInputsAreInputErrors) {
   EXPECT_THROW(l.build(t.topo, t.routing, bad, 0, roomy()), InputError);
 }
 
-// On real plans of every GPU policy at R = 8: the ranks' views agree. What a rank sends a peer
-// for an expert is what the peer expects from it; every export is its helper's guest with the
-// same rows; home and guest work cover every routed row exactly once.
+// Runs phase 1 of `plan` on the host over every rank's layout: each row is labelled (expert,
+// its ordinal among the expert's rows in source-rank order) in its source's send buffer, the i-th
+// send chunk to a peer lands in that peer's i-th receive chunk from the sender (as
+// Transport::exchange matches them), then the kHome slices' rows are copied on to their helpers.
+// Checks: the ranks' chunk lists match pairwise (count and sizes), no row lands twice, every
+// work item (home and guest) covers rows of its own expert, every routed row is computed exactly
+// once, and each expert's rows reach its GPUs by the ordinal rule (ascending GPU, each receiver a
+// contiguous run of ordinals).
+void expect_rows_land_once(const Topology& topo, const RoutingStep& step, const Plan& plan,
+                           const std::vector<StepLayout>& l, const std::string& what) {
+  const int R = topo.num_ranks(), E = topo.num_experts();
+  const auto label = [](int e, int64_t ordinal) {
+    return (static_cast<int64_t>(e) << 32) | ordinal;
+  };
+  // Send buffers: experts grouped by home, each home's experts in local order.
+  std::vector<std::vector<int64_t>> send(static_cast<size_t>(R)), home(static_cast<size_t>(R)),
+      guest(static_cast<size_t>(R));
+  std::vector<int64_t> pre(static_cast<size_t>(E), 0);
+  for (int s = 0; s < R; ++s) {
+    for (int d = 0; d < R; ++d) {
+      for (int e : topo.local_experts(d)) {
+        for (int64_t k = 0; k < step.at(s, e); ++k) send[s].push_back(label(e, pre[e] + k));
+      }
+    }
+    for (int e = 0; e < E; ++e) pre[e] += step.at(s, e);
+  }
+  for (int g = 0; g < R; ++g) {
+    home[g].assign(static_cast<size_t>(l[0].recv_rows(g)), -1);
+    guest[g].assign(static_cast<size_t>(l[0].guest_rows(g)), -1);
+  }
+  for (int s = 0; s < R; ++s) {
+    for (int g = 0; g < R; ++g) {
+      std::vector<cuda::RowChunk> out, in;
+      for (const cuda::RowChunk& c : l[s].sends()) {
+        if (c.peer == g) out.push_back(c);
+      }
+      for (const cuda::RowChunk& c : l[g].recvs()) {
+        if (c.peer == s) in.push_back(c);
+      }
+      ASSERT_EQ(out.size(), in.size()) << what << ": rank " << s << " sends " << out.size()
+                                       << " chunks to " << g << ", which receives " << in.size();
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out[i].rows, in[i].rows) << what << ": chunk " << i << " of " << s << " -> " << g;
+        std::vector<int64_t>& dst = in[i].guest ? guest[g] : home[g];
+        for (int64_t k = 0; k < in[i].rows; ++k) {
+          ASSERT_LT(static_cast<size_t>(in[i].row + k), dst.size()) << what;
+          int64_t& slot = dst[static_cast<size_t>(in[i].row + k)];
+          ASSERT_EQ(slot, -1) << what << ": a row landed twice on rank " << g;
+          slot = send[s][static_cast<size_t>(out[i].row + k)];
+        }
+      }
+    }
+  }
+  for (int d = 0; d < R; ++d) {  // phase 2: kHome rows on to their helpers
+    for (const cuda::Export& x : l[d].exports()) {
+      if (x.dispatched) continue;
+      for (int64_t k = 0; k < x.rows; ++k) {
+        int64_t& slot = guest[x.helper][static_cast<size_t>(x.dst_row + k)];
+        ASSERT_EQ(slot, -1) << what << ": a copied row lands on a dispatched one";
+        slot = home[d][static_cast<size_t>(x.src_row + k)];
+      }
+    }
+  }
+  // Work: what each rank computes, by expert; every routed row exactly once.
+  std::map<int64_t, int> computed;
+  std::map<int, std::vector<std::tuple<int, int64_t, int64_t>>>
+      runs;  // expert -> (gpu, first ordinal, rows)
+  const auto take = [&](const std::vector<int64_t>& buf, int64_t row, int64_t rows, int e,
+                        int gpu) {
+    for (int64_t k = 0; k < rows; ++k) {
+      const int64_t v = buf[static_cast<size_t>(row + k)];
+      ASSERT_NE(v, -1) << what << ": rank " << gpu << " computes an unwritten row of expert " << e;
+      ASSERT_EQ(static_cast<int>(v >> 32), e)
+          << what << ": rank " << gpu << " computes another expert's row";
+      ++computed[v];
+    }
+  };
+  for (int g = 0; g < R; ++g) {
+    for (const cuda::HomeWork& w : l[g].home_work()) take(home[g], w.row, w.rows, w.expert, g);
+    for (const cuda::GuestWork& w : l[g].guest_work()) take(guest[g], w.row, w.rows, w.expert, g);
+    // Per expert, what phase 1 brought to g: home rows (from expert_base) and dispatched guests.
+    for (int e : topo.local_experts(g)) {
+      int64_t rows = 0;
+      for (const Slice& sl : plan.slices)
+        rows += sl.expert == e && sl.source == RowSource::kHome ? sl.rows : 0;
+      if (rows > 0)
+        runs[e].emplace_back(g, home[g][static_cast<size_t>(l[g].expert_base(e))] & 0xffffffff,
+                             rows);
+      for (int64_t k = 1; k < rows; ++k) {
+        EXPECT_EQ(home[g][static_cast<size_t>(l[g].expert_base(e) + k)],
+                  home[g][static_cast<size_t>(l[g].expert_base(e))] + k)
+            << what << ": expert " << e << "'s rows on its home are not one run of ordinals";
+      }
+    }
+    for (const cuda::GuestWork& w : l[g].guest_work()) {
+      if (!w.dispatched) continue;
+      runs[w.expert].emplace_back(g, guest[g][static_cast<size_t>(w.row)] & 0xffffffff, w.rows);
+      for (int64_t k = 1; k < w.rows; ++k) {
+        EXPECT_EQ(guest[g][static_cast<size_t>(w.row + k)],
+                  guest[g][static_cast<size_t>(w.row)] + k)
+            << what;
+      }
+    }
+  }
+  EXPECT_EQ(static_cast<int64_t>(computed.size()), step.total_rows())
+      << what << ": every routed row computed";
+  for (const auto& [v, times] : computed)
+    EXPECT_EQ(times, 1) << what << ": a row computed " << times << " times";
+  for (auto& [e, r] : runs) {
+    std::sort(r.begin(), r.end());
+    int64_t next = 0;
+    for (const auto& [gpu, first, rows] : r) {
+      EXPECT_EQ(first, next) << what << ": expert " << e << " on GPU " << gpu
+                             << " breaks the ordinal rule";
+      next = first + rows;
+    }
+  }
+}
+
+// On real plans of every GPU policy at R = 8, and feplb's one-hop and prefetch modes: the ranks'
+// views agree (chunk lists, exports and guests), and phase 1 run on the host puts every row where
+// the work lists compute it, once. With prefetch, the slots prefetch_slots() gives the planner's
+// prediction (what MoeLayer::prefetch copies into) are the slots the layout uses.
 TEST(StepLayout, RanksAgreeOnRealPlans) {
   const int R = 8, E = 64;
-  Knobs k;
-  k.max_num_dyn = 8;
-  testing::Bench b(R, 8, E, k);
-  for (const std::string policy : {"static", "feplb-paper", "feplb", "oracle"}) {
-    auto planner = b.make(policy);
-    for (uint64_t seed = 1; seed <= 4; ++seed) {
-      const RoutingStep step = testing::random_step(R, E, 8, 2048, 6.0, seed);
+  struct Mode {
+    std::string policy;
+    int64_t one_hop, prefetch;
+  };
+  const std::vector<Mode> modes = {{"static", 0, 0}, {"feplb-paper", 0, 0}, {"feplb", 0, 0},
+                                   {"oracle", 0, 0}, {"feplb", 1, 0},       {"feplb", 0, 1},
+                                   {"feplb", 1, 1}};
+  for (const Mode& mode : modes) {
+    Knobs k;
+    k.max_num_dyn = 8;
+    k.one_hop = mode.one_hop;
+    k.prefetch = mode.prefetch;
+    k.prefetch_window_us = 1e6;  // every predicted pair fits the window: the slots limit them
+    k.prefetch_history = 2;
+    testing::Bench b(R, 8, E, k);
+    auto planner = b.make(mode.policy);
+    const std::string what =
+        mode.policy + (mode.one_hop ? " one-hop" : "") + (mode.prefetch ? " prefetch" : "");
+    int64_t dispatched = 0, prefetched = 0;
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      // Alternating routing: predictions from the previous step are partly wrong.
+      const RoutingStep step = testing::random_step(R, E, 8, 2048, 6.0, seed % 2 ? seed : 1);
+      std::vector<int> pre_slot, next;
+      const std::vector<Copy> predicted(planner->prefetch(0).begin(), planner->prefetch(0).end());
+      cuda::prefetch_slots(predicted, R, pre_slot, next);
       Plan plan;
       planner->plan(step, plan);
       planner->observe(step);
       std::vector<StepLayout> l(R);
-      for (int r = 0; r < R; ++r) l[r].build(b.topo, step, plan, r, {1 << 30, 1 << 30, E, E});
-      for (int r = 0; r < R; ++r) ASSERT_TRUE(l[r].fits()) << policy << ": " << l[r].error();
-      int64_t computed = 0;
+      for (int r = 0; r < R; ++r) l[r].build(b.topo, step, plan, r, {1 << 30, 1 << 30, 8, E});
+      for (int r = 0; r < R; ++r) ASSERT_TRUE(l[r].fits()) << what << ": " << l[r].error();
       std::map<int, cuda::GuestWork> guest_by_slice;
       for (int r = 0; r < R; ++r) {
-        for (const cuda::HomeWork& w : l[r].home_work()) computed += w.rows;
-        for (const cuda::GuestWork& g : l[r].guest_work()) {
-          computed += g.rows;
-          guest_by_slice[g.slice] = g;
-        }
-        // Chunks: rank r's i-th send to d is d's receive from r for the same expert.
+        for (const cuda::GuestWork& g : l[r].guest_work()) guest_by_slice[g.slice] = g;
         int64_t recv = 0;
-        for (const cuda::RowChunk& c : l[r].recvs()) recv += c.rows;
-        EXPECT_EQ(recv, l[r].recv_rows(r));
+        for (const cuda::RowChunk& c : l[r].recvs()) recv += c.guest ? 0 : c.rows;
+        EXPECT_EQ(recv, l[r].recv_rows(r)) << what;
       }
-      EXPECT_EQ(computed, step.total_rows()) << policy << ": every row computed exactly once";
       for (int r = 0; r < R; ++r) {
         for (const cuda::Export& x : l[r].exports()) {
-          ASSERT_TRUE(guest_by_slice.count(x.slice)) << policy;
+          ASSERT_TRUE(guest_by_slice.count(x.slice)) << what;
           const cuda::GuestWork& g = guest_by_slice[x.slice];
           EXPECT_EQ(g.owner, r);
           EXPECT_EQ(g.rows, x.rows);
@@ -191,19 +451,54 @@ TEST(StepLayout, RanksAgreeOnRealPlans) {
           EXPECT_EQ(g.owner_row, x.src_row);
           EXPECT_EQ(g.slot, x.slot);
           EXPECT_EQ(g.staging_slot, x.staging_slot);
-        }
-        for (int d = 0; d < R; ++d) {
-          std::vector<int64_t> to_d, from_r;
-          for (const cuda::RowChunk& c : l[r].sends()) {
-            if (c.peer == d) to_d.push_back(c.rows);
+          EXPECT_EQ(g.dispatched, x.dispatched);
+          EXPECT_EQ(g.prefetched, x.prefetched);
+          EXPECT_EQ(x.dispatched, mode.one_hop == 1) << what;
+          dispatched += x.dispatched ? 1 : 0;
+          if (!x.prefetched) continue;
+          ++prefetched;
+          bool found = false;  // the slot prefetch() copied this pair into
+          for (size_t i = 0; i < predicted.size(); ++i) {
+            if (predicted[i].expert == x.expert && predicted[i].dst_gpu == x.helper) {
+              EXPECT_EQ(pre_slot[i], x.slot) << what;
+              found = true;
+            }
           }
-          for (const cuda::RowChunk& c : l[d].recvs()) {
-            if (c.peer == r) from_r.push_back(c.rows);
-          }
-          EXPECT_EQ(to_d, from_r) << policy << " " << r << " -> " << d;
+          EXPECT_TRUE(found) << what << ": a prefetched slice whose pair was not predicted";
         }
       }
+      expect_rows_land_once(b.topo, step, plan, l, what + " seed " + std::to_string(seed));
     }
+    if (mode.one_hop) {
+      EXPECT_GT(dispatched, 0) << what << ": nothing went in one hop";
+    }
+    if (mode.prefetch) {
+      EXPECT_GT(prefetched, 0) << what << ": no prediction was ever used";
+    }
+  }
+}
+
+// A plan mixing both kinds of migration (rows via the home and in one hop) lands every row once.
+TEST(StepLayout, MixedTwoPhaseAndOneHopSlicesLandOnce) {
+  const int R = 4, E = 32;
+  Knobs k;
+  k.max_num_dyn = 8;
+  testing::Bench b(R, 8, E, k);
+  auto planner = b.make("feplb");
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    const RoutingStep step = testing::random_step(R, E, 4, 1024, 8.0, seed);
+    Plan plan;
+    planner->plan(step, plan);
+    int flipped = 0;
+    for (Slice& sl : plan.slices) {
+      if (sl.gpu != b.topo.home(sl.expert) && flipped++ % 2 == 0)
+        sl.source = RowSource::kDispatched;
+    }
+    ASSERT_GT(flipped, 1) << "too few migrations to mix";
+    std::vector<StepLayout> l(R);
+    for (int r = 0; r < R; ++r) l[r].build(b.topo, step, plan, r, {1 << 30, 1 << 30, 8, E});
+    for (int r = 0; r < R; ++r) ASSERT_TRUE(l[r].fits()) << l[r].error();
+    expect_rows_land_once(b.topo, step, plan, l, "mixed seed " + std::to_string(seed));
   }
 }
 
@@ -221,9 +516,9 @@ TEST(JobThread, RunsJobsInOrder) {
   for (Ctx& c : ctx) {
     t.post(
         [](void* p) {
-          auto* c = static_cast<Ctx*>(p);
-          c->seen->push_back(c->id);
-          c->done->fetch_add(1);
+          auto* x = static_cast<Ctx*>(p);
+          x->seen->push_back(x->id);
+          x->done->fetch_add(1);
         },
         &c);
   }

@@ -17,7 +17,8 @@ inline ExpertShape glm5() { return ExpertShape{6144, 2048, Dtype::kBf16}; }
 inline RoutingStep step_from(const std::vector<std::vector<int64_t>>& counts, int64_t layer = 0) {
   RoutingStep s(0, layer, static_cast<int>(counts.size()), static_cast<int>(counts[0].size()));
   for (size_t r = 0; r < counts.size(); ++r) {
-    for (size_t e = 0; e < counts[r].size(); ++e) s.at(static_cast<int>(r), static_cast<int>(e)) = counts[r][e];
+    for (size_t e = 0; e < counts[r].size(); ++e)
+      s.at(static_cast<int>(r), static_cast<int>(e)) = counts[r][e];
   }
   s.sum_experts();
   return s;

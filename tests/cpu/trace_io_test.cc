@@ -1,5 +1,7 @@
 // Trace and prior reader tests: format_trace/parse_trace round trips, and every kind of bad input
 // is an InputError whose one-line message names the field (and the step index where there is one).
+#include "feplb/core/trace_io.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,7 +13,6 @@
 
 #include "feplb/core/error.h"
 #include "feplb/sim/prior.h"
-#include "feplb/core/trace_io.h"
 
 namespace feplb {
 namespace {
@@ -21,8 +22,12 @@ using json = nlohmann::json;
 // A valid document: E=8 experts, R=4 ranks, S=2 tokens per rank, top-2, four steps
 // (micro-batches 0 and 1 x layers 0 and 1). Every row puts 2 rows on two different experts.
 json valid_doc() {
-  json doc = {{"format", "feplb-trace-v1"}, {"model", "unit-test"}, {"num_experts", 8},
-              {"top_k", 2},                 {"num_ranks", 4},       {"tokens_per_rank", 2}};
+  json doc = {{"format", "feplb-trace-v1"},
+              {"model", "unit-test"},
+              {"num_experts", 8},
+              {"top_k", 2},
+              {"num_ranks", 4},
+              {"tokens_per_rank", 2}};
   json steps = json::array();
   for (int i = 0; i < 4; ++i) {
     json rows = json::array();
@@ -114,9 +119,8 @@ Trace handmade_trace() {
   t.tokens_per_rank = 3;
   t.expert_shape = ExpertShape{64, 128, Dtype::kFp8};
   t.generator_json = R"({"seed":7,"tool":"test"})";
-  const int64_t rows[3][2][4] = {{{3, 1, 2, 0}, {0, 3, 3, 0}},
-                                 {{1, 1, 1, 3}, {2, 2, 2, 0}},
-                                 {{0, 0, 3, 3}, {3, 0, 0, 3}}};
+  const int64_t rows[3][2][4] = {
+      {{3, 1, 2, 0}, {0, 3, 3, 0}}, {{1, 1, 1, 3}, {2, 2, 2, 0}}, {{0, 0, 3, 3}, {3, 0, 0, 3}}};
   for (int i = 0; i < 3; ++i) {
     RoutingStep s(i, 5 - i, t.num_ranks, t.num_experts);
     for (int r = 0; r < 2; ++r) {
@@ -427,8 +431,8 @@ TEST(TraceIoErrors, StepMissingMembers) {
 
 TEST(TraceIoErrors, StepAndLayerBadValues) {
   for (const std::string key : {"step", "layer"}) {
-    for (const std::string bad : {"-1", "1.5", "\"0\"", "true", "1e30", "18446744073709551615",
-                                  "2147483648"}) {
+    for (const std::string bad :
+         {"-1", "1.5", "\"0\"", "true", "1e30", "18446744073709551615", "2147483648"}) {
       SCOPED_TRACE(key + " = " + bad);
       json doc = valid_doc();
       doc["steps"][1][key] = "@BAD@";
@@ -490,8 +494,8 @@ TEST(TraceIoErrors, NegativeCount) {
 }
 
 TEST(TraceIoErrors, NonIntegerCounts) {
-  for (const std::string bad : {"1.0", "3.0", "0.5", "2e0", "\"2\"", "true", "null", "[2]",
-                                "{}", "1e30", "18446744073709551615"}) {
+  for (const std::string bad : {"1.0", "3.0", "0.5", "2e0", "\"2\"", "true", "null", "[2]", "{}",
+                                "1e30", "18446744073709551615"}) {
     SCOPED_TRACE(bad);
     json doc = valid_doc();
     doc["steps"][3]["counts"][2][1] = "@BAD@";
@@ -516,13 +520,20 @@ TEST(TraceIoErrors, RowNotSummingToTokensTimesTopK) {
 }
 
 // Regression: the [num_ranks, num_experts] matrix used to be allocated before the rows' lengths
-// were checked, so a ~50 KB file asked for 8 GiB (std::bad_alloc or the OOM killer).
+// were checked, so a ~50 KB file asked for 8 GiB (std::bad_alloc or the OOM killer). A shape
+// whose one step is above the trace's limit of counts is now refused from the header alone.
 TEST(TraceIoErrors, HugeShapeWithTinyBodyIsRejectedCheaply) {
   json doc = valid_doc();
   doc["num_experts"] = 1 << 16;
   doc["num_ranks"] = 1 << 14;
   doc["steps"] = json::array({{{"step", 0}, {"layer", 0}, {"counts", json::array()}}});
   for (int r = 0; r < (1 << 14); ++r) doc["steps"][0]["counts"].push_back(json::array());
+  expect_trace_error(doc, {"num_ranks x num_experts", "limit"});
+  // Within the limit, the empty rows are named.
+  doc["num_experts"] = 1 << 12;
+  doc["num_ranks"] = 1 << 12;
+  doc["steps"][0]["counts"] = json::array();
+  for (int r = 0; r < (1 << 12); ++r) doc["steps"][0]["counts"].push_back(json::array());
   expect_trace_error(doc, {"steps[0].counts[0]", "0 entries"});
 }
 
@@ -543,6 +554,95 @@ TEST(TraceIoErrors, DeepNestingIsAnInputError) {
   json doc = valid_doc();
   doc["generator"] = {{"a", {{"b", {1, {2, {3}}}}}}};
   EXPECT_EQ(json::parse(parse_trace(doc.dump()).generator_json), doc["generator"]);
+}
+
+// --- Duplicate keys, streaming order, uneven tokens and dropped rows ----------------------------
+
+TEST(TraceIoErrors, DuplicateKeysAreRefusedAtEveryLevel) {
+  const std::string base = valid_doc().dump();
+  struct Case {
+    std::string from, to, field;
+  };
+  // Each case turns one key of the valid document into a duplicate of its neighbour.
+  const std::vector<Case> cases = {
+      {"\"model\":\"unit-test\"", "\"model\":\"a\",\"model\":\"unit-test\"", "\"model\""},
+      {"\"layer\":0,\"step\":1}", "\"layer\":0,\"layer\":0,\"step\":1}", "steps[2]"},
+      {"\"format\":", "\"top_k\":2,\"format\":", "\"top_k\""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.to);
+    std::string text = base;
+    const size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, c.from.size(), c.to);
+    expect_trace_error(text, {"duplicate key", c.field});
+  }
+  json doc = valid_doc();
+  doc["generator"] = {{"seed", 1}};
+  std::string text = doc.dump();
+  text.replace(text.find("{\"seed\":1}"), 10, "{\"a\":{\"x\":1,\"x\":2}}");
+  expect_trace_error(text, {"generator.a", "duplicate key \"x\""});
+}
+
+TEST(TraceIo, HeaderAfterTheStepsIsCheckedAtTheEnd) {
+  // nlohmann's json (and Python's sort_keys) writes "steps" before "tokens_per_rank" and "top_k".
+  json doc = valid_doc();
+  const std::string sorted = doc.dump();
+  ASSERT_LT(sorted.find("\"steps\""), sorted.find("\"top_k\""));
+  EXPECT_EQ(parse_trace(sorted).steps.size(), 4u);
+  doc["steps"][1]["counts"][0] = {3, 1, 0, 0, 0, 0, 0, 0};  // 3 > S = 2, known only at the end
+  expect_trace_error(doc, {"steps[1].counts[0][0]", "3"});
+}
+
+TEST(TraceIo, UnevenTokensAndDroppedRows) {
+  json doc = valid_doc();
+  doc["tokens_per_rank"] = 3;
+  // Rank 0 has 3 tokens and drops 1 of its 6 rows; rank 1 has 1 token; ranks 2, 3 have 2.
+  doc["steps"][0]["tokens"] = {3, 1, 2, 2};
+  doc["steps"][0]["dropped"] = {1, 0, 0, 0};
+  doc["steps"][0]["counts"][0] = {3, 1, 1, 0, 0, 0, 0, 0};
+  doc["steps"][0]["counts"][1] = {1, 1, 0, 0, 0, 0, 0, 0};
+  // Other steps: every rank has tokens_per_rank = 3 tokens unless stated, so state 2.
+  for (int i = 1; i < 4; ++i) doc["steps"][i]["tokens"] = {2, 2, 2, 2};
+  const Trace t = parse_trace(doc.dump());
+  EXPECT_FALSE(t.uniform());
+  EXPECT_EQ(t.steps[0].tokens, (std::vector<int64_t>{3, 1, 2, 2}));
+  EXPECT_EQ(t.rows_of(t.steps[0], 0), 5);
+  EXPECT_EQ(t.rows_of(t.steps[0], 1), 2);
+  EXPECT_EQ(t.steps[0].total_rows(), 5 + 2 + 4 + 4);
+  // Written back as read.
+  const Trace back = parse_trace(format_trace(t));
+  EXPECT_EQ(back.steps[0].tokens, t.steps[0].tokens);
+  EXPECT_EQ(back.steps[0].dropped, t.steps[0].dropped);
+  EXPECT_TRUE(back.steps[1].dropped.empty());
+  EXPECT_EQ(format_trace(back), format_trace(t));
+
+  json bad = doc;
+  bad["steps"][0]["dropped"] = {0, 0, 0, 0};
+  expect_trace_error(bad, {"steps[0].counts[0]", "sums to 5", "tokens[0] * top_k - dropped[0]"});
+  bad = doc;
+  bad["steps"][0]["tokens"] = {4, 1, 2, 2};
+  expect_trace_error(bad, {"steps[0].tokens[0]", "above tokens_per_rank"});
+  bad = doc;
+  bad["steps"][0]["tokens"] = {3, 1, 2};
+  expect_trace_error(bad, {"steps[0].tokens", "3 entries", "num_ranks = 4"});
+  bad = doc;
+  bad["steps"][0]["counts"][1] = {2, 0, 0, 0, 0, 0, 0, 0};  // 2 rows of one expert from 1 token
+  expect_trace_error(bad, {"steps[0].counts[1][0]", "the rank's tokens"});
+  bad = doc;
+  bad["steps"][0]["dropped"] = {1, 0, 0, -1};
+  expect_trace_error(bad, {"steps[0].dropped[3]", "-1"});
+  bad = doc;
+  bad["steps"][0]["dropped"] = {7, 0, 0, 0};
+  expect_trace_error(bad, {"steps[0].dropped[0]", "above tokens * top_k"});
+}
+
+TEST(TraceIoErrors, TotalCountsAboveTheLimit) {
+  // 2^27 + 1 counts cannot be written cheaply; the per-step shape limit is the same number.
+  json doc = valid_doc();
+  doc["num_experts"] = 1 << 14;
+  doc["num_ranks"] = 1 << 14;
+  expect_trace_error(doc, {"num_ranks x num_experts", "134217728"});
 }
 
 // --- Files ---------------------------------------------------------------------------------
@@ -588,10 +688,10 @@ TEST(TraceIoFiles, BadContentIsPrefixedWithThePath) {
 // --- Priors --------------------------------------------------------------------------------
 
 json valid_prior() {
-  return {{"model", "unit-prior"},          {"source", "test"},
-          {"experts", 4},                   {"top_k", 2},
-          {"layers", {0, 7}},               {"counts", {{10, 20, 30, 40}, {1, 1, 1, 1}}},
-          {"tokens_per_layer", 50},         {"domain", "test"}};
+  return {{"model", "unit-prior"},  {"source", "test"},
+          {"experts", 4},           {"top_k", 2},
+          {"layers", {0, 7}},       {"counts", {{10, 20, 30, 40}, {1, 1, 1, 1}}},
+          {"tokens_per_layer", 50}, {"domain", "test"}};
 }
 
 TEST(PriorIo, ValidPriorParses) {

@@ -69,6 +69,25 @@ std::vector<float> download_f32(const float* d, size_t n) {
   return h;
 }
 
+// The setup's warm-up forwards, layer by layer (with prefetch() first when the setup asks), of
+// this rank's warm-up inputs (`inputs` when there are none); their handles are dropped.
+void warm_up(const LayerSetup& setup, const std::vector<cuda::MoeLayer*>& layers,
+             const std::vector<std::span<const cuda::ExpertParams>>& weights,
+             const std::vector<RankInputs>& inputs, int rank, cudaStream_t s) {
+  if (setup.warmup_forwards == 0) return;
+  const RankInputs& in = setup.warmup_inputs.empty() ? inputs[rank] : setup.warmup_inputs[rank];
+  const DeviceInputs d(in);
+  cuda::DeviceBuffer<__nv_bfloat16> out(d.x.size());
+  for (int f = 0; f < setup.warmup_forwards; ++f) {
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (setup.prefetch) layers[l]->prefetch(weights[l], s);
+      cuda::MicroBatch dropped = layers[l]->forward(weights[l], d.x.get(), d.idx.get(), d.wt.get(),
+                                                    in.tokens, out.get(), s);
+    }
+  }
+  cuda::sync_with_timeout(s, setup.runtime.timeout_s, "test warm-up forwards");
+}
+
 cuda::RuntimeConfig runtime_config(const LayerSetup& setup, bool training, const char* name) {
   cuda::RuntimeConfig c = setup.runtime;
   c.training = training;
@@ -96,8 +115,10 @@ std::vector<RankResult> run_layer(const LayerSetup& setup, const ReferenceMoe& e
     const int64_t S = in.tokens;
     const DeviceInputs d(in);
     cuda::DeviceBuffer<__nv_bfloat16> out(d.x.size());
+    warm_up(setup, {&layer}, {w.params()}, inputs, r, stream.get());
     for (int f = 0; f < forwards; ++f) {
       if (S > 0) FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream.get()));  // NaN
+      if (setup.prefetch) layer.prefetch(w.params(), stream.get());
       layer.forward(w.params(), d.x.get(), d.idx.get(), d.wt.get(), S, out.get(), stream.get());
       cuda::sync_with_timeout(stream.get(), config.timeout_s, "test forward");
     }
@@ -147,9 +168,18 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(const LayerSetup& se
       FEPLB_CUDA_CHECK(cudaMemsetAsync(gx[l].get(), 0xff, gx[l].bytes(), s));
       FEPLB_CUDA_CHECK(cudaMemsetAsync(gw[l].get(), 0xff, gw[l].bytes(), s));
     }
+    std::vector<cuda::MoeLayer*> lp;
+    std::vector<std::span<const cuda::ExpertParams>> wp;
+    for (int l = 0; l < layers; ++l) {
+      lp.push_back(ls[l].get());
+      wp.push_back(ws[l]->params());
+    }
+    warm_up(setup, lp, wp, inputs, r, s);
     std::vector<cuda::MicroBatch> mbs;
     for (int l = 0; l < layers; ++l) {
+      if (setup.prefetch) ls[l]->prefetch(ws[l]->params(), s);
       mbs.push_back(ls[l]->forward(ws[l]->params(), d.x.get(), d.idx.get(), d.wt.get(), S, out[l].get(), s));
+      results[l][r].forward_stats = mbs.back().stats();
     }
     for (int l = layers - 1; l >= 0; --l) {
       ls[l]->backward(std::move(mbs[l]), ws[l]->params(), go.get(), d.wt.get(), gx[l].get(), gw[l].get(),
@@ -208,12 +238,15 @@ std::vector<std::vector<BackwardResult>> run_schedule(const LayerSetup& setup, c
     }
     for (size_t i = 0; i + 1 < schedule.size(); ++i) {
       const char op = schedule[i];
-      if (op != 'F' && op != 'B') continue;
+      if (op != 'F' && op != 'B' && op != 'P') continue;
       const int m = schedule[i + 1] - '0';
       FEPLB_CHECK(m >= 0 && m < M, "schedule '{}': micro-batch {}", schedule, m);
-      if (op == 'F') {
+      if (op == 'P') {
+        layer.prefetch(w.params(), s);
+      } else if (op == 'F') {
         mbs[m] = layer.forward(w.params(), d[m]->x.get(), d[m]->idx.get(), d[m]->wt.get(), inputs[m][r].tokens,
                                out[m].get(), s);
+        results[m][r].forward_stats = mbs[m].stats();
       } else {
         layer.backward(std::move(mbs[m]), w.params(), go[m].get(), d[m]->wt.get(), gx[m].get(), gw[m].get(),
                        w.grad_views(), cuda::GradMode::kAccumulate, s);

@@ -84,11 +84,16 @@ inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   return out;
 }
 
-// What the layer tests vary: the runtime's configuration, the policy and the layer's top_k.
+// What the layer tests vary: the runtime's configuration, the policy and the layer's top_k; and
+// weights before routing: prefetch() before every forward, after `warmup_forwards` forwards of
+// `warmup_inputs` (empty: the inputs) per layer whose handles are dropped (the planner's history).
 struct LayerSetup {
   cuda::RuntimeConfig runtime;
   std::string policy = "feplb";
   int top_k = 1;
+  bool prefetch = false;
+  int warmup_forwards = 0;
+  std::vector<RankInputs> warmup_inputs;
 };
 
 struct RankResult {
@@ -107,6 +112,7 @@ struct BackwardResult {
   std::vector<float> main_grad;  // [experts_per_rank, 3HF] this rank's experts' weight gradients
   Plan plan;
   cuda::BackwardStats stats;
+  cuda::ForwardStats forward_stats;  // the micro-batch's forward
 };
 
 // `layers` layers (same experts, same inputs) on one runtime per rank: every layer's forward,
@@ -120,8 +126,9 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(const LayerSetup& se
                                                             cuda::GradMode mode = cuda::GradMode::kAccumulate);
 
 // One layer, micro-batches m = 0..M-1 with their own inputs [m][rank] and output gradients,
-// run in the order `schedule` gives ("F0 F1 B0 F2 B1 B2": forward or backward of micro-batch m);
-// the weight gradients accumulate over all of them. Results [m][rank]; main_grad (the sum) is in
+// run in the order `schedule` gives ("F0 F1 B0 F2 B1 B2": forward or backward of micro-batch m;
+// "Pm": prefetch(), meant for micro-batch m's forward); the weight gradients accumulate over all
+// of them. Results [m][rank]; main_grad (the sum) is in
 // every micro-batch's entry.
 std::vector<std::vector<BackwardResult>> run_schedule(const LayerSetup& setup, const ReferenceMoe& experts,
                                                       const std::vector<std::vector<RankInputs>>& inputs,

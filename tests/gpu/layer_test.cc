@@ -7,6 +7,7 @@
 // (outputs and gradients are poisoned with NaN first, so an unwritten row fails).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <numeric>
@@ -17,6 +18,7 @@
 #include "bench/harness/trainer.h"
 #include "feplb/dist/launch.h"
 #include "bench/harness/local_experts.h"
+#include "bench/harness/rank_threads.h"
 #include "feplb/cuda/check.h"
 #include "gpu_test_util.h"
 
@@ -554,6 +556,312 @@ TEST(Training, LossCurvesAgreeWithBalancingOnAndOff) {
   EXPECT_LT(off.loss.back(), 0.98 * off.loss.front()) << "the loss did not fall: the gradients do not train";
   EXPECT_LT(on.loss.back(), 0.98 * on.loss.front());
 }
+
+// ---- rows in one hop and weights before routing --------------------------------------------
+
+// The feplb planner in the layer's opt-in paths: rows in one hop; weights before routing
+// (prefetch() before every forward, after one warm-up forward that gives the planner its history);
+// both; and the prefetch knob without any prefetch() call (the plans list prefetched weights that
+// were never copied: the layer copies what it needs, as without prefetch).
+struct PathMode {
+  const char* name;
+  bool one_hop, prefetch_knob, prefetch_call;
+};
+const PathMode kPathModes[] = {{"one_hop", true, false, false},
+                               {"prefetch", false, true, true},
+                               {"one_hop_prefetch", true, true, true},
+                               {"prefetch_knob_only", false, true, false}};
+
+testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_tokens,
+                                const PathMode& mode) {
+  testing::LayerSetup setup = config_for(ranks, experts, top_k, max_tokens, "feplb");
+  Knobs& k = setup.runtime.knobs;
+  k.one_hop = mode.one_hop ? 1 : 0;
+  k.prefetch = mode.prefetch_knob ? 1 : 0;
+  k.prefetch_window_us =
+      1e6;  // tiny test experts: every predicted pair fits; the guest slots limit them
+  setup.prefetch = mode.prefetch_call;
+  setup.warmup_forwards = mode.prefetch_knob ? 1 : 0;
+  return setup;
+}
+
+// Sums over ranks of a forward's path statistics (the prefetch counts are every rank's already).
+struct PathStats {
+  int64_t dispatched_rows = 0, weight_copies = 0, prefetched_pairs = 0, prefetch_hits = 0,
+          guest_rows = 0;
+  void add(const cuda::ForwardStats& s) {
+    dispatched_rows += s.dispatched_rows;
+    weight_copies += s.weight_copies;
+    guest_rows += s.guest_rows;
+    prefetched_pairs = s.prefetched_pairs;
+    prefetch_hits = s.prefetch_hits;
+  }
+};
+
+// Every migration of a plan is one-hop (kDispatched) exactly when the mode asks for it.
+void expect_row_sources(const Plan& plan, const Topology& topo, const PathMode& mode) {
+  for (const Slice& sl : plan.slices) {
+    if (sl.gpu == topo.home(sl.expert)) continue;
+    EXPECT_EQ(sl.source == RowSource::kDispatched, mode.one_hop)
+        << mode.name << ": expert " << sl.expert;
+  }
+}
+
+auto RanksAndPaths() {
+  return ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Values(0, 1, 2, 3));
+}
+std::string RankPathName(const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
+  return "ep" + std::to_string(std::get<0>(info.param)) + "_" +
+         kPathModes[std::get<1>(info.param)].name;
+}
+
+class LayerPathTest : public ::testing::TestWithParam<std::tuple<int, int>> {
+ protected:
+  void SetUp() override { FEPLB_SKIP_WITHOUT_GPU(); }
+};
+
+// Right predictions: the warm-up forward and the measured ones route the same tokens, so the
+// prefetched weights are used (hits), and the results match the float64 reference.
+TEST_P(LayerPathTest, ForwardAndBackwardMatchFloat64Reference) {
+  const auto [ranks, mi] = GetParam();
+  const PathMode& mode = kPathModes[mi];
+  const int experts = 32, top_k = 4;
+  Rng rng(400 + ranks);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(7 + ranks, ranks, experts, top_k, 96, 8.0);
+  const testing::LayerSetup c = path_config(ranks, experts, top_k, 96, mode);
+  const auto fwd = run_layer(c, m, in, /*forwards=*/2);
+  expect_matches_reference(fwd, m, in, top_k, mode.name);
+  PathStats st;
+  for (const auto& g : fwd) st.add(g.stats);
+  expect_row_sources(fwd[0].plan, c.runtime.topo, mode);
+  ASSERT_GT(st.guest_rows, 0) << mode.name << ": skewed input but nothing migrated";
+  if (mode.one_hop) {
+    EXPECT_EQ(st.dispatched_rows, st.guest_rows) << "one hop: every guest row arrives in phase 1";
+  } else {
+    EXPECT_EQ(st.dispatched_rows, 0);
+  }
+  if (mode.prefetch_call) {
+    EXPECT_GT(st.prefetched_pairs, 0) << mode.name << ": nothing prefetched";
+    EXPECT_GT(st.prefetch_hits, 0)
+        << mode.name << ": the same routing again, yet no prediction was used";
+  } else {
+    EXPECT_EQ(st.prefetched_pairs, 0);
+    EXPECT_GT(st.weight_copies, 0)
+        << mode.name << ": migrations without prefetch copy their weights";
+  }
+  const auto go = random_grad_out(41 + ranks, in);
+  const auto got = testing::run_layer_backward(c, m, in, go);
+  expect_gradients_match(got, c, m, in, go, mode.name);
+  PathStats bst;
+  for (const auto& g : got[0]) bst.add(g.forward_stats);
+  EXPECT_GT(bst.guest_rows, 0) << mode.name << ": no guest backward";
+  if (mode.prefetch_call) {
+    EXPECT_GT(bst.prefetch_hits, 0) << mode.name << ": training forward used no prefetch";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndPaths, LayerPathTest, RanksAndPaths(), RankPathName);
+
+// Wrong predictions: the warm-up forward sends every token's first choice to expert 1 (rank 0's),
+// the measured ones to the last expert (the last rank's). The predicted weights are copied and
+// mostly unused, the new migrations copy theirs, and every result still matches the reference.
+TEST(LayerPaths, WrongPredictionsCostBytesNeverCorrectness) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int experts = 32, top_k = 2;
+  for (int ranks : {2, 4, 8}) {
+    for (int mi : {1, 2}) {
+      const PathMode& mode = kPathModes[mi];
+      const std::string what = std::string(mode.name) + " ep" + std::to_string(ranks);
+      Rng rng(500 + ranks);
+      const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+      testing::LayerSetup c = path_config(ranks, experts, top_k, 96, mode);
+      c.warmup_inputs = skewed_inputs(31 + ranks, ranks, experts, top_k, 96, 2.0, /*hot_expert=*/1);
+      const auto in =
+          skewed_inputs(37 + ranks, ranks, experts, top_k, 96, 2.0, /*hot_expert=*/experts - 1);
+      const auto fwd = run_layer(c, m, in, /*forwards=*/1);
+      expect_matches_reference(fwd, m, in, top_k, what);
+      PathStats st;
+      for (const auto& g : fwd) st.add(g.stats);
+      EXPECT_GT(st.prefetched_pairs, 0) << what << ": nothing prefetched";
+      EXPECT_LT(st.prefetch_hits, st.prefetched_pairs)
+          << what << ": a different routing, yet every prediction was used";
+      EXPECT_GT(st.weight_copies, 0)
+          << what << ": the new hot expert's migrations need their weights copied";
+      const auto go = random_grad_out(43 + ranks, in);
+      expect_gradients_match(testing::run_layer_backward(c, m, in, go), c, m, in, go, what);
+    }
+  }
+}
+
+TEST(LayerPaths, EdgeCases) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16;
+  Rng rng(29);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  for (const EdgeCase& k : kEdgeCases) {
+    for (int mi : {0, 1, 2}) {
+      const PathMode& mode = kPathModes[mi];
+      const std::string what = std::string(k.name) + " / " + mode.name;
+      const auto in = skewed_inputs(33, ranks, experts, k.top_k, k.tokens, k.skew, k.hot);
+      const testing::LayerSetup c =
+          path_config(ranks, experts, k.top_k, std::max<int64_t>(k.tokens, 1), mode);
+      expect_matches_reference(run_layer(c, m, in, 2), m, in, k.top_k, what);
+      const auto go = random_grad_out(34, in);
+      expect_gradients_match(testing::run_layer_backward(c, m, in, go), c, m, in, go, what);
+    }
+  }
+}
+
+// Three layers share the slot pool: each layer's prefetch and forward refill the slots the one
+// before used, so layer 0's and 1's backwards copy their weights again, the last layer's finds
+// them in place; every gradient is still exact.
+TEST(LayerPaths, LayersSharingThePoolCopyRefilledSlotsAgain) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, top_k = 2, layers = 3;
+  Rng rng(81);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(82, ranks, experts, top_k, 128, 8.0);
+  const auto go = random_grad_out(83, in);
+  for (int mi : {1, 2}) {
+    const PathMode& mode = kPathModes[mi];
+    const testing::LayerSetup c = path_config(ranks, experts, top_k, 128, mode);
+    const auto got = testing::run_layer_backward(c, m, in, go, layers);
+    expect_gradients_match(got, c, m, in, go, std::string("three layers, one pool, ") + mode.name);
+    std::vector<int64_t> recopies(layers, 0), hits(layers, 0);
+    for (int l = 0; l < layers; ++l) {
+      for (int r = 0; r < ranks; ++r) recopies[l] += got[l][r].stats.weight_recopies;
+      hits[l] = got[l][0].forward_stats.prefetch_hits;
+    }
+    ASSERT_GT(got[0][0].forward_stats.prefetched_pairs, 0) << mode.name << ": nothing prefetched";
+    for (int l = 0; l < layers; ++l) EXPECT_GT(hits[l], 0) << mode.name << " layer " << l;
+    EXPECT_GT(recopies[0], 0) << mode.name
+                              << ": layer 0's slots were refilled, yet nothing was copied again";
+    EXPECT_EQ(recopies[layers - 1], 0)
+        << mode.name << ": the last layer's weights were still in its slots";
+  }
+}
+
+// Pipeline order with prefetches: P1 before F1 is used; P2 is dropped by the backward B0 that
+// comes before F2 (F2 then copies what it needs); outputs, gradients and the summed dW match.
+TEST(LayerPaths, APrefetchDroppedByAnotherCallIsHarmless) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, top_k = 2;
+  Rng rng(91);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  for (int mi : {1, 2}) {
+    const PathMode& mode = kPathModes[mi];
+    std::vector<std::vector<RankInputs>> in;
+    std::vector<std::vector<std::vector<float>>> go;
+    for (int mb = 0; mb < 3; ++mb) {
+      in.push_back(skewed_inputs(92 + mb, ranks, experts, top_k, 96, 8.0, mb == 2 ? 3 : -1));
+      go.push_back(random_grad_out(96 + mb, in.back()));
+    }
+    const testing::LayerSetup c = path_config(ranks, experts, top_k, 128, mode);
+    const auto got = testing::run_schedule(c, m, in, go, "F0 P1 F1 P2 B0 F2 B1 B2");
+    std::vector<double> dw_total(m.weights.size(), 0.0);
+    for (int mb = 0; mb < 3; ++mb) {
+      for (int r = 0; r < ranks; ++r) {
+        const RankInputs& x = in[mb][r];
+        const std::string at = std::string(mode.name) + " micro-batch " + std::to_string(mb) +
+                               " rank " + std::to_string(r);
+        expect_close(got[mb][r].out,
+                     m.forward(x.hidden, x.topk_idx, x.topk_weight, x.tokens, top_k), at + " out");
+        const std::vector<double> g(go[mb][r].begin(), go[mb][r].end());
+        const auto ref = m.backward(x.hidden, x.topk_idx, x.topk_weight, g, x.tokens, top_k);
+        expect_close(got[mb][r].grad_hidden, ref.hidden, at + " d hidden");
+        expect_close(got[mb][r].grad_topk_weight, ref.topk_weight, at + " d topk_weight");
+        for (size_t i = 0; i < dw_total.size(); ++i) dw_total[i] += ref.weights[i];
+      }
+    }
+    EXPECT_GT(got[1][0].forward_stats.prefetched_pairs, 0)
+        << mode.name << ": P1 was not used by F1";
+    EXPECT_EQ(got[2][0].forward_stats.prefetched_pairs, 0)
+        << mode.name << ": P2 should have been dropped by B0";
+    const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<double> dw_ref;
+      for (int e : c.runtime.topo.local_experts(r)) {
+        dw_ref.insert(dw_ref.end(), dw_total.begin() + e * per_expert,
+                      dw_total.begin() + (e + 1) * per_expert);
+      }
+      expect_close(got[0][r].main_grad, dw_ref,
+                   std::string(mode.name) + " rank " + std::to_string(r) + " dW");
+    }
+  }
+}
+
+// prefetch() of a planner that predicts nothing (static, or feplb without the knob) does nothing,
+// and bad weights are an InputError.
+TEST(LayerPaths, PrefetchWithoutPredictionsIsANoOp) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 2, experts = 8, top_k = 2;
+  Rng rng(61);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(62, ranks, experts, top_k, 64, 8.0);
+  for (const char* policy : {"static", "feplb"}) {
+    testing::LayerSetup c = config_for(ranks, experts, top_k, 64, policy);
+    c.prefetch = true;
+    c.warmup_forwards = 1;
+    const auto got = run_layer(c, m, in, 2);
+    expect_matches_reference(got, m, in, top_k, std::string("prefetch() with ") + policy);
+    for (const auto& g : got) EXPECT_EQ(g.stats.prefetched_pairs, 0) << policy;
+  }
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, 4, 1, 8, "feplb").runtime;
+  c.training = false;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer layer(rt, {1, "p"}, cuda::make_gpu_planner(rt, "feplb"));
+  cuda::LocalExperts w(4, kHidden, kFfn, false);
+  cuda::Stream s;
+  EXPECT_THROW(layer.prefetch(w.params().first(3), s.get()), InputError);
+  layer.prefetch(w.params(), s.get());
+  cuda::sync_with_timeout(s.get(), 30, "prefetch");
+}
+
+// Training with one hop, with prefetch and with both gives the loss curve of no balancing.
+TEST(Training, LossCurvesAgreeWithOneHopAndPrefetch) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, top_k = 2, layers = 2;
+  const int64_t tokens = 128;
+  cuda::TrainRouting routing(2);
+  for (int mb = 0; mb < 2; ++mb) {
+    for (int l = 0; l < layers; ++l) {
+      const auto li = skewed_inputs(162 + 10 * mb + l, ranks, experts, top_k, tokens, 6.0);
+      std::vector<std::vector<int32_t>> per_rank;
+      for (const auto& r : li) per_rank.push_back(r.topk_idx);
+      routing[mb].push_back(per_rank);
+    }
+  }
+  auto run = [&](const std::string& policy, const PathMode* mode) {
+    cuda::TrainConfig t;
+    const testing::LayerSetup setup = mode ? path_config(ranks, experts, top_k, tokens, *mode)
+                                           : config_for(ranks, experts, top_k, tokens, policy);
+    t.runtime = setup.runtime;
+    t.policy = policy;
+    t.top_k = top_k;
+    t.layers = layers;
+    t.steps = 4;
+    t.micro_batches = 2;
+    t.lr = 2e-3f;
+    t.prefetch = mode && mode->prefetch_call;
+    return cuda::run_virtual_training(t, routing);
+  };
+  const auto off = run("static", nullptr);
+  EXPECT_LT(off.loss.back(), 0.98 * off.loss.front())
+      << "the loss did not fall: the gradients do not train";
+  for (int mi : {0, 1, 2}) {
+    const PathMode& mode = kPathModes[mi];
+    const auto on = run("feplb", &mode);
+    ASSERT_EQ(off.loss.size(), on.loss.size());
+    EXPECT_GT(on.migrated_slices, 0) << mode.name << ": skewed routing but nothing migrated";
+    for (size_t i = 0; i < off.loss.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(on.loss[i])) << mode.name << " step " << i;
+      EXPECT_NEAR(on.loss[i], off.loss[i], 1e-2 * off.loss[i]) << mode.name << " step " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace feplb
 
@@ -596,6 +904,170 @@ TEST(Layer, NcclTransportWithOneRankMatchesReference) {
   std::vector<testing::RankResult> got(1);
   got[0].out = o;
   expect_matches_reference(got, m, in, top_k, "nccl world 1");
+}
+
+}  // namespace
+}  // namespace feplb
+
+namespace feplb {
+namespace {
+
+// A framework's current stream is often the legacy default stream: the layer runs there too.
+TEST(Layer, RunsOnTheLegacyDefaultStream) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int experts = 8, top_k = 2;
+  Rng rng(31);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const auto in = skewed_inputs(32, 1, experts, top_k, 48, 3.0);
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, experts, top_k, 48, "feplb").runtime;
+  c.training = false;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer layer(rt, {top_k, "default-stream"}, cuda::make_gpu_planner(rt, "feplb"));
+  const auto x16 = testing::to_bf16(in[0].hidden);
+  const auto w16 = testing::to_bf16(testing::local_weights(m, c.topo, 0));
+  cuda::LocalExperts w(experts, kHidden, kFfn, false);
+  cuda::DeviceBuffer<__nv_bfloat16> x(x16.size()), out(x16.size());
+  cuda::DeviceBuffer<int32_t> idx(in[0].topk_idx.size());
+  cuda::DeviceBuffer<float> wt(in[0].topk_weight.size());
+  FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in[0].topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in[0].topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+  layer.forward(w.params(), x.get(), idx.get(), wt.get(), 48, out.get(), nullptr);
+  FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> o16(x16.size());
+  FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+  std::vector<testing::RankResult> got(1);
+  for (uint16_t v : o16) got[0].out.push_back(bf16_to_float(v));
+  expect_matches_reference(got, m, in, top_k, "default stream");
+}
+
+}  // namespace
+}  // namespace feplb
+
+namespace feplb {
+namespace {
+
+// Rows a framework dispatched itself (forward_dispatched / backward_dispatched): each rank's rows
+// grouped by its experts, heavily skewed (rank 0's first expert has most of them), through phase
+// 2 and the GEMMs, against the float64 reference (every row a token routed to its expert alone,
+// weight 1): the output rows, dL/drows and every expert's dL/dW. "feplb-prefetch": a warm-up
+// forward, then prefetch() before the measured one (the same rows: the predictions are used).
+TEST(LayerDispatched, RowsAtHomeMatchTheReference) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, per = experts / ranks;
+  Rng rng(71);
+  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  for (const std::string variant : {"static", "feplb", "feplb-prefetch"}) {
+    const bool prefetch = variant == "feplb-prefetch";
+    const char* policy = variant == "static" ? "static" : "feplb";
+    testing::LayerSetup setup = config_for(ranks, experts, 1, 512, policy);
+    setup.runtime.recv_capacity_rows = 1024;
+    setup.runtime.name = "dispatched." + variant;
+    if (prefetch) {
+      setup.runtime.knobs.prefetch = 1;
+      setup.runtime.knobs.prefetch_window_us = 1e6;
+    }
+    // Rows per local expert on each rank: expert 0 (rank 0) is hot.
+    std::vector<std::vector<int64_t>> counts(ranks, std::vector<int64_t>(per, 0));
+    std::vector<RankInputs> rows(ranks);
+    std::vector<std::vector<float>> grad_out(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      for (int i = 0; i < per; ++i) counts[r][i] = (r == 0 && i == 0) ? 600 : 16 + 7 * i + 3 * r;
+      for (int i = 0; i < per; ++i) {
+        for (int64_t k = 0; k < counts[r][i]; ++k) {
+          rows[r].topk_idx.push_back(r * per + i);
+          rows[r].topk_weight.push_back(1.0f);
+          for (int64_t c = 0; c < kHidden; ++c) {
+            rows[r].hidden.push_back(round_to_bf16(static_cast<float>(rng.normal())));
+            grad_out[r].push_back(round_to_bf16(static_cast<float>(rng.normal())));
+          }
+        }
+      }
+      rows[r].tokens = static_cast<int64_t>(rows[r].topk_idx.size());
+    }
+    std::vector<std::vector<float>> out(ranks), grad_rows(ranks), dw(ranks);
+    std::atomic<int64_t> guests{0}, hits{0};
+    cuda::InProcessGroup group(ranks, 30);
+    cuda::run_rank_threads(ranks, [&](int r) {
+      cuda::RuntimeConfig c = setup.runtime;
+      cuda::EpRuntime rt(c, group.endpoint(r));
+      cuda::MoeLayer layer(rt, {1, "dispatched"}, cuda::make_gpu_planner(rt, policy));
+      cuda::LocalExperts w(per, kHidden, kFfn, true);
+      const auto w16 = testing::to_bf16(testing::local_weights(m, c.topo, r));
+      FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+      FEPLB_CUDA_CHECK(cudaMemset(w.grads(), 0, w.grad_bytes()));
+      const int64_t n = rows[r].tokens;
+      const auto x16 = testing::to_bf16(rows[r].hidden), g16 = testing::to_bf16(grad_out[r]);
+      cuda::DeviceBuffer<__nv_bfloat16> x(x16.size()), g(g16.size()), y(x16.size()), gx(x16.size());
+      FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
+      FEPLB_CUDA_CHECK(cudaMemcpy(g.get(), g16.data(), g16.size() * 2, cudaMemcpyHostToDevice));
+      FEPLB_CUDA_CHECK(cudaMemset(y.get(), 0xff, y.bytes()));
+      FEPLB_CUDA_CHECK(cudaMemset(gx.get(), 0xff, gx.bytes()));
+      cuda::Stream s;
+      if (prefetch) {
+        cuda::MicroBatch warm =
+            layer.forward_dispatched(w.params(), x.get(), counts[r], y.get(), s.get());
+        warm = cuda::MicroBatch();
+        FEPLB_CUDA_CHECK(cudaMemsetAsync(y.get(), 0xff, y.bytes(), s.get()));
+        layer.prefetch(w.params(), s.get());
+      }
+      cuda::MicroBatch mb = layer.forward_dispatched(w.params(), x.get(), counts[r], y.get(), s.get());
+      hits += r == 0 ? mb.stats().prefetch_hits : 0;
+      layer.backward_dispatched(std::move(mb), w.params(), g.get(), gx.get(), w.grad_views(),
+                                cuda::GradMode::kAccumulate, s.get());
+      layer.sync_gradients(s.get());
+      cuda::sync_with_timeout(s.get(), 30, "dispatched");
+      std::vector<uint16_t> h16(static_cast<size_t>(n * kHidden));
+      FEPLB_CUDA_CHECK(cudaMemcpy(h16.data(), y.get(), h16.size() * 2, cudaMemcpyDeviceToHost));
+      for (uint16_t v : h16) out[r].push_back(bf16_to_float(v));
+      FEPLB_CUDA_CHECK(cudaMemcpy(h16.data(), gx.get(), h16.size() * 2, cudaMemcpyDeviceToHost));
+      for (uint16_t v : h16) grad_rows[r].push_back(bf16_to_float(v));
+      dw[r].resize(static_cast<size_t>(w.weight_elems()));
+      FEPLB_CUDA_CHECK(cudaMemcpy(dw[r].data(), w.grads(), dw[r].size() * 4, cudaMemcpyDeviceToHost));
+      guests += layer.last_backward_stats().guest_rows;
+    });
+    for (int r = 0; r < ranks; ++r) {
+      const std::string at = variant + " rank " + std::to_string(r);
+      std::vector<double> go(grad_out[r].begin(), grad_out[r].end());
+      const auto fwd = m.forward(rows[r].hidden, rows[r].topk_idx, rows[r].topk_weight, rows[r].tokens, 1);
+      const auto ref = m.backward(rows[r].hidden, rows[r].topk_idx, rows[r].topk_weight, go, rows[r].tokens, 1);
+      expect_close(out[r], fwd, at + " out rows");
+      expect_close(grad_rows[r], ref.hidden, at + " d rows");
+      const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
+      std::vector<double> dw_ref(ref.weights.begin() + static_cast<std::ptrdiff_t>(r * per * per_expert),
+                                 ref.weights.begin() + static_cast<std::ptrdiff_t>((r + 1) * per * per_expert));
+      expect_close(dw[r], dw_ref, at + " dW");
+    }
+    if (std::string(policy) == "feplb") {
+      EXPECT_GT(guests.load(), 0) << "a hot expert, yet no rank computed guest rows";
+    }
+    if (prefetch) {
+      EXPECT_GT(hits.load(), 0) << "the same rows again, yet no prefetched weights were used";
+    }
+  }
+}
+
+// Rows a framework dispatched are at their experts' homes already: a planner that sends rows
+// straight to helpers (feplb with one_hop = 1) cannot run there, and says so.
+TEST(LayerDispatched, OneHopPlannersAreRefused) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, 4, 1, 8, "feplb").runtime;
+  c.knobs.one_hop = 1;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer layer(rt, {1, "one-hop"}, cuda::make_gpu_planner(rt, "feplb"));
+  cuda::LocalExperts w(4, kHidden, kFfn, true);
+  cuda::Stream s;
+  const std::vector<int64_t> none(4, 0);
+  try {
+    layer.forward_dispatched(w.params(), nullptr, none, nullptr, s.get());
+    ADD_FAILURE() << "forward_dispatched ran a one-hop planner";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("one hop"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

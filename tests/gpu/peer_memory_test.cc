@@ -1,11 +1,14 @@
 // Multi-process GPU tests (feplb_gpu_mp_tests): CUDA IPC peer memory between two processes (on
 // one GPU or two), SM-free signals between them (each SignalMechanism: copies of odd sizes at odd
-// offsets, many rounds, both directions at once; a signal that never comes), and the NCCL
-// transport with one process per GPU.
+// offsets, many rounds, both directions at once; a signal that never comes), the NCCL
+// transport with one process per GPU, and a dying peer (a rank killed in the middle of a step:
+// the survivor gets an Error naming it within its timeout and exits).
 // Each test spawns this binary again as its ranks (torchrun-style environment, FEPLB_MP_CASE
 // naming the rank's job); the parent never hangs: children get a deadline, then SIGKILL.
-#include <gtest/gtest.h>
+#include "feplb/cuda/peer_memory.h"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -24,13 +27,16 @@
 #include <thread>
 #include <vector>
 
+#include "bench/harness/local_experts.h"
 #include "feplb/core/error.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
 #include "feplb/cuda/ipc_signals.h"
+#include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/nccl_comm.h"
-#include "feplb/cuda/peer_memory.h"
+#include "feplb/cuda/peer_watch.h"
 #include "feplb/cuda/resources.h"
+#include "feplb/cuda/runtime.h"
 #include "feplb/dist/launch.h"
 
 extern char** environ;
@@ -434,6 +440,270 @@ int rank_nccl_transport(const dist::LaunchEnv& env) {
   return 0;
 }
 
+// Rank 1 takes part in sharing NCCL's unique id through the all-gather, then leaves without
+// joining NCCL: rank 0's non-blocking init must end in an Error within its 3 s timeout (the
+// communicator aborted), never a hang. Both ranks on one GPU (only rank 0 initialises NCCL).
+int rank_nccl_peer_never_joins(const dist::LaunchEnv& env) {
+  const dist::AllGatherBlobs gather = dist::tcp_all_gather(env, kRankTimeoutS);
+  if (env.rank == 1) {
+    try {
+      cuda::NcclCommunicator never(env.rank, env.world_size, env.local_rank,
+                                   [&](const std::string& mine) -> std::vector<std::string> {
+                                     gather(mine);  // rank 0 gets its entries
+                                     throw Error("rank 1 leaves before NCCL init");
+                                   });
+    } catch (const Error&) {
+      return 0;
+    }
+    return 1;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    cuda::NcclCommunicator comm(env.rank, env.world_size, env.local_rank, gather, /*timeout_s=*/3);
+  } catch (const Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("rank 0 after %.1f s: %s\n", s, e.what());
+    return std::string(e.what()).find("NCCL init") != std::string::npos && s < 30 ? 0 : 1;
+  }
+  std::fprintf(stderr, "rank 0: NCCL init succeeded without rank 1\n");
+  return 1;
+}
+
+// ---- a dying peer ------------------------------------------------------------------------------
+
+// What the survivor of a dying-peer case checks: an Error came, within half of `timeout_s` (the
+// peer watch found the peer gone, not the timeout), naming rank `dead` as exited. 0 when so.
+int survivor_verdict(const std::string& what, double took_s, double timeout_s, int dead) {
+  std::printf("survivor: after %.3f s (timeout %.0f s): %s\n", took_s, timeout_s, what.c_str());
+  int rc = 0;
+  if (what.empty()) {
+    std::fprintf(stderr, "survivor: no Error after the peer died\n");
+    rc = 1;
+  } else if (what.find(fmt::format("rank {}", dead)) == std::string::npos ||
+             what.find("exited") == std::string::npos) {
+    std::fprintf(stderr, "survivor: the Error does not name rank %d as exited: %s\n", dead,
+                 what.c_str());
+    rc = 1;
+  }
+  if (took_s > 0.5 * timeout_s) {
+    std::fprintf(stderr, "survivor: the Error took %.2f s, more than half the %.0f s timeout\n",
+                 took_s, timeout_s);
+    rc = 1;
+  }
+  return rc;
+}
+
+// Leaves the survivor's process at once with `rc`: its streams may still wait on the dead peer's
+// work, so no destructor runs (what a process that lost a peer does: abort, report, exit).
+[[noreturn]] void leave(int rc) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(rc);
+}
+
+// The peer watch alone (no GPU): rank 1 exits once both watch each other; rank 0 sees it named
+// within 5 s, and saw nothing before.
+int rank_peer_watch(const dist::LaunchEnv& env) {
+  const auto gather = tcp_gather(env, kRankTimeoutS);
+  const cuda::PeerWatch watch(env.rank, env.world_size, gather);
+  if (watch.watched() != env.world_size - 1) {
+    throw Error(fmt::format("rank {} watches {} peers, expected {}", env.rank, watch.watched(),
+                            env.world_size - 1));
+  }
+  if (!watch.dead_peer().empty()) throw Error("a live peer reported dead: " + watch.dead_peer());
+  gather("watching");
+  if (env.rank == 1) leave(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string dead;
+  while (dead.empty() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    dead = watch.dead_peer();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("rank 0 after %.3f s: %s\n", took, dead.c_str());
+  return dead.find("rank 1 (pid ") != std::string::npos && dead.find("exited") != std::string::npos
+             ? 0
+             : 1;
+}
+
+// Copy-then-signal rounds between two processes on one GPU (the phase-2 pattern: copy into the
+// peer's buffer, signal it, wait for its signal), signals of the default mechanism polling a peer
+// watch. In round 3 rank 1 waits for rank 0's data, issues its own copy and is killed (SIGKILL)
+// before it signals: rank 0, waiting for that signal, gets an Error naming rank 1 well within the
+// set's timeout, then leaves.
+int rank_dying_peer_signals(const dist::LaunchEnv& env) {
+  FEPLB_CUDA_CHECK(cudaSetDevice(env.local_rank));
+  constexpr double kTimeoutS = 20;
+  constexpr int kDieAt = 3;
+  const int rank = env.rank, peer = 1 - rank;
+  const size_t bytes = (size_t{4} << 20) + 13;
+  cuda::DeviceBuffer<uint8_t> recv(bytes), send(bytes);
+  FEPLB_CUDA_CHECK(cudaMemset(recv.get(), 0, recv.bytes()));
+  FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto gather = tcp_gather(env, kRankTimeoutS);
+  cuda::PeerMemory data(recv.get(), bytes, rank, gather);
+  const cuda::PeerWatch watch(rank, 2, gather);
+  if (watch.watched() != 1)
+    throw Error(fmt::format("rank {} watches {} peers, expected 1", rank, watch.watched()));
+  const auto signals =
+      cuda::make_ipc_signals("dying", 2, rank, 2, gather, cuda::kDefaultSignalMechanism, kTimeoutS,
+                             [&watch] { return watch.dead_peer(); });
+  auto* peer_recv = static_cast<uint8_t*>(data.peer(peer));
+  cuda::Stream s;
+  cuda::PinnedBuffer<uint8_t> host(bytes);
+  for (int k = 1; k <= kDieAt + 2; ++k) {
+    const auto v = static_cast<uint32_t>(k);
+    fill_pattern(host.get(), rank, k, bytes);
+    FEPLB_CUDA_CHECK(
+        cudaMemcpyAsync(send.get(), host.get(), bytes, cudaMemcpyHostToDevice, s.get()));
+    if (k > 1) signals->wait(1, v - 1, s.get());
+    if (rank == 1 && k == kDieAt) {
+      // Rank 0's data of this round is here (its copy into this process is done), then this
+      // rank's copy is under way and the process dies before it signals.
+      signals->wait(0, v, s.get());
+      cuda::sync_with_timeout(s.get(), kRankTimeoutS, "rank 1 before dying");
+      FEPLB_CUDA_CHECK(
+          cudaMemcpyAsync(peer_recv, send.get(), bytes, cudaMemcpyDeviceToDevice, s.get()));
+      std::printf("rank 1: killed in the middle of round %d\n", k);
+      std::fflush(stdout);
+      ::kill(::getpid(), SIGKILL);
+    }
+    FEPLB_CUDA_CHECK(
+        cudaMemcpyAsync(peer_recv, send.get(), bytes, cudaMemcpyDeviceToDevice, s.get()));
+    signals->signal(peer, 0, v, s.get());
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      signals->wait(0, v, s.get());
+      FEPLB_CUDA_CHECK(
+          cudaMemcpyAsync(host.get(), recv.get(), bytes, cudaMemcpyDeviceToHost, s.get()));
+      signals->signal(peer, 1, v, s.get());
+      cuda::sync_with_timeout(s.get(), kRankTimeoutS, "a round");
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (k < kDieAt) {
+      if (!what.empty()) throw Error(fmt::format("round {} before the peer died: {}", k, what));
+      const int64_t bad = first_pattern_mismatch(host.get(), peer, k, bytes);
+      if (bad >= 0) throw Error(fmt::format("round {}: byte {} differs", k, bad));
+      continue;
+    }
+    leave(survivor_verdict(what, took, kTimeoutS, peer));
+  }
+  std::fprintf(stderr, "rank %d: every round went through although rank 1 was killed\n", rank);
+  return 1;
+}
+
+// A planner that kills its process (SIGKILL) when it is asked for plan number `die_at`: on the
+// scheduler thread, after the counts all-gather, before phase 1. Otherwise the inner planner.
+class DieInPlan final : public Planner {
+ public:
+  DieInPlan(const PlannerContext& ctx, std::unique_ptr<Planner> inner, int die_at)
+      : Planner(ctx), inner_(std::move(inner)), die_at_(die_at) {}
+  std::string_view name() const override { return inner_->name(); }
+  PlanLimits limits() const override { return inner_->limits(); }
+  void plan(const RoutingStep& routing, Plan& out) override {
+    if (++plans_ == die_at_) {
+      std::printf("killed while planning step %d\n", plans_);
+      std::fflush(stdout);
+      ::kill(::getpid(), SIGKILL);
+    }
+    inner_->plan(routing, out);
+  }
+  void observe(const RoutingStep& routing) override { inner_->observe(routing); }
+  std::span<const Copy> prefetch(int64_t layer) const override { return inner_->prefetch(layer); }
+
+ private:
+  std::unique_ptr<Planner> inner_;
+  int die_at_, plans_ = 0;
+};
+
+// The layer over NCCL, one process per GPU: every token routes to rank 0's experts, so the feplb
+// planner moves some of them to rank 1 (phase-2 copies and signals both ways). Rank 1 dies while
+// planning step 3 (after the counts all-gather, before phase 1). Rank 0's forward or its bounded
+// synchronize must throw an Error naming rank 1 within the runtime's timeout; rank 0 then aborts
+// the communicator and leaves.
+int rank_dying_peer_layer(const dist::LaunchEnv& env) {
+  constexpr double kTimeoutS = 20;
+  constexpr int kDieAt = 3;
+  cuda::NcclCommunicator comm(env, kRankTimeoutS);
+  const auto t = comm.transport();
+  const int rank = t->rank(), world = t->world_size();
+  if (world != 2) throw Error(fmt::format("needs 2 ranks, got {}", world));
+  cuda::RuntimeConfig c;
+  c.topo = Topology::contiguous(2, 2, 16);
+  c.shape = ExpertShape{256, 128, Dtype::kBf16};
+  c.max_top_k = 2;
+  c.max_tokens = 256;
+  c.training = false;
+  c.timeout_s = kTimeoutS;
+  c.name = "dying";
+  // Tiny experts make every copy "slow" next to its GEMM: balance anyway (the mechanics matter).
+  c.knobs.copy_timing = 0;
+  c.knobs.min_slice_rows = 8;
+  c.knobs.slice_align_rows = 8;
+  c.knobs.tau = 0;
+  c.knobs.balance_tolerance = 0;
+  cuda::EpRuntime rt(c, *t);
+  std::unique_ptr<Planner> planner = cuda::make_gpu_planner(rt, "feplb");
+  if (rank == 1) {
+    planner = std::make_unique<DieInPlan>(PlannerContext{c.topo, c.shape, c.knobs, nullptr},
+                                          std::move(planner), kDieAt);
+  }
+  cuda::MoeLayer layer(rt, {2, "dying"}, std::move(planner));
+  const int64_t S = c.max_tokens, K = 2, H = c.shape.hidden;
+  cuda::LocalExperts experts(c.topo.experts_per_rank(), H, c.shape.ffn, /*grads=*/false);
+  cuda::DeviceBuffer<__nv_bfloat16> x(static_cast<size_t>(S * H)), out(static_cast<size_t>(S * H));
+  cuda::DeviceBuffer<int32_t> idx(static_cast<size_t>(S * K));
+  cuda::DeviceBuffer<float> wt(static_cast<size_t>(S * K));
+  FEPLB_CUDA_CHECK(
+      cudaMemset(experts.weights(), 0, static_cast<size_t>(experts.weight_elems()) * 2));
+  FEPLB_CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
+  std::vector<int32_t> topk(static_cast<size_t>(S * K));
+  std::vector<float> w(static_cast<size_t>(S * K), 0.5f);
+  for (int64_t i = 0; i < S; ++i) {  // rank 0's experts 0..7 only
+    topk[static_cast<size_t>(2 * i)] = static_cast<int32_t>(i % 8);
+    topk[static_cast<size_t>(2 * i + 1)] =
+        static_cast<int32_t>((i + 3) % 8 == i % 8 ? (i + 4) % 8 : (i + 3) % 8);
+  }
+  FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), topk.data(), idx.bytes(), cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), w.data(), wt.bytes(), cudaMemcpyHostToDevice));
+  cuda::Stream s;
+  for (int step = 1; step <= kDieAt + 2; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      layer.forward(experts.params(), x.get(), idx.get(), wt.get(), S, out.get(), s.get());
+      rt.synchronize(s.get());
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step < kDieAt) {
+      if (!what.empty()) throw Error(fmt::format("step {} before the peer died: {}", step, what));
+      if (layer.last_forward_stats().guest_rows + layer.last_forward_stats().exported_rows == 0) {
+        throw Error(fmt::format("step {}: nothing migrated between the ranks", step));
+      }
+      continue;
+    }
+    const int rc = survivor_verdict(what, took, kTimeoutS, 1 - rank);
+    std::fflush(stdout);
+    // Abort the communicator (pending NCCL work returns), bounded: a hang there is its own failure.
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(15));
+      std::fprintf(stderr, "survivor: ncclCommAbort did not return within 15 s\n");
+      leave(3);
+    }).detach();
+    comm.abort();
+    leave(rc);
+  }
+  std::fprintf(stderr, "rank %d: every step went through although rank 1 was killed\n", rank);
+  return 1;
+}
+
 int run_rank(const std::string& which) {
   try {
     const dist::LaunchEnv env = dist::launch_env_from_process();
@@ -446,6 +716,10 @@ int run_rank(const std::string& which) {
     }
     if (which == "ipc_pair") return rank_ipc_pair(env);
     if (which == "nccl_transport") return rank_nccl_transport(env);
+    if (which == "nccl_peer_never_joins") return rank_nccl_peer_never_joins(env);
+    if (which == "peer_watch") return rank_peer_watch(env);
+    if (which == "dying_peer_signals") return rank_dying_peer_signals(env);
+    if (which == "dying_peer_layer") return rank_dying_peer_layer(env);
     const std::string kind = which.substr(0, which.find(':'));
     if (kind == "signals_stress") return rank_signals_stress(env, mechanism_of(which));
     if (kind == "nccl_signals_stress") return rank_nccl_signals_stress(env, mechanism_of(which));
@@ -492,8 +766,9 @@ std::vector<RankOutcome> run_ranks(const std::string& which, int world, const st
     for (char** e = environ; *e; ++e) {
       const std::string kv = *e;
       const std::string key = kv.substr(0, kv.find('='));
-      if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE" ||
-          key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "FEPLB_MP_CASE") {
+      if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" ||
+          key == "LOCAL_WORLD_SIZE" || key == "MASTER_ADDR" || key == "MASTER_PORT" ||
+          key == "FEPLB_RENDEZVOUS_PORT" || key == "FEPLB_MP_CASE") {
         continue;
       }
       env_s.push_back(kv);
@@ -506,6 +781,7 @@ std::vector<RankOutcome> run_ranks(const std::string& which, int world, const st
     env_s.push_back(fmt::format("LOCAL_WORLD_SIZE={}", local_world));
     env_s.push_back("MASTER_ADDR=127.0.0.1");
     env_s.push_back(fmt::format("MASTER_PORT={}", port));
+    env_s.push_back(fmt::format("FEPLB_RENDEZVOUS_PORT={}", port));  // nothing else listens here
     std::vector<char*> envp;
     for (auto& kv : env_s) envp.push_back(kv.data());
     envp.push_back(nullptr);
@@ -607,7 +883,7 @@ TEST(PeerMemoryMp, APeerThatNeverArrivesIsAnErrorNotAHang) {
     dist::LaunchEnv env;
     env.rank = rank;
     env.world_size = 2;
-    env.master_port = free_port();
+    env.rendezvous_port = free_port();
     const auto t0 = std::chrono::steady_clock::now();
     std::string what;
     try {
@@ -618,6 +894,12 @@ TEST(PeerMemoryMp, APeerThatNeverArrivesIsAnErrorNotAHang) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "rank " << rank;
     EXPECT_NE(what.find("rendezvous"), std::string::npos) << "rank " << rank << ": " << what;
   }
+}
+
+TEST(NcclBootstrapMp, APeerThatNeverJoinsNcclIsAnErrorWithinTheTimeout) {
+  std::string why;
+  if (visible_gpus(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
+  expect_all_passed(run_ranks("nccl_peer_never_joins", 2, {0, 0}, /*deadline_s=*/60));
 }
 
 TEST(SignalMechanism, NamesRoundTripAndAnUnknownNameIsAnInputError) {
@@ -695,6 +977,51 @@ TEST(NcclTransportMp, PeerCopiesSignalsAndCollectivesOnEveryGpu) {
   std::vector<int> local(static_cast<size_t>(gpus));
   for (int g = 0; g < gpus; ++g) local[g] = g;
   expect_all_passed(run_ranks("nccl_transport", gpus, local));
+}
+
+// ---- a dying peer ----------------------------------------------------------------------------
+
+// Checks a dying-peer case's outcome: rank `dead` was killed (no exit status), the survivor passed
+// its checks (its log says how long the Error took and what it said), and the whole case took
+// well under the parent's deadline.
+void expect_survivor(const std::vector<RankOutcome>& out, int dead, double took_s) {
+  const int survivor = 1 - dead;
+  EXPECT_EQ(out[dead].exit_code, -1) << "rank " << dead << " was not killed:\n" << out[dead].log;
+  EXPECT_EQ(out[survivor].exit_code, 0) << "rank " << survivor << " log:\n" << out[survivor].log;
+  std::printf("%s", out[survivor].log.c_str());
+  EXPECT_LT(took_s, 60.0) << "the survivor did not leave in time";
+}
+
+TEST(PeerWatchMp, ARankThatExitedIsNamed) {  // no GPU needed
+  expect_all_passed(run_ranks("peer_watch", 2, {0, 0}, 60));
+}
+
+// Two processes on one GPU: the copy-then-signal pattern of phase 2, rank 1 killed in the middle
+// of a round; rank 0's wait for its signal is an Error naming rank 1 within the timeout.
+TEST(DyingPeerMp, ASignalWaiterGetsAnErrorNamingTheKilledRankOneGpu) {
+  std::string why;
+  if (visible_gpus(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto out = run_ranks("dying_peer_signals", 2, {0, 0}, 90);
+  expect_survivor(out, 1,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// The layer over NCCL, one process per GPU, rank 1 killed while planning a step (after the counts
+// all-gather, before phase 1): rank 0's forward or synchronize is an Error naming rank 1 within
+// the runtime's timeout, and rank 0 exits.
+TEST(DyingPeerMp, TheLayerSurvivorGetsAnErrorNamingTheKilledRankTwoGpus) {
+  std::string why;
+  const int gpus = visible_gpus(&why);
+  if (gpus < 2) {
+    GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one GPU; the one-GPU case is "
+                    "DyingPeerMp.ASignalWaiterGetsAnErrorNamingTheKilledRankOneGpu), "
+                 << gpus << " visible" << (gpus ? "" : ": " + why);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto out = run_ranks("dying_peer_layer", 2, {0, 1}, 120);
+  expect_survivor(out, 1,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ void add_devices_command(CLI::App& app) {
                   d.runtime_version);
     }
 #else
-    throw InputError("this feplb was built without CUDA (no nvcc at build time); rebuild with nvcc");
+    throw InputError(
+        "this feplb was built without CUDA (no nvcc at build time); rebuild with nvcc");
 #endif
   });
 }

@@ -3,15 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
 #include "feplb/core/error.h"
-#include "feplb/core/file_io.h"
+#include "feplb/core/file_output.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/placement.h"
 #include "feplb/core/placer.h"
+#include "feplb/core/text.h"
 #include "feplb/core/trace_io.h"
 
 namespace feplb::cli {
@@ -20,13 +21,10 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = kMiB * 1024.0;
 
-struct PlaceCommandOptions {
+struct PlaceCommandOptions : ModelFlags {
   std::string trace, current, out;
-  int gpus_per_node = 8;
-  int64_t window = 0;
+  int64_t window = 0;  // 0: not given (all of the trace)
   bool force = false;
-  ShapeFlags shape;
-  Knobs knobs;
 };
 
 std::string pct(double rows, double mean) {
@@ -58,21 +56,14 @@ const char* score_name(DynScore s) {
 }
 
 void run_place(const PlaceCommandOptions& o) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
   FEPLB_REQUIRE_INPUT(!o.trace.empty(), "--trace: required (the history)");
-  FEPLB_REQUIRE_INPUT(o.gpus_per_node >= 1, "--gpus-per-node: {} must be at least 1",
-                      o.gpus_per_node);
-  FEPLB_REQUIRE_INPUT(o.window >= 0, "--window: {} must be at least 0", o.window);
   validate_knobs(o.knobs);
   const PlaceOptions options = place_options(o.knobs);
-  if (!o.out.empty()) {
-    FEPLB_REQUIRE_INPUT(!fs::equivalent(o.out, o.trace, ec), "{}: is the input trace", o.out);
-    FEPLB_REQUIRE_INPUT(o.current.empty() || !fs::equivalent(o.out, o.current, ec),
-                        "{}: is the --current placement; write the new one elsewhere", o.out);
-    FEPLB_REQUIRE_INPUT(o.force || !fs::exists(o.out, ec), "{}: exists; pass --force to overwrite",
-                        o.out);
-  }
+  FileSet files(o.force);
+  files.input("the input trace", o.trace);
+  files.input("the --current placement", o.current);
+  files.output("--out", o.out);
+  files.check();
   const Trace trace = read_trace(o.trace);
   FEPLB_REQUIRE_INPUT(trace.num_ranks <= o.gpus_per_node || trace.num_ranks % o.gpus_per_node == 0,
                       "--gpus-per-node: {} does not divide the trace's num_ranks {}",
@@ -112,9 +103,10 @@ void run_place(const PlaceCommandOptions& o) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const Migration m = migration_between(current, next, shape, o.knobs.optimizer_bytes_per_param);
 
-  std::printf("history: %s, last %lld of %lld micro-batches, %zu layer%s | %s\n", o.trace.c_str(),
-              static_cast<long long>(used), static_cast<long long>(num_mb), histories.size(),
-              histories.size() == 1 ? "" : "s", topo.describe().c_str());
+  std::printf("history: %s, last %lld of %lld micro-batches, %zu layer%s | %s\n",
+              printable(o.trace).c_str(), static_cast<long long>(used),
+              static_cast<long long>(num_mb), histories.size(), histories.size() == 1 ? "" : "s",
+              topo.describe().c_str());
   std::printf(
       "homes: %s (--place-homes %lld), min gain %.2f%% of the mean load; dynamic sets: %lld "
       "per GPU by %s; placed in %.1f ms\n",
@@ -164,7 +156,7 @@ void run_place(const PlaceCommandOptions& o) {
                                           {"migration_bytes", m.total_bytes()},
                                           {"rehomed_experts", m.rehomed_experts}};
   write_file(o.out, format_placement(next, history.dump()), o.force);
-  std::printf("wrote %s\n", o.out.c_str());
+  say_wrote(o.out);
 }
 
 }  // namespace
@@ -175,16 +167,17 @@ void add_place_command(CLI::App& app) {
       "place",
       "Place experts from a routing history: homes balanced across nodes, then GPUs, and dynamic "
       "sets (feplb-placement-v1), with the migration it implies");
-  cmd->add_option("--trace", o->trace, "the history: a feplb-trace-v1 file (required)");
+  cmd->add_option("--trace", o->trace,
+                  "the history: a feplb-trace-v1 file, - for standard input (required)");
   cmd->add_option("--current", o->current,
                   "the placement in force (feplb-placement-v1; default: contiguous homes)");
-  cmd->add_option("--gpus-per-node", o->gpus_per_node, "GPUs per NVLink domain (default 8)");
-  cmd->add_option("--window", o->window,
-                  "use only the trace's last N micro-batches (default: all of them)");
-  cmd->add_option("--out", o->out, "write the placement here (default: report only)");
+  add_int(*cmd, "--window", o->window, 1, limits::kMaxStepId,
+          "use only the trace's last N micro-batches (default: all of them)");
+  cmd->add_option("--out", o->out,
+                  "write the placement here, - for standard output (default: "
+                  "report only)");
   cmd->add_flag("--force", o->force, "overwrite an existing --out file");
-  add_shape_flags(*cmd, o->shape);
-  add_knob_flags(*cmd, o->knobs);
+  add_model_flags(*cmd, *o, /*cost=*/false);
   cmd->callback([o] { run_place(*o); });
 }
 

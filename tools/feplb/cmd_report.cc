@@ -1,6 +1,7 @@
 // feplb report: the balance sweep behind docs/results/core.md (priors x EP sizes x policies), with
-// --anchors the anchors side by side behind docs/results/balance.md (plus SVG plots), and with
-// --placement the macro timescale behind docs/results/placement.md.
+// --anchors the anchors side by side behind docs/results/balance.md (plus SVG plots), with
+// --placement the macro timescale behind docs/results/placement.md, and with --rack rack-scale
+// NVLink domains behind docs/results/rack.md (plus SVG plots).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -9,11 +10,13 @@
 #include <sstream>
 
 #include "cli.h"
-#include "feplb/sim/balance.h"
 #include "feplb/core/error.h"
-#include "feplb/core/file_io.h"
-#include "feplb/sim/placement_report.h"
+#include "feplb/core/file_output.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/planners/planner.h"
+#include "feplb/sim/balance.h"
+#include "feplb/sim/placement_report.h"
+#include "feplb/sim/rack.h"
 #include "feplb/sim/sweep.h"
 
 namespace feplb::cli {
@@ -22,21 +25,24 @@ namespace {
 constexpr const char* kCorePolicies = "static,feplb-paper,feplb,fastermoe,oracle";
 constexpr int64_t kUnset = std::numeric_limits<int64_t>::min();
 
-struct ReportOptions {
+struct ReportOptions : ModelFlags {
   std::string priors_dir, out_md, out_json, plots_dir;
-  std::string ranks;     // default: 2,4,8 (core) or 2,4,8,16 (--anchors)
-  std::string policies;  // default: the five core ones, or every planner (--anchors)
-  std::string skews = "1.2,2,5,10";
-  int64_t warmup = kUnset;  // default: 0 (core) or 16 (--anchors)
+  std::string ranks;        // default: 2,4,8 (core), 2,4,8,16 (--anchors), 8,72,256,4x72 (--rack)
+  std::string policies;     // default: the five core ones, or every planner (--anchors, --rack)
+  std::string skews;        // default: 1.2,2,5,10 (--anchors), 5 (--rack)
+  int64_t warmup = kUnset;  // default: 0 (core), 16 (--anchors), 32 (--placement), 8 (--rack)
   bool anchors = false;
   bool placement = false;
+  bool rack = false;
+  int experts_per_gpu = 4;
+  std::string compare_gpus;  // --rack: default every class
   bool steps_given = false;
   bool placement_flags_given = false;  // --walk-forward, --window or --timing-steps
   int64_t walk_forward = 32, window = 32, timing_steps = 1000;
   SweepConfig sweep;
-  ShapeFlags shape;
   bool force = false, quiet = false;
-  std::string cost_model = "auto";
+  Knobs parsed_knobs;             // the knobs before --gpu was applied (--rack: every class)
+  const CLI::App* cmd = nullptr;  // which flags were given
 };
 
 // The Markdown to --md (or stdout) and, when --json is given, the JSON made by `json`.
@@ -44,13 +50,13 @@ template <typename MakeJson>
 void write_outputs(const ReportOptions& o, const std::string& md, const MakeJson& json) {
   if (!o.out_md.empty()) {
     write_file(o.out_md, md, o.force);
-    std::printf("wrote %s\n", o.out_md.c_str());
+    say_wrote(o.out_md);
   } else {
     std::fputs(md.c_str(), stdout);
   }
   if (!o.out_json.empty()) {
     write_file(o.out_json, json(), o.force);
-    std::printf("wrote %s\n", o.out_json.c_str());
+    say_wrote(o.out_json);
   }
 }
 
@@ -68,7 +74,8 @@ std::vector<T> parse_list(const std::string& s, const char* flag) {
       } catch (const std::exception&) {
         used = 0;
       }
-      FEPLB_REQUIRE_INPUT(used == item.size() && v >= 1, "{}: '{}' is not a positive integer", flag, item);
+      FEPLB_REQUIRE_INPUT(used == item.size() && v >= 1, "{}: '{}' is not a positive integer", flag,
+                          item);
       out.push_back(v);
     } else if constexpr (std::is_same_v<T, double>) {
       size_t used = 0;
@@ -88,6 +95,28 @@ std::vector<T> parse_list(const std::string& s, const char* flag) {
   return out;
 }
 
+// Where the plots are, relative to the Markdown file, ending in '/' ("./" in the Markdown's own
+// directory; "" when --plots is not given).
+std::string plot_link_dir(const ReportOptions& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (o.plots_dir.empty()) return "";
+  const fs::path md_dir =
+      o.out_md.empty() ? fs::current_path() : fs::absolute(o.out_md).parent_path();
+  const std::string dir = fs::relative(fs::absolute(o.plots_dir), md_dir, ec).string();
+  return dir == "." || dir.empty() ? "./" : dir + "/";
+}
+
+void write_plots(const ReportOptions& o,
+                 const std::vector<std::pair<std::string, std::string>>& plots) {
+  if (o.plots_dir.empty()) return;
+  for (const auto& [name, svg] : plots) {
+    const std::string path = (std::filesystem::path(o.plots_dir) / name).string();
+    write_file(path, svg, o.force);
+    say_wrote(path);
+  }
+}
+
 // --anchors: every policy (and the Pareto variants) on real priors and lognormal skew levels;
 // Markdown, JSON and SVG plots (balance-*.svg in --plots).
 void run_anchors(const ReportOptions& o, const std::string& command) {
@@ -96,7 +125,8 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
   BalanceConfig c;
   c.prior_paths = o.sweep.prior_paths;
   c.ranks = o.sweep.ranks;
-  c.skews = o.skews == "none" ? std::vector<double>{} : parse_list<double>(o.skews, "--skews");
+  const std::string skews = o.skews.empty() ? "1.2,2,5,10" : o.skews;
+  c.skews = skews == "none" ? std::vector<double>{} : parse_list<double>(skews, "--skews");
   for (double skew : c.skews) {
     FEPLB_REQUIRE_INPUT(skew < o.sweep.num_experts, "--skews: {} must be below the expert count {}",
                         skew, o.sweep.num_experts);
@@ -108,37 +138,12 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
   c.warmup_steps = o.warmup;
   c.sim = o.sweep.sim;
   c.model = o.sweep.model;
-  if (o.cost_model != "roofline") c.cost_dir = data_dir() + "/cost";
-  if (!o.plots_dir.empty()) {
-    FEPLB_REQUIRE_INPUT(fs::is_directory(o.plots_dir, ec), "--plots: {} is not a directory",
-                        o.plots_dir);
-    for (const char* name :
-         {"balance-token-straggler.svg", "balance-gemm-straggler.svg", "balance-weight-bytes.svg",
-          "balance-pareto.svg", "balance-cross-node.svg"}) {
-      const std::string path = (fs::path(o.plots_dir) / name).string();
-      FEPLB_REQUIRE_INPUT(o.force || !fs::exists(path, ec), "{}: exists; pass --force to overwrite",
-                          path);
-    }
-  }
+  if (o.cost_model != "roofline") c.cost_dir = data_path("cost");
   ProgressLine progress("report", !o.quiet);
   const BalanceResult r = run_balance(c, std::ref(progress));
-  std::string plot_dir;
-  if (!o.plots_dir.empty()) {
-    const fs::path md_dir =
-        o.out_md.empty() ? fs::current_path() : fs::absolute(o.out_md).parent_path();
-    plot_dir = fs::relative(fs::absolute(o.plots_dir), md_dir, ec).string();
-    if (plot_dir == ".") plot_dir.clear();
-  }
-  const std::string md =
-      format_balance_markdown(r, command, plot_dir.empty() ? "" : plot_dir + "/");
+  const std::string md = format_balance_markdown(r, command, plot_link_dir(o));
   write_outputs(o, md, [&] { return format_balance_json(r, command); });
-  if (!o.plots_dir.empty()) {
-    for (const auto& [name, svg] : balance_plots(r)) {
-      const std::string path = (fs::path(o.plots_dir) / name).string();
-      write_file(path, svg, o.force);
-      std::printf("wrote %s\n", path.c_str());
-    }
-  }
+  write_plots(o, balance_plots(r));
 }
 
 // --placement: the macro timescale (docs/results/placement.md): walk-forward placement on real
@@ -163,6 +168,56 @@ void run_placement(const ReportOptions& o, const std::string& command) {
   write_outputs(o, md, [&] { return format_placement_json(r, command); });
 }
 
+// --rack: rack-scale NVLink domains (docs/results/rack.md): EP from one node to racks, few
+// experts per GPU with hot experts, GPU classes side by side; Markdown, JSON and SVG plots.
+void run_rack_report(const ReportOptions& o, const std::string& command) {
+  RackConfig c;
+  c.points = parse_rack_points(o.ranks, "--ranks");
+  if (!o.skews.empty()) {
+    const std::vector<double> skews = parse_list<double>(o.skews, "--skews");
+    FEPLB_REQUIRE_INPUT(skews.size() == 1, "--skews: --rack takes one lognormal max/mean, not '{}'",
+                        o.skews);
+    c.skew = skews.front();
+  }
+  c.experts_per_gpu = o.experts_per_gpu;
+  c.prior_paths = o.sweep.prior_paths;
+  c.top_k = o.sweep.top_k;
+  c.workload = o.sweep.workload;
+  c.warmup_steps = o.warmup;
+  c.sim = o.sweep.sim;
+  c.model = o.sweep.model;
+  // The GPU classes compared: each with its own knobs (the class, then the knob flags given) and
+  // cost model, kept alive until the report is written.
+  std::vector<std::string> names;
+  if (o.compare_gpus.empty()) {
+    for (const GpuClass& g : gpu_class_list()) names.emplace_back(g.name);
+  } else if (o.compare_gpus != "none") {
+    names = parse_list<std::string>(o.compare_gpus, "--compare-gpus");
+  }
+  std::vector<CostChoice> costs;
+  costs.reserve(names.size());
+  for (const std::string& name : names) {
+    const auto& list = gpu_class_list();
+    FEPLB_REQUIRE_INPUT(
+        std::any_of(list.begin(), list.end(), [&](const GpuClass& g) { return g.name == name; }),
+        "--compare-gpus: unknown GPU class '{}'", name);
+    RackGpu g;
+    g.name = name;
+    g.knobs = o.parsed_knobs;
+    const GpuClass& gc = apply_gpu_flag(*o.cmd, name, g.knobs);
+    validate_knobs(g.knobs);
+    costs.push_back(resolve_cost(o.cost_model, c.sim.shape, g.knobs, gc));
+    g.cost = costs.back().model.get();
+    g.cost_label = costs.back().label;
+    c.gpus.push_back(std::move(g));
+  }
+  ProgressLine progress("report", !o.quiet);
+  const RackResult r = run_rack(c, std::ref(progress));
+  const std::string md = format_rack_markdown(r, command, plot_link_dir(o));
+  write_outputs(o, md, [&] { return format_rack_json(r, command); });
+  write_plots(o, rack_plots(r));
+}
+
 // The options given on the command line (without --quiet and --force, which change no number),
 // for the provenance line of the --anchors report.
 std::string given_command(const CLI::App& cmd) {
@@ -179,7 +234,7 @@ std::string given_command(const CLI::App& cmd) {
 
 void run_report(ReportOptions o, const std::string& command) {
   namespace fs = std::filesystem;
-  const std::string dir = o.priors_dir.empty() ? data_dir() + "/priors" : o.priors_dir;
+  const std::string dir = o.priors_dir.empty() ? data_path("priors") : o.priors_dir;
   std::error_code ec;
   FEPLB_REQUIRE_INPUT(fs::is_directory(dir, ec), "--priors: {} is not a directory", dir);
   for (const auto& entry : fs::directory_iterator(dir)) {
@@ -187,36 +242,69 @@ void run_report(ReportOptions o, const std::string& command) {
   }
   std::sort(o.sweep.prior_paths.begin(), o.sweep.prior_paths.end());
   FEPLB_REQUIRE_INPUT(!(o.anchors && o.placement), "--placement: not with --anchors");
+  FEPLB_REQUIRE_INPUT(!o.rack || !(o.anchors || o.placement), "--rack: not with --{}",
+                      o.anchors ? "anchors" : "placement");
+  FEPLB_REQUIRE_INPUT(
+      o.rack || (o.cmd->count("--experts-per-gpu") == 0 && o.cmd->count("--compare-gpus") == 0),
+      "--experts-per-gpu/--compare-gpus: only with --rack");
+  FEPLB_REQUIRE_INPUT(
+      !o.rack || (o.cmd->count("--experts") == 0 && o.cmd->count("--gpus-per-node") == 0),
+      "--experts/--gpus-per-node: not with --rack (its EP sizes name the NVLink "
+      "domains, e.g. --ranks 8,72,4x72; experts: --experts-per-gpu)");
+  FEPLB_REQUIRE_INPUT(o.skews.empty() || o.anchors || o.rack,
+                      "--skews: only with --anchors or --rack");
   FEPLB_REQUIRE_INPUT(!o.placement || (o.ranks.empty() && o.policies.empty()),
                       "--placement: its EP sizes and policies are fixed; drop --ranks/--policies");
-  if (o.ranks.empty()) o.ranks = o.anchors ? "2,4,8,16" : "2,4,8";
+  if (o.ranks.empty()) o.ranks = o.rack ? "8,72,256,4x72" : o.anchors ? "2,4,8,16" : "2,4,8";
   if (o.policies.empty()) {
-    o.policies = o.anchors ? fmt::format("{}", fmt::join(planner_names(), ",")) : kCorePolicies;
+    o.policies =
+        o.anchors || o.rack ? fmt::format("{}", fmt::join(planner_names(), ",")) : kCorePolicies;
   }
   FEPLB_REQUIRE_INPUT(o.placement || !o.placement_flags_given,
                       "--walk-forward/--window/--timing-steps: only with --placement");
-  FEPLB_REQUIRE_INPUT(o.window >= 1, "--window: {} must be at least 1", o.window);
-  if (o.warmup == kUnset) o.warmup = o.anchors ? 16 : o.placement ? 32 : 0;
-  FEPLB_REQUIRE_INPUT(o.warmup >= 0, "--warmup: {} must be at least 0", o.warmup);
-  FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || o.anchors, "--plots: only with --anchors");
-  o.sweep.ranks = parse_list<int>(o.ranks, "--ranks");
-  o.sweep.sim.policies = parse_list<std::string>(o.policies, "--policies");
-  for (const std::string& p : o.sweep.sim.policies) {
-    FEPLB_REQUIRE_INPUT(std::find(planner_names().begin(), planner_names().end(), p) != planner_names().end(),
-                        "--policies: unknown policy '{}' (known: {})", p, fmt::join(planner_names(), ", "));
+  if (o.warmup == kUnset) o.warmup = o.anchors ? 16 : o.placement ? 32 : o.rack ? 8 : 0;
+  if (o.rack && !o.steps_given) o.sweep.workload.num_steps = 8;
+  FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || o.anchors || o.rack,
+                      "--plots: only with --anchors or --rack");
+  FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || fs::is_directory(o.plots_dir, ec),
+                      "--plots: {} is not a directory", o.plots_dir);
+  if (!o.rack) o.sweep.ranks = parse_list<int>(o.ranks, "--ranks");
+  for (int r : o.sweep.ranks) {
+    FEPLB_REQUIRE_INPUT(r <= limits::kMaxRanks, "--ranks: {} is outside [1, {}]", r,
+                        limits::kMaxRanks);
   }
+  o.sweep.sim.policies = split_policies(o.policies);
   o.sweep.sim.warmup_steps = o.warmup;
+  o.sweep.sim.knobs = o.knobs;
+  o.sweep.gpus_per_node = o.gpus_per_node;
   o.sweep.sim.shape = resolve_shape(o.shape, nullptr, o.sweep.model);
   validate_knobs(o.sweep.sim.knobs);
-  const CostChoice cost = resolve_cost(o.cost_model, o.sweep.sim.shape, o.sweep.sim.knobs);
+
+  // Every input (the priors, their directory, the cost table) and output, before any work.
+  FileSet files(o.force);
+  files.input_dir("the --priors directory", dir);
+  for (const std::string& p : o.sweep.prior_paths) files.input("a prior file", p);
+  files.input("the --cost-model table", cost_model_path(o.cost_model));
+  files.output("--md", o.out_md);
+  files.output("--json", o.out_json);
+  if ((o.anchors || o.rack) && !o.plots_dir.empty()) {
+    for (const std::string& name : o.anchors ? balance_plot_names() : rack_plot_names()) {
+      files.output("--plots", (fs::path(o.plots_dir) / name).string());
+    }
+  }
+  files.check();
+
+  o.sweep.sim.gpu = std::string(o.gpu_class->name);
+  const CostChoice cost =
+      resolve_cost(o.cost_model, o.sweep.sim.shape, o.sweep.sim.knobs, *o.gpu_class);
   o.sweep.sim.cost = cost.model.get();
   o.sweep.sim.cost_label = cost.label;
-  for (const std::string* out : {&o.out_md, &o.out_json}) {
-    FEPLB_REQUIRE_INPUT(out->empty() || o.force || !fs::exists(*out, ec), "{}: exists; pass --force to overwrite",
-                        *out);
-  }
   if (o.anchors) {
     run_anchors(o, command);
+    return;
+  }
+  if (o.rack) {
+    run_rack_report(o, command);
     return;
   }
   if (o.placement) {
@@ -235,58 +323,73 @@ void add_report_command(CLI::App& app) {
   auto o = std::make_shared<ReportOptions>();
   o->sweep.workload.num_steps = 16;
   CLI::App* cmd = app.add_subcommand(
-      "report", "Sweep every prior file x EP size x policy and write a Markdown/JSON report (no GPU)");
+      "report",
+      "Sweep every prior file x EP size x policy and write a Markdown/JSON report (no GPU)");
   cmd->add_option("--priors", o->priors_dir, "directory of prior files (default data/priors)");
   cmd->add_flag(
       "--anchors", o->anchors,
       "the anchors side by side (docs/results/balance.md): every policy on real priors and "
       "lognormal skews, Pareto variants, placed homes; with --plots, SVGs");
+  cmd->add_flag("--rack", o->rack,
+                "rack-scale NVLink domains (docs/results/rack.md): every policy from one 8-GPU "
+                "node to domains of 72 and 256 GPUs and several racks, few experts per GPU with "
+                "hot experts, GPU classes side by side; with --plots, SVGs");
+  add_int(*cmd, "--experts-per-gpu", o->experts_per_gpu, 1, limits::kMaxExperts,
+          "--rack: experts per GPU of the EP sweep (default 4)");
+  cmd->add_option("--compare-gpus", o->compare_gpus,
+                  "--rack: GPU classes compared at EP=72, comma-separated, or none (default: "
+                  "every class)");
   cmd->add_flag("--placement", o->placement,
                 "the macro timescale (docs/results/placement.md): walk-forward expert placement "
                 "on real priors at EP=16 (2 nodes) and EP=8, and the placer's timing");
-  cmd->add_option("--walk-forward", o->walk_forward,
-                  "--placement: replan every N micro-batches (default 32)");
-  cmd->add_option("--window", o->window,
-                  "--placement: micro-batches of history per replan (default 32)");
-  cmd->add_option("--timing-steps", o->timing_steps,
-                  "--placement: micro-batches of history the placer is timed on (default 1000)");
+  add_int(*cmd, "--walk-forward", o->walk_forward, 1, limits::kMaxStepId,
+          "--placement: replan every N micro-batches (default 32)");
+  add_int(*cmd, "--window", o->window, 1, limits::kMaxStepId,
+          "--placement: micro-batches of history per replan (default 32)");
+  add_int(*cmd, "--timing-steps", o->timing_steps, 1, limits::kMaxStepId,
+          "--placement: micro-batches of history the placer is timed on (default 1000)");
   cmd->add_option("--ranks", o->ranks,
-                  "comma-separated EP sizes (default 2,4,8; --anchors: 2,4,8,16)");
-  cmd->add_option(
-      "--policies", o->policies,
-      "comma-separated policies (default: the five core ones; --anchors: every planner)");
-  cmd->add_option(
-      "--skews", o->skews,
-      "--anchors: lognormal max/mean over experts, comma-separated, or none (default 1.2,2,5,10)");
-  cmd->add_option(
-      "--warmup", o->warmup,
-      "micro-batches of history observed before the measured ones (default 0; --anchors: 16; "
-      "--placement: 32)");
+                  "comma-separated EP sizes (default 2,4,8; --anchors: 2,4,8,16; --rack: "
+                  "8,72,256,4x72, where R is one NVLink domain of R GPUs and NxD N domains of D)");
+  add_policies(*cmd, o->policies,
+               "comma-separated policies (default: the five core ones; --anchors, --rack: every "
+               "planner)");
+  cmd->add_option("--skews", o->skews,
+                  "--anchors: lognormal max/mean over experts, comma-separated, or none (default "
+                  "1.2,2,5,10); --rack: one value (default 5)");
+  add_int(*cmd, "--warmup", o->warmup, 0, limits::kMaxStepId,
+          "micro-batches of history observed before the measured ones (default 0; --anchors: 16; "
+          "--placement: 32; --rack: 8)");
   cmd->add_option("--plots", o->plots_dir,
-                  "--anchors: write the balance-*.svg plots into this directory");
-  cmd->add_option("--experts", o->sweep.num_experts, "experts; priors are widened to it (default 128)");
-  cmd->add_option("--top-k", o->sweep.top_k, "experts per token (default 8)");
-  cmd->add_option("--gpus-per-node", o->sweep.gpus_per_node, "GPUs per NVLink domain (default 8)");
-  cmd->add_option("--tokens-per-rank", o->sweep.workload.tokens_per_rank, "tokens per GPU (default 4096)");
-  cmd->add_option("--steps", o->sweep.workload.num_steps,
-                  "measured micro-batches per prior (default 16; --placement: 96)");
-  cmd->add_option("--seq-len", o->sweep.workload.seq_len, "tokens per sequence (default 4096)");
-  cmd->add_option("--concentration", o->sweep.workload.concentration, "Dirichlet concentration (default 2000)");
-  cmd->add_option("--seed", o->sweep.workload.seed, "random seed (default 1)");
-  cmd->add_option("--model", o->sweep.model, "model name, sets the expert shape (default glm5-128e)");
+                  "--anchors, --rack: write the balance-*.svg / rack-*.svg plots into this "
+                  "directory");
+  add_int(*cmd, "--experts", o->sweep.num_experts, 1, limits::kMaxExperts,
+          "experts; priors are widened to it (default 128)");
+  add_int(*cmd, "--top-k", o->sweep.top_k, 1, limits::kMaxExperts, "experts per token (default 8)");
+  add_int(*cmd, "--tokens-per-rank", o->sweep.workload.tokens_per_rank, 0, int64_t{1} << 24,
+          "tokens per GPU (default 4096)");
+  add_int(*cmd, "--steps", o->sweep.workload.num_steps, 1, limits::kMaxStepId,
+          "measured micro-batches per prior (default 16; --placement: 96; --rack: 8)");
+  add_int(*cmd, "--seq-len", o->sweep.workload.seq_len, 1, int64_t{1} << 24,
+          "tokens per sequence (default 4096)");
+  add_real(*cmd, "--concentration", o->sweep.workload.concentration, 0.0, 1e12,
+           "Dirichlet concentration; 0: none (default 2000)");
+  add_int(*cmd, "--seed", o->sweep.workload.seed, "random seed (default 1)");
+  add_model_flag(*cmd, o->sweep.model, "model name (default glm5-128e)");
   cmd->add_option("--md", o->out_md, "write the Markdown report here (default: stdout)");
-  cmd->add_option("--json", o->out_json, "write the JSON results here");
+  cmd->add_option("--json", o->out_json, "write the JSON results here (- for stdout)");
   cmd->add_flag("--force", o->force, "overwrite existing output files");
   cmd->add_flag("--quiet", o->quiet, "no progress lines on stderr");
-  add_cost_flag(*cmd, o->cost_model);
-  add_shape_flags(*cmd, o->shape);
-  add_knob_flags(*cmd, o->sweep.sim.knobs);
+  add_model_flags(*cmd, *o);
   cmd->callback([o, cmd] {
+    o->cmd = cmd;
+    o->parsed_knobs = o->knobs;
+    apply_model_flags(*cmd, *o);
     std::string command = "feplb report";
     o->steps_given = cmd->count("--steps") > 0;
     o->placement_flags_given =
         cmd->count("--walk-forward") + cmd->count("--window") + cmd->count("--timing-steps") > 0;
-    if (o->anchors || o->placement) {
+    if (o->anchors || o->placement || o->rack) {
       command = given_command(*cmd);
     } else {
       for (const std::string& a : cmd->remaining()) command += " " + a;

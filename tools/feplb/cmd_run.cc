@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "feplb/core/error.h"
 #include "feplb/core/file_io.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/metrics.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/stats.h"
@@ -23,19 +24,18 @@
 namespace feplb::cli {
 namespace {
 
-struct RunOptions {
-  std::string trace, policies = "static,feplb-paper,feplb", json_out, cost_model = "auto";
-  int gpus_per_node = 8, steps = 8;
+struct RunOptions : ModelFlags {
+  std::string trace, policies = "static,feplb-paper,feplb", json_out;
+  int steps = 8;
   bool force = false, no_layer = false;
-  ShapeFlags shape;
-  Knobs knobs;
 };
 
 #ifdef FEPLB_HAVE_CUDA
 void run_gpu(const RunOptions& o) {
   std::string why;
   const auto devs = list_devices(&why);
-  FEPLB_REQUIRE_INPUT(!devs.empty(), "no GPU available ({}); `feplb simulate` runs without one", why);
+  FEPLB_REQUIRE_INPUT(!devs.empty(), "no GPU available ({}); `feplb simulate` runs without one",
+                      why);
   FEPLB_REQUIRE_INPUT(o.steps >= 1, "--steps: {} must be at least 1", o.steps);
   validate_knobs(o.knobs);
   std::error_code ec;
@@ -44,12 +44,14 @@ void run_gpu(const RunOptions& o) {
   const std::string path = o.trace.empty() ? default_trace_path() : o.trace;
   const Trace trace = read_trace(path);
   const ExpertShape shape = resolve_shape(o.shape, &trace, trace.model);
-  FEPLB_REQUIRE_INPUT(shape.hidden > 0 && shape.ffn > 0, "expert shape unknown; pass --hidden and --ffn");
+  FEPLB_REQUIRE_INPUT(shape.hidden > 0 && shape.ffn > 0,
+                      "expert shape unknown; pass --hidden and --ffn");
   const Topology topo = Topology::contiguous(trace.num_ranks, o.gpus_per_node, trace.num_experts);
   const CostChoice cost_choice = resolve_cost(o.cost_model, shape, o.knobs);
   const RooflineCostModel roofline(shape, o.knobs);
-  const GemmCostModel& cost = cost_choice.model ? static_cast<const GemmCostModel&>(*cost_choice.model)
-                                                 : static_cast<const GemmCostModel&>(roofline);
+  const GemmCostModel& cost = cost_choice.model
+                                  ? static_cast<const GemmCostModel&>(*cost_choice.model)
+                                  : static_cast<const GemmCostModel&>(roofline);
   std::vector<std::string> policies;
   std::stringstream ss(o.policies);
   for (std::string p; std::getline(ss, p, ',');) policies.push_back(p);
@@ -85,9 +87,9 @@ void run_gpu(const RunOptions& o) {
     }
     rows.push_back(std::move(r));
   }
-  std::printf("%s | %s | %s | %zu of %zu steps | GPU %s\nGEMM model: %s\n", path.c_str(), topo.describe().c_str(),
-              shape.describe().c_str(), picked.size(), trace.steps.size(), devs[0].name.c_str(),
-              cost_choice.label.c_str());
+  std::printf("%s | %s | %s | %zu of %zu steps | GPU %s\nGEMM model: %s\n", path.c_str(),
+              topo.describe().c_str(), shape.describe().c_str(), picked.size(), trace.steps.size(),
+              devs[0].name.c_str(), cost_choice.label.c_str());
   cuda::ExpertBench bench(shape, max_rows, 16, 1);
   for (Row& r : rows) {
     for (const Plan& plan : r.plans) {
@@ -104,8 +106,8 @@ void run_gpu(const RunOptions& o) {
       r.bwd_alone.push_back(b);
     }
     if (!o.no_layer) {
-      const cuda::VirtualLayerStats lay =
-          cuda::run_virtual_layer(trace, shape, r.policy, o.knobs, static_cast<int>(picked.size()), o.gpus_per_node, 60);
+      const cuda::VirtualLayerStats lay = cuda::run_virtual_layer(
+          trace, shape, r.policy, o.knobs, static_cast<int>(picked.size()), o.gpus_per_node, 60);
       r.fwd_ms = quantile_of(lay.forward_ms, 0.5);
       r.wait_ms = quantile_of(lay.wait_ms, 0.5);
       r.latency_us = lay.counts_to_first_copy_us;
@@ -114,42 +116,53 @@ void run_gpu(const RunOptions& o) {
       r.to_plan_us = lay.counts_to_plan_us;
     }
   }
-  std::printf("\n%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "policy", "token straggler", "GEMM straggler",
-              "GEMM straggler", "error", "experts fwd", "experts bwd", "layer forward", "copy wait");
-  std::printf("%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "", "rows (plan)", "predicted ms", "measured ms", "",
-              "ms (slowest)", "ms (slowest)", "ms (virtual)", "ms (virtual)");
+  std::printf("\n%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "policy", "token straggler",
+              "GEMM straggler", "GEMM straggler", "error", "experts fwd", "experts bwd",
+              "layer forward", "copy wait");
+  std::printf("%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "", "rows (plan)", "predicted ms",
+              "measured ms", "", "ms (slowest)", "ms (slowest)", "ms (virtual)", "ms (virtual)");
   nlohmann::ordered_json doc;
   doc["trace"] = path;
   doc["gpu"] = devs[0].name;
   doc["cost_model"] = cost_choice.label;
   for (const Row& r : rows) {
     const double pred = mean_of(r.sg_pred), meas = mean_of(r.sg_meas);
-    std::printf("%-12s %16.0f %16.3f %16.3f %7.0f%% %12.3f %12.3f %16s %12s\n", r.policy.c_str(), mean_of(r.st), pred,
-                meas, meas > 0 ? (pred / meas - 1) * 100 : 0.0, mean_of(r.fwd_alone), mean_of(r.bwd_alone),
+    std::printf("%-12s %16.0f %16.3f %16.3f %7.0f%% %12.3f %12.3f %16s %12s\n", r.policy.c_str(),
+                mean_of(r.st), pred, meas, meas > 0 ? (pred / meas - 1) * 100 : 0.0,
+                mean_of(r.fwd_alone), mean_of(r.bwd_alone),
                 o.no_layer ? "-" : fmt::format("{:.2f}", r.fwd_ms).c_str(),
                 o.no_layer ? "-" : fmt::format("{:.3f}", r.wait_ms).c_str());
-    doc["policies"][r.policy] = {{"token_straggler", mean_of(r.st)}, {"gemm_straggler_predicted_ms", pred},
+    doc["policies"][r.policy] = {{"token_straggler", mean_of(r.st)},
+                                 {"gemm_straggler_predicted_ms", pred},
                                  {"gemm_straggler_measured_ms", meas},
                                  {"experts_forward_slowest_gpu_ms", mean_of(r.fwd_alone)},
                                  {"experts_backward_slowest_gpu_ms", mean_of(r.bwd_alone)},
                                  {"layer_forward_virtual_ms", r.fwd_ms},
                                  {"copy_wait_virtual_ms", r.wait_ms},
-                                 {"counts_to_first_copy_us", r.latency_us}, {"plan_us", r.plan_us},
-                                 {"counts_to_host_us", r.to_host_us}, {"counts_to_plan_us", r.to_plan_us}};
+                                 {"counts_to_first_copy_us", r.latency_us},
+                                 {"plan_us", r.plan_us},
+                                 {"counts_to_host_us", r.to_host_us},
+                                 {"counts_to_plan_us", r.to_plan_us}};
   }
   for (const Row& r : rows) {
     if (r.latency_us.empty()) continue;
-    std::printf("%-12s counts ready on the GPU -> plan ready: median %.1f us (counts to host %.1f, plan %.1f); -> "
-                "first phase-2 copy issued: median %.1f us, p99 %.1f us (%zu forwards x ranks with copies; waits "
-                "for the rank's all-to-all to be enqueued)\n",
-                r.policy.c_str(), quantile_of(r.to_plan_us, 0.5), quantile_of(r.to_host_us, 0.5),
-                quantile_of(r.plan_us, 0.5), quantile_of(r.latency_us, 0.5), quantile_of(r.latency_us, 0.99),
-                r.latency_us.size());
+    std::printf(
+        "%-12s counts ready on the GPU -> plan ready: median %.1f us (counts to host %.1f, plan "
+        "%.1f); -> "
+        "first phase-2 copy issued: median %.1f us, p99 %.1f us (%zu forwards x ranks with copies; "
+        "waits "
+        "for the rank's all-to-all to be enqueued)\n",
+        r.policy.c_str(), quantile_of(r.to_plan_us, 0.5), quantile_of(r.to_host_us, 0.5),
+        quantile_of(r.plan_us, 0.5), quantile_of(r.latency_us, 0.5),
+        quantile_of(r.latency_us, 0.99), r.latency_us.size());
   }
-  std::printf("\nmeasured GEMM straggler and experts fwd/bwd: each rank's experts (own + guests) timed alone (median\n"
-              "of 5), the slowest GPU's time; layer forward: the trace's %d ranks as virtual ranks sharing this\n"
-              "GPU (their GEMMs overlap; not an R-GPU time)\n",
-              topo.num_ranks());
+  std::printf(
+      "\nmeasured GEMM straggler and experts fwd/bwd: each rank's experts (own + guests) timed "
+      "alone (median\n"
+      "of 5), the slowest GPU's time; layer forward: the trace's %d ranks as virtual ranks sharing "
+      "this\n"
+      "GPU (their GEMMs overlap; not an R-GPU time)\n",
+      topo.num_ranks());
   if (!o.json_out.empty()) {
     write_file(o.json_out, doc.dump(2) + "\n", o.force);
     std::printf("wrote %s\n", o.json_out.c_str());
@@ -161,22 +174,23 @@ void run_gpu(const RunOptions& o) {
 
 void add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
-  CLI::App* cmd = app.add_subcommand("run", "Run the layer on this GPU over a trace: measured vs predicted (needs a GPU)");
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Run the layer on this GPU over a trace: measured vs predicted (needs a GPU)");
   cmd->add_option("--trace", o->trace, "feplb-trace-v1 file (default: data/traces/default.json)");
-  cmd->add_option("--policies", o->policies, "comma-separated GPU policies (default static,feplb-paper,feplb)");
-  cmd->add_option("--steps", o->steps, "trace steps to run, spread over the trace (default 8)");
-  cmd->add_option("--gpus-per-node", o->gpus_per_node, "GPUs per NVLink domain (default 8)");
+  add_policies(*cmd, o->policies,
+               "comma-separated GPU policies (default static,feplb-paper,feplb)");
+  add_int(*cmd, "--steps", o->steps, 1, limits::kMaxStepId,
+          "trace steps to run, spread over the trace (default 8)");
   cmd->add_option("--json", o->json_out, "write the results as JSON to this file");
   cmd->add_flag("--force", o->force, "overwrite an existing --json file");
   cmd->add_flag("--no-layer", o->no_layer, "skip the full layer forward (GEMM timing only)");
-  add_cost_flag(*cmd, o->cost_model);
-  add_shape_flags(*cmd, o->shape);
-  add_knob_flags(*cmd, o->knobs);
+  add_model_flags(*cmd, *o);
   cmd->callback([o] {
 #ifdef FEPLB_HAVE_CUDA
     run_gpu(*o);
 #else
-    throw InputError("`feplb run` needs a GPU build: this feplb was built without CUDA (no nvcc at build time)");
+    throw InputError(
+        "`feplb run` needs a GPU build: this feplb was built without CUDA (no nvcc at build time)");
 #endif
   });
 }

@@ -1,86 +1,62 @@
 // feplb simulate: every policy over a routing trace, no GPU needed.
+#include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli.h"
 #include "feplb/core/error.h"
-#include "feplb/core/file_io.h"
+#include "feplb/core/file_output.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/placement.h"
 #include "feplb/core/planners/planner.h"
+#include "feplb/core/trace_io.h"
 #include "feplb/sim/report.h"
 #include "feplb/sim/simulate.h"
-#include "feplb/core/trace_io.h"
 
 namespace feplb::cli {
 namespace {
 
-struct SimulateOptions {
+struct SimulateOptions : ModelFlags {
   std::string trace;
-  int gpus_per_node = 8;
   int64_t warmup = 0;
   std::string placement, save_placement;
-  int64_t walk_forward = 0, window = 0;
+  int64_t walk_forward = 0, window = 0;  // window 0: not given (the walk-forward interval)
   std::string policies = "static,feplb-paper,feplb,fastermoe,oracle";
   std::string json_out, plot_out;
   bool force = false, quiet = false;
-  std::string cost_model = "auto";
-  ShapeFlags shape;
-  Knobs knobs;
 };
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    FEPLB_REQUIRE_INPUT(!item.empty(), "--policies: empty name in '{}'", s);
-    out.push_back(item);
-  }
-  return out;
-}
-
-// Refuses an output path that would overwrite the input trace, whatever --force says.
-void check_output(const std::string& out, const std::string& input) {
-  if (out.empty()) return;
-  std::error_code ec;
-  FEPLB_REQUIRE_INPUT(!std::filesystem::equivalent(out, input, ec), "{}: is the input trace", out);
-}
 
 void run_simulate(const SimulateOptions& o) {
   const std::string path = o.trace.empty() ? default_trace_path() : o.trace;
-  FEPLB_REQUIRE_INPUT(o.gpus_per_node >= 1, "--gpus-per-node: {} must be at least 1", o.gpus_per_node);
-  check_output(o.json_out, path);
-  check_output(o.plot_out, path);
-  check_output(o.save_placement, path);
-  FEPLB_REQUIRE_INPUT(o.json_out.empty() || o.json_out != o.plot_out, "--json and --plot name the same file");
-  for (const std::string* out : {&o.json_out, &o.plot_out, &o.save_placement}) {
-    std::error_code ec;
-    FEPLB_REQUIRE_INPUT(
-        out->empty() || o.placement.empty() || !std::filesystem::equivalent(*out, o.placement, ec),
-        "{}: is the --placement file", *out);
-  }
   FEPLB_REQUIRE_INPUT(o.window == 0 || o.walk_forward > 0, "--window: only with --walk-forward");
-  // Unknown policies fail before the trace is read.
-  std::vector<std::string> policies = split_list(o.policies);
-  for (const std::string& p : policies) {
-    bool known = false;
-    for (const std::string& n : planner_names()) known |= n == p;
-    FEPLB_REQUIRE_INPUT(known, "--policies: unknown policy '{}' (known: {})", p,
-                        fmt::join(planner_names(), ", "));
-  }
+  const std::vector<std::string> policies = split_policies(o.policies);
   validate_knobs(o.knobs);
-  for (const std::string* out : {&o.json_out, &o.plot_out, &o.save_placement}) {
-    std::error_code ec;
-    FEPLB_REQUIRE_INPUT(out->empty() || o.force || !std::filesystem::exists(*out, ec),
-                        "{}: exists; pass --force to overwrite", *out);
-  }
+  // EPLB replans after every eplb_interval micro-batches it has seen; a walk-forward epoch's
+  // planner starts from the window alone, so a shorter window leaves it without a layout.
+  const int64_t window = o.window > 0 ? o.window : o.walk_forward;
+  FEPLB_REQUIRE_INPUT(
+      o.walk_forward == 0 || window >= o.knobs.eplb_interval ||
+          std::find(policies.begin(), policies.end(), "eplb") == policies.end(),
+      "--window: eplb replans after every --eplb-interval {} micro-batches of history, but each "
+      "walk-forward replan gives it only {}; it could not replan before its first micro-batches "
+      "(use --window {} or more, or drop eplb)",
+      o.knobs.eplb_interval, window, o.knobs.eplb_interval);
+  FEPLB_REQUIRE_INPUT(o.save_placement.empty() || !o.placement.empty() || o.walk_forward > 0,
+                      "--save-placement: needs --placement or --walk-forward");
+  FileSet files(o.force);
+  files.input("the input trace", path);
+  files.input("the --placement file", o.placement);
+  files.input("the --cost-model table", cost_model_path(o.cost_model));
+  files.output("--json", o.json_out);
+  files.output("--plot", o.plot_out);
+  files.output("--save-placement", o.save_placement);
+  files.check();
 
   const Trace trace = read_trace(path);
   FEPLB_REQUIRE_INPUT(trace.num_ranks <= o.gpus_per_node || trace.num_ranks % o.gpus_per_node == 0,
-                      "--gpus-per-node: {} does not divide the trace's num_ranks {}", o.gpus_per_node,
-                      trace.num_ranks);
+                      "--gpus-per-node: {} does not divide the trace's num_ranks {}",
+                      o.gpus_per_node, trace.num_ranks);
   SimulationConfig cfg;
   cfg.policies = policies;
   cfg.gpus_per_node = o.gpus_per_node;
@@ -95,32 +71,46 @@ void run_simulate(const SimulateOptions& o) {
   }
   cfg.replan_interval = o.walk_forward;
   cfg.replan_window = o.window;
-  FEPLB_REQUIRE_INPUT(o.save_placement.empty() || !cfg.placement.empty() || o.walk_forward > 0,
-                      "--save-placement: needs --placement or --walk-forward");
   cfg.shape = resolve_shape(o.shape, &trace, trace.model);
   cfg.knobs = o.knobs;
   cfg.trace_label = path;
-  const CostChoice cost = resolve_cost(o.cost_model, cfg.shape, o.knobs);
+  cfg.gpu = std::string(o.gpu_class->name);
+  const CostChoice cost = resolve_cost(o.cost_model, cfg.shape, o.knobs, *o.gpu_class);
   cfg.cost = cost.model.get();
   cfg.cost_label = cost.label;
   ProgressLine progress("simulate", !o.quiet);
   const SimulationResult result = simulate(trace, cfg, std::ref(progress));
+  if (!trace.uniform()) {
+    // Ranks with different token counts, or dropped rows: the table's means are of what was routed.
+    int64_t lo = trace.tokens_per_rank, hi = 0;
+    double rows = 0, dropped = 0;
+    for (const RoutingStep& s : trace.steps) {
+      for (int src = 0; src < trace.num_ranks; ++src) {
+        lo = std::min(lo, trace.tokens_of(s, src));
+        hi = std::max(hi, trace.tokens_of(s, src));
+        rows += static_cast<double>(trace.tokens_of(s, src) * trace.top_k);
+        dropped += static_cast<double>(trace.dropped_of(s, src));
+      }
+    }
+    std::printf("tokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
+                static_cast<long long>(lo), static_cast<long long>(hi),
+                rows > 0 ? dropped / rows * 100.0 : 0.0);
+  }
   std::fputs(format_table(result).c_str(), stdout);
   if (!o.json_out.empty()) {
     write_file(o.json_out, format_json(result), o.force);
-    std::printf("wrote %s\n", o.json_out.c_str());
+    say_wrote(o.json_out);
   }
   if (!o.plot_out.empty()) {
     write_file(o.plot_out, plot_svg(result), o.force);
-    std::printf("wrote %s\n", o.plot_out.c_str());
+    say_wrote(o.plot_out);
   }
   if (!o.save_placement.empty()) {
     const std::string history = fmt::format(
         R"({{"tool":"feplb simulate","trace":{},"walk_forward":{},"window":{},"replans":{}}})",
-        nlohmann::json(path).dump(), o.walk_forward, o.window > 0 ? o.window : o.walk_forward,
-        result.replans.size());
+        nlohmann::json(path).dump(), o.walk_forward, window, result.replans.size());
     write_file(o.save_placement, format_placement(result.final_placement, history), o.force);
-    std::printf("wrote %s\n", o.save_placement.c_str());
+    say_wrote(o.save_placement);
   }
 }
 
@@ -130,34 +120,34 @@ void add_simulate_command(CLI::App& app) {
   auto o = std::make_shared<SimulateOptions>();
   CLI::App* cmd = app.add_subcommand(
       "simulate", "Plan every step of a routing trace with each policy and compare them (no GPU)");
-  cmd->add_option("--trace", o->trace, "feplb-trace-v1 file (default: data/traces/default.json)");
-  cmd->add_option("--gpus-per-node", o->gpus_per_node, "GPUs per NVLink domain (default 8)");
-  cmd->add_option(
-      "--warmup", o->warmup,
-      "the trace's first N micro-batches are history: observed by every planner, not measured "
-      "(default 0)");
-  cmd->add_option(
-      "--policies", o->policies,
-      "comma-separated policies (default static,feplb-paper,feplb,fastermoe,oracle; also "
-      "eplb, llep, moonep)");
+  cmd->add_option("--trace", o->trace,
+                  "feplb-trace-v1 file, - for standard input (default: data/traces/default.json)");
+  add_int(*cmd, "--warmup", o->warmup, 0, limits::kMaxStepId,
+          "the trace's first N micro-batches are history: observed by every planner, not "
+          "measured (default 0)");
+  add_policies(*cmd, o->policies,
+               "comma-separated policies (default static,feplb-paper,feplb,fastermoe,oracle)");
   cmd->add_option("--placement", o->placement,
                   "homes and dynamic sets per layer (feplb-placement-v1, from `feplb place`) for "
                   "every policy (default: contiguous homes)");
-  cmd->add_option("--walk-forward", o->walk_forward,
-                  "replan the placement every N micro-batches (from the end of --warmup) from the "
-                  "previous --window micro-batches only, charging the migration (default 0: off)");
-  cmd->add_option("--window", o->window,
-                  "--walk-forward: micro-batches of history per replan (default: N)");
+  add_int(*cmd, "--walk-forward", o->walk_forward, 0, limits::kMaxStepId,
+          "replan the placement every N micro-batches (from the end of --warmup) from the "
+          "previous --window micro-batches only, charging the migration (default 0: off)");
+  add_int(*cmd, "--window", o->window, 1, limits::kMaxStepId,
+          "--walk-forward: micro-batches of history per replan (default: the --walk-forward "
+          "interval)");
   cmd->add_option("--save-placement", o->save_placement,
                   "write the placement in force at the end (with --placement or --walk-forward)");
-  cmd->add_option("--json", o->json_out, "write the results as JSON to this file");
-  cmd->add_option("--plot", o->plot_out, "write an SVG of per-GPU load before/after each policy");
+  cmd->add_option("--json", o->json_out, "write the results as JSON to this file (- for stdout)");
+  cmd->add_option("--plot", o->plot_out,
+                  "write an SVG of per-GPU load before/after each policy (- for stdout)");
   cmd->add_flag("--force", o->force, "overwrite existing output files");
   cmd->add_flag("--quiet", o->quiet, "no progress lines on stderr");
-  add_cost_flag(*cmd, o->cost_model);
-  add_shape_flags(*cmd, o->shape);
-  add_knob_flags(*cmd, o->knobs);
-  cmd->callback([o] { run_simulate(*o); });
+  add_model_flags(*cmd, *o);
+  cmd->callback([o, cmd] {
+    apply_model_flags(*cmd, *o);
+    run_simulate(*o);
+  });
 }
 
 }  // namespace feplb::cli

@@ -1,15 +1,16 @@
 // feplb trace gen | info: make routing traces from expert-popularity priors, and describe them.
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <memory>
 
 #include "cli.h"
 #include "feplb/core/error.h"
-#include "feplb/core/file_io.h"
+#include "feplb/core/file_output.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/metrics.h"
 #include "feplb/core/stats.h"
+#include "feplb/core/text.h"
 #include "feplb/core/topology.h"
 #include "feplb/core/trace_io.h"
 #include "feplb/sim/prior.h"
@@ -25,7 +26,7 @@ struct GenOptions {
   double cold_min = 0.2;
   int gpus_per_node = 8;
   int layers = 1;
-  int experts = 0, top_k = 0;
+  int experts = 0, top_k = 0;  // 0: not given
   WorkloadSpec spec;
   ShapeFlags shape;
   bool force = false, quiet = false;
@@ -35,11 +36,10 @@ void run_gen(GenOptions o) {
   FEPLB_REQUIRE_INPUT(!o.out.empty(), "--out: required");
   FEPLB_REQUIRE_INPUT(o.hot_gpus.empty() ? o.prior.empty() != (o.skew == 0) : o.prior.empty(),
                       "give exactly one of --prior FILE, --skew X or --hot-gpus LOADS");
-  std::error_code ec;
-  FEPLB_REQUIRE_INPUT(o.force || !std::filesystem::exists(o.out, ec),
-                      "{}: exists; pass --force to overwrite", o.out);
-  FEPLB_REQUIRE_INPUT(o.prior.empty() || !std::filesystem::equivalent(o.out, o.prior, ec),
-                      "{}: is the prior file", o.out);
+  FileSet files(o.force);
+  files.input("the --prior file", o.prior);
+  files.output("--out", o.out);
+  files.check();
   Prior prior;
   if (!o.prior.empty()) {
     prior = read_prior(o.prior);
@@ -58,24 +58,52 @@ void run_gen(GenOptions o) {
   ProgressLine progress("trace gen", !o.quiet);
   Trace t = generate_trace(prior, o.spec, std::ref(progress));
   if (!o.model.empty()) t.model = o.model;
-  const ExpertShape shape = resolve_shape(o.shape, nullptr, t.model);
-  if (shape.hidden > 0 && shape.ffn > 0) t.expert_shape = shape;
+  // Every generated trace carries its expert shape: the flags', the model's, else the default.
+  ExpertShape shape = resolve_shape(o.shape, nullptr, t.model);
+  const bool defaulted = shape.hidden == 0 || shape.ffn == 0;
+  if (shape.hidden == 0) shape.hidden = default_shape().hidden;
+  if (shape.ffn == 0) shape.ffn = default_shape().ffn;
+  t.expert_shape = shape;
   write_file(o.out, format_trace(t), o.force);
+  if (o.out == "-") return;
   std::printf(
       "wrote %s: %zu steps (%lld micro-batches x %d layers), %d experts, top-%d, EP=%d, %lld "
-      "tokens/rank\n",
-      o.out.c_str(), t.steps.size(), static_cast<long long>(o.spec.num_steps), prior.num_layers(),
-      t.num_experts, t.top_k, t.num_ranks, static_cast<long long>(t.tokens_per_rank));
+      "tokens/rank, expert shape %s%s\n",
+      printable(o.out).c_str(), t.steps.size(), static_cast<long long>(o.spec.num_steps),
+      prior.num_layers(), t.num_experts, t.top_k, t.num_ranks,
+      static_cast<long long>(t.tokens_per_rank), shape.describe().c_str(),
+      defaulted ? " (the default; set it with --model or --hidden/--ffn)" : "");
 }
 
 void run_info(const std::string& path, int gpus_per_node) {
   const Trace t = read_trace(path);
+  FEPLB_REQUIRE_INPUT(t.num_ranks <= gpus_per_node || t.num_ranks % gpus_per_node == 0,
+                      "--gpus-per-node: {} does not divide the trace's num_ranks {}", gpus_per_node,
+                      t.num_ranks);
   const Topology topo = Topology::contiguous(t.num_ranks, gpus_per_node, t.num_experts);
   std::printf("%s\n  model %s, %d experts, top-%d, %d ranks x %lld tokens, %zu steps\n  %s\n",
-              path.c_str(), t.model.c_str(), t.num_experts, t.top_k, t.num_ranks,
-              static_cast<long long>(t.tokens_per_rank), t.steps.size(), topo.describe().c_str());
+              printable(path).c_str(), printable(t.model).c_str(), t.num_experts, t.top_k,
+              t.num_ranks, static_cast<long long>(t.tokens_per_rank), t.steps.size(),
+              topo.describe().c_str());
   if (t.expert_shape) std::printf("  expert shape %s\n", t.expert_shape->describe().c_str());
-  if (!t.generator_json.empty()) std::printf("  generator %s\n", t.generator_json.c_str());
+  if (!t.generator_json.empty()) {
+    std::printf("  generator %s\n", printable(t.generator_json).c_str());
+  }
+  if (!t.uniform()) {
+    int64_t min_tokens = t.tokens_per_rank, max_tokens = 0;
+    double rows = 0, dropped = 0;
+    for (const RoutingStep& s : t.steps) {
+      for (int src = 0; src < t.num_ranks; ++src) {
+        min_tokens = std::min(min_tokens, t.tokens_of(s, src));
+        max_tokens = std::max(max_tokens, t.tokens_of(s, src));
+        rows += static_cast<double>(t.tokens_of(s, src) * t.top_k);
+        dropped += static_cast<double>(t.dropped_of(s, src));
+      }
+    }
+    std::printf("  tokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
+                static_cast<long long>(min_tokens), static_cast<long long>(max_tokens),
+                rows > 0 ? dropped / rows * 100.0 : 0.0);
+  }
   // Per layer: expert skew (busiest expert / mean expert) and GPU skew under contiguous placement.
   std::map<int64_t, std::vector<const RoutingStep*>> by_layer;
   for (const RoutingStep& s : t.steps) by_layer[s.layer].push_back(&s);
@@ -114,39 +142,40 @@ void add_trace_commands(CLI::App& app) {
   auto g = std::make_shared<GenOptions>();
   CLI::App* gen = trace->add_subcommand(
       "gen", "Generate a feplb-trace-v1 file from an expert-popularity prior");
-  gen->add_option("--out", g->out, "output trace file (required)");
+  gen->add_option("--out", g->out, "output trace file, - for standard output (required)");
   gen->add_option("--prior", g->prior, "real-model prior file (schema: data/priors/README.md)");
-  gen->add_option("--skew", g->skew,
-                  "instead of --prior: lognormal popularity with this max/mean over experts");
-  gen->add_option(
-         "--hot-gpus", g->hot_gpus,
-         "instead of --prior/--skew: many-donor skew, these loads (x the mean, comma-separated) "
-         "on that many GPUs of every NVLink domain, the others from --cold-min up; --skew is "
-         "then the max/mean over a GPU's experts (default 2)")
-      ->delimiter(',');
-  gen->add_option("--cold-min", g->cold_min,
-                  "with --hot-gpus: load of the coldest GPU of a domain, x the mean (default 0.2)");
-  gen->add_option("--gpus-per-node", g->gpus_per_node,
-                  "with --hot-gpus: GPUs per NVLink domain (default 8)");
-  gen->add_option(
-      "--layers", g->layers,
-      "with --skew or --hot-gpus: number of layers, each its own popularity (default 1)");
-  gen->add_option(
-      "--experts", g->experts,
-      "experts (default: the prior's; a multiple of it widens the prior; 128 with --skew)");
-  gen->add_option("--top-k", g->top_k,
-                  "experts per token (default: the prior's top-k; 8 with --skew)");
-  gen->add_option("--ranks", g->spec.num_ranks, "EP ranks (GPUs) (default 8)");
-  gen->add_option("--tokens-per-rank", g->spec.tokens_per_rank,
-                  "tokens per rank per micro-batch (default 4096)");
-  gen->add_option("--seq-len", g->spec.seq_len, "tokens per sequence (default 4096)");
-  gen->add_option("--concentration", g->spec.concentration,
-                  "Dirichlet concentration of per-sequence popularity; <= 0: none (default 2000)");
-  gen->add_option("--steps", g->spec.num_steps,
-                  "micro-batches; each has one entry per layer (default 16)");
-  gen->add_option("--seed", g->spec.seed, "random seed (default 1)");
-  gen->add_option("--model", g->model,
-                  "model name stored in the trace (sets the expert shape if known)");
+  add_real(*gen, "--skew", g->skew, 1.0, static_cast<double>(limits::kMaxExperts),
+           "instead of --prior: lognormal popularity with this max/mean over experts (below "
+           "--experts)");
+  gen->add_option("--hot-gpus", g->hot_gpus,
+                  "instead of --prior/--skew: many-donor skew, these loads (x the mean, comma-separated) "
+           "on that many GPUs of every NVLink domain, the others from --cold-min up; --skew is "
+                  "then the max/mean over a GPU's experts (default 2)")
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 1e6));
+  add_real(*gen, "--cold-min", g->cold_min, 0.0, 1.0,
+           "with --hot-gpus: load of the coldest GPU of a domain, x the mean (default 0.2)");
+  add_int(*gen, "--gpus-per-node", g->gpus_per_node, 1, limits::kMaxRanks,
+          "with --hot-gpus: GPUs per NVLink domain (default 8)");
+  add_int(*gen, "--layers", g->layers, 1, 4096,
+          "with --skew or --hot-gpus: number of layers, each its own popularity (default 1)");
+  add_int(*gen, "--experts", g->experts, 2, limits::kMaxExperts,
+          "experts (default: the prior's; a multiple of it widens the prior; 128 with --skew)");
+  add_int(*gen, "--top-k", g->top_k, 1, limits::kMaxExperts,
+          "experts per token (default: the prior's top-k; 8 with --skew)");
+  add_int(*gen, "--ranks", g->spec.num_ranks, 1, limits::kMaxRanks, "EP ranks (GPUs) (default 8)");
+  add_int(*gen, "--tokens-per-rank", g->spec.tokens_per_rank, 0, int64_t{1} << 24,
+          "tokens per rank per micro-batch (default 4096)");
+  add_int(*gen, "--seq-len", g->spec.seq_len, 1, int64_t{1} << 24,
+          "tokens per sequence (default 4096)");
+  add_real(*gen, "--concentration", g->spec.concentration, 0.0, 1e12,
+           "Dirichlet concentration of per-sequence popularity; 0: none (default 2000)");
+  add_int(*gen, "--steps", g->spec.num_steps, 1, limits::kMaxStepId,
+          "micro-batches; each has one entry per layer (default 16; steps x layers x ranks x "
+          "experts may not exceed the trace limit of 2^27 counts)");
+  add_int(*gen, "--seed", g->spec.seed, "random seed (default 1)");
+  add_model_flag(*gen, g->model,
+                 "model name stored in the trace (default: the prior's, or lognormal)");
   gen->add_flag("--force", g->force, "overwrite an existing --out file");
   gen->add_flag("--quiet", g->quiet, "no progress lines on stderr");
   add_shape_flags(*gen, g->shape);
@@ -156,8 +185,10 @@ void add_trace_commands(CLI::App& app) {
   auto gpn = std::make_shared<int>(8);
   CLI::App* info =
       trace->add_subcommand("info", "Describe a trace: skew per layer, static straggler");
-  info->add_option("trace", *path, "trace file (default: data/traces/default.json)");
-  info->add_option("--gpus-per-node", *gpn, "GPUs per NVLink domain (default 8)");
+  info->add_option("trace", *path,
+                   "trace file, - for standard input (default: data/traces/default.json)");
+  add_int(*info, "--gpus-per-node,--domain-size", *gpn, 1, limits::kMaxRanks,
+          "GPUs per NVLink domain (default 8)");
   info->callback([path, gpn] { run_info(path->empty() ? default_trace_path() : *path, *gpn); });
 }
 

@@ -1,18 +1,45 @@
-// feplb: the command-line tool. Exit codes: 0 ok, 2 bad input (one line on stderr), 1 internal.
+// feplb: the command-line tool (CPU only; links no CUDA). `feplb run` and `feplb devices` are
+// served by feplb-gpu, built beside it when CUDA is available, which this binary execs.
+// Exit codes: 0 ok, 2 bad input (one line on stderr), 1 internal.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
-#include <new>
+#include <string>
+#include <vector>
 
 #include "cli.h"
 #include "feplb/core/error.h"
-#ifdef FEPLB_HAVE_CUDA
-#include "bench/harness/trace_runner.h"
-#endif
+
+namespace {
+
+// The GPU commands: exec feplb-gpu from this binary's directory with the same arguments.
+[[noreturn]] void exec_gpu_binary(int argc, char** argv) {
+  const std::string self = feplb::cli::self_directory();
+  const std::string gpu = self.empty() ? std::string() : self + "/feplb-gpu";
+  if (gpu.empty() || ::access(gpu.c_str(), X_OK) != 0) {
+    std::fprintf(stderr,
+                 "feplb: error: `feplb %s` needs feplb-gpu beside this binary (%s), which this "
+                 "build did not make: it was built without CUDA (no nvcc at build time)\n",
+                 argv[1], gpu.empty() ? "feplb-gpu" : gpu.c_str());
+    std::exit(2);
+  }
+  std::vector<char*> args(argv, argv + argc);
+  args[0] = const_cast<char*>("feplb");
+  args.push_back(nullptr);
+  std::fflush(stdout);
+  ::execv(gpu.c_str(), args.data());
+  std::perror(("feplb: error: cannot run " + gpu).c_str());
+  std::exit(2);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-#ifdef FEPLB_HAVE_CUDA
-  feplb::cuda::request_stream_connections();  // before any CUDA call (virtual ranks in `run`)
-#endif
+  if (argc >= 2 && (std::string(argv[1]) == "run" || std::string(argv[1]) == "devices")) {
+    exec_gpu_binary(argc, argv);
+  }
   CLI::App app{
       "feplb: per-micro-batch MoE expert-parallel load balancing on the GPU copy engine.\n"
       "Start with `feplb simulate` (bundled trace, no GPU needed)."};
@@ -22,32 +49,11 @@ int main(int argc, char** argv) {
   feplb::cli::add_place_command(app);
   feplb::cli::add_trace_commands(app);
   feplb::cli::add_knobs_command(app);
-  feplb::cli::add_devices_command(app);
-  feplb::cli::add_run_command(app);
   feplb::cli::add_report_command(app);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "feplb: error: %s (see --help)\n", e.what());
-    return 2;
-  } catch (const feplb::InputError& e) {
-    std::fprintf(stderr, "feplb: error: %s\n", e.what());
-    return 2;
-  } catch (const feplb::Error& e) {
-    std::fprintf(stderr, "feplb: internal error: %s\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "feplb: error: out of memory\n");
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "feplb: error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  // Listed in --help; never parsed here (exec_gpu_binary above).
+  app.add_subcommand("devices", "List the GPUs feplb can use (exit 2 if none; runs feplb-gpu)");
+  app.add_subcommand("run",
+                     "Run the layer on this GPU over a trace: measured vs predicted (needs a GPU; "
+                     "runs feplb-gpu)");
+  return feplb::cli::run_app(app, argc, argv);
 }

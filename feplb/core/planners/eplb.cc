@@ -1,4 +1,4 @@
-// eplb: DeepSeek EPLB (research/anchors.md §1), as a training-time policy. Each layer has a
+// eplb: DeepSeek EPLB, as a training-time policy. Each layer has a
 // physical layout of E + R*D expert slots (R = eplb_redundant_per_gpu, D GPUs; E/D + R slots per
 // GPU), planned by EPLB's rebalance (eplb_rebalance.h) from the layer's last eplb_window
 // micro-batches (never the current one) and replanned after every eplb_interval of them.
@@ -57,7 +57,7 @@ class EplbPlanner final : public Planner {
   std::string_view name() const override { return "eplb"; }
   // Installs come from the home, which may sit on another node (the layout follows the groups).
   PlanLimits limits() const override { return {false, static_cast<int64_t>(slots_per_gpu_)}; }
-  Transport transport() const override {
+  DataMovement data_movement() const override {
     return {"DeepEP", ctx_.knobs.deepep_sms, "NCCL P2P at replans", ctx_.knobs.nccl_sms, false};
   }
 

@@ -1,4 +1,4 @@
-// DeepSeek EPLB's placement algorithm (deepseek-ai/EPLB eplb.py, research/anchors.md §1.2-1.3),
+// DeepSeek EPLB's placement algorithm (deepseek-ai/EPLB eplb.py),
 // re-stated in C++ for one MoE layer: replicate the hottest experts into redundant physical slots
 // and pack the slots onto GPUs (hierarchically: expert groups onto nodes first). The `eplb`
 // planner (eplb.cc) runs it on a history window; it is exposed here so tests can check it against

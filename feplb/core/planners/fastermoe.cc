@@ -1,9 +1,10 @@
 // fastermoe: FasterMoE's shadow-expert rule (PPoPP'22; laekov/fastmoe shadow_policy.py), applied to
-// per-expert global counts as the paper intends (research/anchors.md §4.1), with H200 constants:
+// per-expert global counts as the paper intends, with H200 constants:
 //   B = expert rows sorted descending; per-token compute comp = 6 H F / gemm_peak;
 //   per-token transfer feat = H * dtype / bw; one expert's weights model = weight_bytes / bw;
 //   shadow the k hottest experts for the largest prefix k where
-//   3 comp B[k] + 4 feat B[k] + k model < 3 comp B[0] + 4 feat B[0]   (greedy, stops at the first miss).
+//   3 comp B[k] + 4 feat B[k] + k model < 3 comp B[0] + 4 feat B[0]   (greedy, stops at the first
+//   miss).
 // A shadowed expert's weights are broadcast from its home to every GPU of the EP group, and each
 // GPU computes its own tokens for it (they are never dispatched). bw is the intra-node copy rate in
 // one NVLink domain and the network rate when the group spans nodes (the broadcast crosses it).
@@ -23,7 +24,7 @@ class FasterMoePlanner final : public Planner {
     return {false, static_cast<int64_t>(ctx_.topo.num_experts())};
   }
   // FasterMoE's smart schedule exchanges tokens with NCCL send/recv and broadcasts shadows.
-  Transport transport() const override {
+  DataMovement data_movement() const override {
     return {"NCCL all-to-all", ctx_.knobs.nccl_sms, "NCCL broadcast", ctx_.knobs.nccl_sms, true};
   }
 
@@ -32,7 +33,8 @@ class FasterMoePlanner final : public Planner {
     const int E = topo.num_experts(), R = topo.num_ranks();
     const auto& c = routing.expert_counts;
     out.clear(E);
-    const double bw = (topo.num_domains() > 1 ? ctx_.knobs.internode_gbps : ctx_.knobs.copy_gbps) * 1e9;
+    const double bw =
+        (topo.num_domains() > 1 ? ctx_.knobs.internode_gbps : ctx_.knobs.copy_gbps) * 1e9;
     const double comp = ctx_.shape.flops_per_row() / (ctx_.knobs.gemm_peak_tflops * 1e12);
     const double feat = static_cast<double>(ctx_.shape.row_bytes()) / bw;
     const double model = static_cast<double>(ctx_.shape.weight_bytes()) / bw;

@@ -1,4 +1,4 @@
-// feplb-paper: the scheduler of the FEPLB paper (arXiv 2604.19654), as FEPLB.md §2 describes it.
+// feplb-paper: the scheduler of the FEPLB paper (arXiv 2604.19654), as described there.
 //
 // Each GPU has `dyn` dynamic experts. The paper does not say how they are chosen; by default
 // (paper_dyn_set = 0) they are the `dyn` local experts with the most rows in the steps this

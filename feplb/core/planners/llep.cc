@@ -1,5 +1,5 @@
-// llep: Least-Loaded Expert Parallelism (SalesforceAIResearch/LeastLoadedEP, arXiv 2601.17111;
-// research/anchors.md §5.2), the LPT spill of compute_llep_lpt_plan, every micro-batch:
+// llep: Least-Loaded Expert Parallelism (SalesforceAIResearch/LeastLoadedEP, arXiv 2601.17111):
+// the LPT spill of compute_llep_lpt_plan, every micro-batch:
 //   cap = int(llep_cap_factor * floor(total / GPUs)) (total if that floor is 0, at least 1);
 //   pending[g] = g's native load; assigned = 0.
 //   For each expert by count, largest first (ties: lower index; empty experts skipped): remove it
@@ -29,7 +29,7 @@ class LlepPlanner final : public Planner {
   PlanLimits limits() const override {
     return {false, static_cast<int64_t>(ctx_.topo.num_experts())};
   }
-  Transport transport() const override {
+  DataMovement data_movement() const override {
     return {"NCCL all-to-all", ctx_.knobs.nccl_sms, "NCCL P2P", ctx_.knobs.nccl_sms, true};
   }
 

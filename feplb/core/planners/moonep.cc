@@ -1,5 +1,5 @@
 // moonep: MoonEP's exact planner (MoonshotAI/MoonEP; the Torch reference of its planning kernel,
-// tests/planning_reference.py; research/anchors.md §5.1), every micro-batch:
+// tests/planning_reference.py), every micro-batch:
 //   1. CAP = S*K rows per GPU (here ceil(total / GPUs), which is S*K when every rank routes S*K
 //      rows); balance[h] = rows of h's own experts - CAP.
 //   2. Receiver quotas: repeat { h = argmax balance, u = argmin balance (ties: lower index); stop
@@ -32,7 +32,7 @@ class MoonEpPlanner final : public Planner {
   PlanLimits limits() const override {
     return {false, static_cast<int64_t>(ctx_.topo.experts_per_rank())};
   }
-  Transport transport() const override {
+  DataMovement data_movement() const override {
     return {"MoonEP NVLink kernels", ctx_.knobs.moonep_sms, "MoonEP prefetch kernels",
             ctx_.knobs.moonep_sms, true};
   }

@@ -34,7 +34,7 @@ struct PlannerContext {
 // The data movement a policy relies on, and the SMs it holds while it moves data (the SMs the
 // expert GEMMs cannot use meanwhile). Numbers come from knobs (deepep_sms, nccl_sms, moonep_sms)
 // as the anchors publish them; 0 for copy-engine moves. Printable, for the reports.
-struct Transport {
+struct DataMovement {
   std::string_view dispatch;  // phase 1: tokens to the GPUs that compute them, outputs back
   int64_t dispatch_sms = 0;
   std::string_view balance;  // how the balancing moves weights and rows ("none" if nothing)
@@ -49,8 +49,8 @@ class Planner {
   virtual std::string_view name() const = 0;
   // The rules validate() holds this planner's plans to.
   virtual PlanLimits limits() const;
-  // The transport its plans assume (default: DeepEP dispatch, copy-engine balancing).
-  virtual Transport transport() const;
+  // The data movement its plans assume (default: DeepEP dispatch, copy-engine balancing).
+  virtual DataMovement data_movement() const;
   // Plans one step. `routing.expert_counts` must be filled. Overwrites `out`. Does not change the
   // planner's state, so it may be called repeatedly (timing) with identical results.
   virtual void plan(const RoutingStep& routing, Plan& out) = 0;
@@ -75,11 +75,13 @@ std::unique_ptr<Planner> make_planner(std::string_view name, const PlannerContex
 // stable sort of ascending ids gives, without the scratch buffer std::stable_sort allocates.
 template <typename Key>
 void sort_ids_descending(std::vector<int>& ids, const Key& key) {
-  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return key(a) != key(b) ? key(a) > key(b) : a < b; });
+  std::sort(ids.begin(), ids.end(),
+            [&](int a, int b) { return key(a) != key(b) ? key(a) > key(b) : a < b; });
 }
 template <typename Key>
 void sort_ids_ascending(std::vector<int>& ids, const Key& key) {
-  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return key(a) != key(b) ? key(a) < key(b) : a < b; });
+  std::sort(ids.begin(), ids.end(),
+            [&](int a, int b) { return key(a) != key(b) ? key(a) < key(b) : a < b; });
 }
 
 // Shared by planners: total rows per GPU when every expert stays home.  // [num_ranks]

@@ -12,14 +12,10 @@ using Factory = std::function<std::unique_ptr<Planner>(const PlannerContext&)>;
 
 const std::vector<std::pair<std::string, Factory>>& registry() {
   static const std::vector<std::pair<std::string, Factory>> kRegistry = {
-      {"static", make_static_planner},
-      {"feplb-paper", make_feplb_paper_planner},
-      {"feplb", make_feplb_planner},
-      {"fastermoe", make_fastermoe_planner},
-      {"oracle", make_oracle_planner},
-      {"eplb", make_eplb_planner},
-      {"llep", make_llep_planner},
-      {"moonep", make_moonep_planner},
+      {"static", make_static_planner}, {"feplb-paper", make_feplb_paper_planner},
+      {"feplb", make_feplb_planner},   {"fastermoe", make_fastermoe_planner},
+      {"oracle", make_oracle_planner}, {"eplb", make_eplb_planner},
+      {"llep", make_llep_planner},     {"moonep", make_moonep_planner},
   };
   return kRegistry;
 }
@@ -34,7 +30,7 @@ PlanLimits Planner::limits() const {
   return l;
 }
 
-Transport Planner::transport() const {
+DataMovement Planner::data_movement() const {
   return {"DeepEP", ctx_.knobs.deepep_sms, "copy engine", 0, true};
 }
 
@@ -52,8 +48,8 @@ std::unique_ptr<Planner> make_planner(std::string_view name, const PlannerContex
   for (const auto& [known, factory] : registry()) {
     if (known == name) return factory(ctx);
   }
-  throw InputError(fmt::format("policy: unknown '{}' (known: {})", name,
-                               fmt::join(planner_names(), ", ")));
+  throw InputError(
+      fmt::format("policy: unknown '{}' (known: {})", name, fmt::join(planner_names(), ", ")));
 }
 
 void home_loads(const Topology& topo, const RoutingStep& routing, std::vector<int64_t>& loads) {

@@ -9,7 +9,7 @@ class StaticPlanner final : public Planner {
   using Planner::Planner;
   std::string_view name() const override { return "static"; }
   PlanLimits limits() const override { return {true, 0, true}; }
-  Transport transport() const override {
+  DataMovement data_movement() const override {
     return {"DeepEP", ctx_.knobs.deepep_sms, "none", 0, true};
   }
   void plan(const RoutingStep& routing, Plan& out) override {

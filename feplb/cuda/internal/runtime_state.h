@@ -33,7 +33,8 @@ struct MicroBatchState {
   bool in_use = false;
   int layer_id = -1;
   uint32_t forward_seq = 0;
-  int64_t num_tokens = 0;
+  int64_t num_tokens = 0;  // tokens; with dispatched rows, the rows at home
+  bool dispatched = false;  // forward_dispatched: x_home is the caller's rows
   cudaStream_t stream = nullptr;  // the forward's: the memory was allocated on it
   RoutingStep routing;
   Plan plan;
@@ -48,12 +49,29 @@ struct MicroBatchState {
   bf16 *x_guest = nullptr, *gu_guest = nullptr, *act_guest = nullptr;
 };
 
+// Weights before routing (MoeLayer::prefetch) that no call has settled yet: the runtime's next
+// call uses them (that layer's forward) or drops them. The same on every rank.
+struct PendingPrefetch {
+  bool active = false;
+  int layer_id = -1;
+  uint32_t seq = 0;                // the prefetch call's: the value of its landed signals
+  std::vector<Copy> copies;        // kPrefetchWeights in issue order, every rank's
+  std::vector<int> slots;          // [copies] the guest slot on the copy's helper
+  std::vector<uint8_t> into_here;  // [R] owners that prefetched into this rank
+  std::vector<uint8_t> targets;    // [R] ranks some owner prefetched into
+};
+
 struct RuntimeState {
   RuntimeState(const RuntimeConfig& config, Transport& transport);
   ~RuntimeState();
 
   // Throws the scheduler's stored error, or InputError when the runtime was destroyed.
   void check_usable(const char* who) const;
+  // Throws Error naming the failed peer when the transport reports one (Transport::peer_failure),
+  // saying what this rank was waiting for.
+  void check_peers(const char* waiting_for) const;
+  // Waits for `stream`'s work, bounded by the timeout, polling check_peers.
+  void sync(cudaStream_t stream, const char* what) const;
   // A free micro-batch state (InputError when max_in_flight are alive), marked in use by `layer_id`.
   int acquire(int layer_id);
   // Gives the memory of state `slot` back (stream-ordered on `stream`; null: the forward's) and
@@ -85,14 +103,25 @@ struct RuntimeState {
   DeviceBuffer<int32_t> counts;                 // [E + 1]: rows per expert, then out-of-range ids
   DeviceBuffer<int32_t> cursor, offsets, order;  // [E]
   DeviceBuffer<int32_t> counts_all;             // [R, E + 1] every rank's counts
-  PinnedBuffer<int32_t> counts_host;            // [R, E + 1]
+  PinnedBuffer<int32_t> counts_host;            // [R, E + 1] (dispatched rows: [R, experts_per_rank])
   std::vector<bf16*> peer_yrecv, peer_guest_in;          // [R] peers' arenas as addressed here
   // Signal slots: [0, R) phase-2 inputs from owner d landed here; [R, 2R) outputs (forward) or dX
-  // (backward) back from helper h; [2R, 3R) dW back from helper h.
+  // (backward) back from helper h; [2R, 3R) dW back from helper h; [3R, 4R) helper h's guest
+  // slots are quiet: nothing of its calls so far reads or writes them any more (value:
+  // slot_quiet[h]); [4R, 5R) weights prefetched by owner d landed here (value: the prefetch's seq).
   std::unique_ptr<Transport::Signals> signals;
-  Stream copy_in, copy_out;
+  Stream copy_in,
+      copy_out;  // phase-2 inputs and prefetched weights (first in, first out), results back
   GemmEngine gemm;
   Event ev_counts, ev_dispatched, ev_copy_in_done, ev_guest_ready, ev_guest_done, ev_copy_out_done, ev_call_done;
+  Event ev_prefetch_ready,
+      ev_prefetch_done;  // the prefetch's stream work before its copies; its copies
+
+  // Weights before routing: the prefetch not settled yet, and per rank the number of calls that
+  // used or wrote its guest slots (a helper signals slot 3R + h with it once they are quiet; an
+  // owner's prefetch into h waits for it). Updated identically on every rank.
+  PendingPrefetch pending;
+  std::vector<uint32_t> slot_quiet;  // [R]
 
   // Calls so far (forwards and backwards, every layer): every signal's value.
   uint32_t seq = 0;

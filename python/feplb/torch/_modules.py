@@ -1,0 +1,152 @@
+"""feplb.torch.MoE (the experts of one MoE layer: dispatch, balancing, GEMMs, combine) and
+feplb.torch.Balancer (for a framework that dispatched the tokens itself: balancing and GEMMs)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _ops
+from ._runtime import Runtime
+
+
+class _Experts(torch.nn.Module):
+    """This rank's experts over a feplb Runtime (one C layer per local rank): the parameters,
+    the layer's registration and its statistics."""
+
+    def __init__(self, runtime: Runtime, top_k: int, policy: str, name: str | None, init_std: float | None):
+        super().__init__()
+        if not isinstance(runtime, Runtime):
+            raise ValueError(f"{type(self).__name__}: runtime must be a feplb.torch.Runtime")
+        self.runtime = runtime
+        self.top_k = top_k
+        self.policy = policy
+        name = name or f"moe{runtime._layers}"
+        self._key = _ops.register(runtime, runtime.make_layers(top_k, policy, name))
+        H, F, n = runtime.hidden, runtime.ffn, runtime.local_ranks * runtime.experts_per_rank
+        dev = torch.device("cuda", runtime.device)
+        std_in = init_std or 1.0 / math.sqrt(H)
+        std_down = init_std or 1.0 / math.sqrt(F)
+        self.gate_up = torch.nn.ParameterList(
+            torch.nn.Parameter((torch.randn(H, 2 * F, device=dev) * std_in).to(torch.bfloat16)) for _ in range(n))
+        self.down = torch.nn.ParameterList(
+            torch.nn.Parameter((torch.randn(F, H, device=dev) * std_down).to(torch.bfloat16)) for _ in range(n))
+
+    def __del__(self):
+        try:
+            _ops.unregister(self._key)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def _keep(self, *inputs):
+        return torch.is_grad_enabled() and self.runtime.training and (
+            any(t.requires_grad for t in inputs) or any(p.requires_grad for p in self.parameters()))
+
+    def stats(self):
+        """The last forward and backward, per local rank (a list with virtual ranks): rows per GPU
+        before and after balancing, experts and rows moved, weight and token bytes, planner and
+        copy latencies, copy waits."""
+        s = _ops.layer_stats(self._key)
+        return s if self.runtime.local_ranks > 1 else s[0]
+
+
+class MoE(_Experts):
+    """The experts of one MoE layer over a feplb Runtime, balanced every call.
+
+    forward(hidden, topk_idx, topk_weight) -> out:
+      hidden [S, H] bf16, topk_idx [S, K] global expert ids (int32 or int64), topk_weight [S, K]
+      (floating; used as float32) -> out [S, H] bf16: sum_k topk_weight[t, k] * FFN_{e}(hidden[t])
+      with e = topk_idx[t, k] and SwiGLU experts. With a Runtime of R virtual ranks every tensor
+      has a leading [R] dimension (one slice per rank).
+    Every rank calls it for the same micro-batch (a collective). Inputs on the runtime's device;
+    non-contiguous ones are made contiguous (a copy). S <= the runtime's max_tokens.
+
+    Parameters: this rank's experts, ordinary nn.Parameters, bf16: gate_up[i] [H, 2F] (gate's F
+    columns, then up's) and down[i] [F, H], i over the rank's experts (virtual ranks: rank r's
+    expert i at r * experts_per_rank + i). Backward writes their .grad, or adds into an fp32
+    `main_grad` when every parameter has one (Megatron's convention).
+    """
+
+    def __init__(self, runtime: Runtime, top_k: int, *, policy: str = "feplb", name: str | None = None,
+                 init_std: float | None = None):
+        super().__init__(runtime, top_k, policy, name, init_std)
+
+    def _check(self, hidden, topk_idx, topk_weight):
+        rt = self.runtime
+        lead = (rt.local_ranks,) if rt.local_ranks > 1 else ()
+        dev = torch.device("cuda", rt.device)
+        for name, t in (("hidden", hidden), ("topk_idx", topk_idx), ("topk_weight", topk_weight)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"MoE: {name} must be a tensor")
+            if t.device != dev:
+                raise ValueError(f"MoE: {name} is on {t.device}, the runtime on {dev}")
+        if hidden.dtype != torch.bfloat16:
+            raise ValueError(f"MoE: hidden must be bfloat16, not {hidden.dtype}")
+        if hidden.dim() != len(lead) + 2 or tuple(hidden.shape[:len(lead)]) != lead or hidden.shape[-1] != rt.hidden:
+            raise ValueError(f"MoE: hidden has shape {tuple(hidden.shape)}, expected {lead + ('S', rt.hidden)}")
+        S = hidden.shape[-2]
+        if S > rt.max_tokens:
+            raise ValueError(f"MoE: hidden has {S} tokens, the runtime's max_tokens is {rt.max_tokens}")
+        if topk_idx.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"MoE: topk_idx must be int32 or int64, not {topk_idx.dtype}")
+        if not topk_weight.is_floating_point():
+            raise ValueError(f"MoE: topk_weight must be floating point, not {topk_weight.dtype}")
+        want = lead + (S, self.top_k)
+        for name, t in (("topk_idx", topk_idx), ("topk_weight", topk_weight)):
+            if tuple(t.shape) != want:
+                raise ValueError(f"MoE: {name} has shape {tuple(t.shape)}, expected {want}")
+
+    def forward(self, hidden: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:
+        self._check(hidden, topk_idx, topk_weight)
+        keep = self._keep(hidden, topk_weight)
+        return _ops.apply(hidden.contiguous(), topk_idx.to(torch.int32).contiguous(),
+                          topk_weight.to(torch.float32).contiguous(), list(self.gate_up), list(self.down), self._key,
+                          keep)
+
+
+
+class Balancer(_Experts):
+    """For a framework that dispatched the tokens itself (its own all-to-all, DeepEP; in
+    Megatron-Core: as the experts module after the token dispatcher): FEPLB's phase 2 and the
+    expert GEMMs on rows already at their experts' homes; the outputs come back per row, before
+    any combine.
+
+    forward(rows, tokens_per_expert, probs=None) -> out:
+      rows [N, H] bf16, grouped by this rank's experts in local order; tokens_per_expert
+      [experts_per_rank] integers summing to N (host values: a CUDA tensor is read back, a sync);
+      out [N, H] bf16 = FFN_e(row) of each row's expert, times probs[row] when probs [N] is given
+      (Megatron's permuted_probs). With virtual ranks: lists of R such tensors, and
+      tokens_per_expert [R, experts_per_rank].
+    Every rank calls it for the same micro-batch (a collective). Parameters and gradients as MoE's.
+    """
+
+    def __init__(self, runtime: Runtime, *, policy: str = "feplb", name: str | None = None,
+                 init_std: float | None = None):
+        super().__init__(runtime, 1, policy, name, init_std)
+
+    def forward(self, rows, tokens_per_expert, probs=None):
+        rt = self.runtime
+        R = rt.local_ranks
+        rows_list = list(rows) if R > 1 else [rows]
+        counts = tokens_per_expert.tolist() if isinstance(tokens_per_expert, torch.Tensor) else list(tokens_per_expert)
+        counts = [list(map(int, c)) for c in counts] if R > 1 else [list(map(int, counts))]
+        dev = torch.device("cuda", rt.device)
+        if len(rows_list) != R or len(counts) != R:
+            raise ValueError(f"Balancer: {R} ranks, got {len(rows_list)} rows tensors and {len(counts)} counts")
+        for r, (x, c) in enumerate(zip(rows_list, counts)):
+            at = f"rows[{r}]" if R > 1 else "rows"
+            if not isinstance(x, torch.Tensor) or x.device != dev or x.dtype != torch.bfloat16:
+                raise ValueError(f"Balancer: {at} must be a bfloat16 tensor on {dev}")
+            if x.dim() != 2 or x.shape[1] != rt.hidden:
+                raise ValueError(f"Balancer: {at} has shape {tuple(x.shape)}, expected (N, {rt.hidden})")
+            if len(c) != rt.experts_per_rank or any(v < 0 for v in c) or sum(c) != x.shape[0]:
+                raise ValueError(f"Balancer: tokens_per_expert{f'[{r}]' if R > 1 else ''} = {c} must be "
+                                 f"{rt.experts_per_rank} non-negative counts summing to {x.shape[0]}")
+        keep = self._keep(*rows_list)
+        outs = _ops.apply_dispatched([x.contiguous() for x in rows_list], counts, list(self.gate_up), list(self.down),
+                                     self._key, keep)
+        if probs is not None:
+            probs_list = list(probs) if R > 1 else [probs]
+            outs = [o * p.to(o.dtype).unsqueeze(-1) for o, p in zip(outs, probs_list)]
+        return outs if R > 1 else outs[0]

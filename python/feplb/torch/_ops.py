@@ -1,0 +1,388 @@
+"""The layer as torch.library custom ops (with fake implementations, so torch.compile keeps one
+graph) and their autograd: feplb::moe_forward returns the output and the micro-batch handles,
+feplb::moe_backward consumes them. In eager mode the same implementation runs through a plain
+torch.autograd.Function, which costs less host time per call than the custom-op dispatch.
+
+Compute runs on torch's current stream (virtual ranks: on a stream each, fenced with events);
+the copy engine's copies run on the runtime's own streams, ordered by events inside the library.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import ctypes
+
+import torch
+
+from . import _capi
+from ._capi import check, lib
+
+# Layers by key (custom ops take ints, not Python objects).
+_layers: dict[int, "LayerEntry"] = {}
+_next_key = [1]
+_lock = threading.Lock()
+# Micro-batch handles a forward kept and no backward has consumed yet.
+_live: set[int] = set()
+ctypes_int64 = ctypes.c_int64
+
+
+class LayerEntry:
+    def __init__(self, runtime, c_layers):
+        self.runtime = runtime
+        self.c_layers = c_layers
+        self.local_ranks = runtime.local_ranks
+        self.experts = runtime.experts_per_rank
+        self._arrays = {}  # pointer arrays of the parameters, by their addresses
+
+    def streams(self):
+        return self.runtime.streams or [torch.cuda.current_stream()]
+
+    def arrays(self, tensors, r):
+        """rank r's slice of `tensors` as a C array of device pointers (cached: parameters and
+        main_grad buffers keep their storage)."""
+        E = self.experts
+        ptrs = tuple(t.data_ptr() for t in tensors[r * E:(r + 1) * E])
+        arr = self._arrays.get(ptrs)
+        if arr is None:
+            if len(self._arrays) > 256:
+                self._arrays.clear()
+            arr = self._arrays[ptrs] = _capi.pointer_array(ptrs)
+        return arr
+
+
+def register(runtime, c_layers) -> int:
+    with _lock:
+        key = _next_key[0]
+        _next_key[0] += 1
+        _layers[key] = LayerEntry(runtime, c_layers)
+    return key
+
+
+def unregister(key: int) -> None:
+    entry = _layers.pop(key, None)
+    if entry:
+        for layer in entry.c_layers:
+            lib.feplb_layer_destroy(layer)
+
+
+def _drop(ids):
+    for i in ids:
+        if i in _live:
+            _live.discard(i)
+            lib.feplb_handle_drop(i)
+
+
+def _fence_in(entry):
+    cur = torch.cuda.current_stream()
+    streams = entry.streams()
+    if entry.local_ranks > 1:
+        for s in streams:
+            s.wait_stream(cur)
+    return cur, streams
+
+
+def _fence_out(entry, cur, streams):
+    if entry.local_ranks > 1:
+        for s in streams:
+            cur.wait_stream(s)
+
+
+def forward_impl(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
+    entry = _layers[key]
+    R, E = entry.local_ranks, entry.experts
+    out = torch.empty_like(hidden)
+    cur, streams = _fence_in(entry)
+    args = (_capi.ForwardArgs * R)()
+    for r in range(R):
+        a = args[r]
+        h = hidden[r] if R > 1 else hidden
+        a.layer, a.num_experts = entry.c_layers[r], E
+        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
+        a.hidden = h.data_ptr()
+        a.topk_idx = (topk_idx[r] if R > 1 else topk_idx).data_ptr()
+        a.topk_weight = (topk_weight[r] if R > 1 else topk_weight).data_ptr()
+        a.num_tokens = h.shape[0]
+        a.out = (out[r] if R > 1 else out).data_ptr()
+        a.stream = streams[r].cuda_stream
+    code = lib.feplb_forward(R, args)
+    _fence_out(entry, cur, streams)
+    ids = [args[r].handle for r in range(R)]
+    _live.update(i for i in ids if i)
+    check(code)
+    handles = torch.tensor(ids, dtype=torch.int64)
+    if keep:
+        weakref.finalize(handles, _drop, ids)  # a graph freed without its backward
+    else:
+        _drop(ids)
+    return out, handles
+
+
+def backward_impl(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
+    entry = _layers[key]
+    R = entry.local_ranks
+    grad_hidden = torch.empty_like(grad_out)
+    grad_w = torch.empty_like(topk_weight)
+    ids = handles.tolist()
+    for i in ids:
+        if i not in _live:
+            raise ValueError(f"feplb backward: micro-batch {i} was consumed already (backward twice, or "
+                             "retain_graph=True?) or dropped")
+    cur, streams = _fence_in(entry)
+    args = (_capi.BackwardArgs * R)()
+    for r in range(R):
+        a = args[r]
+        a.layer, a.handle, a.num_experts = entry.c_layers[r], ids[r], entry.experts
+        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
+        a.grad_gate_up, a.grad_down = entry.arrays(grad_gate_up, r), entry.arrays(grad_down, r)
+        a.grad_out = (grad_out[r] if R > 1 else grad_out).data_ptr()
+        a.topk_weight = (topk_weight[r] if R > 1 else topk_weight).data_ptr()
+        a.grad_hidden = (grad_hidden[r] if R > 1 else grad_hidden).data_ptr()
+        a.grad_topk_weight = (grad_w[r] if R > 1 else grad_w).data_ptr()
+        a.accumulate = 1 if accumulate else 0
+        a.stream = streams[r].cuda_stream
+    _live.difference_update(ids)
+    code = lib.feplb_backward(R, args)
+    if code == _capi.OK:
+        # The helpers' weight gradients are added on the runtime's copy stream: later work sees them.
+        for r in range(R):
+            check(lib.feplb_layer_sync_gradients(entry.c_layers[r], streams[r].cuda_stream))
+    _fence_out(entry, cur, streams)
+    check(code)
+    return grad_hidden, grad_w
+
+
+@torch.library.custom_op("feplb::moe_forward", mutates_args=())
+def moe_forward(hidden: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor,
+                gate_up: list[torch.Tensor], down: list[torch.Tensor], key: int,
+                keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward_impl(hidden, topk_idx, topk_weight, gate_up, down, key, keep)
+
+
+@moe_forward.register_fake
+def _(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
+    return torch.empty_like(hidden), torch.empty((_layers[key].local_ranks,), dtype=torch.int64, device="cpu")
+
+
+@torch.library.custom_op("feplb::moe_backward", mutates_args=("grad_gate_up", "grad_down"))
+def moe_backward(grad_out: torch.Tensor, topk_weight: torch.Tensor, handles: torch.Tensor,
+                 gate_up: list[torch.Tensor], down: list[torch.Tensor], grad_gate_up: list[torch.Tensor],
+                 grad_down: list[torch.Tensor], key: int, accumulate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return backward_impl(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate)
+
+
+@moe_backward.register_fake
+def _(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
+    return torch.empty_like(grad_out), torch.empty_like(topk_weight)
+
+
+def _weight_grads(gate_up, down):
+    """Where the weight gradients go: every parameter's fp32 `main_grad` (Megatron's convention,
+    accumulated into), else new fp32 buffers (written, then handed to autograd in the parameters'
+    dtype)."""
+    if all(getattr(p, "main_grad", None) is not None for p in (*gate_up, *down)):
+        return [p.main_grad for p in gate_up], [p.main_grad for p in down], True
+    return ([torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in gate_up],
+            [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in down], False)
+
+
+def _param_grads(g_gu, g_dn, gate_up, down, accumulated):
+    if accumulated:  # a list input takes a list of gradients, here all None
+        return [None] * len(gate_up), [None] * len(down)
+    return [g.to(p.dtype) for g, p in zip(g_gu, gate_up)], [g.to(p.dtype) for g, p in zip(g_dn, down)]
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, topk_idx, topk_weight, gate_up, down, key, keep = inputs
+    _, handles = output
+    ctx.save_for_backward(topk_weight, handles)
+    ctx.params = (list(gate_up), list(down))
+    ctx.key = key
+
+
+def _backward(ctx, grad_out, _grad_handles):
+    topk_weight, handles = ctx.saved_tensors
+    gate_up, down = ctx.params
+    g_gu, g_dn, acc = _weight_grads(gate_up, down)
+    grad_hidden, grad_w = moe_backward(grad_out.contiguous(), topk_weight, handles, gate_up, down, g_gu, g_dn,
+                                       ctx.key, acc)
+    return (grad_hidden, None, grad_w, *_param_grads(g_gu, g_dn, gate_up, down, acc), None, None)
+
+
+moe_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class MoEFunction(torch.autograd.Function):
+    """The eager path: the same implementation without the custom-op dispatch. Parameters come
+    as one flat tail of the arguments (gate_up then down)."""
+
+    @staticmethod
+    def forward(ctx, hidden, topk_idx, topk_weight, key, keep, n, *params):
+        gate_up, down = list(params[:n]), list(params[n:])
+        out, handles = forward_impl(hidden, topk_idx, topk_weight, gate_up, down, key, keep)
+        ctx.save_for_backward(topk_weight, handles)
+        ctx.params = (gate_up, down)
+        ctx.key = key
+        ctx.mark_non_differentiable(handles)
+        return out, handles
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_handles):
+        topk_weight, handles = ctx.saved_tensors
+        gate_up, down = ctx.params
+        g_gu, g_dn, acc = _weight_grads(gate_up, down)
+        grad_hidden, grad_w = backward_impl(grad_out.contiguous(), topk_weight, handles, gate_up, down, g_gu, g_dn,
+                                            ctx.key, acc)
+        p_gu, p_dn = _param_grads(g_gu, g_dn, gate_up, down, acc)
+        return (grad_hidden, None, grad_w, None, None, None, *p_gu, *p_dn)
+
+
+def apply(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
+    """The layer's forward: the custom op while torch.compile traces, the autograd.Function in eager."""
+    if torch.compiler.is_compiling():
+        return moe_forward(hidden, topk_idx, topk_weight, gate_up, down, key, keep)[0]
+    return MoEFunction.apply(hidden, topk_idx, topk_weight, key, keep, len(gate_up), *gate_up, *down)[0]
+
+
+# ---- rows a framework dispatched itself (Balancer) -------------------------------------------
+
+
+def dispatched_forward_impl(rows, counts, gate_up, down, key, keep):
+    """rows: one [N_r, H] tensor per local rank; counts: [R][E_local] rows per local expert."""
+    entry = _layers[key]
+    R = entry.local_ranks
+    outs = [torch.empty_like(x) for x in rows]
+    cur, streams = _fence_in(entry)
+    args = (_capi.DispatchedForwardArgs * R)()
+    alive = []
+    for r in range(R):
+        a = args[r]
+        c = (ctypes_int64 * max(1, entry.experts))(*counts[r])
+        alive.append(c)
+        a.layer, a.num_experts = entry.c_layers[r], entry.experts
+        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
+        a.rows, a.rows_per_expert, a.out_rows = rows[r].data_ptr(), c, outs[r].data_ptr()
+        a.stream = streams[r].cuda_stream
+    code = lib.feplb_forward_dispatched(R, args)
+    _fence_out(entry, cur, streams)
+    ids = [args[r].handle for r in range(R)]
+    _live.update(i for i in ids if i)
+    check(code)
+    handles = torch.tensor(ids, dtype=torch.int64)
+    if keep:
+        weakref.finalize(handles, _drop, ids)
+    else:
+        _drop(ids)
+    return outs, handles
+
+
+def dispatched_backward_impl(grad_outs, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
+    entry = _layers[key]
+    R = entry.local_ranks
+    grad_rows = [torch.empty_like(g) for g in grad_outs]
+    ids = handles.tolist()
+    for i in ids:
+        if i not in _live:
+            raise ValueError(f"feplb backward: micro-batch {i} was consumed already or dropped")
+    cur, streams = _fence_in(entry)
+    args = (_capi.DispatchedBackwardArgs * R)()
+    for r in range(R):
+        a = args[r]
+        a.layer, a.handle, a.num_experts = entry.c_layers[r], ids[r], entry.experts
+        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
+        a.grad_gate_up, a.grad_down = entry.arrays(grad_gate_up, r), entry.arrays(grad_down, r)
+        a.grad_out_rows, a.grad_rows = grad_outs[r].data_ptr(), grad_rows[r].data_ptr()
+        a.accumulate = 1 if accumulate else 0
+        a.stream = streams[r].cuda_stream
+    _live.difference_update(ids)
+    code = lib.feplb_backward_dispatched(R, args)
+    if code == _capi.OK:
+        for r in range(R):
+            check(lib.feplb_layer_sync_gradients(entry.c_layers[r], streams[r].cuda_stream))
+    _fence_out(entry, cur, streams)
+    check(code)
+    return grad_rows
+
+
+# One list out: the R output tensors, then the handles.
+@torch.library.custom_op("feplb::dispatched_forward", mutates_args=())
+def dispatched_forward(rows: list[torch.Tensor], counts: list[int], gate_up: list[torch.Tensor],
+                       down: list[torch.Tensor], key: int, keep: bool) -> list[torch.Tensor]:
+    E = _layers[key].experts
+    outs, handles = dispatched_forward_impl(rows, [counts[r * E:(r + 1) * E] for r in range(len(rows))], gate_up,
+                                            down, key, keep)
+    return [*outs, handles]
+
+
+@dispatched_forward.register_fake
+def _(rows, counts, gate_up, down, key, keep):
+    return [*(torch.empty_like(x) for x in rows), torch.empty((len(rows),), dtype=torch.int64, device="cpu")]
+
+
+@torch.library.custom_op("feplb::dispatched_backward", mutates_args=("grad_gate_up", "grad_down"))
+def dispatched_backward(grad_outs: list[torch.Tensor], handles: torch.Tensor, gate_up: list[torch.Tensor],
+                        down: list[torch.Tensor], grad_gate_up: list[torch.Tensor], grad_down: list[torch.Tensor],
+                        key: int, accumulate: bool) -> list[torch.Tensor]:
+    return dispatched_backward_impl(grad_outs, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate)
+
+
+@dispatched_backward.register_fake
+def _(grad_outs, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
+    return [torch.empty_like(g) for g in grad_outs]
+
+
+def _dispatched_setup(ctx, inputs, output):
+    rows, counts, gate_up, down, key, keep = inputs
+    ctx.save_for_backward(output[-1])
+    ctx.params = (list(gate_up), list(down))
+    ctx.key = key
+    ctx.R = len(rows)
+
+
+def _dispatched_backward(ctx, grads):
+    (handles,) = ctx.saved_tensors
+    gate_up, down = ctx.params
+    g_gu, g_dn, acc = _weight_grads(gate_up, down)
+    grad_rows = dispatched_backward([g.contiguous() for g in grads[:ctx.R]], handles, gate_up, down, g_gu, g_dn,
+                                    ctx.key, acc)
+    return (grad_rows, None, *_param_grads(g_gu, g_dn, gate_up, down, acc), None, None)
+
+
+dispatched_forward.register_autograd(_dispatched_backward, setup_context=_dispatched_setup)
+
+
+class DispatchedFunction(torch.autograd.Function):
+    """The eager path of the Balancer (inputs: R rows tensors, then the parameters)."""
+
+    @staticmethod
+    def forward(ctx, key, keep, counts, R, n, *tensors):
+        rows, params = list(tensors[:R]), tensors[R:]
+        gate_up, down = list(params[:n]), list(params[n:])
+        outs, handles = dispatched_forward_impl(rows, counts, gate_up, down, key, keep)
+        ctx.save_for_backward(handles)
+        ctx.params, ctx.key, ctx.R = (gate_up, down), key, R
+        return (*outs, handles)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        (handles,) = ctx.saved_tensors
+        gate_up, down = ctx.params
+        g_gu, g_dn, acc = _weight_grads(gate_up, down)
+        grad_rows = dispatched_backward_impl([g.contiguous() for g in grads[:ctx.R]], handles, gate_up, down, g_gu,
+                                             g_dn, ctx.key, acc)
+        p_gu, p_dn = _param_grads(g_gu, g_dn, gate_up, down, acc)
+        return (None, None, None, None, None, *grad_rows, *p_gu, *p_dn)
+
+
+def apply_dispatched(rows, counts, gate_up, down, key, keep):
+    if torch.compiler.is_compiling():
+        flat = [c for per_rank in counts for c in per_rank]
+        return dispatched_forward(rows, flat, gate_up, down, key, keep)[:-1]
+    R = len(rows)
+    return list(DispatchedFunction.apply(key, keep, counts, R, len(gate_up), *rows, *gate_up, *down)[:R])
+
+
+def layer_stats(key: int) -> list[dict]:
+    entry = _layers[key]
+    return [_capi.get_json(lib.feplb_layer_stats_json, layer) for layer in entry.c_layers]
