@@ -30,7 +30,9 @@
 // Receivers: an expert goes first to the GPUs holding its prefetched weights, then to the least
 // loaded GPUs (ties: lower index) whose copy lands in time (receiver_tree.h: a tournament tree over
 // the domain's GPUs finds one in O(log n) typical steps), each taking what its room and its window
-// allow; a slice that would land too late is cut to what lands in time. An expert gets
+// allow; a slice that would land too late is cut to what lands in time. A donor whose egress is
+// busy must leave a receiver that keeps room below the target the window for a minimum slice, so
+// that a late copy does not strand the receiver's room. An expert gets
 // max_helpers_per_expert helpers, more when it alone holds more than its donor's excess can give to
 // them: up to 2 x min(rows, excess) / target, e.g. a hot expert of 5 GPUs' share over 10 helpers.
 // Deterministic; O(E log dyn + R + migrations x log R) per step with no allocation after the first
