@@ -5,6 +5,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "feplb/cuda/host/step_layout.h"
 #include "test_util.h"
@@ -143,6 +146,49 @@ TEST(NoAlloc, FeplbModesAndLargeDomainsDoNotAllocateOnceWarm) {
       const int64_t before = g_news.load();
       planner->plan(s, plan);
       EXPECT_EQ(g_news.load() - before, 0) << c.ranks << " " << c.prefetch << c.one_hop;
+    }
+  }
+}
+
+// Rack scale, the Google Benchmark shapes: one NVLink domain of 72 GPUs (288 experts) and of 256
+// (1024), lognormal max/mean 5, 4 experts per GPU: feplb in every copy timing and mode, feplb-paper
+// and oracle.
+TEST(NoAlloc, RackShapesDoNotAllocateOnceWarm) {
+  struct Case {
+    std::string planner;
+    int64_t copy_timing, prefetch, one_hop;
+  };
+  const Case cases[] = {{"feplb", 1, 0, 0},       {"feplb", 2, 0, 0}, {"feplb", 3, 0, 0},
+                        {"feplb", 1, 1, 0},       {"feplb", 1, 1, 1}, {"feplb", 0, 0, 0},
+                        {"feplb-paper", 1, 0, 0}, {"oracle", 1, 0, 0}};
+  for (const auto& [ranks, experts] : {std::pair{72, 288}, std::pair{256, 1024}}) {
+    std::vector<RoutingStep> steps;
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      steps.push_back(testing::random_step(ranks, experts, 8, 4096, 5.0, seed));
+    }
+    for (const Case& c : cases) {
+      Knobs k;
+      k.copy_timing = c.copy_timing;
+      k.prefetch = c.prefetch;
+      k.one_hop = c.one_hop;
+      k.prefetch_window_us = 500;
+      testing::Bench b(ranks, ranks, experts, k);
+      auto planner = b.make(c.planner);
+      Plan plan;
+      for (int round = 0; round < 2; ++round) {
+        for (const RoutingStep& s : steps) {
+          planner->plan(s, plan);
+          planner->observe(s);
+        }
+      }
+      for (const RoutingStep& s : steps) planner->plan(s, plan);  // capacity, this prediction
+      for (const RoutingStep& s : steps) {
+        const int64_t before = g_news.load();
+        planner->plan(s, plan);
+        EXPECT_EQ(g_news.load() - before, 0)
+            << c.planner << " EP=" << ranks << " copy_timing " << c.copy_timing << " prefetch "
+            << c.prefetch << " one_hop " << c.one_hop;
+      }
     }
   }
 }

@@ -7,6 +7,9 @@
 #include <numeric>
 
 #include "feplb/core/metrics.h"
+#include "feplb/sim/gemm_tables.h"
+#include "feplb/sim/prior.h"
+#include "feplb/sim/workload.h"
 #include "test_util.h"
 
 namespace feplb {
@@ -73,8 +76,8 @@ TEST(Planners, OneHotExpert) {
     planner->plan(s, plan);
     EXPECT_NO_THROW(validate(plan, b.topo, s, b.shape, planner->limits())) << name;
   }
-  // The oracle spreads the one expert evenly; feplb without the copy-time check levels it over
-  // 1 + max helpers.
+  // The oracle spreads the one expert evenly; so does feplb without the copy-time check: an
+  // expert that alone holds 8 GPUs' share may have up to 2 x 7 helpers, the 7 other GPUs here.
   Plan plan;
   b.make("oracle")->plan(s, plan);
   EXPECT_EQ(max_of(rows_per_gpu(plan, 8)), 4096);
@@ -82,7 +85,7 @@ TEST(Planners, OneHotExpert) {
   k.copy_timing = 0;
   Bench untimed(8, 8, 128, k);
   untimed.make("feplb")->plan(s, plan);
-  EXPECT_EQ(max_of(rows_per_gpu(plan, 8)), 8 * 4096 / (1 + k.max_helpers_per_expert));
+  EXPECT_EQ(max_of(rows_per_gpu(plan, 8)), 4096);
   // With hidden copies only, nothing moves: the helpers have no work of their own to hide a
   // copy behind. Allowing exposed copies, feplb moves what still finishes before the owner:
   // fewer rows than the untimed split, but a faster layer than static, copies included.
@@ -420,6 +423,70 @@ TEST(Feplb, LargeDomainPlansAreValidAndDeterministic) {
   b.make("static")->plan(s, st);
   EXPECT_LT(measure_plan(a, b.topo, *b.cost, b.knobs, 0.0).token_straggler,
             0.2 * measure_plan(st, b.topo, *b.cost, b.knobs, 0.0).token_straggler);
+}
+
+// Rack scale, `trace gen --skew 5 --ranks 256 --experts 1024` (4 experts per GPU, one NVLink domain
+// of 256 GPUs, the measured H200 GEMM table): after 8 micro-batches of history, feplb takes at
+// least 95% of the static token straggler away in the 8 measured ones, with every copy hidden. Many
+// GPUs are a little above the target there; a donor whose egress is busy must not strand a
+// receiver's room behind a late copy, or they are left with no receiver.
+TEST(Feplb, RackScaleDomainOf256ReducesTheStragglerBy95Percent) {
+  const int R = 256, E = 1024;
+  WorkloadSpec spec;
+  spec.num_ranks = R;
+  const Trace trace = generate_trace(lognormal_prior(E, 5.0, 1, spec.seed), spec);
+  Knobs k;
+  const ExpertShape shape = testing::glm5();
+  const CostModelChoice table = find_gemm_table(FEPLB_DATA_DIR "/cost", "data/cost", shape, k);
+  ASSERT_NE(table.model, nullptr) << "the measured H200 table for the GLM-5 shape";
+  const Topology topo = Topology::contiguous(R, R, E);
+  auto planner = make_planner("feplb", PlannerContext{topo, shape, k, table.model.get()});
+  auto stat = make_planner("static", PlannerContext{topo, shape, k, table.model.get()});
+  double feplb_sum = 0, static_sum = 0;
+  Plan plan;
+  for (const RoutingStep& s : trace.steps) {
+    if (s.step < 8) {
+      planner->observe(s);
+      continue;
+    }
+    planner->plan(s, plan);
+    validate(plan, topo, s, shape, planner->limits());
+    const StepMetrics m = measure_plan(plan, topo, *table.model, k, k.planner_budget_us);
+    EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0) << "step " << s.step;
+    feplb_sum += m.token_straggler;
+    stat->plan(s, plan);
+    static_sum += measure_plan(plan, topo, *table.model, k, 0.0).token_straggler;
+  }
+  EXPECT_GE(1.0 - feplb_sum / static_sum, 0.95) << feplb_sum / 8 << " rows vs " << static_sum / 8;
+}
+
+// Few experts per GPU, one hot expert of 10x the others at EP=72 (2 experts per GPU, 32768 rows
+// per GPU on average): with rows in one hop only the hot expert's weights travel, so it is split
+// over more helpers than max_helpers_per_expert (up to 2 x its excess / target), every weight copy
+// hidden behind the helper's own experts. The home GPU's egress sends those copies one after
+// another, which caps the helpers (and the balance) well short of the mean.
+TEST(Feplb, OneHopSplitsAHotExpertOverManyHelpers) {
+  const int R = 72, E = 144;
+  Knobs k;
+  k.one_hop = 1;
+  Bench b(R, R, E, k);
+  RoutingStep s(0, 0, R, E);
+  for (int src = 0; src < R; ++src) {
+    for (int e = 0; e < E; ++e) s.at(src, e) = e == 10 ? 2000 : 200;  // expert 10: home GPU 5
+  }
+  s.sum_experts();
+  Plan plan;
+  auto planner = b.make("feplb");
+  planner->plan(s, plan);
+  validate(plan, b.topo, s, b.shape, planner->limits());
+  int helpers = 0;
+  for (const Slice& sl : plan.slices) helpers += sl.expert == 10 && sl.gpu != 5 ? 1 : 0;
+  const std::vector<int64_t> rows = rows_per_gpu(plan, R);
+  const double mean = static_cast<double>(s.total_rows()) / R;
+  EXPECT_GT(helpers, b.knobs.max_helpers_per_expert);
+  EXPECT_LT(static_cast<double>(max_of(rows)), 158400 - (helpers - 1) * 0.05 * mean);  // GPU 5
+  const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, b.knobs.planner_budget_us);
+  EXPECT_TRUE(m.fits_static_window);
 }
 
 }  // namespace

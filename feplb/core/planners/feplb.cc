@@ -12,8 +12,11 @@
 //     receiver's ingress, after the counts round trip and the planner's budget). A copy must land
 //     while the receiver still runs its own experts (hidden: copy_timing = 1, the default), or
 //     (copy_timing = 2) be one after which the receiver, idle until it lands, finishes before the
-//     donor: an exposed copy that never makes the layer slower (a little better balance on the most
-//     skewed priors, at a small exposure; docs/planners.md).
+//     donor: an exposed copy that rarely makes the layer slower (a little better balance on the
+//     most skewed priors, at a small exposure; docs/planners.md), or (copy_timing = 3) be one after
+//     which the receiver, its own work, the wait and its guests included, finishes by the GEMM
+//     time of the busiest GPU that gives nothing away (a lower bound of the slowest GPU's): a late
+//     copy that does not delay the layer.
 //  4. Weights before routing (prefetch = 1): after each step, the (expert, helper) pairs its plan
 //     used over the layer's last prefetch_history micro-batches predict the next micro-batch of
 //     the layer (most frequent, then most recent, then most rows first), as many as land within
@@ -24,26 +27,38 @@
 //     (no row copies; outputs back by the combine); the counts round trip and the planner then
 //     delay every GPU (metrics charge it), and weight copies start when the GEMMs start. Nothing
 //     has to start before the plan, so every local expert is a candidate (not only `dyn`).
-// Receivers are kept in a heap by load (ties: lower index); an expert is offered to at most
-// max_helpers_per_expert + kExtraReceivers of them (those holding its prefetched weights first).
-// Deterministic; O(E log dyn + R log R + migrations x log R) per step with no allocation after
-// the first call.
+// Receivers: an expert goes first to the GPUs holding its prefetched weights, then to the least
+// loaded GPUs (ties: lower index) whose copy lands in time (receiver_tree.h: a tournament tree over
+// the domain's GPUs finds one in O(log n) typical steps), each taking what its room and its window
+// allow; a slice that would land too late is cut to what lands in time. A donor whose egress is
+// busy must leave a receiver that keeps room below the target the window for a minimum slice, so
+// that a late copy does not strand the receiver's room. An expert gets
+// max_helpers_per_expert helpers, more when it alone holds more than its donor's excess can give to
+// them: up to 2 x min(rows, excess) / target, e.g. a hot expert of 5 GPUs' share over 10 helpers.
+// Deterministic; O(E log dyn + R + migrations x log R) per step with no allocation after the first
+// call.
 #include <algorithm>
 #include <cmath>
 
 #include "feplb/core/error.h"
 #include "feplb/core/planners/policies.h"
+#include "feplb/core/planners/receiver_tree.h"
 
 namespace feplb {
 namespace {
 
-// Receivers offered one expert beyond max_helpers_per_expert: a copy that does not fit one
-// receiver's window may fit a busier one's (more own work to hide behind).
-constexpr int kExtraReceivers = 8;
+// Receivers from the tree that get no slice (their copy cannot land in time after all) before an
+// expert gives up on further helpers.
+constexpr int kMaxMisses = 8;
 
 class FeplbPlanner final : public Planner {
  public:
-  using Planner::Planner;
+  explicit FeplbPlanner(const PlannerContext& ctx)
+      : Planner(ctx),
+        weight_ms_(static_cast<double>(ctx.shape.weight_bytes()) / (ctx.knobs.copy_gbps * 1e9) *
+                   1e3),
+        row_ms_(static_cast<double>(ctx.shape.row_bytes()) / (ctx.knobs.copy_gbps * 1e9) * 1e3),
+        setup_ms_(ctx.knobs.copy_setup_us * 1e-3) {}
   std::string_view name() const override { return "feplb"; }
   // One hop (one_hop = 1) dispatches migrated rows straight to their helpers.
   PlanLimits limits() const override {
@@ -63,11 +78,14 @@ class FeplbPlanner final : public Planner {
     home_loads(topo, routing, load_);
     moved_.assign(static_cast<size_t>(E), 0);
     guests_.assign(static_cast<size_t>(R), 0);
+    excluded_.assign(static_cast<size_t>(R), 0);
+    leaf_of_.resize(static_cast<size_t>(R));
     choose_candidates(c, out.dynamic);
-    if (k.copy_timing) own_gemm_times(c);
+    own_gemm_times(c);
     // Phase-2 copies start once the plan exists: after the counts round trip and the planner
     // (two-phase), or when the GEMMs start (one-hop: planned before the dispatch).
     const double start_ms = k.one_hop ? 0.0 : (k.counts_to_host_us + k.planner_budget_us) * 1e-3;
+    start_ms_ = start_ms;
     in_ms_.assign(static_cast<size_t>(R), start_ms);
     out_ms_.assign(static_cast<size_t>(R), start_ms);
     add_prefetches(routing.layer, out);
@@ -76,29 +94,59 @@ class FeplbPlanner final : public Planner {
     for (int64_t l : load_) total += l;
     const int64_t tol =
         static_cast<int64_t>(std::floor(k.balance_tolerance * static_cast<double>(total) / R));
-
-    for (int dom = 0; dom < topo.num_domains(); ++dom) {
-      const int first = topo.first_gpu_of_domain(dom), n = topo.domain_size();
+    // Per domain the exact target and the cap a GPU may end at. With copy_timing = 3, a late copy
+    // must let its receiver finish by the slowest GPU's GEMM time, bounded below by the busiest
+    // GPU that gives nothing away (a receiver's work only grows).
+    const int D = topo.num_domains(), n = topo.domain_size();
+    finish_by_ms_ = 0.0;
+    dom_target_.resize(static_cast<size_t>(D));
+    for (int dom = 0; dom < D; ++dom) {
+      const int first = topo.first_gpu_of_domain(dom);
       int64_t dom_total = 0;
-      donors_.clear();
-      heap_.clear();
       for (int g = first; g < first + n; ++g) dom_total += load_[g];
-      const int64_t target = (dom_total + n - 1) / n, cap = target + tol;
+      const int64_t target = (dom_total + n - 1) / n;
+      dom_target_[dom] = target;
       for (int g = first; g < first + n; ++g) {
-        if (load_[g] > cap) donors_.push_back(g);
-        push_receiver(g, cap);
+        if (load_[g] <= target + tol) finish_by_ms_ = std::max(finish_by_ms_, home_ms_[g]);
       }
+    }
+
+    for (int dom = 0; dom < D; ++dom) {
+      const int first = topo.first_gpu_of_domain(dom);
+      const int64_t target = dom_target_[dom], cap = target + tol;
+      cap_ = cap;
+      // The receivers' tree lays the domain's GPUs out by their window (the GEMM time of their
+      // own work), shortest first; without copy timing, by load.
+      by_window_.resize(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i)
+        by_window_[i] = {home_ms_[first + i], load_[first + i], first + i};
+      std::sort(by_window_.begin(), by_window_.end(), [](const WindowKey& a, const WindowKey& b) {
+        if (a.home_ms != b.home_ms) return a.home_ms < b.home_ms;
+        return a.load != b.load ? a.load < b.load : a.gpu < b.gpu;
+      });
+      window_at_.resize(static_cast<size_t>(n));
+      donors_.clear();
+      tree_.reset(n, k.copy_timing >= 2);
+      for (int i = 0; i < n; ++i) {
+        const int g = by_window_[i].gpu;
+        if (load_[g] > cap) donors_.push_back(g);
+        leaf_of_[g] = i;
+        window_at_[i] = home_ms_[g];
+        tree_.put(i, g, eligible(g), leaf(g));
+      }
+      tree_.build();
       sort_ids_descending(donors_, [&](int g) { return load_[g]; });
       for (int d : donors_) {
         const int* cand = &candidates_[candidate_begin_[d]];
         const int num_candidates = candidate_begin_[d + 1] - candidate_begin_[d];
+        late_finish_ms_ = 0.0;
         int64_t rest_rows = 0;  // rows of d's candidates not offered yet
         for (int i = 0; i < num_candidates; ++i) rest_rows += c[cand[i]];
         for (int i = 0; i < num_candidates && load_[d] > cap; ++i) {
           rest_rows -= c[cand[i]];
           spill_expert(cand[i], d, target, cap, tol, rest_rows, out);
         }
-        push_receiver(d, cap);  // a donor brought below the cap may receive from later donors
+        if (eligible(d)) refresh(d);  // a donor brought below the cap may receive from later ones
       }
     }
     out.add_home_slices(topo, routing, moved_);
@@ -140,11 +188,6 @@ class FeplbPlanner final : public Planner {
     std::vector<std::vector<Pair>> history;  // ring of the last prefetch_history plans' pairs
     std::vector<Copy> predicted;             // kPrefetchWeights, in issue order
   };
-  struct Entry {
-    int64_t load;
-    int gpu;
-  };
-
   LayerPrefetch& layer_state(int64_t layer) {
     for (LayerPrefetch& lp : layers_) {
       if (lp.layer == layer) return lp;
@@ -279,48 +322,66 @@ class FeplbPlanner final : public Planner {
   // home_ms_[g]: modelled GEMM time of the work g can run without waiting for a copy: its own
   // rows that stay on it (updated as g gives rows away), and guests that need no copy (one-hop
   // rows of prefetched experts). g runs it first, so copies into g that land within it are hidden.
+  // guest_ms_[g]: GEMM time of the work that waits for copies. Zero without copy timing.
   void own_gemm_times(const std::vector<int64_t>& c) {
     const Topology& topo = ctx_.topo;
     home_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
     guest_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
+    if (!ctx_.knobs.copy_timing) return;
     for (int g = 0; g < topo.num_ranks(); ++g) {
       for (int e : topo.local_experts(g)) home_ms_[g] += ctx_.cost->expert_ms(c[e]);
     }
   }
 
   // Whether `rows` of e may go from d to h given when the copy would land. Hidden copies always
-  // may. An exposed copy (h idles waiting for it) may only with copy_timing = 2, and only if h,
-  // waiting and then computing its guests, still finishes before d does after giving the rows.
+  // may. A late copy (h idles waiting for it) may with copy_timing = 2 if h, waiting and then
+  // computing its guests, still finishes before d does after giving the rows, and so do d's earlier
+  // late receivers (late_finish_ms_); with copy_timing = 3
+  // if h, its own work, the wait and its guests included, finishes by finish_by_ms_ (no later than
+  // the slowest GPU's GEMMs, so the layer is not delayed).
   bool copy_fits(int e, int d, int h, int64_t rows, double t) const {
     const double lands_ms = std::max(in_ms_[h], out_ms_[d]) + t;
     if (lands_ms <= home_ms_[h]) return true;
-    if (ctx_.knobs.copy_timing < 2) return false;
     const GemmCostModel& cost = *ctx_.cost;
+    if (ctx_.knobs.copy_timing == 3) {
+      return std::max(home_ms_[h], lands_ms) + guest_ms_[h] + cost.expert_ms(rows) <= finish_by_ms_;
+    }
+    if (ctx_.knobs.copy_timing < 2) return false;
+    // d after giving the rows must still finish last among its late receivers, this one included.
     const double donor_after_ms =
         home_ms_[d] - cost.expert_ms(remaining(e)) + cost.expert_ms(remaining(e) - rows);
-    return lands_ms + guest_ms_[h] + cost.expert_ms(rows) <= donor_after_ms;
+    return std::max(late_finish_ms_, lands_ms + guest_ms_[h] + cost.expert_ms(rows)) <=
+           donor_after_ms;
   }
 
   // Time the phase-2 copies of one migration take on the links (0: none needed).
   double copy_ms(int64_t rows, bool weights) const {
     const bool row_copy = !ctx_.knobs.one_hop;
-    const int copies = (weights ? 1 : 0) + (row_copy ? 1 : 0);
-    if (copies == 0) return 0.0;
-    const double bytes = static_cast<double>((weights ? ctx_.shape.weight_bytes() : 0) +
-                                             (row_copy ? rows * ctx_.shape.row_bytes() : 0));
-    return bytes / (ctx_.knobs.copy_gbps * 1e9) * 1e3 + copies * ctx_.knobs.copy_setup_us * 1e-3;
+    return (weights ? weight_ms_ + setup_ms_ : 0.0) +
+           (row_copy ? static_cast<double>(rows) * row_ms_ + setup_ms_ : 0.0);
   }
 
   int64_t remaining(int e) const { return (*rows_)[e] - moved_[e]; }
 
-  void push_receiver(int g, int64_t cap) {
-    if (load_[g] < cap && guests_[g] < ctx_.knobs.max_num_dyn) {
-      heap_.push_back({load_[g], g});
-      std::push_heap(heap_.begin(), heap_.end(), later_);
-    }
+  // Whether g may receive: below the cap with a free guest slot and, when copies must be hidden,
+  // a window that still fits the shortest copy (a weight copy).
+  bool eligible(int g) const {
+    return load_[g] < cap_ && guests_[g] < ctx_.knobs.max_num_dyn &&
+           (ctx_.knobs.copy_timing != 1 || home_ms_[g] - in_ms_[g] >= copy_ms(0, true));
+  }
+  ReceiverTree::Leaf leaf(int g) const { return {load_[g], home_ms_[g], in_ms_[g], guest_ms_[g]}; }
+  void refresh(int g) { tree_.set(leaf_of_[g], g, eligible(g), leaf(g)); }
+
+  // Sets g aside while the current expert is spilled (one slice per GPU and expert): `in_tree`
+  // takes it out of the tree (it is put back, with its state then, when the expert is done);
+  // otherwise searches pass over it.
+  void exclude(int g, bool in_tree) {
+    if (!excluded_[g]) excluded_list_.push_back(g);
+    excluded_[g] = in_tree ? 2 : 1;
+    if (in_tree) tree_.set(leaf_of_[g], g, false, {});
   }
 
-  // Rows that `receivers` take in total when filled up to `level`.
+  // Rows that the first `num` receivers take in total when filled up to `level`.
   int64_t fill(int64_t level, int num) const {
     int64_t rows = 0;
     for (int i = 0; i < num; ++i) rows += std::max<int64_t>(0, level - load_[receivers_[i]]);
@@ -367,55 +428,133 @@ class FeplbPlanner final : public Planner {
     return rows >= k.min_slice_rows || rows == avail ? rows : 0;
   }
 
-  // The receivers offered expert e, into receivers_: those below the cap that hold e's prefetched
-  // weights (by load), then from the heap the least loaded with a free guest slot (ties: lower
-  // index), up to max_helpers_per_expert + kExtraReceivers in all. Popped heap entries go to
-  // popped_ (stale ones, whose GPU's load changed since, are dropped).
-  void gather_receivers(int e, int d, int64_t cap) {
-    const int limit = static_cast<int>(ctx_.knobs.max_helpers_per_expert) + kExtraReceivers;
+  // `rows` of e from d to h, or, when their copy would land too late, the most that land in time:
+  // a multiple of slice_align_rows, at least min_slice_rows, leaving no sliver at home (0: none).
+  int64_t rows_in_time(int e, int d, int h, int64_t rows, bool weights_there) const {
+    const Knobs& k = ctx_.knobs;
+    const auto fits = [&](int64_t r) {
+      const double t = copy_ms(r, !weights_there);
+      return t <= 0 || copy_fits(e, d, h, r, t);
+    };
+    if (fits(rows)) return rows;
+    const int64_t top = std::min(rows - 1, remaining(e) - k.min_slice_rows);
+    int64_t lo = (k.min_slice_rows + k.slice_align_rows - 1) / k.slice_align_rows;
+    int64_t hi = top / k.slice_align_rows;  // the largest multiple that fits, in [lo, hi]
+    if (hi < lo || !fits(lo * k.slice_align_rows)) return 0;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (fits(mid * k.slice_align_rows))
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo * k.slice_align_rows;
+  }
+
+  // The next receiver for e from d: the least loaded GPU in the tree whose copy of the slice it
+  // would get (its room, at most what d has to shed) lands in time, or failing that one whose copy
+  // of a minimum slice does. Appends it to receivers_ and sets it aside; false if none.
+  bool next_receiver(int e, int d, int64_t target, int64_t tol, bool gather) {
+    const Knobs& k = ctx_.knobs;
+    ReceiverTree::Need need;
+    need.timing = static_cast<int>(k.copy_timing);
+    // Gathering, the copies to the receivers found so far are queued on d's egress first.
+    need.out_ms = gather ? gather_out_ms_ : out_ms_[d];
+    need.fixed_ms = copy_ms(0, true);
+    need.per_row_ms = k.one_hop ? 0.0 : row_ms_;
+    need.rows = std::min(remaining(e), load_[d] - target + tol);
+    need.finish_by_ms = k.copy_timing == 3 ? finish_by_ms_ : home_ms_[d];
+    need.skip = excluded_.data();
+    // The least loaded receiver whose copy of the excess lands in time, else one whose copy of a
+    // minimum slice does. When the donor's egress is busy (its earlier copies are queued), the
+    // first must also leave a receiver that keeps room for as much again below the target the
+    // window for a minimum slice: a late copy into a short window would strand the rest of the
+    // receiver's room behind it.
+    if (need.out_ms > start_ms_) {
+      need.reserve_to = target;
+      need.reserve_rows = std::max(k.min_slice_rows, need.rows);
+      need.reserve_ms = copy_ms(k.min_slice_rows, true);
+    }
+    int h = tree_.find(need, first_with_window(need));
+    need.reserve_to = 0;
+    if (h < 0 && need.per_row_ms > 0 && need.rows > k.min_slice_rows) {
+      need.rows = k.min_slice_rows;
+      h = tree_.find(need, first_with_window(need));
+    }
+    if (h < 0) return false;
+    if (gather) {
+      const int64_t rows = std::min(gather_rows_, std::max<int64_t>(0, target - load_[h]));
+      gather_rows_ -= rows;
+      gather_out_ms_ = std::max(gather_out_ms_, in_ms_[h]) + copy_ms(rows, !prefetched(e, h));
+    }
+    exclude(h, gather);
+    receivers_.push_back(h);
+    return true;
+  }
+
+  // The first position in the receivers' tree whose window (at the start of the domain's plan)
+  // could hide the copy `need` describes: no receiver before it can.
+  int first_with_window(const ReceiverTree::Need& need) const {
+    const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(need.rows);
+    return static_cast<int>(
+        std::lower_bound(window_at_.begin(), window_at_.end(), need.out_ms + t) -
+        window_at_.begin());
+  }
+
+  // Helpers expert e may have: max_helpers_per_expert, or 2 x min(rows, d's excess) / target when
+  // that is more (a hot expert), at most the domain's other GPUs.
+  int helpers_allowed(int e, int d, int64_t target) const {
+    const int64_t excess = std::min(remaining(e), load_[d] - target);
+    const int64_t hot = target > 0 ? (2 * excess + target - 1) / target : 0;
+    return static_cast<int>(std::min<int64_t>(ctx_.topo.domain_size() - 1,
+                                              std::max(ctx_.knobs.max_helpers_per_expert, hot)));
+  }
+
+  void spill_expert(int e, int d, int64_t target, int64_t cap, int64_t tol, int64_t rest_rows,
+                    Plan& out) {
+    const Knobs& k = ctx_.knobs;
+    // The GPUs holding e's prefetched weights first, least loaded first; they are not offered
+    // again from the tree.
     receivers_.clear();
-    popped_.clear();
     for (int i = pre_begin_[e]; i < pre_begin_[e + 1]; ++i) {
       const int h = pre_gpu_[i];
       if (h != d && load_[h] < cap && ctx_.topo.same_domain(h, d)) receivers_.push_back(h);
     }
     sort_ids_ascending(receivers_, [&](int g) { return load_[g]; });
     const size_t held = receivers_.size();
-    holder_load_.clear();
-    for (int h : receivers_) holder_load_.push_back(load_[h]);
-    while (!heap_.empty() && static_cast<int>(receivers_.size()) < limit) {
-      std::pop_heap(heap_.begin(), heap_.end(), later_);
-      const Entry top = heap_.back();
-      heap_.pop_back();
-      const int h = top.gpu;
-      if (top.load != load_[h] || load_[h] >= cap || guests_[h] >= ctx_.knobs.max_num_dyn) continue;
-      popped_.push_back(top);
-      if (std::find(receivers_.begin(), receivers_.begin() + static_cast<ptrdiff_t>(held), h) !=
-          receivers_.begin() + static_cast<ptrdiff_t>(held)) {
-        continue;  // already offered as a holder of e's weights
+    for (size_t i = 0; i < held; ++i) exclude(receivers_[i], false);
+    int allowed = helpers_allowed(e, d, target);
+    int64_t level = target;
+    if (remaining(e) + rest_rows < load_[d] - target) {
+      // d cannot reach the target: level it with e's helpers, gathered first.
+      gather_out_ms_ = out_ms_[d];
+      gather_rows_ = std::min(remaining(e), load_[d] - target);
+      while (static_cast<int>(receivers_.size()) < allowed &&
+             next_receiver(e, d, target, tol, true)) {
       }
-      receivers_.push_back(h);
+      const int num = static_cast<int>(std::min<size_t>(receivers_.size(), allowed));
+      level = helper_level(e, d, num, target, rest_rows);
     }
-  }
-
-  void spill_expert(int e, int d, int64_t target, int64_t cap, int64_t tol, int64_t rest_rows,
-                    Plan& out) {
-    const Knobs& k = ctx_.knobs;
-    gather_receivers(e, d, cap);
-    const int num =
-        static_cast<int>(std::min<int64_t>(receivers_.size(), k.max_helpers_per_expert));
-    const int64_t level = helper_level(e, d, num, target, rest_rows);
-    int helpers = 0;
-    for (size_t i = 0; i < receivers_.size() && helpers < k.max_helpers_per_expert; ++i) {
+    int helpers = 0, misses = 0;
+    for (size_t i = 0; helpers < allowed && misses < kMaxMisses; ++i) {
       if (load_[d] <= cap || remaining(e) == 0) break;
+      if (i == receivers_.size() && !next_receiver(e, d, target, tol, false)) break;
       const int h = receivers_[i];
-      const int64_t want = level - load_[h];
-      const int64_t rows = slice_for(e, d, h, want, target, cap, tol);
-      if (rows == 0) continue;
+      int64_t rows = slice_for(e, d, h, level - load_[h], target, cap, tol);
+      // From the tree, receivers come least loaded first: if this one has no room for a slice,
+      // none after it has.
+      if (rows == 0 && i >= held) break;
       const bool weights_there = prefetched(e, h);
+      const int64_t wanted = rows;
+      if (rows > 0 && k.copy_timing) rows = rows_in_time(e, d, h, rows, weights_there);
+      if (rows == 0) {
+        misses += i >= held ? 1 : 0;
+        continue;
+      }
+      // A helper whose window took only part of its slice does not count against the limit.
+      if (rows < wanted && allowed < ctx_.topo.domain_size() - 1) ++allowed;
       const double t = copy_ms(rows, !weights_there);
       if (k.copy_timing) {
-        if (t > 0 && !copy_fits(e, d, h, rows, t)) continue;
         home_ms_[d] +=
             ctx_.cost->expert_ms(remaining(e) - rows) - ctx_.cost->expert_ms(remaining(e));
         (t > 0 ? guest_ms_ : home_ms_)[h] += ctx_.cost->expert_ms(rows);
@@ -423,6 +562,8 @@ class FeplbPlanner final : public Planner {
       if (t > 0) {
         in_ms_[h] = std::max(in_ms_[h], out_ms_[d]) + t;
         out_ms_[d] = in_ms_[h];
+        if (k.copy_timing == 2 && in_ms_[h] > home_ms_[h])
+          late_finish_ms_ = std::max(late_finish_ms_, in_ms_[h] + guest_ms_[h]);
       }
       load_[d] -= rows;
       load_[h] += rows;
@@ -430,31 +571,46 @@ class FeplbPlanner final : public Planner {
       if (!weights_there) ++guests_[h];
       ++helpers;
       out.add_migration(e, d, h, rows, ctx_.shape, weights_there, k.one_hop != 0);
+      if (excluded_[h] == 1) refresh(h);  // still in the tree: its new state now
     }
-    // Receivers popped from the heap go back with their loads now. Holders of e's weights that
-    // were not popped and received rows get a new entry (their old one is stale now).
-    for (const Entry& x : popped_) push_receiver(x.gpu, cap);
-    for (size_t i = 0; i < holder_load_.size(); ++i) {
-      const int h = receivers_[i];
-      if (load_[h] == holder_load_[i]) continue;
-      bool was_popped = false;
-      for (const Entry& x : popped_) was_popped = was_popped || x.gpu == h;
-      if (!was_popped) push_receiver(h, cap);
+    // The receivers set aside are offered again, with their state now.
+    for (int g : excluded_list_) {
+      if (excluded_[g] == 2) refresh(g);
+      excluded_[g] = 0;
     }
+    excluded_list_.clear();
   }
 
  private:
+  const double weight_ms_, row_ms_, setup_ms_;  // copy times: one expert's weights, one row, setup
   const std::vector<int64_t>* rows_ = nullptr;  // this step's expert_counts
   std::vector<int64_t> load_, moved_;
   std::vector<int64_t> guests_;
   std::vector<double> in_ms_, out_ms_;      // [num_ranks] when the links' queued copies end
   std::vector<double> home_ms_, guest_ms_;  // [num_ranks] modelled GEMM time, own and guest
   std::vector<int> candidates_, candidate_begin_, order_, donors_, receivers_;
-  std::vector<Entry> heap_, popped_;
-  std::vector<int64_t> holder_load_;  // loads of the receivers holding e's weights when offered
-  static constexpr auto later_ = [](const Entry& a, const Entry& b) {
-    return a.load != b.load ? a.load > b.load : a.gpu > b.gpu;
+  std::vector<int64_t> dom_target_;  // [num_domains]
+  int64_t cap_ = 0;
+  double late_finish_ms_ = 0;  // copy_timing 2: when the donor's late receivers finish, at most //
+                               // the domain being balanced
+  double finish_by_ms_ = 0;    // copy_timing = 3: late receivers finish by this
+  // Gathering helpers for a hot expert: when d's egress is free after the copies to those found so
+  // far, and the rows not yet assigned to them.
+  double gather_out_ms_ = 0;
+  double start_ms_ = 0;
+  int64_t gather_rows_ = 0;
+  std::vector<double> window_at_;  // the domain's home_ms_ by tree position, when it was built
+  ReceiverTree tree_;              // the domain's receivers
+  struct WindowKey {
+    double home_ms;
+    int64_t load;
+    int gpu;
   };
+  std::vector<WindowKey> by_window_;
+  std::vector<int> leaf_of_;       // the domain's GPUs by load; [num_ranks] tree leaf
+  std::vector<uint8_t> excluded_;  // [num_ranks] 1: passed over, 2: out of the tree
+                                   // [num_ranks] set aside for the expert being spilled
+  std::vector<int> excluded_list_;
   // Prefetch: per layer history and prediction; this plan's prefetches by expert.
   std::vector<LayerPrefetch> layers_;
   std::vector<Pair> merged_;
@@ -469,6 +625,8 @@ class FeplbPlanner final : public Planner {
 std::unique_ptr<Planner> make_feplb_planner(const PlannerContext& ctx) {
   FEPLB_REQUIRE_INPUT(ctx.knobs.feplb_dyn_set <= 1, "--feplb-dyn-set: {} must be 0 or 1",
                       ctx.knobs.feplb_dyn_set);
+  FEPLB_REQUIRE_INPUT(ctx.knobs.copy_timing <= 3, "--copy-timing: {} must be 0, 1, 2 or 3",
+                      ctx.knobs.copy_timing);
   return std::make_unique<FeplbPlanner>(ctx);
 }
 
