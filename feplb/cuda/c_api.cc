@@ -1,13 +1,12 @@
 #include "feplb/cuda/c_api.h"
 
 #include <nccl.h>
-#include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -17,6 +16,7 @@
 #include "feplb/core/metrics.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/moe_layer.h"
+#include "feplb/cuda/nccl_comm.h"
 #include "feplb/cuda/runtime.h"
 #include "feplb/cuda/transport.h"
 
@@ -199,6 +199,20 @@ void fill_params(feplb_layer* l, const void* const* gate_up, const void* const* 
   }
 }
 
+// The layer's own view of the caller's per-expert gradient pointers.
+void fill_grads(feplb_layer* l, float* const* gate_up, float* const* down, int n) {
+  FEPLB_REQUIRE_INPUT(n == 0 || (gate_up && down), "gradients: null pointer arrays");
+  l->grads.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) l->grads[i] = {gate_up[i], down[i]};
+}
+
+GradMode grad_mode(int accumulate) {
+  return accumulate ? GradMode::kAccumulate : GradMode::kOverwrite;
+}
+
+// A forward's micro-batch kept for its backward, by number (0: none kept).
+int64_t keep(MicroBatch&& mb) { return mb.valid() ? handles().put(std::move(mb)) : 0; }
+
 // n calls on n threads (n > 1), the first failure rethrown; n == 1 on this thread.
 template <typename F>
 void on_ranks(int n, F&& f) {
@@ -222,6 +236,21 @@ void on_ranks(int n, F&& f) {
   }
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
+}
+
+// A batched call: f(args[r]) for each of the n ranks (on_ranks), once its layer is checked and
+// holds the rank's weights.
+template <typename Args, typename F>
+int per_rank(int n, Args* args, F&& f) {
+  return guarded([&] {
+    require_ptr(args, "args");
+    on_ranks(n, [&](int r) {
+      Args& a = args[r];
+      require_ptr(a.layer, "layer");
+      fill_params(a.layer, a.gate_up, a.down, a.num_experts);
+      f(a);
+    });
+  });
 }
 
 }  // namespace
@@ -259,28 +288,8 @@ int feplb_nccl_comm_init(const char id_bytes[128], int world, int rank, int devi
     require_ptr(comm_out, "comm_out");
     FEPLB_REQUIRE_INPUT(world >= 1 && rank >= 0 && rank < world, "NCCL init: rank {} of {}", rank, world);
     FEPLB_REQUIRE_INPUT(timeout_s > 0, "NCCL init: timeout {} s", timeout_s);
-    FEPLB_CUDA_CHECK(cudaSetDevice(device));
-    ncclUniqueId id{};
-    std::memcpy(id.internal, id_bytes, sizeof(id.internal));
-    // Non-blocking init, so a peer that never joins is a timeout, not a hang.
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclComm_t comm = nullptr;
-    ncclResult_t r = ncclCommInitRankConfig(&comm, world, id, rank, &config);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    while (r == ncclInProgress) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ncclCommAbort(comm);
-        throw Error(fmt::format("NCCL init: rank {} of {} not ready after {:.0f} s (a peer never joined?)", rank,
-                                world, timeout_s));
-      }
-      ncclCommGetAsyncError(comm, &r);
-    }
-    if (r != ncclSuccess) {
-      if (comm) ncclCommAbort(comm);
-      throw Error(fmt::format("NCCL init: {}", ncclGetErrorString(r)));
-    }
-    *comm_out = comm;
+    *comm_out =
+        NcclCommunicator::from_unique_id(id_bytes, rank, world, device, timeout_s).release();
   });
 }
 
@@ -361,72 +370,42 @@ int feplb_layer_create(feplb_runtime* runtime, int top_k, const char* name, cons
 void feplb_layer_destroy(feplb_layer* layer) { delete layer; }
 
 int feplb_forward(int n, feplb_forward_args* args) {
-  return guarded([&] {
-    require_ptr(args, "args");
-    on_ranks(n, [&](int r) {
-      feplb_forward_args& a = args[r];
-      require_ptr(a.layer, "layer");
-      fill_params(a.layer, a.gate_up, a.down, a.num_experts);
-      MicroBatch mb = a.layer->layer->forward(a.layer->params, static_cast<const bf16*>(a.hidden), a.topk_idx,
-                                              a.topk_weight, a.num_tokens, static_cast<bf16*>(a.out),
-                                              static_cast<cudaStream_t>(a.stream));
-      a.handle = mb.valid() ? handles().put(std::move(mb)) : 0;
-    });
+  return per_rank(n, args, [](feplb_forward_args& a) {
+    a.handle = keep(a.layer->layer->forward(
+        a.layer->params, static_cast<const bf16*>(a.hidden), a.topk_idx, a.topk_weight,
+        a.num_tokens, static_cast<bf16*>(a.out), static_cast<cudaStream_t>(a.stream)));
   });
 }
 
 int feplb_backward(int n, const feplb_backward_args* args) {
-  return guarded([&] {
-    require_ptr(args, "args");
-    on_ranks(n, [&](int r) {
-      const feplb_backward_args& a = args[r];
-      require_ptr(a.layer, "layer");
-      fill_params(a.layer, a.gate_up, a.down, a.num_experts);
-      FEPLB_REQUIRE_INPUT(a.num_experts == 0 || (a.grad_gate_up && a.grad_down), "gradients: null pointer arrays");
-      a.layer->grads.resize(static_cast<size_t>(a.num_experts));
-      for (int i = 0; i < a.num_experts; ++i) a.layer->grads[i] = {a.grad_gate_up[i], a.grad_down[i]};
-      MicroBatch mb = handles().take(a.handle);
-      a.layer->layer->backward(std::move(mb), a.layer->params, static_cast<const bf16*>(a.grad_out), a.topk_weight,
-                               static_cast<bf16*>(a.grad_hidden), a.grad_topk_weight, a.layer->grads,
-                               a.accumulate ? GradMode::kAccumulate : GradMode::kOverwrite,
-                               static_cast<cudaStream_t>(a.stream));
-    });
+  return per_rank(n, args, [](const feplb_backward_args& a) {
+    fill_grads(a.layer, a.grad_gate_up, a.grad_down, a.num_experts);
+    MicroBatch mb = handles().take(a.handle);
+    a.layer->layer->backward(std::move(mb), a.layer->params, static_cast<const bf16*>(a.grad_out),
+                             a.topk_weight, static_cast<bf16*>(a.grad_hidden), a.grad_topk_weight,
+                             a.layer->grads, grad_mode(a.accumulate),
+                             static_cast<cudaStream_t>(a.stream));
   });
 }
 
 int feplb_forward_dispatched(int n, feplb_dispatched_forward_args* args) {
-  return guarded([&] {
-    require_ptr(args, "args");
-    on_ranks(n, [&](int r) {
-      feplb_dispatched_forward_args& a = args[r];
-      require_ptr(a.layer, "layer");
-      fill_params(a.layer, a.gate_up, a.down, a.num_experts);
-      FEPLB_REQUIRE_INPUT(a.num_experts == 0 || a.rows_per_expert, "rows_per_expert is null");
-      MicroBatch mb = a.layer->layer->forward_dispatched(
-          a.layer->params, static_cast<const bf16*>(a.rows),
-          std::span<const int64_t>(a.rows_per_expert, static_cast<size_t>(a.num_experts)),
-          static_cast<bf16*>(a.out_rows), static_cast<cudaStream_t>(a.stream));
-      a.handle = mb.valid() ? handles().put(std::move(mb)) : 0;
-    });
+  return per_rank(n, args, [](feplb_dispatched_forward_args& a) {
+    FEPLB_REQUIRE_INPUT(a.num_experts == 0 || a.rows_per_expert, "rows_per_expert is null");
+    a.handle = keep(a.layer->layer->forward_dispatched(
+        a.layer->params, static_cast<const bf16*>(a.rows),
+        std::span<const int64_t>(a.rows_per_expert, static_cast<size_t>(a.num_experts)),
+        static_cast<bf16*>(a.out_rows), static_cast<cudaStream_t>(a.stream)));
   });
 }
 
 int feplb_backward_dispatched(int n, const feplb_dispatched_backward_args* args) {
-  return guarded([&] {
-    require_ptr(args, "args");
-    on_ranks(n, [&](int r) {
-      const feplb_dispatched_backward_args& a = args[r];
-      require_ptr(a.layer, "layer");
-      fill_params(a.layer, a.gate_up, a.down, a.num_experts);
-      FEPLB_REQUIRE_INPUT(a.num_experts == 0 || (a.grad_gate_up && a.grad_down), "gradients: null pointer arrays");
-      a.layer->grads.resize(static_cast<size_t>(a.num_experts));
-      for (int i = 0; i < a.num_experts; ++i) a.layer->grads[i] = {a.grad_gate_up[i], a.grad_down[i]};
-      MicroBatch mb = handles().take(a.handle);
-      a.layer->layer->backward_dispatched(std::move(mb), a.layer->params, static_cast<const bf16*>(a.grad_out_rows),
-                                          static_cast<bf16*>(a.grad_rows), a.layer->grads,
-                                          a.accumulate ? GradMode::kAccumulate : GradMode::kOverwrite,
-                                          static_cast<cudaStream_t>(a.stream));
-    });
+  return per_rank(n, args, [](const feplb_dispatched_backward_args& a) {
+    fill_grads(a.layer, a.grad_gate_up, a.grad_down, a.num_experts);
+    MicroBatch mb = handles().take(a.handle);
+    a.layer->layer->backward_dispatched(
+        std::move(mb), a.layer->params, static_cast<const bf16*>(a.grad_out_rows),
+        static_cast<bf16*>(a.grad_rows), a.layer->grads, grad_mode(a.accumulate),
+        static_cast<cudaStream_t>(a.stream));
   });
 }
 

@@ -152,8 +152,30 @@ struct MoeLayer::Impl {
   void validate_experts(std::span<const ExpertParams> w, int64_t num_tokens, const char* who) const;
   void start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w, uint32_t seq,
                  bool dispatched = false, const bf16* dy_rows = nullptr);
-  void guests_forward(MicroBatchState& h, uint32_t seq, bool settled, cudaStream_t s);
+  // A call's sequence number, and whether a prefetch was pending when it started (it settles it).
+  struct CallStart {
+    uint32_t seq = 0;
+    bool settle = false;
+  };
+  void validate_grads(std::span<const ExpertGrads> grads, const char* who) const;
+  MicroBatchState& begin_forward(MicroBatch& handle, int64_t rows, bool dispatched, cudaStream_t s,
+                                 CallStart& c);
+  void stop_forward(CallStart c, cudaStream_t s);
+  void carve_plan(MicroBatchState& h, int64_t home_rows, bool own_x_home, cudaStream_t s);
+  void mark_dispatched(uint32_t seq, cudaStream_t s);
+  void home_forward(const MicroBatchState& h, std::span<const ExpertParams> w, bf16* out_base,
+                    cudaStream_t s);
+  void end_forward(MicroBatch& handle, const MicroBatchState& h, CallStart c, cudaStream_t s);
+  CallStart begin_backward(const MicroBatchState& h, std::span<const ExpertGrads> grads,
+                           GradMode mode, cudaStream_t s);
+  void home_backward(const MicroBatchState& h, std::span<const ExpertParams> w,
+                     std::span<const ExpertGrads> grads, const bf16* dy_base, bf16* dx_base,
+                     cudaStream_t s);
+  void end_backward(MicroBatch& mb, CallStart c, int64_t result_copies, cudaStream_t s);
+  void guests_forward(MicroBatchState& h, const bf16* guest_x, uint32_t seq, bool settled,
+                      cudaStream_t s);
   int64_t guests_backward(MicroBatchState& h, uint32_t seq, bool settled, cudaStream_t s);
+  void wait_rows_back(const MicroBatchState& h, uint32_t seq, cudaStream_t s);
   void add_staged_grads(const MicroBatchState& h, std::span<const ExpertGrads> grads, uint32_t seq);
   void copy_exported_results(const MicroBatchState& h, bf16* rows, uint32_t seq, cudaStream_t s);
   static void run_job(void* self);
@@ -192,6 +214,17 @@ void MoeLayer::Impl::validate_experts(std::span<const ExpertParams> w, int64_t n
   FEPLB_REQUIRE_INPUT(num_tokens >= 0 && num_tokens <= rt->cfg.max_tokens,
                       "{} of layer '{}': {} tokens, the runtime's max_tokens is {}", who, cfg.name, num_tokens,
                       rt->cfg.max_tokens);
+}
+
+void MoeLayer::Impl::validate_grads(std::span<const ExpertGrads> grads, const char* who) const {
+  FEPLB_REQUIRE_INPUT(static_cast<int>(grads.size()) == rt->experts_per_rank,
+                      "{} of layer '{}': gradients of {} experts, this rank has {}", who, cfg.name,
+                      grads.size(), rt->experts_per_rank);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    FEPLB_REQUIRE_INPUT(grads[i].gate_up && grads[i].down,
+                        "{} of layer '{}': local expert {} has a null gradient pointer", who,
+                        cfg.name, i);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -412,8 +445,14 @@ void MoeLayer::Impl::phase1(const MicroBatchState& h, bf16* recv_base, bf16* gue
                      static_cast<size_t>(c.rows) * row_bytes});
   }
   r.transport.exchange(sends, recvs, s);
-  r.ev_dispatched.record(s);
-  r.dispatched_seq.store(seq, std::memory_order_release);
+  mark_dispatched(seq, s);
+}
+
+// The rows at home are in place (phase 1 posted, or the caller's dispatched rows): the copy
+// stream may move them on once `s` reaches here.
+void MoeLayer::Impl::mark_dispatched(uint32_t seq, cudaStream_t s) {
+  rt->ev_dispatched.record(s);
+  rt->dispatched_seq.store(seq, std::memory_order_release);
 }
 
 // Results of this rank's kHome guest slices back into their owners' yrecv rows (forward: outputs;
@@ -499,6 +538,173 @@ void MoeLayer::Impl::slots_quiet(const StepLayout* layout, bool settled, cudaStr
     for (int p = 0; p < R; ++p) {
       if (p != r.rank) r.signals->signal(p, 3 * R + r.rank, v, s);
     }
+  }
+}
+
+// The start of a forward (forward(), forward_dispatched()): a micro-batch slot for `handle` (from
+// here on, an exception gives its memory back) holding `rows` rows, the call's sequence number,
+// `s` after the runtime's previous call. A pending prefetch is settled here (`c.settle`): this
+// layer's forward uses its weights (the guests wait for them); any other layer's drops it, waiting
+// for its copies into this rank before the counts all-gather, the collective that orders this
+// call's copies into peers' slots after them.
+MicroBatchState& MoeLayer::Impl::begin_forward(MicroBatch& handle, int64_t rows, bool dispatched,
+                                               cudaStream_t s, CallStart& c) {
+  RuntimeState& r = *rt;
+  handle.rt_ = rt;
+  handle.slot_ = r.acquire(layer_id);
+  MicroBatchState& h = r.handles[static_cast<size_t>(handle.slot_)];
+  handle.generation_ = h.generation;  // from here on, an exception gives the memory back
+  c.seq = ++r.seq;
+  h.forward_seq = c.seq;
+  h.num_tokens = rows;
+  h.dispatched = dispatched;
+  h.stream = s;
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_call_done.get(), 0));
+  if (r.cfg.timing) t_start.record(s);
+  c.settle = r.pending.active;
+  job_prefetched = c.settle && r.pending.layer_id == layer_id;
+  if (c.settle && !job_prefetched) wait_prefetch_landed(s);
+  return h;
+}
+
+// A forward that stops once planned: every rank stops at the same step (they see the same counts
+// and plan); the scheduler issued nothing for it, so the runtime stays usable.
+void MoeLayer::Impl::stop_forward(CallStart c, cudaStream_t s) {
+  if (job_prefetched) wait_prefetch_landed(s);
+  slots_quiet(nullptr, c.settle, s);
+  finish_call(c.seq, s, c.settle);
+  rt->ev_call_done.record(s);
+}
+
+// Saved per plan: rows at home (`home_rows`; not carved when `own_x_home` is false: the caller's
+// dispatched rows) and of guests, with their gate|up and activations, one allocation on `s`.
+void MoeLayer::Impl::carve_plan(MicroBatchState& h, int64_t home_rows, bool own_x_home,
+                                cudaStream_t s) {
+  RuntimeState& r = *rt;
+  const int64_t H = r.H, F = r.F;
+  const int64_t guest = h.layout.guest_rows_here();
+  const auto carve = [&](void* base) {
+    Carver c(base);
+    if (own_x_home) h.x_home = c.take<bf16>(home_rows * H);
+    h.gu_home = c.take<bf16>(home_rows * 2 * F);
+    h.act_home = c.take<bf16>(home_rows * F);
+    h.x_guest = r.cfg.training ? c.take<bf16>(guest * H) : nullptr;
+    h.gu_guest = c.take<bf16>(guest * 2 * F);
+    h.act_guest = c.take<bf16>(guest * F);
+    return c.bytes();
+  };
+  h.bytes_plan = home_rows + guest ? carve(nullptr) : 0;
+  h.mem_plan = r.allocate(h.bytes_plan, s);
+  carve(h.mem_plan);
+}
+
+// Own experts' forward: static ones first, then the dynamic ones' rows that stay home; outputs into
+// `out_base` at the rows' positions.
+void MoeLayer::Impl::home_forward(const MicroBatchState& h, std::span<const ExpertParams> w,
+                                  bf16* out_base, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  const int64_t H = r.H, F = r.F;
+  for (const HomeWork& hw : h.layout.home_work()) {
+    const ExpertParams& p = w[static_cast<size_t>(hw.local_index)];
+    expert_ffn(r.gemm, s, h.x_home + hw.row * H, hw.rows, p.gate_up, p.down,
+               h.gu_home + hw.row * 2 * F, h.act_home + hw.row * F, out_base + hw.row * H, H, F);
+  }
+}
+
+// The end of a forward: the copy streams' buffers ordered before the next call, the layer's last
+// statistics, plan and routing; a forward-only runtime keeps nothing in `handle`.
+void MoeLayer::Impl::end_forward(MicroBatch& handle, const MicroBatchState& h, CallStart c,
+                                 cudaStream_t s) {
+  RuntimeState& r = *rt;
+  finish_call(c.seq, s, c.settle);
+  if (r.cfg.timing) t_end.record(s);
+  r.ev_call_done.record(s);
+  fstats = h.stats;
+  last_plan = h.plan;
+  last_routing = h.routing;
+  r.gemm.refine(kGemmRefineBudgetMs);
+  if (!r.cfg.training) handle.release();  // forward only: nothing to keep
+}
+
+// The start of a backward (backward(), backward_dispatched()) of micro-batch `h`: the call's
+// sequence number, `s` after the runtime's previous call, the caller's gradient ready for this
+// backward's dW, and the guest weights to copy again.
+MoeLayer::Impl::CallStart MoeLayer::Impl::begin_backward(const MicroBatchState& h,
+                                                         std::span<const ExpertGrads> grads,
+                                                         GradMode mode, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  const int64_t H = r.H, F = r.F;
+  CallStart c;
+  c.seq = ++r.seq;
+  bstats = BackwardStats{};
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_call_done.get(), 0));
+  if (r.cfg.timing) tb_start.record(s);
+  // A pending prefetch is dropped: wait for its copies into this rank before the one-int
+  // all-gather each backward posts, which orders this call's copies into peers' slots after them.
+  c.settle = r.pending.active;
+  if (c.settle) wait_prefetch_landed(s);
+  // The helpers write this rank's staging slots after this backward's dispatch, and the gradient
+  // gets this backward's own dW: the previous backward's adds must be done.
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.pool->staging_free(), 0));
+  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, ev_grads_done.get(), 0));
+  if (mode == GradMode::kOverwrite) {
+    for (const ExpertGrads& g : grads) {
+      FEPLB_CUDA_CHECK(
+          cudaMemsetAsync(g.gate_up, 0, static_cast<size_t>(2 * H * F) * sizeof(float), s));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(g.down, 0, static_cast<size_t>(H * F) * sizeof(float), s));
+    }
+  }
+  // Guest weights to copy again: slots another call has filled since this micro-batch's forward
+  // (the same bookkeeping on every rank).
+  recopy.assign(h.plan.slices.size(), 0);
+  for (const SlotUse& u : h.layout.slot_uses()) {
+    uint64_t& held = r.pool->holder(u.rank, u.slot);
+    const uint64_t want = ExpertSlotPool::tag(layer_id, u.expert, h.forward_seq);
+    recopy[static_cast<size_t>(u.slice)] = held != want;
+    if (held != want && r.cfg.topo.home(u.expert) == r.rank) ++bstats.weight_recopies;
+    held = want;
+  }
+  return c;
+}
+
+// Own experts' backward, static first: dY from `dy_base`, dX into `dx_base` (at the rows'
+// positions), dW into the caller's gradient.
+void MoeLayer::Impl::home_backward(const MicroBatchState& h, std::span<const ExpertParams> w,
+                                   std::span<const ExpertGrads> grads, const bf16* dy_base,
+                                   bf16* dx_base, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  const int64_t H = r.H, F = r.F;
+  for (const HomeWork& hw : h.layout.home_work()) {
+    const ExpertParams& p = w[static_cast<size_t>(hw.local_index)];
+    const ExpertGrads& g = grads[static_cast<size_t>(hw.local_index)];
+    bf16* gu = h.gu_home + hw.row * 2 * F;
+    bf16* act = h.act_home + hw.row * F;
+    expert_ffn_backward(r.gemm, s, h.x_home + hw.row * H, hw.rows, p.gate_up, p.down, gu, act,
+                        dy_base + hw.row * H, g.gate_up, g.down, 1.0f, dx_base + hw.row * H, gu,
+                        act, H, F);
+  }
+}
+
+// The end of a backward: the copy streams' buffers ordered before the next call, then the
+// micro-batch's saved activations given back (after this backward's work on `s`).
+void MoeLayer::Impl::end_backward(MicroBatch& mb, CallStart c, int64_t result_copies,
+                                  cudaStream_t s) {
+  RuntimeState& r = *rt;
+  finish_call(c.seq, s, c.settle);
+  bstats.copies += result_copies;
+  if (r.cfg.timing) tb_end.record(s);
+  r.ev_call_done.record(s);
+  r.release(mb.slot_, mb.generation_, s);  // the saved activations, after this backward's work
+  mb.release();
+  r.gemm.refine(kGemmRefineBudgetMs);
+}
+
+// My exported rows' results copied back into yrecv (kHome slices; one-hop ones come back in the
+// reverse all-to-all-v): `s` waits for each helper's signal R + helper.
+void MoeLayer::Impl::wait_rows_back(const MicroBatchState& h, uint32_t seq, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  for (int hh = 0; hh < r.world; ++hh) {
+    if (h.layout.rows_copied_to(hh)) r.signals->wait(r.world + hh, seq, s);
   }
 }
 
@@ -667,43 +873,21 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   FEPLB_REQUIRE_INPUT(num_tokens == 0 || (hidden && topk_idx && topk_weight && out),
                       "forward of layer '{}': a null input or output pointer with {} tokens", m.cfg.name, num_tokens);
   CallGuard guard(r, "forward");
-  const int R = r.world;
-  const int64_t H = r.H, F = r.F, K = m.K;
+  const int64_t H = r.H, K = m.K;
   const cudaStream_t s = stream;
 
   MicroBatch handle;
-  handle.rt_ = m.rt;
-  handle.slot_ = r.acquire(m.layer_id);
-  MicroBatchState& h = r.handles[static_cast<size_t>(handle.slot_)];
-  handle.generation_ = h.generation;  // from here on, an exception gives the memory back
-  const uint32_t seq = ++r.seq;
-  h.forward_seq = seq;
-  h.num_tokens = num_tokens;
-  h.stream = s;
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_call_done.get(), 0));
-  if (r.cfg.timing) m.t_start.record(s);
-  // A pending prefetch is settled here: this layer's forward uses its weights (the guests wait for
-  // them); any other layer's drops it, waiting for its copies into this rank before the counts
-  // all-gather, the collective that orders this call's copies into peers' slots after them.
-  const bool settle = r.pending.active;
-  m.job_prefetched = settle && r.pending.layer_id == m.layer_id;
-  if (settle && !m.job_prefetched) m.wait_prefetch_landed(s);
-  // Every rank stops at the same step (they see the same counts and plan); the scheduler issued
-  // nothing for it, so the runtime stays usable.
-  const auto stop_early = [&] {
-    if (m.job_prefetched) m.wait_prefetch_landed(s);
-    m.slots_quiet(nullptr, settle, s);
-    m.finish_call(seq, s, settle);
-    r.ev_call_done.record(s);
-  };
+  Impl::CallStart c;
+  MicroBatchState& h = m.begin_forward(handle, num_tokens, /*dispatched=*/false, s, c);
+  const uint32_t seq = c.seq;
 
   // Saved per token: pair positions and the outputs in send order.
   const int64_t pairs = num_tokens * K;
   const auto carve_tokens = [&](void* base) {
-    Carver c(base);
-    h.pair_pos = c.take<int32_t>(pairs);
-    h.y_send = c.take<bf16>(pairs * H);
-    return c.bytes();
+    Carver cv(base);
+    h.pair_pos = cv.take<int32_t>(pairs);
+    h.y_send = cv.take<bf16>(pairs * H);
+    return cv.bytes();
   };
   h.bytes_tokens = pairs ? carve_tokens(nullptr) : 0;
   h.mem_tokens = r.allocate(h.bytes_tokens, s);
@@ -728,7 +912,7 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   m.start_job(h, false, experts, seq);
   m.wait_seq(r.plan_seq, seq, "plan");
   if (m.bad_ids > 0) {
-    stop_early();
+    m.stop_forward(c, s);
     throw InputError(fmt::format("forward of layer '{}': rank {} routed {} (token, k) pairs to expert ids outside "
                                  "[0, {}) (topk_idx out of range)",
                                  m.cfg.name, m.bad_rank, m.bad_ids, r.E));
@@ -737,29 +921,15 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   for (int e = 0; e < r.E; ++e) sent += h.routing.at(r.rank, e);
   FEPLB_CHECK(sent == pairs, "layer '{}': counted {} rows, expected tokens * top_k = {}", m.cfg.name, sent, pairs);
   if (!h.layout.fits()) {
-    stop_early();
+    m.stop_forward(c, s);
     throw InputError(fmt::format("layer '{}': {}", m.cfg.name, h.layout.error()));
   }
   if (!m.job_error.empty()) {
-    stop_early();
+    m.stop_forward(c, s);
     throw Error(m.job_error);
   }
 
-  // Saved per plan: rows at home and of guests, with their gate|up and activations.
-  const int64_t recv = h.layout.recv_rows(r.rank), guest = h.layout.guest_rows_here();
-  const auto carve_plan = [&](void* base) {
-    Carver c(base);
-    h.x_home = c.take<bf16>(recv * H);
-    h.gu_home = c.take<bf16>(recv * 2 * F);
-    h.act_home = c.take<bf16>(recv * F);
-    h.x_guest = r.cfg.training ? c.take<bf16>(guest * H) : nullptr;
-    h.gu_guest = c.take<bf16>(guest * 2 * F);
-    h.act_guest = c.take<bf16>(guest * F);
-    return c.bytes();
-  };
-  h.bytes_plan = recv + guest ? carve_plan(nullptr) : 0;
-  h.mem_plan = r.allocate(h.bytes_plan, s);
-  carve_plan(h.mem_plan);
+  m.carve_plan(h, h.layout.recv_rows(r.rank), /*own_x_home=*/true, s);
 
   // 3. Phase 1: rows to their experts' homes, expert-major on the receiver; one-hop rows straight
   // into the guest rows kept for the backward (training) or the guest arena.
@@ -767,60 +937,14 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   m.phase1(h, h.x_home, guest_x, seq, s);
   if (r.cfg.timing) m.t_dispatched.record(s);
 
-  // 4. Own experts: static ones first, then the dynamic ones' rows that stay home.
-  for (const HomeWork& w : h.layout.home_work()) {
-    const ExpertParams& p = experts[static_cast<size_t>(w.local_index)];
-    expert_ffn(r.gemm, s, h.x_home + w.row * H, w.rows, p.gate_up, p.down, h.gu_home + w.row * 2 * F,
-               h.act_home + w.row * F, r.yrecv.get() + w.row * H, H, F);
-  }
+  // 4. Own experts, outputs into yrecv.
+  m.home_forward(h, experts, r.yrecv.get(), s);
   if (r.cfg.timing) m.t_static.record(s);
 
-  // 5. Guests: wait (no SM) for each owner's signal (and for weights prefetched for this forward),
-  // then compute. Then this rank's guest slots are quiet.
-  for (int d = 0; d < R; ++d) {
-    if (h.layout.guests_from(d)) r.signals->wait(d, seq, s);
-  }
-  if (m.job_prefetched) m.wait_prefetch_landed(s);
-  if (r.cfg.timing) m.t_waited.record(s);
-  r.ev_guest_ready.record(s);
-  bool copied_guests = false, dispatched_guests = false;
-  for (const GuestWork& g : h.layout.guest_work()) {
-    const bf16* w = r.pool->slot(g.slot);
-    const bf16* x = (g.dispatched ? guest_x : r.guest_in.get()) + g.row * H;
-    expert_ffn(r.gemm, s, x, g.rows, w, w + 2 * H * F, h.gu_guest + g.row * 2 * F,
-               h.act_guest + g.row * F, r.guest_out.get() + g.row * H, H, F);
-    (g.dispatched ? dispatched_guests : copied_guests) = true;
-  }
-  m.slots_quiet(&h.layout, settle, s);
-  if (r.cfg.timing) m.t_guest.record(s);
-
-  // 6. On the copy stream: the copied guests' rows kept for the backward (the arena is reused by
-  // the next call; one-hop rows landed there already), then their outputs back to their owners,
-  // owner by owner, each ended by a signal.
-  r.ev_guest_done.record(s);
-  const cudaStream_t co = r.copy_out.get();
-  if (h.x_guest && copied_guests) {
-    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_ready.get(), 0));
-    if (!dispatched_guests) {
-      FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.x_guest, r.guest_in.get(),
-                                       static_cast<size_t>(guest * H) * sizeof(bf16),
-                                       cudaMemcpyDeviceToDevice, co));
-    } else {
-      for (const GuestWork& g : h.layout.guest_work()) {
-        if (g.dispatched) continue;
-        FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.x_guest + g.row * H, r.guest_in.get() + g.row * H,
-                                         static_cast<size_t>(g.rows * H) * sizeof(bf16),
-                                         cudaMemcpyDeviceToDevice, co));
-      }
-    }
-  }
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_done.get(), 0));
-  m.send_rows_back(co, seq);
-  r.ev_copy_out_done.record(co);
-  // My exported rows' outputs copied back (kHome slices): wait for each helper's signal.
-  for (int hh = 0; hh < R; ++hh) {
-    if (h.layout.rows_copied_to(hh)) r.signals->wait(R + hh, seq, s);
-  }
+  // 5. Guests, their outputs back to their owners by copy engine; 6. my exported rows' outputs
+  // copied back (kHome slices): wait for each helper's signal.
+  m.guests_forward(h, guest_x, seq, c.settle, s);
+  m.wait_rows_back(h, seq, s);
   if (r.cfg.timing) m.t_returned.record(s);
 
   // 7. Reverse all-to-all-v (outputs back to the tokens' ranks) and the weighted combine.
@@ -828,14 +952,7 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   FEPLB_CUDA_CHECK(
       kernels::combine(h.y_send, h.pair_pos, topk_weight, num_tokens, static_cast<int>(K), H, out, s));
 
-  m.finish_call(seq, s, settle);
-  if (r.cfg.timing) m.t_end.record(s);
-  r.ev_call_done.record(s);
-  m.fstats = h.stats;
-  m.last_plan = h.plan;
-  m.last_routing = h.routing;
-  r.gemm.refine(kGemmRefineBudgetMs);
-  if (!r.cfg.training) handle.release();  // forward only: nothing to keep
+  m.end_forward(handle, h, c, s);
   return handle;
 }
 
@@ -855,48 +972,14 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts, 
                       h.layer_id);
   const int64_t num_tokens = h.num_tokens;
   m.validate_experts(experts, num_tokens, "backward");
-  FEPLB_REQUIRE_INPUT(static_cast<int>(grads.size()) == r.experts_per_rank,
-                      "backward of layer '{}': gradients of {} experts, this rank has {}", m.cfg.name, grads.size(),
-                      r.experts_per_rank);
-  for (size_t i = 0; i < grads.size(); ++i) {
-    FEPLB_REQUIRE_INPUT(grads[i].gate_up && grads[i].down,
-                        "backward of layer '{}': local expert {} has a null gradient pointer", m.cfg.name, i);
-  }
+  m.validate_grads(grads, "backward");
   FEPLB_REQUIRE_INPUT(num_tokens == 0 || (grad_out && topk_weight && grad_hidden && grad_topk_weight),
                       "backward of layer '{}': a null input or output pointer with {} tokens", m.cfg.name, num_tokens);
   CallGuard guard(r, "backward");
-  const int R = r.world;
-  const int64_t H = r.H, F = r.F, K = m.K;
+  const int64_t H = r.H, K = m.K;
   const cudaStream_t s = stream;
-  const uint32_t seq = ++r.seq;
-  m.bstats = BackwardStats{};
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_call_done.get(), 0));
-  if (r.cfg.timing) m.tb_start.record(s);
-  // A pending prefetch is dropped: wait for its copies into this rank before the one-int
-  // all-gather below, which orders this call's copies into peers' slots after them.
-  const bool settle = r.pending.active;
-  if (settle) m.wait_prefetch_landed(s);
-  // The helpers write this rank's staging slots after this backward's dispatch, and the gradient
-  // gets this backward's own dW: the previous backward's adds must be done.
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.pool->staging_free(), 0));
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_grads_done.get(), 0));
-  if (mode == GradMode::kOverwrite) {
-    for (const ExpertGrads& g : grads) {
-      FEPLB_CUDA_CHECK(cudaMemsetAsync(g.gate_up, 0, static_cast<size_t>(2 * H * F) * sizeof(float), s));
-      FEPLB_CUDA_CHECK(cudaMemsetAsync(g.down, 0, static_cast<size_t>(H * F) * sizeof(float), s));
-    }
-  }
-
-  // Guest weights to copy again: slots another call has filled since this micro-batch's forward
-  // (the same bookkeeping on every rank).
-  m.recopy.assign(h.plan.slices.size(), 0);
-  for (const SlotUse& u : h.layout.slot_uses()) {
-    uint64_t& held = r.pool->holder(u.rank, u.slot);
-    const uint64_t want = ExpertSlotPool::tag(m.layer_id, u.expert, h.forward_seq);
-    m.recopy[static_cast<size_t>(u.slice)] = held != want;
-    if (held != want && r.cfg.topo.home(u.expert) == r.rank) ++m.bstats.weight_recopies;
-    held = want;
-  }
+  const Impl::CallStart c = m.begin_backward(h, grads, mode, s);
+  const uint32_t seq = c.seq;
   // The scheduler issues the phase-2 inputs once phase 1 is posted.
   m.start_job(h, true, experts, seq);
 
@@ -911,77 +994,17 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts, 
   if (r.cfg.timing) m.tb_dispatched.record(s);
 
   // 3. Own experts' backward, static first; dX into yrecv, dW into the caller's gradient.
-  for (const HomeWork& w : h.layout.home_work()) {
-    const ExpertParams& p = experts[static_cast<size_t>(w.local_index)];
-    const ExpertGrads& g = grads[static_cast<size_t>(w.local_index)];
-    bf16* gu = h.gu_home + w.row * 2 * F;
-    bf16* act = h.act_home + w.row * F;
-    expert_ffn_backward(r.gemm, s, h.x_home + w.row * H, w.rows, p.gate_up, p.down, gu, act,
-                        r.dyrecv.get() + w.row * H, g.gate_up, g.down, 1.0f, r.yrecv.get() + w.row * H, gu, act, H,
-                        F);
-  }
+  m.home_backward(h, experts, grads, r.dyrecv.get(), r.yrecv.get(), s);
   if (r.cfg.timing) m.tb_static.record(s);
 
-  // 4. Guests: wait for each owner's dY (and weights), then dX and dW (into the pool's grad
-  // slots, once the previous backward's copies out of them are done).
-  for (int d = 0; d < R; ++d) {
-    if (h.layout.guests_from(d)) r.signals->wait(d, seq, s);
-  }
-  if (r.cfg.timing) m.tb_waited.record(s);
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.pool->grads_free(), 0));
-  for (const GuestWork& g : h.layout.guest_work()) {
-    const bf16* w = r.pool->slot(g.slot);
-    float* gw = r.pool->grad_slot(g.slot);
-    bf16* gu = h.gu_guest + g.row * 2 * F;
-    bf16* act = h.act_guest + g.row * F;
-    expert_ffn_backward(r.gemm, s, h.x_guest + g.row * H, g.rows, w, w + 2 * H * F, gu, act,
-                        r.guest_in.get() + g.row * H, gw, gw + 2 * H * F, 0.0f, r.guest_out.get() + g.row * H, gu,
-                        act, H, F);
-    m.bstats.guest_rows += g.rows;
-  }
-  m.slots_quiet(&h.layout, settle, s);
-  if (r.cfg.timing) m.tb_guest.record(s);
-
-  // 5. Results to their owners by copy engine, owner by owner: dX rows into the owner's yrecv
-  // (signal R + h: the owner's reverse all-to-all waits for it), then dW into its staging slots
-  // (signal 2R + h: only the owner's gradient accumulation waits for it, off the critical path).
-  r.ev_guest_done.record(s);
-  const cudaStream_t co = r.copy_out.get();
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_done.get(), 0));
-  int64_t result_copies = m.send_rows_back(co, seq);
-  const int64_t w_elems = expert_weight_elems(H, F);
-  const auto guests = h.layout.guest_work();
-  for (size_t i = 0; i < guests.size();) {
-    const int owner = guests[i].owner;
-    m.out_batch.clear();
-    for (; i < guests.size() && guests[i].owner == owner; ++i) {
-      m.out_batch.push_back({r.pool->peer_staging_slot(owner, guests[i].staging_slot),
-                             r.pool->grad_slot(guests[i].slot), static_cast<size_t>(w_elems) * sizeof(float)});
-    }
-    ce_copy_and_signal(co, m.out_batch, nullptr, 0);
-    r.signals->signal(owner, 2 * R + r.rank, seq, co);
-    result_copies += static_cast<int64_t>(m.out_batch.size());
-  }
-  FEPLB_CUDA_CHECK(cudaEventRecord(r.pool->grads_free(), co));
-  r.ev_copy_out_done.record(co);
+  // 4. Guests: dX and dW; 5. their results to their owners by copy engine.
+  const int64_t result_copies = m.guests_backward(h, seq, c.settle, s);
   // 6. My exported slices: the compute stream waits for their dX (kHome slices; one-hop ones come
   // back in the reverse all-to-all-v); the copy stream for their dW, which it then adds into the
   // caller's gradient (sync_gradients and the next backward wait).
-  for (int hh = 0; hh < R; ++hh) {
-    if (h.layout.rows_copied_to(hh)) r.signals->wait(R + hh, seq, s);
-  }
+  m.wait_rows_back(h, seq, s);
   if (r.cfg.timing) m.tb_results.record(s);
-  for (int hh = 0; hh < R; ++hh) {
-    if (h.layout.exports_to(hh)) r.signals->wait(2 * R + hh, seq, co);
-  }
-  for (const Export& x : h.layout.exports()) {
-    const float* staged = r.pool->staging_slot(x.staging_slot);
-    const ExpertGrads& g = grads[static_cast<size_t>(x.local_index)];
-    FEPLB_CUDA_CHECK(kernels::add_f32(g.gate_up, staged, 2 * H * F, co));
-    FEPLB_CUDA_CHECK(kernels::add_f32(g.down, staged + 2 * H * F, H * F, co));
-  }
-  FEPLB_CUDA_CHECK(cudaEventRecord(r.pool->staging_free(), co));
-  m.ev_grads_done.record(co);
+  m.add_staged_grads(h, grads, seq);
 
   // 7. dX back to the tokens' ranks (reverse all-to-all into ybuf) and summed over each token's k
   // choices (the router weights are already in dY).
@@ -989,22 +1012,21 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts, 
   FEPLB_CUDA_CHECK(kernels::combine(r.ybuf.get(), h.pair_pos, nullptr, num_tokens, static_cast<int>(K), H,
                                     grad_hidden, s));
 
-  m.finish_call(seq, s, settle);
-  m.bstats.copies += result_copies;
-  if (r.cfg.timing) m.tb_end.record(s);
-  r.ev_call_done.record(s);
-  r.release(mb.slot_, mb.generation_, s);  // the saved activations, after this backward's work
-  mb.release();
-  r.gemm.refine(kGemmRefineBudgetMs);
+  m.end_backward(mb, c, result_copies, s);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rows a framework dispatched itself: phase 2 and the GEMMs only.
+// Guests and exported slices' results, for both paths (the layer's own dispatch, and rows a
+// framework dispatched itself).
 
-// Guests of a forward: wait (no SM) for each owner's inputs, compute, keep their rows for the
-// backward (training), send the outputs back to their owners' yrecv rows.
-void MoeLayer::Impl::guests_forward(MicroBatchState& h, uint32_t seq, bool settled,
-                                    cudaStream_t s) {
+// Guests of a forward: wait (no SM) for each owner's signal (and for weights prefetched for this
+// forward), then compute (one-hop rows from `guest_x`, where phase 1 put them; forward_dispatched
+// has none, every guest's rows are copied into the guest arena). Then this rank's guest slots are
+// quiet. On the copy stream: the copied guests' rows kept for the backward (training; the arena is
+// reused by the next call; one-hop rows landed there already), then their outputs back to their
+// owners' yrecv rows, owner by owner, each ended by a signal.
+void MoeLayer::Impl::guests_forward(MicroBatchState& h, const bf16* guest_x, uint32_t seq,
+                                    bool settled, cudaStream_t s) {
   RuntimeState& r = *rt;
   const int64_t H = r.H, F = r.F;
   for (int d = 0; d < r.world; ++d) {
@@ -1013,20 +1035,33 @@ void MoeLayer::Impl::guests_forward(MicroBatchState& h, uint32_t seq, bool settl
   if (job_prefetched) wait_prefetch_landed(s);
   if (r.cfg.timing) t_waited.record(s);
   r.ev_guest_ready.record(s);
+  bool copied_guests = false, dispatched_guests = false;
   for (const GuestWork& g : h.layout.guest_work()) {
     const bf16* w = r.pool->slot(g.slot);
-    expert_ffn(r.gemm, s, r.guest_in.get() + g.row * H, g.rows, w, w + 2 * H * F, h.gu_guest + g.row * 2 * F,
+    const bf16* x = (g.dispatched ? guest_x : r.guest_in.get()) + g.row * H;
+    expert_ffn(r.gemm, s, x, g.rows, w, w + 2 * H * F, h.gu_guest + g.row * 2 * F,
                h.act_guest + g.row * F, r.guest_out.get() + g.row * H, H, F);
+    (g.dispatched ? dispatched_guests : copied_guests) = true;
   }
   slots_quiet(&h.layout, settled, s);
   if (r.cfg.timing) t_guest.record(s);
   r.ev_guest_done.record(s);
   const cudaStream_t co = r.copy_out.get();
-  const int64_t guest = h.layout.guest_rows_here();
-  if (h.x_guest && guest > 0) {
+  if (h.x_guest && copied_guests) {
     FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_ready.get(), 0));
-    FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.x_guest, r.guest_in.get(), static_cast<size_t>(guest * H) * sizeof(bf16),
-                                     cudaMemcpyDeviceToDevice, co));
+    if (!dispatched_guests) {
+      const int64_t guest = h.layout.guest_rows_here();
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.x_guest, r.guest_in.get(),
+                                       static_cast<size_t>(guest * H) * sizeof(bf16),
+                                       cudaMemcpyDeviceToDevice, co));
+    } else {
+      for (const GuestWork& g : h.layout.guest_work()) {
+        if (g.dispatched) continue;
+        FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.x_guest + g.row * H, r.guest_in.get() + g.row * H,
+                                         static_cast<size_t>(g.rows * H) * sizeof(bf16),
+                                         cudaMemcpyDeviceToDevice, co));
+      }
+    }
   }
   FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_done.get(), 0));
   send_rows_back(co, seq);
@@ -1111,6 +1146,9 @@ void MoeLayer::Impl::copy_exported_results(const MicroBatchState& h, bf16* rows,
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Rows a framework dispatched itself: phase 2 and the GEMMs only.
+
 MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, const bf16* rows,
                                         std::span<const int64_t> rows_per_expert, bf16* out_rows,
                                         cudaStream_t stream) {
@@ -1138,25 +1176,13 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
       "needs the layer's own dispatch (forward())",
       m.cfg.name, m.planner->name());
   CallGuard guard(r, "forward_dispatched");
-  const int64_t H = r.H, F = r.F;
   const int L = r.experts_per_rank;
   const cudaStream_t s = stream;
   MicroBatch handle;
-  handle.rt_ = m.rt;
-  handle.slot_ = r.acquire(m.layer_id);
-  MicroBatchState& h = r.handles[static_cast<size_t>(handle.slot_)];
-  handle.generation_ = h.generation;
-  const uint32_t seq = ++r.seq;
-  h.forward_seq = seq;
-  h.num_tokens = n;
-  h.dispatched = true;
-  h.stream = s;
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_call_done.get(), 0));
-  if (r.cfg.timing) m.t_start.record(s);
+  Impl::CallStart c;
   // A pending prefetch is settled as in forward(): used by this layer, dropped by another.
-  const bool settle = r.pending.active;
-  m.job_prefetched = settle && r.pending.layer_id == m.layer_id;
-  if (settle && !m.job_prefetched) m.wait_prefetch_landed(s);
+  MicroBatchState& h = m.begin_forward(handle, n, /*dispatched=*/true, s, c);
+  const uint32_t seq = c.seq;
   // Every rank's rows per local expert, to every rank and to the host (the pinned buffer's
   // first L entries stage this rank's; the previous call's D2H into it is done).
   for (int i = 0; i < L; ++i) r.counts_host.get()[i] = static_cast<int32_t>(rows_per_expert[static_cast<size_t>(i)]);
@@ -1171,48 +1197,21 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
   m.start_job(h, false, experts, seq, /*dispatched=*/true);
   m.wait_seq(r.plan_seq, seq, "plan");
   if (!h.layout.fits() || !m.job_error.empty()) {
-    if (m.job_prefetched) m.wait_prefetch_landed(s);
-    m.slots_quiet(nullptr, settle, s);
-    m.finish_call(seq, s, settle);
-    r.ev_call_done.record(s);
+    m.stop_forward(c, s);
     if (!m.job_error.empty()) throw Error(m.job_error);
     throw InputError(fmt::format("layer '{}': {}", m.cfg.name, h.layout.error()));
   }
-  const int64_t guest = h.layout.guest_rows_here();
-  const auto carve_plan = [&](void* base) {
-    Carver c(base);
-    h.gu_home = c.take<bf16>(n * 2 * F);
-    h.act_home = c.take<bf16>(n * F);
-    h.x_guest = r.cfg.training ? c.take<bf16>(guest * H) : nullptr;
-    h.gu_guest = c.take<bf16>(guest * 2 * F);
-    h.act_guest = c.take<bf16>(guest * F);
-    return c.bytes();
-  };
-  h.bytes_plan = n + guest ? carve_plan(nullptr) : 0;
-  h.mem_plan = r.allocate(h.bytes_plan, s);
-  carve_plan(h.mem_plan);
+  m.carve_plan(h, n, /*own_x_home=*/false, s);
   h.x_home = const_cast<bf16*>(rows);  // the caller's, read only
   // The rows are in place: the copy stream may move them on from here.
-  r.ev_dispatched.record(s);
-  r.dispatched_seq.store(seq, std::memory_order_release);
+  m.mark_dispatched(seq, s);
   if (r.cfg.timing) m.t_dispatched.record(s);
-  for (const HomeWork& w : h.layout.home_work()) {
-    const ExpertParams& p = experts[static_cast<size_t>(w.local_index)];
-    expert_ffn(r.gemm, s, h.x_home + w.row * H, w.rows, p.gate_up, p.down, h.gu_home + w.row * 2 * F,
-               h.act_home + w.row * F, out_rows + w.row * H, H, F);
-  }
+  m.home_forward(h, experts, out_rows, s);
   if (r.cfg.timing) m.t_static.record(s);
-  m.guests_forward(h, seq, settle, s);
+  m.guests_forward(h, r.guest_in.get(), seq, c.settle, s);
   m.copy_exported_results(h, out_rows, seq, s);
   if (r.cfg.timing) m.t_returned.record(s);
-  m.finish_call(seq, s, settle);
-  if (r.cfg.timing) m.t_end.record(s);
-  r.ev_call_done.record(s);
-  m.fstats = h.stats;
-  m.last_plan = h.plan;
-  m.last_routing = h.routing;
-  r.gemm.refine(kGemmRefineBudgetMs);
-  if (!r.cfg.training) handle.release();
+  m.end_forward(handle, h, c, s);
   return handle;
 }
 
@@ -1232,68 +1231,26 @@ void MoeLayer::backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams
                       m.layer_id, h.layer_id, h.dispatched ? "" : ", from forward() (use backward())");
   const int64_t n = h.num_tokens;
   m.validate_experts(experts, 0, "backward_dispatched");
-  FEPLB_REQUIRE_INPUT(static_cast<int>(grads.size()) == r.experts_per_rank,
-                      "backward_dispatched of layer '{}': gradients of {} experts, this rank has {}", m.cfg.name,
-                      grads.size(), r.experts_per_rank);
-  for (size_t i = 0; i < grads.size(); ++i) {
-    FEPLB_REQUIRE_INPUT(grads[i].gate_up && grads[i].down,
-                        "backward_dispatched of layer '{}': local expert {} has a null gradient pointer", m.cfg.name,
-                        i);
-  }
+  m.validate_grads(grads, "backward_dispatched");
   FEPLB_REQUIRE_INPUT(n == 0 || (grad_out_rows && grad_rows),
                       "backward_dispatched of layer '{}': a null row pointer with {} rows", m.cfg.name, n);
   CallGuard guard(r, "backward_dispatched");
-  const int64_t H = r.H, F = r.F;
   const cudaStream_t s = stream;
-  const uint32_t seq = ++r.seq;
-  m.bstats = BackwardStats{};
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.ev_call_done.get(), 0));
-  if (r.cfg.timing) m.tb_start.record(s);
   // A pending prefetch is dropped, as in backward().
-  const bool settle = r.pending.active;
-  if (settle) m.wait_prefetch_landed(s);
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.pool->staging_free(), 0));
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_grads_done.get(), 0));
-  if (mode == GradMode::kOverwrite) {
-    for (const ExpertGrads& g : grads) {
-      FEPLB_CUDA_CHECK(cudaMemsetAsync(g.gate_up, 0, static_cast<size_t>(2 * H * F) * sizeof(float), s));
-      FEPLB_CUDA_CHECK(cudaMemsetAsync(g.down, 0, static_cast<size_t>(H * F) * sizeof(float), s));
-    }
-  }
-  m.recopy.assign(h.plan.slices.size(), 0);
-  for (const SlotUse& u : h.layout.slot_uses()) {
-    uint64_t& held = r.pool->holder(u.rank, u.slot);
-    const uint64_t want = ExpertSlotPool::tag(m.layer_id, u.expert, h.forward_seq);
-    m.recopy[static_cast<size_t>(u.slice)] = held != want;
-    if (held != want && r.cfg.topo.home(u.expert) == r.rank) ++m.bstats.weight_recopies;
-    held = want;
-  }
+  const Impl::CallStart c = m.begin_backward(h, grads, mode, s);
+  const uint32_t seq = c.seq;
   m.start_job(h, true, experts, seq, /*dispatched=*/true, grad_out_rows);
   // The collective that orders this rank's copies into its peers' arenas after their last use.
   r.transport.all_gather_i32(r.counts.get(), r.counts_all.get(), 1, s);
-  r.ev_dispatched.record(s);
-  r.dispatched_seq.store(seq, std::memory_order_release);
+  m.mark_dispatched(seq, s);
   if (r.cfg.timing) m.tb_dispatched.record(s);
-  for (const HomeWork& w : h.layout.home_work()) {
-    const ExpertParams& p = experts[static_cast<size_t>(w.local_index)];
-    const ExpertGrads& g = grads[static_cast<size_t>(w.local_index)];
-    bf16* gu = h.gu_home + w.row * 2 * F;
-    bf16* act = h.act_home + w.row * F;
-    expert_ffn_backward(r.gemm, s, h.x_home + w.row * H, w.rows, p.gate_up, p.down, gu, act,
-                        grad_out_rows + w.row * H, g.gate_up, g.down, 1.0f, grad_rows + w.row * H, gu, act, H, F);
-  }
+  m.home_backward(h, experts, grads, grad_out_rows, grad_rows, s);
   if (r.cfg.timing) m.tb_static.record(s);
-  const int64_t result_copies = m.guests_backward(h, seq, settle, s);
+  const int64_t result_copies = m.guests_backward(h, seq, c.settle, s);
   m.copy_exported_results(h, grad_rows, seq, s);
   if (r.cfg.timing) m.tb_results.record(s);
   m.add_staged_grads(h, grads, seq);
-  m.finish_call(seq, s, settle);
-  m.bstats.copies += result_copies;
-  if (r.cfg.timing) m.tb_end.record(s);
-  r.ev_call_done.record(s);
-  r.release(mb.slot_, mb.generation_, s);
-  mb.release();
-  r.gemm.refine(kGemmRefineBudgetMs);
+  m.end_backward(mb, c, result_copies, s);
 }
 
 }  // namespace feplb::cuda

@@ -10,6 +10,34 @@
 
 namespace feplb::cuda {
 
+namespace {
+
+// ncclCommInitRankConfig with `id`, non-blocking so a peer that never joins is a timeout, not a
+// hang: the communicator is aborted after `timeout_s`. On the current device.
+ncclComm_t init_nonblocking(const ncclUniqueId& id, int rank, int world_size, double timeout_s) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (r == ncclInProgress) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ncclCommAbort(comm);
+      throw Error(
+          fmt::format("NCCL init: rank {} of {} not ready after {:.0f} s (a peer never joined?)",
+                      rank, world_size, timeout_s));
+    }
+    ncclCommGetAsyncError(comm, &r);
+  }
+  if (r != ncclSuccess) {
+    if (comm) ncclCommAbort(comm);
+    throw Error(fmt::format("NCCL init: {}", ncclGetErrorString(r)));
+  }
+  return comm;
+}
+
+}  // namespace
+
 NcclCommunicator NcclCommunicator::borrow(ncclComm* comm) {
   FEPLB_REQUIRE_INPUT(comm != nullptr, "NcclCommunicator::borrow: the communicator is null");
   int device = -1;
@@ -37,26 +65,23 @@ NcclCommunicator::NcclCommunicator(int rank, int world_size, int device,
   const std::string root = dist::share_from_rank0("feplb-nccl-unique-id", rank, world_size, mine,
                                                   sizeof(id.internal), all_gather);
   std::memcpy(id.internal, root.data(), sizeof(id.internal));
-  // Non-blocking init so a peer that never joins is a timeout, not a hang.
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (r == ncclInProgress) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ncclCommAbort(comm);
-      throw Error(
-          fmt::format("NCCL init: rank {} of {} not ready after {:.0f} s (a peer never joined?)",
-                      rank, world_size, timeout_s));
-    }
-    ncclCommGetAsyncError(comm, &r);
-  }
-  if (r != ncclSuccess) {
-    if (comm) ncclCommAbort(comm);
-    throw Error(fmt::format("NCCL init: {}", ncclGetErrorString(r)));
-  }
-  comm_ = comm;
+  comm_ = init_nonblocking(id, rank, world_size, timeout_s);
+}
+
+NcclCommunicator NcclCommunicator::from_unique_id(const char* id_bytes, int rank, int world_size,
+                                                  int device, double timeout_s) {
+  FEPLB_REQUIRE_INPUT(id_bytes != nullptr, "NCCL init: the unique id is null");
+  FEPLB_REQUIRE_INPUT(world_size >= 1 && rank >= 0 && rank < world_size, "NCCL init: rank {} of {}",
+                      rank, world_size);
+  FEPLB_REQUIRE_INPUT(timeout_s > 0, "NCCL init: timeout {} s is not positive", timeout_s);
+  FEPLB_CUDA_CHECK(cudaSetDevice(device));
+  ncclUniqueId id{};
+  static_assert(sizeof(id.internal) == kUniqueIdBytes, "NCCL unique ids are 128 bytes");
+  std::memcpy(id.internal, id_bytes, sizeof(id.internal));
+  NcclCommunicator c;
+  c.device_ = device;
+  c.comm_ = init_nonblocking(id, rank, world_size, timeout_s);
+  return c;
 }
 
 NcclCommunicator::NcclCommunicator(const dist::LaunchEnv& env, double timeout_s)
@@ -79,6 +104,8 @@ NcclCommunicator& NcclCommunicator::operator=(NcclCommunicator&& other) noexcept
   }
   return *this;
 }
+
+void* NcclCommunicator::release() { return std::exchange(comm_, nullptr); }
 
 void NcclCommunicator::abort() {
   if (comm_ && owned_) ncclCommAbort(static_cast<ncclComm_t>(comm_));

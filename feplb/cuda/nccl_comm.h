@@ -16,6 +16,7 @@
 // Public header: no NCCL header (ncclComm_t is `ncclComm*`, declared below).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
 #include "feplb/cuda/transport.h"
@@ -39,6 +40,11 @@ class NcclCommunicator {
                    double timeout_s = 60.0);
   // The same with the launch environment's ranks, GPU env.local_rank and the TCP rendezvous.
   explicit NcclCommunicator(const dist::LaunchEnv& env, double timeout_s = 60.0);
+  // The same with an ncclUniqueId the caller already shared: `id` holds its kUniqueIdBytes bytes
+  // (ncclGetUniqueId's on one rank). Owned.
+  static constexpr size_t kUniqueIdBytes = 128;
+  static NcclCommunicator from_unique_id(const char* id, int rank, int world_size, int device,
+                                         double timeout_s = 60.0);
 
   // Destroys an owned communicator; leaves a borrowed one alone.
   ~NcclCommunicator();
@@ -50,6 +56,9 @@ class NcclCommunicator {
   void* comm() const { return comm_; }  // an ncclComm_t
   int device() const { return device_; }
   bool owned() const { return owned_; }
+  // Gives the communicator (an ncclComm_t) up: returns it and forgets it here, never destroyed nor
+  // aborted by this object; an owned one is then the caller's to destroy.
+  void* release();
   // A Transport over this communicator (valid while the communicator lives).
   std::unique_ptr<Transport> transport() const;
   // Aborts an owned communicator: every pending NCCL operation on it returns an error. A borrowed

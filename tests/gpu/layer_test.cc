@@ -76,6 +76,79 @@ std::vector<RankInputs> skewed_inputs(uint64_t seed, int ranks, int experts, int
   return in;
 }
 
+// `experts` random experts of the test's shape, from `seed`.
+ReferenceMoe experts_for(uint64_t seed, int experts) {
+  Rng rng(seed);
+  return random_experts(rng, kHidden, kFfn, experts);
+}
+
+// A parameterised test that needs a GPU.
+template <typename Param>
+class GpuTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override { FEPLB_SKIP_WITHOUT_GPU(); }
+};
+
+// One rank's device buffers for a forward of `tokens` tokens: hidden rows, outputs, expert ids
+// (every token to expert 0) and router weights.
+struct TokenBuffers {
+  explicit TokenBuffers(int64_t n) : tokens(n), x(n * kHidden), out(n * kHidden), idx(n), wt(n) {
+    FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0, idx.bytes()));
+  }
+  cuda::MicroBatch forward(cuda::MoeLayer& layer, const cuda::LocalExperts& w, cudaStream_t s) {
+    return layer.forward(w.params(), x.get(), idx.get(), wt.get(), tokens, out.get(), s);
+  }
+  int64_t tokens;
+  cuda::DeviceBuffer<__nv_bfloat16> x, out;
+  cuda::DeviceBuffer<int32_t> idx;
+  cuda::DeviceBuffer<float> wt;
+};
+
+// Rank 0 of a one-rank runtime: the reference's weights of its experts and `in`'s tokens on the
+// device, and the forward's outputs read back (result()).
+struct RankZeroForward {
+  RankZeroForward(const ReferenceMoe& m, const Topology& topo, const RankInputs& in, int experts)
+      : w(experts, kHidden, kFfn, false),
+        x(in.hidden.size()),
+        out(in.hidden.size()),
+        idx(in.topk_idx.size()),
+        wt(in.topk_weight.size()) {
+    const auto x16 = testing::to_bf16(in.hidden);
+    const auto w16 = testing::to_bf16(testing::local_weights(m, topo, 0));
+    FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(idx.get(), in.topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(wt.get(), in.topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
+  }
+  void forward(cuda::MoeLayer& layer, int64_t tokens, cudaStream_t s) {
+    layer.forward(w.params(), x.get(), idx.get(), wt.get(), tokens, out.get(), s);
+  }
+  std::vector<testing::RankResult> result() const {
+    std::vector<uint16_t> o16(out.size());
+    FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+    std::vector<testing::RankResult> got(1);
+    for (uint16_t v : o16) got[0].out.push_back(bf16_to_float(v));
+    return got;
+  }
+  cuda::LocalExperts w;
+  cuda::DeviceBuffer<__nv_bfloat16> x, out;
+  cuda::DeviceBuffer<int32_t> idx;
+  cuda::DeviceBuffer<float> wt;
+};
+
+// The float64 reference's weight gradient (`dw_total`, every expert's) of rank r's experts.
+std::vector<double> local_dw(const Topology& topo, int r, const std::vector<double>& dw_total) {
+  const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
+  std::vector<double> dw_ref;
+  for (int e : topo.local_experts(r)) {
+    dw_ref.insert(dw_ref.end(), dw_total.begin() + e * per_expert,
+                  dw_total.begin() + (e + 1) * per_expert);
+  }
+  return dw_ref;
+}
+
 // R in {1, 2, 4, 8} x every policy the GPU layer runs; test names like ep4_feplb_paper.
 auto RanksAndPolicies() {
   return ::testing::Combine(::testing::Values(1, 2, 4, 8),
@@ -87,16 +160,12 @@ std::string RankPolicyName(const ::testing::TestParamInfo<std::tuple<int, std::s
   return "ep" + std::to_string(std::get<0>(info.param)) + "_" + p;
 }
 
-class LayerTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {
- protected:
-  void SetUp() override { FEPLB_SKIP_WITHOUT_GPU(); }
-};
+class LayerTest : public GpuTest<std::tuple<int, std::string>> {};
 
 TEST_P(LayerTest, ForwardMatchesFloat64Reference) {
   const auto [ranks, policy] = GetParam();
   const int experts = 32, top_k = 4;
-  Rng rng(100 + ranks);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(100 + ranks, experts);
   const auto in = skewed_inputs(7 + ranks, ranks, experts, top_k, 96, 8.0);
   const auto got = run_layer(config_for(ranks, experts, top_k, 96, policy), m, in, /*forwards=*/2);
   expect_matches_reference(got, m, in, top_k, policy);
@@ -116,8 +185,7 @@ INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, LayerTest,
 TEST(Layer, BalancingOnAndOffAgree) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16, top_k = 2;
-  Rng rng(5);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(5, experts);
   const auto in = skewed_inputs(11, ranks, experts, top_k, 200, 6.0);
   const auto off = run_layer(config_for(ranks, experts, top_k, 200, "static"), m, in);
   const auto on = run_layer(config_for(ranks, experts, top_k, 200, "feplb"), m, in);
@@ -145,8 +213,7 @@ const EdgeCase kEdgeCases[] = {{"zero tokens", 2, 0, 2.0, -1},
 TEST(Layer, EdgeCases) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16;
-  Rng rng(9);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(9, experts);
   for (const EdgeCase& c : kEdgeCases) {
     for (const char* policy : {"static", "feplb", "oracle"}) {
       const auto in = skewed_inputs(3, ranks, experts, c.top_k, c.tokens, c.skew, c.hot);
@@ -170,12 +237,9 @@ TEST(Layer, APeerThatNeverArrivesIsAnErrorNotAHang) {
     rank1.join();
     cuda::LocalExperts w(2, kHidden, kFfn, false);
     cuda::Stream s;
-    cuda::DeviceBuffer<__nv_bfloat16> x(8 * kHidden), out(8 * kHidden);
-    cuda::DeviceBuffer<int32_t> idx(8);
-    cuda::DeviceBuffer<float> wt(8);
-    FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0, idx.bytes()));
+    TokenBuffers b(8);
     try {
-      layer.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get());
+      b.forward(layer, w, s.get());
     } catch (const Error& e) {
       error = e.what();
     }
@@ -238,7 +302,6 @@ void expect_gradients_match(const std::vector<std::vector<testing::BackwardResul
     ref.push_back(m.backward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, go, in[r].tokens, setup.top_k));
     for (size_t i = 0; i < dw_total.size(); ++i) dw_total[i] += ref[r].weights[i];
   }
-  const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
   for (size_t l = 0; l < got.size(); ++l) {
     for (int r = 0; r < R; ++r) {
       const std::string at = what + " layer " + std::to_string(l) + " rank " + std::to_string(r);
@@ -248,10 +311,7 @@ void expect_gradients_match(const std::vector<std::vector<testing::BackwardResul
         expect_close(got[l][r].grad_hidden, ref[r].hidden, at + " d hidden");
         expect_close(got[l][r].grad_topk_weight, ref[r].topk_weight, at + " d topk_weight");
       }
-      std::vector<double> dw_ref;
-      for (int e : c.topo.local_experts(r)) {
-        dw_ref.insert(dw_ref.end(), dw_total.begin() + e * per_expert, dw_total.begin() + (e + 1) * per_expert);
-      }
+      const std::vector<double> dw_ref = local_dw(c.topo, r, dw_total);
       bool any = false;
       for (double v : dw_ref) any = any || v != 0.0;
       if (any) expect_close(got[l][r].main_grad, dw_ref, at + " dW (gate|up and down)");
@@ -259,21 +319,27 @@ void expect_gradients_match(const std::vector<std::vector<testing::BackwardResul
   }
 }
 
-class LayerBackwardTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {
- protected:
-  void SetUp() override { FEPLB_SKIP_WITHOUT_GPU(); }
-};
+// The backward of `in` under `c` with random dL/dout (from `go_seed`), every gradient checked
+// against the float64 reference; returns the results ([layer][rank]).
+std::vector<std::vector<testing::BackwardResult>> expect_backward_matches(
+    const testing::LayerSetup& c, const ReferenceMoe& m, const std::vector<RankInputs>& in,
+    uint64_t go_seed, const std::string& what, int layers = 1,
+    cuda::GradMode mode = cuda::GradMode::kAccumulate) {
+  const auto go = random_grad_out(go_seed, in);
+  auto got = testing::run_layer_backward(c, m, in, go, layers, mode);
+  expect_gradients_match(got, c, m, in, go, what);
+  return got;
+}
+
+class LayerBackwardTest : public GpuTest<std::tuple<int, std::string>> {};
 
 TEST_P(LayerBackwardTest, GradientsMatchFloat64Reference) {
   const auto [ranks, policy] = GetParam();
   const int experts = 32, top_k = 4;
-  Rng rng(300 + ranks);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(300 + ranks, experts);
   const auto in = skewed_inputs(7 + ranks, ranks, experts, top_k, 96, 8.0);  // the forward test's inputs
-  const auto go = random_grad_out(41 + ranks, in);
-  const testing::LayerSetup c = config_for(ranks, experts, top_k, 96, policy);
-  const auto got = testing::run_layer_backward(c, m, in, go);
-  expect_gradients_match(got, c, m, in, go, policy);
+  const auto got = expect_backward_matches(config_for(ranks, experts, top_k, 96, policy), m, in,
+                                           41 + ranks, policy);
   int64_t guest_rows = 0;
   for (const auto& g : got[0]) guest_rows += g.stats.guest_rows;
   if (ranks > 1 && policy != "static") {
@@ -290,13 +356,10 @@ INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, LayerBackwardTest,
 TEST(LayerBackward, ReusedSlotsAreCopiedAgain) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16, top_k = 2;
-  Rng rng(77);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(77, experts);
   const auto in = skewed_inputs(78, ranks, experts, top_k, 128, 8.0);
-  const auto go = random_grad_out(79, in);
-  const testing::LayerSetup c = config_for(ranks, experts, top_k, 128, "feplb");
-  const auto got = testing::run_layer_backward(c, m, in, go, /*layers=*/2);
-  expect_gradients_match(got, c, m, in, go, "two layers, one pool");
+  const auto got = expect_backward_matches(config_for(ranks, experts, top_k, 128, "feplb"), m, in,
+                                           79, "two layers, one pool", /*layers=*/2);
   int64_t recopies0 = 0, recopies1 = 0, guests = 0;
   for (int r = 0; r < ranks; ++r) {
     recopies0 += got[0][r].stats.weight_recopies;
@@ -311,8 +374,7 @@ TEST(LayerBackward, ReusedSlotsAreCopiedAgain) {
 TEST(LayerBackward, BalancingOnAndOffAgree) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16, top_k = 2;
-  Rng rng(55);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(55, experts);
   const auto in = skewed_inputs(56, ranks, experts, top_k, 200, 6.0);
   const auto go = random_grad_out(57, in);
   const auto off = testing::run_layer_backward(config_for(ranks, experts, top_k, 200, "static"), m, in, go);
@@ -328,15 +390,13 @@ TEST(LayerBackward, BalancingOnAndOffAgree) {
 TEST(LayerBackward, EdgeCases) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16;
-  Rng rng(19);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(19, experts);
   for (const EdgeCase& k : kEdgeCases) {
     for (const char* policy : {"static", "feplb", "oracle"}) {
       const auto in = skewed_inputs(23, ranks, experts, k.top_k, k.tokens, k.skew, k.hot);
-      const auto go = random_grad_out(24, in);
-      const testing::LayerSetup c = config_for(ranks, experts, k.top_k, std::max<int64_t>(k.tokens, 1), policy);
-      expect_gradients_match(testing::run_layer_backward(c, m, in, go), c, m, in, go,
-                             std::string(k.name) + " / " + policy);
+      expect_backward_matches(
+          config_for(ranks, experts, k.top_k, std::max<int64_t>(k.tokens, 1), policy), m, in, 24,
+          std::string(k.name) + " / " + policy);
     }
   }
 }
@@ -426,14 +486,45 @@ TEST(LayerBackward, ARuntimeDestroyedUnderALayerIsAClearError) {
   rt.reset();
   cuda::LocalExperts w(4, kHidden, kFfn, false);
   cuda::Stream s;
-  cuda::DeviceBuffer<__nv_bfloat16> x(8 * kHidden), out(8 * kHidden);
-  cuda::DeviceBuffer<int32_t> idx(8);
-  cuda::DeviceBuffer<float> wt(8);
+  TokenBuffers b(8);
   try {
-    layer.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get());
+    b.forward(layer, w, s.get());
     ADD_FAILURE() << "forward on a destroyed runtime did not fail";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("runtime (rank 0) was destroyed"), std::string::npos) << e.what();
+  }
+}
+
+// Each micro-batch's outputs and gradients of a schedule's run (run_schedule) against the float64
+// reference (`what`: the messages' prefix); returns the weight gradient summed over them.
+std::vector<double> expect_micro_batches_match(
+    const std::vector<std::vector<testing::BackwardResult>>& got, const ReferenceMoe& m,
+    const std::vector<std::vector<RankInputs>>& in,
+    const std::vector<std::vector<std::vector<float>>>& go, int top_k, const std::string& what) {
+  std::vector<double> dw_total(m.weights.size(), 0.0);
+  for (size_t mb = 0; mb < in.size(); ++mb) {
+    for (size_t r = 0; r < in[mb].size(); ++r) {
+      const RankInputs& x = in[mb][r];
+      const std::string at =
+          what + "micro-batch " + std::to_string(mb) + " rank " + std::to_string(r);
+      expect_close(got[mb][r].out, m.forward(x.hidden, x.topk_idx, x.topk_weight, x.tokens, top_k),
+                   at + " out");
+      const std::vector<double> g(go[mb][r].begin(), go[mb][r].end());
+      const auto ref = m.backward(x.hidden, x.topk_idx, x.topk_weight, g, x.tokens, top_k);
+      expect_close(got[mb][r].grad_hidden, ref.hidden, at + " d hidden");
+      expect_close(got[mb][r].grad_topk_weight, ref.topk_weight, at + " d topk_weight");
+      for (size_t i = 0; i < dw_total.size(); ++i) dw_total[i] += ref.weights[i];
+    }
+  }
+  return dw_total;
+}
+
+// Each rank's weight gradient (one layer's results, `got`) against the reference's `dw_total`.
+void expect_dw_matches(const std::vector<testing::BackwardResult>& got, const Topology& topo,
+                       const std::vector<double>& dw_total, const std::string& what) {
+  for (int r = 0; r < static_cast<int>(got.size()); ++r) {
+    expect_close(got[r].main_grad, local_dw(topo, r, dw_total),
+                 what + "rank " + std::to_string(r) + " dW");
   }
 }
 
@@ -443,8 +534,7 @@ TEST(LayerBackward, ARuntimeDestroyedUnderALayerIsAClearError) {
 TEST(LayerBackward, SeveralMicroBatchesInFlightMatchTheReference) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16, top_k = 2;
-  Rng rng(88);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(88, experts);
   std::vector<std::vector<RankInputs>> in;
   std::vector<std::vector<std::vector<float>>> go;
   for (int mb = 0; mb < 3; ++mb) {
@@ -453,43 +543,23 @@ TEST(LayerBackward, SeveralMicroBatchesInFlightMatchTheReference) {
   }
   const testing::LayerSetup c = config_for(ranks, experts, top_k, 128, "feplb");
   const auto got = testing::run_schedule(c, m, in, go, "F0 F1 B0 F2 B1 B2");
-  std::vector<double> dw_total(m.weights.size(), 0.0);
+  const std::vector<double> dw_total = expect_micro_batches_match(got, m, in, go, top_k, "");
   int64_t guests = 0;
   for (int mb = 0; mb < 3; ++mb) {
-    for (int r = 0; r < ranks; ++r) {
-      const RankInputs& x = in[mb][r];
-      const std::string at = "micro-batch " + std::to_string(mb) + " rank " + std::to_string(r);
-      expect_close(got[mb][r].out, m.forward(x.hidden, x.topk_idx, x.topk_weight, x.tokens, top_k), at + " out");
-      const std::vector<double> g(go[mb][r].begin(), go[mb][r].end());
-      const auto ref = m.backward(x.hidden, x.topk_idx, x.topk_weight, g, x.tokens, top_k);
-      expect_close(got[mb][r].grad_hidden, ref.hidden, at + " d hidden");
-      expect_close(got[mb][r].grad_topk_weight, ref.topk_weight, at + " d topk_weight");
-      for (size_t i = 0; i < dw_total.size(); ++i) dw_total[i] += ref.weights[i];
-      guests += got[mb][r].stats.guest_rows;
-    }
+    for (int r = 0; r < ranks; ++r) guests += got[mb][r].stats.guest_rows;
   }
   ASSERT_GT(guests, 0) << "skewed input but no guest backward: the test would prove little";
-  const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
-  for (int r = 0; r < ranks; ++r) {
-    std::vector<double> dw_ref;
-    for (int e : c.runtime.topo.local_experts(r)) {
-      dw_ref.insert(dw_ref.end(), dw_total.begin() + e * per_expert, dw_total.begin() + (e + 1) * per_expert);
-    }
-    expect_close(got[0][r].main_grad, dw_ref, "rank " + std::to_string(r) + " dW summed over 3 micro-batches");
-  }
+  expect_dw_matches(got[0], c.runtime.topo, dw_total, "summed over 3 micro-batches: ");
 }
 
 // Weight gradients written (not accumulated) into caller buffers that held garbage (NaN).
 TEST(LayerBackward, OverwriteModeWritesEveryGradient) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16, top_k = 2;
-  Rng rng(66);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(66, experts);
   const auto in = skewed_inputs(67, ranks, experts, top_k, 64, 8.0);
-  const auto go = random_grad_out(68, in);
-  const testing::LayerSetup c = config_for(ranks, experts, top_k, 64, "feplb");
-  const auto got = testing::run_layer_backward(c, m, in, go, 1, cuda::GradMode::kOverwrite);
-  expect_gradients_match(got, c, m, in, go, "overwrite");
+  const auto got = expect_backward_matches(config_for(ranks, experts, top_k, 64, "feplb"), m, in,
+                                           68, "overwrite", 1, cuda::GradMode::kOverwrite);
   for (const auto& r : got[0]) {
     for (float v : r.main_grad) ASSERT_FALSE(std::isnan(v)) << "a weight gradient was left unwritten";
   }
@@ -505,17 +575,44 @@ TEST(Runtime, AnIdleRuntimeUsesNoCpu) {
   cuda::MoeLayer layer(rt, {1, "idle"}, cuda::make_gpu_planner(rt, "feplb"));
   cuda::LocalExperts w(4, kHidden, kFfn, false);
   cuda::Stream s;
-  cuda::DeviceBuffer<__nv_bfloat16> x(8 * kHidden), out(8 * kHidden);
-  cuda::DeviceBuffer<int32_t> idx(8);
-  cuda::DeviceBuffer<float> wt(8);
-  FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0, idx.bytes()));
-  layer.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get());  // one job, then idle
+  TokenBuffers b(8);
+  b.forward(layer, w, s.get());  // one job, then idle
   cuda::sync_with_timeout(s.get(), 30, "forward");
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const double before = rt.scheduler_cpu_seconds();
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const double used = rt.scheduler_cpu_seconds() - before;
   EXPECT_LT(used, 0.01) << "the idle scheduler thread used " << used << " s of CPU in 1 s";
+}
+
+// Two micro-batches' skewed routing for `layers` layers (inputs from seed + 10 * micro-batch +
+// layer).
+cuda::TrainRouting skewed_routing(uint64_t seed, int ranks, int experts, int top_k, int64_t tokens,
+                                  int layers) {
+  cuda::TrainRouting routing(2);
+  for (int mb = 0; mb < 2; ++mb) {
+    for (int l = 0; l < layers; ++l) {
+      const auto li = skewed_inputs(seed + 10 * mb + l, ranks, experts, top_k, tokens, 6.0);
+      std::vector<std::vector<int32_t>> per_rank;
+      for (const auto& r : li) per_rank.push_back(r.topk_idx);
+      routing[mb].push_back(per_rank);
+    }
+  }
+  return routing;
+}
+
+// Four Adam steps of two micro-batches over `layers` layers with `setup`'s runtime.
+cuda::TrainConfig train_config(const testing::LayerSetup& setup, const std::string& policy,
+                               int top_k, int layers) {
+  cuda::TrainConfig t;
+  t.runtime = setup.runtime;
+  t.policy = policy;
+  t.top_k = top_k;
+  t.layers = layers;
+  t.steps = 4;
+  t.micro_batches = 2;
+  t.lr = 2e-3f;
+  return t;
 }
 
 // A few Adam steps of a 2-layer residual MoE model: the loss falls, and balancing on gives the
@@ -525,26 +622,11 @@ TEST(Training, LossCurvesAgreeWithBalancingOnAndOff) {
   const int ranks = 4, experts = 16, top_k = 2, layers = 2;
   const int64_t tokens = 128;
   const auto in = skewed_inputs(61, ranks, experts, top_k, tokens, 6.0);
-  cuda::TrainRouting routing(2);
-  for (int mb = 0; mb < 2; ++mb) {
-    for (int l = 0; l < layers; ++l) {
-      const auto li = skewed_inputs(62 + 10 * mb + l, ranks, experts, top_k, tokens, 6.0);
-      std::vector<std::vector<int32_t>> per_rank;
-      for (const auto& r : li) per_rank.push_back(r.topk_idx);
-      routing[mb].push_back(per_rank);
-    }
-  }
+  const cuda::TrainRouting routing = skewed_routing(62, ranks, experts, top_k, tokens, layers);
   auto run = [&](const std::string& policy) {
-    cuda::TrainConfig t;
-    const testing::LayerSetup setup = config_for(ranks, experts, top_k, tokens, policy);
-    t.runtime = setup.runtime;
-    t.policy = policy;
-    t.top_k = top_k;
-    t.layers = layers;
-    t.steps = 4;
-    t.micro_batches = 2;
-    t.lr = 2e-3f;
-    return cuda::run_virtual_training(t, routing);
+    return cuda::run_virtual_training(
+        train_config(config_for(ranks, experts, top_k, tokens, policy), policy, top_k, layers),
+        routing);
   };
   const auto off = run("static"), on = run("feplb");
   ASSERT_EQ(off.loss.size(), on.loss.size());
@@ -615,10 +697,7 @@ std::string RankPathName(const ::testing::TestParamInfo<std::tuple<int, int>>& i
          kPathModes[std::get<1>(info.param)].name;
 }
 
-class LayerPathTest : public ::testing::TestWithParam<std::tuple<int, int>> {
- protected:
-  void SetUp() override { FEPLB_SKIP_WITHOUT_GPU(); }
-};
+class LayerPathTest : public GpuTest<std::tuple<int, int>> {};
 
 // Right predictions: the warm-up forward and the measured ones route the same tokens, so the
 // prefetched weights are used (hits), and the results match the float64 reference.
@@ -626,8 +705,7 @@ TEST_P(LayerPathTest, ForwardAndBackwardMatchFloat64Reference) {
   const auto [ranks, mi] = GetParam();
   const PathMode& mode = kPathModes[mi];
   const int experts = 32, top_k = 4;
-  Rng rng(400 + ranks);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(400 + ranks, experts);
   const auto in = skewed_inputs(7 + ranks, ranks, experts, top_k, 96, 8.0);
   const testing::LayerSetup c = path_config(ranks, experts, top_k, 96, mode);
   const auto fwd = run_layer(c, m, in, /*forwards=*/2);
@@ -650,9 +728,7 @@ TEST_P(LayerPathTest, ForwardAndBackwardMatchFloat64Reference) {
     EXPECT_GT(st.weight_copies, 0)
         << mode.name << ": migrations without prefetch copy their weights";
   }
-  const auto go = random_grad_out(41 + ranks, in);
-  const auto got = testing::run_layer_backward(c, m, in, go);
-  expect_gradients_match(got, c, m, in, go, mode.name);
+  const auto got = expect_backward_matches(c, m, in, 41 + ranks, mode.name);
   PathStats bst;
   for (const auto& g : got[0]) bst.add(g.forward_stats);
   EXPECT_GT(bst.guest_rows, 0) << mode.name << ": no guest backward";
@@ -673,8 +749,7 @@ TEST(LayerPaths, WrongPredictionsCostBytesNeverCorrectness) {
     for (int mi : {1, 2}) {
       const PathMode& mode = kPathModes[mi];
       const std::string what = std::string(mode.name) + " ep" + std::to_string(ranks);
-      Rng rng(500 + ranks);
-      const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+      const ReferenceMoe m = experts_for(500 + ranks, experts);
       testing::LayerSetup c = path_config(ranks, experts, top_k, 96, mode);
       c.warmup_inputs = skewed_inputs(31 + ranks, ranks, experts, top_k, 96, 2.0, /*hot_expert=*/1);
       const auto in =
@@ -688,8 +763,7 @@ TEST(LayerPaths, WrongPredictionsCostBytesNeverCorrectness) {
           << what << ": a different routing, yet every prediction was used";
       EXPECT_GT(st.weight_copies, 0)
           << what << ": the new hot expert's migrations need their weights copied";
-      const auto go = random_grad_out(43 + ranks, in);
-      expect_gradients_match(testing::run_layer_backward(c, m, in, go), c, m, in, go, what);
+      expect_backward_matches(c, m, in, 43 + ranks, what);
     }
   }
 }
@@ -697,8 +771,7 @@ TEST(LayerPaths, WrongPredictionsCostBytesNeverCorrectness) {
 TEST(LayerPaths, EdgeCases) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16;
-  Rng rng(29);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(29, experts);
   for (const EdgeCase& k : kEdgeCases) {
     for (int mi : {0, 1, 2}) {
       const PathMode& mode = kPathModes[mi];
@@ -707,8 +780,7 @@ TEST(LayerPaths, EdgeCases) {
       const testing::LayerSetup c =
           path_config(ranks, experts, k.top_k, std::max<int64_t>(k.tokens, 1), mode);
       expect_matches_reference(run_layer(c, m, in, 2), m, in, k.top_k, what);
-      const auto go = random_grad_out(34, in);
-      expect_gradients_match(testing::run_layer_backward(c, m, in, go), c, m, in, go, what);
+      expect_backward_matches(c, m, in, 34, what);
     }
   }
 }
@@ -719,15 +791,13 @@ TEST(LayerPaths, EdgeCases) {
 TEST(LayerPaths, LayersSharingThePoolCopyRefilledSlotsAgain) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16, top_k = 2, layers = 3;
-  Rng rng(81);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(81, experts);
   const auto in = skewed_inputs(82, ranks, experts, top_k, 128, 8.0);
-  const auto go = random_grad_out(83, in);
   for (int mi : {1, 2}) {
     const PathMode& mode = kPathModes[mi];
-    const testing::LayerSetup c = path_config(ranks, experts, top_k, 128, mode);
-    const auto got = testing::run_layer_backward(c, m, in, go, layers);
-    expect_gradients_match(got, c, m, in, go, std::string("three layers, one pool, ") + mode.name);
+    const auto got =
+        expect_backward_matches(path_config(ranks, experts, top_k, 128, mode), m, in, 83,
+                                std::string("three layers, one pool, ") + mode.name, layers);
     std::vector<int64_t> recopies(layers, 0), hits(layers, 0);
     for (int l = 0; l < layers; ++l) {
       for (int r = 0; r < ranks; ++r) recopies[l] += got[l][r].stats.weight_recopies;
@@ -747,8 +817,7 @@ TEST(LayerPaths, LayersSharingThePoolCopyRefilledSlotsAgain) {
 TEST(LayerPaths, APrefetchDroppedByAnotherCallIsHarmless) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16, top_k = 2;
-  Rng rng(91);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(91, experts);
   for (int mi : {1, 2}) {
     const PathMode& mode = kPathModes[mi];
     std::vector<std::vector<RankInputs>> in;
@@ -759,35 +828,13 @@ TEST(LayerPaths, APrefetchDroppedByAnotherCallIsHarmless) {
     }
     const testing::LayerSetup c = path_config(ranks, experts, top_k, 128, mode);
     const auto got = testing::run_schedule(c, m, in, go, "F0 P1 F1 P2 B0 F2 B1 B2");
-    std::vector<double> dw_total(m.weights.size(), 0.0);
-    for (int mb = 0; mb < 3; ++mb) {
-      for (int r = 0; r < ranks; ++r) {
-        const RankInputs& x = in[mb][r];
-        const std::string at = std::string(mode.name) + " micro-batch " + std::to_string(mb) +
-                               " rank " + std::to_string(r);
-        expect_close(got[mb][r].out,
-                     m.forward(x.hidden, x.topk_idx, x.topk_weight, x.tokens, top_k), at + " out");
-        const std::vector<double> g(go[mb][r].begin(), go[mb][r].end());
-        const auto ref = m.backward(x.hidden, x.topk_idx, x.topk_weight, g, x.tokens, top_k);
-        expect_close(got[mb][r].grad_hidden, ref.hidden, at + " d hidden");
-        expect_close(got[mb][r].grad_topk_weight, ref.topk_weight, at + " d topk_weight");
-        for (size_t i = 0; i < dw_total.size(); ++i) dw_total[i] += ref.weights[i];
-      }
-    }
+    const std::vector<double> dw_total =
+        expect_micro_batches_match(got, m, in, go, top_k, std::string(mode.name) + " ");
     EXPECT_GT(got[1][0].forward_stats.prefetched_pairs, 0)
         << mode.name << ": P1 was not used by F1";
     EXPECT_EQ(got[2][0].forward_stats.prefetched_pairs, 0)
         << mode.name << ": P2 should have been dropped by B0";
-    const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
-    for (int r = 0; r < ranks; ++r) {
-      std::vector<double> dw_ref;
-      for (int e : c.runtime.topo.local_experts(r)) {
-        dw_ref.insert(dw_ref.end(), dw_total.begin() + e * per_expert,
-                      dw_total.begin() + (e + 1) * per_expert);
-      }
-      expect_close(got[0][r].main_grad, dw_ref,
-                   std::string(mode.name) + " rank " + std::to_string(r) + " dW");
-    }
+    expect_dw_matches(got[0], c.runtime.topo, dw_total, std::string(mode.name) + " ");
   }
 }
 
@@ -796,8 +843,7 @@ TEST(LayerPaths, APrefetchDroppedByAnotherCallIsHarmless) {
 TEST(LayerPaths, PrefetchWithoutPredictionsIsANoOp) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 2, experts = 8, top_k = 2;
-  Rng rng(61);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(61, experts);
   const auto in = skewed_inputs(62, ranks, experts, top_k, 64, 6.0);
   for (const char* policy : {"static", "feplb"}) {
     testing::LayerSetup c = config_for(ranks, experts, top_k, 64, policy);
@@ -824,26 +870,11 @@ TEST(Training, LossCurvesAgreeWithOneHopAndPrefetch) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16, top_k = 2, layers = 2;
   const int64_t tokens = 128;
-  cuda::TrainRouting routing(2);
-  for (int mb = 0; mb < 2; ++mb) {
-    for (int l = 0; l < layers; ++l) {
-      const auto li = skewed_inputs(162 + 10 * mb + l, ranks, experts, top_k, tokens, 6.0);
-      std::vector<std::vector<int32_t>> per_rank;
-      for (const auto& r : li) per_rank.push_back(r.topk_idx);
-      routing[mb].push_back(per_rank);
-    }
-  }
+  const cuda::TrainRouting routing = skewed_routing(162, ranks, experts, top_k, tokens, layers);
   auto run = [&](const std::string& policy, const PathMode* mode) {
-    cuda::TrainConfig t;
     const testing::LayerSetup setup = mode ? path_config(ranks, experts, top_k, tokens, *mode)
                                            : config_for(ranks, experts, top_k, tokens, policy);
-    t.runtime = setup.runtime;
-    t.policy = policy;
-    t.top_k = top_k;
-    t.layers = layers;
-    t.steps = 4;
-    t.micro_batches = 2;
-    t.lr = 2e-3f;
+    cuda::TrainConfig t = train_config(setup, policy, top_k, layers);
     t.prefetch = mode && mode->prefetch_call;
     return cuda::run_virtual_training(t, routing);
   };
@@ -876,34 +907,18 @@ TEST(Layer, NcclTransportWithOneRankMatchesReference) {
   cuda::NcclCommunicator comm(env, 30);
   auto transport = comm.transport();
   const int experts = 8, top_k = 2;
-  Rng rng(21);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(21, experts);
   const auto in = skewed_inputs(4, 1, experts, top_k, 64, 3.0);
   cuda::RuntimeConfig c = config_for(1, experts, top_k, 64, "feplb").runtime;
   c.training = false;
   cuda::EpRuntime rt(c, *transport);
   cuda::MoeLayer layer(rt, {top_k, "nccl"}, cuda::make_gpu_planner(rt, "feplb"));
   cuda::Stream s;
-  const auto x16 = testing::to_bf16(in[0].hidden);
-  const auto w16 = testing::to_bf16(testing::local_weights(m, c.topo, 0));
-  cuda::LocalExperts w(experts, kHidden, kFfn, false);
-  cuda::DeviceBuffer<__nv_bfloat16> x(x16.size()), out(x16.size());
-  cuda::DeviceBuffer<int32_t> idx(in[0].topk_idx.size());
-  cuda::DeviceBuffer<float> wt(in[0].topk_weight.size());
-  FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
-  FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
-  FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in[0].topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
-  FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in[0].topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
-  FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), s.get()));
-  layer.forward(w.params(), x.get(), idx.get(), wt.get(), 64, out.get(), s.get());
+  RankZeroForward f(m, c.topo, in[0], experts);
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(f.out.get(), 0xff, f.out.bytes(), s.get()));
+  f.forward(layer, 64, s.get());
   cuda::sync_with_timeout(s.get(), 30, "nccl forward");
-  std::vector<uint16_t> o16(x16.size());
-  FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
-  std::vector<float> o(o16.size());
-  for (size_t i = 0; i < o.size(); ++i) o[i] = bf16_to_float(o16[i]);
-  std::vector<testing::RankResult> got(1);
-  got[0].out = o;
-  expect_matches_reference(got, m, in, top_k, "nccl world 1");
+  expect_matches_reference(f.result(), m, in, top_k, "nccl world 1");
 }
 
 }  // namespace
@@ -916,32 +931,18 @@ namespace {
 TEST(Layer, RunsOnTheLegacyDefaultStream) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int experts = 8, top_k = 2;
-  Rng rng(31);
-  const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
+  const ReferenceMoe m = experts_for(31, experts);
   const auto in = skewed_inputs(32, 1, experts, top_k, 48, 3.0);
   cuda::InProcessGroup group(1);
   cuda::RuntimeConfig c = config_for(1, experts, top_k, 48, "feplb").runtime;
   c.training = false;
   cuda::EpRuntime rt(c, group.endpoint(0));
   cuda::MoeLayer layer(rt, {top_k, "default-stream"}, cuda::make_gpu_planner(rt, "feplb"));
-  const auto x16 = testing::to_bf16(in[0].hidden);
-  const auto w16 = testing::to_bf16(testing::local_weights(m, c.topo, 0));
-  cuda::LocalExperts w(experts, kHidden, kFfn, false);
-  cuda::DeviceBuffer<__nv_bfloat16> x(x16.size()), out(x16.size());
-  cuda::DeviceBuffer<int32_t> idx(in[0].topk_idx.size());
-  cuda::DeviceBuffer<float> wt(in[0].topk_weight.size());
-  FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
-  FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x16.size() * 2, cudaMemcpyHostToDevice));
-  FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), in[0].topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
-  FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), in[0].topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
-  FEPLB_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
-  layer.forward(w.params(), x.get(), idx.get(), wt.get(), 48, out.get(), nullptr);
+  RankZeroForward f(m, c.topo, in[0], experts);
+  FEPLB_CUDA_CHECK(cudaMemset(f.out.get(), 0xff, f.out.bytes()));
+  f.forward(layer, 48, nullptr);  // the legacy default stream
   FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<uint16_t> o16(x16.size());
-  FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
-  std::vector<testing::RankResult> got(1);
-  for (uint16_t v : o16) got[0].out.push_back(bf16_to_float(v));
-  expect_matches_reference(got, m, in, top_k, "default stream");
+  expect_matches_reference(f.result(), m, in, top_k, "default stream");
 }
 
 }  // namespace

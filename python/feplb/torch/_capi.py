@@ -17,68 +17,58 @@ _c_void_p_p = ctypes.POINTER(ctypes.c_void_p)
 _c_float_p_p = ctypes.POINTER(ctypes.POINTER(ctypes.c_float))
 
 
-class ForwardArgs(ctypes.Structure):
-    _fields_ = [
+# The argument structs' fields in c_api.h's order: a forward's are the layer, its weights, the
+# call's own fields, the stream and the micro-batch handle (out); a backward's the layer, the
+# handle, the weights, its own fields, then the gradients, the mode and the stream.
+_WEIGHTS = [("gate_up", _c_void_p_p), ("down", _c_void_p_p), ("num_experts", ctypes.c_int)]
+
+
+def _forward_fields(*own):
+    return [("layer", ctypes.c_void_p), *_WEIGHTS, *own, ("stream", ctypes.c_void_p), ("handle", ctypes.c_int64)]
+
+
+def _backward_fields(*own):
+    return [
         ("layer", ctypes.c_void_p),
-        ("gate_up", _c_void_p_p),
-        ("down", _c_void_p_p),
-        ("num_experts", ctypes.c_int),
+        ("handle", ctypes.c_int64),
+        *_WEIGHTS,
+        *own,
+        ("grad_gate_up", _c_void_p_p),
+        ("grad_down", _c_void_p_p),
+        ("accumulate", ctypes.c_int),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+class ForwardArgs(ctypes.Structure):
+    _fields_ = _forward_fields(
         ("hidden", ctypes.c_void_p),
         ("topk_idx", ctypes.c_void_p),
         ("topk_weight", ctypes.c_void_p),
         ("num_tokens", ctypes.c_int64),
         ("out", ctypes.c_void_p),
-        ("stream", ctypes.c_void_p),
-        ("handle", ctypes.c_int64),
-    ]
+    )
 
 
 class BackwardArgs(ctypes.Structure):
-    _fields_ = [
-        ("layer", ctypes.c_void_p),
-        ("handle", ctypes.c_int64),
-        ("gate_up", _c_void_p_p),
-        ("down", _c_void_p_p),
-        ("num_experts", ctypes.c_int),
+    _fields_ = _backward_fields(
         ("grad_out", ctypes.c_void_p),
         ("topk_weight", ctypes.c_void_p),
         ("grad_hidden", ctypes.c_void_p),
         ("grad_topk_weight", ctypes.c_void_p),
-        ("grad_gate_up", _c_void_p_p),
-        ("grad_down", _c_void_p_p),
-        ("accumulate", ctypes.c_int),
-        ("stream", ctypes.c_void_p),
-    ]
+    )
 
 
 class DispatchedForwardArgs(ctypes.Structure):
-    _fields_ = [
-        ("layer", ctypes.c_void_p),
-        ("gate_up", _c_void_p_p),
-        ("down", _c_void_p_p),
-        ("num_experts", ctypes.c_int),
+    _fields_ = _forward_fields(
         ("rows", ctypes.c_void_p),
         ("rows_per_expert", ctypes.POINTER(ctypes.c_int64)),
         ("out_rows", ctypes.c_void_p),
-        ("stream", ctypes.c_void_p),
-        ("handle", ctypes.c_int64),
-    ]
+    )
 
 
 class DispatchedBackwardArgs(ctypes.Structure):
-    _fields_ = [
-        ("layer", ctypes.c_void_p),
-        ("handle", ctypes.c_int64),
-        ("gate_up", _c_void_p_p),
-        ("down", _c_void_p_p),
-        ("num_experts", ctypes.c_int),
-        ("grad_out_rows", ctypes.c_void_p),
-        ("grad_rows", ctypes.c_void_p),
-        ("grad_gate_up", _c_void_p_p),
-        ("grad_down", _c_void_p_p),
-        ("accumulate", ctypes.c_int),
-        ("stream", ctypes.c_void_p),
-    ]
+    _fields_ = _backward_fields(("grad_out_rows", ctypes.c_void_p), ("grad_rows", ctypes.c_void_p))
 
 
 ALLOCATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p)
@@ -114,6 +104,12 @@ def _load():
 
 lib = _load()
 
+# Signatures several functions share.
+_CREATE_RUNTIME = (
+    ctypes.c_int,
+    [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Allocator), ctypes.POINTER(ctypes.c_void_p)],
+)
+_JSON_OUT = (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)])
 _SIGNATURES = {
     "feplb_last_error": (ctypes.c_char_p, []),
     "feplb_group_create": (ctypes.c_int, [ctypes.c_int, ctypes.c_double, ctypes.POINTER(ctypes.c_void_p)]),
@@ -124,19 +120,10 @@ _SIGNATURES = {
         [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.POINTER(ctypes.c_void_p)],
     ),
     "feplb_nccl_comm_destroy": (ctypes.c_int, [ctypes.c_void_p]),
-    "feplb_runtime_create_inproc": (
-        ctypes.c_int,
-        [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Allocator), ctypes.POINTER(ctypes.c_void_p)],
-    ),
-    "feplb_runtime_create_nccl": (
-        ctypes.c_int,
-        [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Allocator), ctypes.POINTER(ctypes.c_void_p)],
-    ),
+    "feplb_runtime_create_inproc": _CREATE_RUNTIME,
+    "feplb_runtime_create_nccl": _CREATE_RUNTIME,
     "feplb_runtime_destroy": (None, [ctypes.c_void_p]),
-    "feplb_runtime_info_json": (
-        ctypes.c_int,
-        [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
-    ),
+    "feplb_runtime_info_json": _JSON_OUT,
     "feplb_layer_create": (
         ctypes.c_int,
         [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)],
@@ -148,10 +135,7 @@ _SIGNATURES = {
     "feplb_backward_dispatched": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(DispatchedBackwardArgs)]),
     "feplb_handle_drop": (ctypes.c_int, [ctypes.c_int64]),
     "feplb_layer_sync_gradients": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
-    "feplb_layer_stats_json": (
-        ctypes.c_int,
-        [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
-    ),
+    "feplb_layer_stats_json": _JSON_OUT,
 }
 for _name, (_res, _args) in _SIGNATURES.items():
     _fn = getattr(lib, _name)

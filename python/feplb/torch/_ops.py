@@ -89,24 +89,31 @@ def _fence_out(entry, cur, streams):
             cur.wait_stream(s)
 
 
-def forward_impl(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
-    entry = _layers[key]
-    R, E = entry.local_ranks, entry.experts
-    out = torch.empty_like(hidden)
-    cur, streams = _fence_in(entry)
-    args = (_capi.ForwardArgs * R)()
-    for r in range(R):
+def _set_weights(a, entry, r, gate_up, down):
+    """Rank r's layer and weights into its argument struct `a`."""
+    a.layer, a.num_experts = entry.c_layers[r], entry.experts
+    a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
+
+
+def _backward_args(struct, entry, streams, ids, gate_up, down, grad_gate_up, grad_down, accumulate):
+    """A backward's argument structs, one per local rank, with the fields every backward has: the
+    layer, the micro-batch, the weights, their gradients, the mode and the stream."""
+    args = (struct * entry.local_ranks)()
+    for r in range(entry.local_ranks):
         a = args[r]
-        h = hidden[r] if R > 1 else hidden
-        a.layer, a.num_experts = entry.c_layers[r], E
-        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
-        a.hidden = h.data_ptr()
-        a.topk_idx = (topk_idx[r] if R > 1 else topk_idx).data_ptr()
-        a.topk_weight = (topk_weight[r] if R > 1 else topk_weight).data_ptr()
-        a.num_tokens = h.shape[0]
-        a.out = (out[r] if R > 1 else out).data_ptr()
+        a.handle = ids[r]
+        _set_weights(a, entry, r, gate_up, down)
+        a.grad_gate_up, a.grad_down = entry.arrays(grad_gate_up, r), entry.arrays(grad_down, r)
+        a.accumulate = 1 if accumulate else 0
         a.stream = streams[r].cuda_stream
-    code = lib.feplb_forward(R, args)
+    return args
+
+
+def _run_forward(fn, entry, cur, streams, args, keep):
+    """Runs the batched forward `fn` over `args` and returns the micro-batch handles it kept, as a
+    tensor: with `keep`, dropped if that tensor is freed without a backward; else dropped now."""
+    R = entry.local_ranks
+    code = fn(R, args)
     _fence_out(entry, cur, streams)
     ids = [args[r].handle for r in range(R)]
     _live.update(i for i in ids if i)
@@ -116,7 +123,48 @@ def forward_impl(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
         weakref.finalize(handles, _drop, ids)  # a graph freed without its backward
     else:
         _drop(ids)
-    return out, handles
+    return handles
+
+
+def _live_ids(handles, hint=""):
+    """The micro-batch handles a backward consumes, each still live (ValueError otherwise)."""
+    ids = handles.tolist()
+    for i in ids:
+        if i not in _live:
+            raise ValueError(f"feplb backward: micro-batch {i} was consumed already{hint} or dropped")
+    return ids
+
+
+def _run_backward(fn, entry, cur, streams, args, ids):
+    """Runs the batched backward `fn` over `args`, consuming the micro-batches `ids`."""
+    R = entry.local_ranks
+    _live.difference_update(ids)
+    code = fn(R, args)
+    if code == _capi.OK:
+        # The helpers' weight gradients are added on the runtime's copy stream: later work sees them.
+        for r in range(R):
+            check(lib.feplb_layer_sync_gradients(entry.c_layers[r], streams[r].cuda_stream))
+    _fence_out(entry, cur, streams)
+    check(code)
+
+
+def forward_impl(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
+    entry = _layers[key]
+    R = entry.local_ranks
+    out = torch.empty_like(hidden)
+    cur, streams = _fence_in(entry)
+    args = (_capi.ForwardArgs * R)()
+    for r in range(R):
+        a = args[r]
+        h = hidden[r] if R > 1 else hidden
+        _set_weights(a, entry, r, gate_up, down)
+        a.hidden = h.data_ptr()
+        a.topk_idx = (topk_idx[r] if R > 1 else topk_idx).data_ptr()
+        a.topk_weight = (topk_weight[r] if R > 1 else topk_weight).data_ptr()
+        a.num_tokens = h.shape[0]
+        a.out = (out[r] if R > 1 else out).data_ptr()
+        a.stream = streams[r].cuda_stream
+    return out, _run_forward(lib.feplb_forward, entry, cur, streams, args, keep)
 
 
 def backward_impl(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
@@ -124,32 +172,16 @@ def backward_impl(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, g
     R = entry.local_ranks
     grad_hidden = torch.empty_like(grad_out)
     grad_w = torch.empty_like(topk_weight)
-    ids = handles.tolist()
-    for i in ids:
-        if i not in _live:
-            raise ValueError(f"feplb backward: micro-batch {i} was consumed already (backward twice, or "
-                             "retain_graph=True?) or dropped")
+    ids = _live_ids(handles, " (backward twice, or retain_graph=True?)")
     cur, streams = _fence_in(entry)
-    args = (_capi.BackwardArgs * R)()
+    args = _backward_args(_capi.BackwardArgs, entry, streams, ids, gate_up, down, grad_gate_up, grad_down, accumulate)
     for r in range(R):
         a = args[r]
-        a.layer, a.handle, a.num_experts = entry.c_layers[r], ids[r], entry.experts
-        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
-        a.grad_gate_up, a.grad_down = entry.arrays(grad_gate_up, r), entry.arrays(grad_down, r)
         a.grad_out = (grad_out[r] if R > 1 else grad_out).data_ptr()
         a.topk_weight = (topk_weight[r] if R > 1 else topk_weight).data_ptr()
         a.grad_hidden = (grad_hidden[r] if R > 1 else grad_hidden).data_ptr()
         a.grad_topk_weight = (grad_w[r] if R > 1 else grad_w).data_ptr()
-        a.accumulate = 1 if accumulate else 0
-        a.stream = streams[r].cuda_stream
-    _live.difference_update(ids)
-    code = lib.feplb_backward(R, args)
-    if code == _capi.OK:
-        # The helpers' weight gradients are added on the runtime's copy stream: later work sees them.
-        for r in range(R):
-            check(lib.feplb_layer_sync_gradients(entry.c_layers[r], streams[r].cuda_stream))
-    _fence_out(entry, cur, streams)
-    check(code)
+    _run_backward(lib.feplb_backward, entry, cur, streams, args, ids)
     return grad_hidden, grad_w
 
 
@@ -193,6 +225,17 @@ def _param_grads(g_gu, g_dn, gate_up, down, accumulated):
     return [g.to(p.dtype) for g, p in zip(g_gu, gate_up)], [g.to(p.dtype) for g, p in zip(g_dn, down)]
 
 
+def _moe_grads(ctx, grad_out, impl):
+    """The backward of a forward that saved (topk_weight, handles) and its parameters in `ctx`,
+    through `impl` (the custom op, or its implementation): grad_hidden, grad_w, and the parameters'
+    gradients (gate_up's, down's)."""
+    topk_weight, handles = ctx.saved_tensors
+    gate_up, down = ctx.params
+    g_gu, g_dn, acc = _weight_grads(gate_up, down)
+    grad_hidden, grad_w = impl(grad_out.contiguous(), topk_weight, handles, gate_up, down, g_gu, g_dn, ctx.key, acc)
+    return grad_hidden, grad_w, _param_grads(g_gu, g_dn, gate_up, down, acc)
+
+
 def _setup_context(ctx, inputs, output):
     hidden, topk_idx, topk_weight, gate_up, down, key, keep = inputs
     _, handles = output
@@ -202,12 +245,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, _grad_handles):
-    topk_weight, handles = ctx.saved_tensors
-    gate_up, down = ctx.params
-    g_gu, g_dn, acc = _weight_grads(gate_up, down)
-    grad_hidden, grad_w = moe_backward(grad_out.contiguous(), topk_weight, handles, gate_up, down, g_gu, g_dn,
-                                       ctx.key, acc)
-    return (grad_hidden, None, grad_w, *_param_grads(g_gu, g_dn, gate_up, down, acc), None, None)
+    grad_hidden, grad_w, param_grads = _moe_grads(ctx, grad_out, moe_backward)
+    return (grad_hidden, None, grad_w, *param_grads, None, None)
 
 
 moe_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -229,12 +268,7 @@ class MoEFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, _grad_handles):
-        topk_weight, handles = ctx.saved_tensors
-        gate_up, down = ctx.params
-        g_gu, g_dn, acc = _weight_grads(gate_up, down)
-        grad_hidden, grad_w = backward_impl(grad_out.contiguous(), topk_weight, handles, gate_up, down, g_gu, g_dn,
-                                            ctx.key, acc)
-        p_gu, p_dn = _param_grads(g_gu, g_dn, gate_up, down, acc)
+        grad_hidden, grad_w, (p_gu, p_dn) = _moe_grads(ctx, grad_out, backward_impl)
         return (grad_hidden, None, grad_w, None, None, None, *p_gu, *p_dn)
 
 
@@ -260,48 +294,24 @@ def dispatched_forward_impl(rows, counts, gate_up, down, key, keep):
         a = args[r]
         c = (ctypes_int64 * max(1, entry.experts))(*counts[r])
         alive.append(c)
-        a.layer, a.num_experts = entry.c_layers[r], entry.experts
-        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
+        _set_weights(a, entry, r, gate_up, down)
         a.rows, a.rows_per_expert, a.out_rows = rows[r].data_ptr(), c, outs[r].data_ptr()
         a.stream = streams[r].cuda_stream
-    code = lib.feplb_forward_dispatched(R, args)
-    _fence_out(entry, cur, streams)
-    ids = [args[r].handle for r in range(R)]
-    _live.update(i for i in ids if i)
-    check(code)
-    handles = torch.tensor(ids, dtype=torch.int64)
-    if keep:
-        weakref.finalize(handles, _drop, ids)
-    else:
-        _drop(ids)
-    return outs, handles
+    return outs, _run_forward(lib.feplb_forward_dispatched, entry, cur, streams, args, keep)
 
 
 def dispatched_backward_impl(grad_outs, handles, gate_up, down, grad_gate_up, grad_down, key, accumulate):
     entry = _layers[key]
     R = entry.local_ranks
     grad_rows = [torch.empty_like(g) for g in grad_outs]
-    ids = handles.tolist()
-    for i in ids:
-        if i not in _live:
-            raise ValueError(f"feplb backward: micro-batch {i} was consumed already or dropped")
+    ids = _live_ids(handles)
     cur, streams = _fence_in(entry)
-    args = (_capi.DispatchedBackwardArgs * R)()
+    args = _backward_args(_capi.DispatchedBackwardArgs, entry, streams, ids, gate_up, down, grad_gate_up, grad_down,
+                          accumulate)
     for r in range(R):
         a = args[r]
-        a.layer, a.handle, a.num_experts = entry.c_layers[r], ids[r], entry.experts
-        a.gate_up, a.down = entry.arrays(gate_up, r), entry.arrays(down, r)
-        a.grad_gate_up, a.grad_down = entry.arrays(grad_gate_up, r), entry.arrays(grad_down, r)
         a.grad_out_rows, a.grad_rows = grad_outs[r].data_ptr(), grad_rows[r].data_ptr()
-        a.accumulate = 1 if accumulate else 0
-        a.stream = streams[r].cuda_stream
-    _live.difference_update(ids)
-    code = lib.feplb_backward_dispatched(R, args)
-    if code == _capi.OK:
-        for r in range(R):
-            check(lib.feplb_layer_sync_gradients(entry.c_layers[r], streams[r].cuda_stream))
-    _fence_out(entry, cur, streams)
-    check(code)
+    _run_backward(lib.feplb_backward_dispatched, entry, cur, streams, args, ids)
     return grad_rows
 
 
@@ -332,6 +342,17 @@ def _(grad_outs, handles, gate_up, down, grad_gate_up, grad_down, key, accumulat
     return [torch.empty_like(g) for g in grad_outs]
 
 
+def _dispatched_grads(ctx, grads, impl):
+    """The backward of a dispatched forward that saved its handles, parameters and R in `ctx`,
+    through `impl` (the custom op, or its implementation): the rows' gradients, and the
+    parameters' (gate_up's, down's)."""
+    (handles,) = ctx.saved_tensors
+    gate_up, down = ctx.params
+    g_gu, g_dn, acc = _weight_grads(gate_up, down)
+    grad_rows = impl([g.contiguous() for g in grads[:ctx.R]], handles, gate_up, down, g_gu, g_dn, ctx.key, acc)
+    return grad_rows, _param_grads(g_gu, g_dn, gate_up, down, acc)
+
+
 def _dispatched_setup(ctx, inputs, output):
     rows, counts, gate_up, down, key, keep = inputs
     ctx.save_for_backward(output[-1])
@@ -341,12 +362,8 @@ def _dispatched_setup(ctx, inputs, output):
 
 
 def _dispatched_backward(ctx, grads):
-    (handles,) = ctx.saved_tensors
-    gate_up, down = ctx.params
-    g_gu, g_dn, acc = _weight_grads(gate_up, down)
-    grad_rows = dispatched_backward([g.contiguous() for g in grads[:ctx.R]], handles, gate_up, down, g_gu, g_dn,
-                                    ctx.key, acc)
-    return (grad_rows, None, *_param_grads(g_gu, g_dn, gate_up, down, acc), None, None)
+    grad_rows, param_grads = _dispatched_grads(ctx, grads, dispatched_backward)
+    return (grad_rows, None, *param_grads, None, None)
 
 
 dispatched_forward.register_autograd(_dispatched_backward, setup_context=_dispatched_setup)
@@ -366,12 +383,7 @@ class DispatchedFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        (handles,) = ctx.saved_tensors
-        gate_up, down = ctx.params
-        g_gu, g_dn, acc = _weight_grads(gate_up, down)
-        grad_rows = dispatched_backward_impl([g.contiguous() for g in grads[:ctx.R]], handles, gate_up, down, g_gu,
-                                             g_dn, ctx.key, acc)
-        p_gu, p_dn = _param_grads(g_gu, g_dn, gate_up, down, acc)
+        grad_rows, (p_gu, p_dn) = _dispatched_grads(ctx, grads, dispatched_backward_impl)
         return (None, None, None, None, None, *grad_rows, *p_gu, *p_dn)
 
 
