@@ -8,9 +8,10 @@
 // come from the same moments and no policy is always first (--interleave off: one policy after
 // another, each after its own GPU warm-up). `balanced` is the floor: the same steps' rows spread
 // evenly over every expert (so over every GPU), run through the same layer with no balancing;
-// each policy's share of the static-to-balanced gain is `gain_captured`. Before the first step (each policy's, when
-// sequential) a cuBLAS GEMM burn of the layer's expert FFN runs >= --gpu-warmup s (2) and until
-// its per-iteration time is stable, so clocks ramping up from idle do not land on one policy.
+// each policy's share of the static-to-balanced gain is `gain_captured`. Before the first step
+// (each policy's, when sequential) a cuBLAS GEMM burn of the layer's expert FFN runs >=
+// --gpu-warmup s (2) and until its per-iteration time is stable, so clocks ramping up from idle do
+// not land on one policy.
 //
 // Per measured step (2 warm-up steps first), every rank times its forward and its backward with
 // CUDA events (a barrier before each step) and keeps the layer's own ForwardStats/BackwardStats;
@@ -26,10 +27,9 @@
 // WORLD_SIZE 1 runs too (a plumbing check: every expert is local, nothing moves between GPUs).
 // Exit status: 0 done, 1 a rank failed (a silent peer is an error after --timeout), 2 bad input,
 // 3 the --deadline watchdog fired (partial JSON written).
-#include <CLI/CLI.hpp>
 #include <cuda_bf16.h>
-#include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,30 +39,31 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "bench/harness/kernels/kernels.h"
+#include "bench/harness/local_experts.h"
 #include "feplb/core/cost_model.h"
 #include "feplb/core/error.h"
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/file_io.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/metrics.h"
-#include "feplb/sim/prior.h"
-#include "feplb/sim/simulate.h"
 #include "feplb/core/stats.h"
 #include "feplb/core/trace_io.h"
-#include "feplb/sim/workload.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
 #include "feplb/cuda/expert_ffn.h"
-#include "bench/harness/kernels/kernels.h"
-#include "bench/harness/local_experts.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/nccl_comm.h"
 #include "feplb/cuda/resources.h"
 #include "feplb/cuda/runtime.h"
 #include "feplb/dist/launch.h"
+#include "feplb/sim/prior.h"
+#include "feplb/sim/simulate.h"
+#include "feplb/sim/workload.h"
 
 namespace feplb::cuda {
 namespace {
@@ -73,12 +74,15 @@ using bf16 = __nv_bfloat16;
 const std::vector<std::string> kGpuPolicies = {"static", "feplb-paper", "feplb", "balanced"};
 
 // `balanced` runs the static planner on evenly spread routing.
-std::string planner_of(const std::string& policy) { return policy == "balanced" ? "static" : policy; }
+std::string planner_of(const std::string& policy) {
+  return policy == "balanced" ? "static" : policy;
+}
 
 // This rank's rows of a step spread evenly over the experts: the same S*K rows, E-way even.
 std::vector<int64_t> balanced_row(int64_t rows, int num_experts, int rank) {
   std::vector<int64_t> row(static_cast<size_t>(num_experts), rows / num_experts);
-  for (int64_t i = 0; i < rows % num_experts; ++i) row[static_cast<size_t>((rank + i) % num_experts)] += 1;
+  for (int64_t i = 0; i < rows % num_experts; ++i)
+    row[static_cast<size_t>((rank + i) % num_experts)] += 1;
   return row;
 }
 
@@ -91,8 +95,8 @@ struct Options {
   std::vector<std::string> knobs;  // NAME=VALUE
   int steps = 16, warmup = 2, exchange_reps = 10;
   double deadline_s = 480, timeout_s = 60;
-  double gpu_warmup_s = 2;             // GEMM burn before the first step (0: none)
-  std::string interleave = "on";       // on, off (auto: on)
+  double gpu_warmup_s = 2;        // GEMM burn before the first step (0: none)
+  std::string interleave = "on";  // on, off (auto: on)
   uint64_t seed = 1;
 };
 
@@ -122,15 +126,20 @@ void log0(fmt::format_string<A...> f, A&&... a) {
 }
 
 json spread(const std::vector<double>& v) {
-  return json{{"median", quantile_of(v, 0.5)}, {"p10", quantile_of(v, 0.1)}, {"p90", quantile_of(v, 0.9)},
-              {"mean", mean_of(v)}, {"n", v.size()}};
+  return json{{"median", quantile_of(v, 0.5)},
+              {"p10", quantile_of(v, 0.1)},
+              {"p90", quantile_of(v, 0.9)},
+              {"mean", mean_of(v)},
+              {"n", v.size()}};
 }
 
 double max_minus_mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()) - mean_of(v);
 }
 
-double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
+double max_of(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+}
 
 // Every rank's small float vector, all-gathered through the transport (an NCCL all-gather),
 // synchronously with a bounded wait. Doubles as the barrier.
@@ -138,7 +147,11 @@ class Gather {
  public:
   static constexpr size_t kMax = 32;
   Gather(Transport& t, cudaStream_t s, double timeout_s)
-      : t_(t), s_(s), timeout_s_(timeout_s), mine_(kMax), all_(kMax * static_cast<size_t>(t.world_size())),
+      : t_(t),
+        s_(s),
+        timeout_s_(timeout_s),
+        mine_(kMax),
+        all_(kMax * static_cast<size_t>(t.world_size())),
         host_(kMax * static_cast<size_t>(t.world_size())) {}
 
   // [world][values.size()]
@@ -148,9 +161,11 @@ class Gather {
     for (size_t i = 0; i < values.size(); ++i) f[i] = static_cast<float>(values[i]);
     std::vector<int32_t> bits(kMax);
     std::memcpy(bits.data(), f.data(), kMax * sizeof(float));
-    FEPLB_CUDA_CHECK(cudaMemcpyAsync(mine_.get(), bits.data(), mine_.bytes(), cudaMemcpyHostToDevice, s_));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpyAsync(mine_.get(), bits.data(), mine_.bytes(), cudaMemcpyHostToDevice, s_));
     t_.all_gather_i32(mine_.get(), all_.get(), kMax, s_);
-    FEPLB_CUDA_CHECK(cudaMemcpyAsync(host_.data(), all_.get(), all_.bytes(), cudaMemcpyDeviceToHost, s_));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpyAsync(host_.data(), all_.get(), all_.bytes(), cudaMemcpyDeviceToHost, s_));
     sync_with_timeout(s_, timeout_s_, "dist layer bench: all-gather of measurements");
     std::vector<std::vector<double>> out(static_cast<size_t>(t_.world_size()));
     for (size_t r = 0; r < out.size(); ++r) {
@@ -180,9 +195,31 @@ class Gather {
 
 // Per-rank values gathered after each measured step, in this order.
 enum Field : size_t {
-  kFwdMs, kBwdMs, kStFwdMs, kStDispatchMs, kStStaticMs, kStWaitMs, kStGuestMs, kStReturnMs, kStCombineMs, kBwBwdMs,
-  kBwDispatchMs, kBwStaticMs, kBwWaitMs, kBwGuestMs, kBwResultsWaitMs, kBwCombineMs, kPlanUs, kCountsToCopyUs,
-  kCopies, kGuestRows, kRecopies, kCountsToPlanUs, kPlanToCopyUs, kGpuCountsToCopyMs, kNumFields
+  kFwdMs,
+  kBwdMs,
+  kStFwdMs,
+  kStDispatchMs,
+  kStStaticMs,
+  kStWaitMs,
+  kStGuestMs,
+  kStReturnMs,
+  kStCombineMs,
+  kBwBwdMs,
+  kBwDispatchMs,
+  kBwStaticMs,
+  kBwWaitMs,
+  kBwGuestMs,
+  kBwResultsWaitMs,
+  kBwCombineMs,
+  kPlanUs,
+  kCountsToCopyUs,
+  kCopies,
+  kGuestRows,
+  kRecopies,
+  kCountsToPlanUs,
+  kPlanToCopyUs,
+  kGpuCountsToCopyMs,
+  kNumFields
 };
 
 // The phases of a forward and of a backward, in timeline order (ForwardStats / BackwardStats).
@@ -197,15 +234,17 @@ const std::vector<std::pair<const char*, Field>> kBackwardPhases = {
 struct PolicySeries {
   std::vector<double> fwd_ms, bwd_ms, total_ms;  // max over ranks; total: of each rank's fwd + bwd
   std::vector<double> token_straggler, token_max_over_mean, gemm_pred_ms;  // the plan's
-  std::vector<double> gemm_meas_fwd_ms, gemm_meas_bwd_ms;  // max - mean over ranks of static + guest
-  std::vector<double> wait_fwd_ms, wait_bwd_ms;            // max over ranks
+  std::vector<double> gemm_meas_fwd_ms,
+      gemm_meas_bwd_ms;                          // max - mean over ranks of static + guest
+  std::vector<double> wait_fwd_ms, wait_bwd_ms;  // max over ranks
   std::vector<double> wait_fwd_mean_ms, wait_bwd_mean_ms;  // mean over ranks
-  std::vector<double> plan_us, counts_to_first_copy_us;    // every rank (copies only for the latter)
+  std::vector<double> plan_us, counts_to_first_copy_us;  // every rank (copies only for the latter)
   // Plan latency, every rank: counts seen on the host -> plan ready, plan ready -> first phase-2
   // copy issued (host clock; ranks that copied), counts all-gather done -> first copy starts (GPU).
   std::vector<double> counts_to_plan_us, plan_to_first_copy_us, gpu_counts_to_first_copy_us;
   double guest_rows = 0, copies = 0, weight_recopies = 0;  // totals over steps and ranks
-  std::vector<std::vector<std::vector<double>>> phases;    // [rank][field][step] timeline, CUDA events
+  std::vector<std::vector<std::vector<double>>>
+      phases;  // [rank][field][step] timeline, CUDA events
 };
 
 class Bench {
@@ -276,7 +315,8 @@ class Bench {
   DeviceBuffer<bf16> a2a_send_, a2a_recv_, a2a_back_;
   DeviceBuffer<int32_t> counts_, counts_all_;
   std::unique_ptr<Event> e0_, e1_, e2_;
-  std::vector<std::unique_ptr<MoeLayer>> layers_;  // one per policy (interleaved) or the current one
+  std::vector<std::unique_ptr<MoeLayer>>
+      layers_;  // one per policy (interleaved) or the current one
 };
 
 void Bench::load_workload() {
@@ -293,21 +333,24 @@ void Bench::load_workload() {
     spec.top_k = given.top_k;
     spec.seed = o_.seed;
     const int64_t needed = o_.warmup + o_.steps;
-    spec.num_steps = std::max<int64_t>(1, (needed + prior.num_layers() - 1) / std::max(1, prior.num_layers()));
+    spec.num_steps =
+        std::max<int64_t>(1, (needed + prior.num_layers() - 1) / std::max(1, prior.num_layers()));
     trace_ = generate_trace(prior, spec);
     trace_.model = given.model;
-    trace_source_ = fmt::format("generated: {} ranks from {} (widened to {} experts, seed {}); {} has {} ranks",
-                                world_, o_.prior_path, given.num_experts, o_.seed, o_.trace_path, given.num_ranks);
+    trace_source_ = fmt::format(
+        "generated: {} ranks from {} (widened to {} experts, seed {}); {} has {} ranks", world_,
+        o_.prior_path, given.num_experts, o_.seed, o_.trace_path, given.num_ranks);
   }
   FEPLB_REQUIRE_INPUT(!trace_.steps.empty(), "{}: no steps", o_.trace_path);
   const auto shape = shape_for_model(o_.shape);
-  FEPLB_REQUIRE_INPUT(shape.has_value(), "--shape: unknown model shape '{}' (glm5, qwen3-235b, olmoe, mixtral-8x7b)",
+  FEPLB_REQUIRE_INPUT(shape.has_value(),
+                      "--shape: unknown model shape '{}' (glm5, qwen3-235b, olmoe, mixtral-8x7b)",
                       o_.shape);
   shape_ = *shape;
   // GPUs of one process group are one NVLink domain (one node); more ranks than local GPUs make
   // several domains, and rows never leave one.
-  topo_ = std::make_unique<Topology>(
-      Topology::contiguous(world_, std::max(1, std::min(env_.local_world_size, world_)), trace_.num_experts));
+  topo_ = std::make_unique<Topology>(Topology::contiguous(
+      world_, std::max(1, std::min(env_.local_world_size, world_)), trace_.num_experts));
   S_ = trace_.tokens_per_rank;
   K_ = trace_.top_k;
   H_ = shape_.hidden;
@@ -334,7 +377,8 @@ void Bench::load_workload() {
     RoutingStep even(st.step, st.layer, world_, trace_.num_experts);
     for (int r = 0; r < world_; ++r) {
       const auto row = balanced_row(S_ * K_, trace_.num_experts, r);
-      std::copy(row.begin(), row.end(), even.counts.begin() + static_cast<std::ptrdiff_t>(r) * trace_.num_experts);
+      std::copy(row.begin(), row.end(),
+                even.counts.begin() + static_cast<std::ptrdiff_t>(r) * trace_.num_experts);
     }
     even.sum_experts();
     topk_balanced_.push_back(topk_from_counts(even.row(rank_), S_, static_cast<int>(K_)));
@@ -353,7 +397,8 @@ void Bench::load_workload() {
 void Bench::upload_routing(size_t i, bool balanced) {
   const std::vector<int32_t>& topk = balanced ? topk_balanced_[i] : topk_[i];
   if (S_ > 0) {
-    FEPLB_CUDA_CHECK(cudaMemcpyAsync(idx_.get(), topk.data(), idx_.bytes(), cudaMemcpyHostToDevice, s_->get()));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpyAsync(idx_.get(), topk.data(), idx_.bytes(), cudaMemcpyHostToDevice, s_->get()));
   }
   sync_with_timeout(s_->get(), o_.timeout_s, "routing upload");
 }
@@ -371,7 +416,8 @@ void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, Polic
   upload_routing(i, policy == "balanced");
   g_->barrier();
   e0_->record(s);
-  MicroBatch mb = layer.forward(experts_->params(), x_.get(), idx_.get(), wt_.get(), S_, out_.get(), s);
+  MicroBatch mb =
+      layer.forward(experts_->params(), x_.get(), idx_.get(), wt_.get(), S_, out_.get(), s);
   saved_bytes_ = std::max(saved_bytes_, mb.saved_bytes());
   e1_->record(s);
   layer.backward(std::move(mb), experts_->params(), gout_.get(), wt_.get(), gx_.get(), gw_.get(),
@@ -452,10 +498,13 @@ void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, Polic
   ps.token_straggler.push_back(m.token_straggler);
   ps.token_max_over_mean.push_back(m.token_max_over_mean);
   ps.gemm_pred_ms.push_back(m.gemm_straggler_ms);
-  log0("  {:<12} step {:>3}: fwd {:7.3f} ms  bwd {:7.3f} ms  token straggler {:6.0f} rows  GEMM straggler "
-       "{:.3f} ms (predicted {:.3f})  wait fwd {:.3f} bwd {:.3f} ms",
-       policy, i - static_cast<size_t>(o_.warmup), ps.fwd_ms.back(), ps.bwd_ms.back(), m.token_straggler,
-       ps.gemm_meas_fwd_ms.back(), m.gemm_straggler_ms, ps.wait_fwd_ms.back(), ps.wait_bwd_ms.back());
+  log0(
+      "  {:<12} step {:>3}: fwd {:7.3f} ms  bwd {:7.3f} ms  token straggler {:6.0f} rows  GEMM "
+      "straggler "
+      "{:.3f} ms (predicted {:.3f})  wait fwd {:.3f} bwd {:.3f} ms",
+      policy, i - static_cast<size_t>(o_.warmup), ps.fwd_ms.back(), ps.bwd_ms.back(),
+      m.token_straggler, ps.gemm_meas_fwd_ms.back(), m.gemm_straggler_ms, ps.wait_fwd_ms.back(),
+      ps.wait_bwd_ms.back());
 }
 
 // One policy's results from its measured steps so far (all of them at the end; partial JSON).
@@ -524,16 +573,19 @@ json Bench::warm_gpu(const std::string& label) {
   const cudaStream_t s = s_->get();
   const int64_t H = shape_.hidden, F = shape_.ffn;
   const int64_t rows = std::clamp<int64_t>(
-      (static_cast<int64_t>(4e11 / (6.0 * static_cast<double>(H) * static_cast<double>(F))) + 255) / 256 * 256, 256,
-      16384);
+      (static_cast<int64_t>(4e11 / (6.0 * static_cast<double>(H) * static_cast<double>(F))) + 255) /
+          256 * 256,
+      256, 16384);
   const int passes = 8, window = 10;
   const double tolerance = 0.03, cap_s = std::max(2 * o_.gpu_warmup_s, o_.gpu_warmup_s + 5);
-  DeviceBuffer<bf16> w(static_cast<size_t>(expert_weight_elems(H, F))), xb(static_cast<size_t>(rows * H)),
-      gu(static_cast<size_t>(rows * 2 * F)), act(static_cast<size_t>(rows * F)), y(static_cast<size_t>(rows * H));
-  FEPLB_CUDA_CHECK(kernels::fill_random(w.get(), w.size(), o_.seed * 1000 + 900 + static_cast<uint64_t>(rank_),
+  DeviceBuffer<bf16> w(static_cast<size_t>(expert_weight_elems(H, F))),
+      xb(static_cast<size_t>(rows * H)), gu(static_cast<size_t>(rows * 2 * F)),
+      act(static_cast<size_t>(rows * F)), y(static_cast<size_t>(rows * H));
+  FEPLB_CUDA_CHECK(kernels::fill_random(w.get(), w.size(),
+                                        o_.seed * 1000 + 900 + static_cast<uint64_t>(rank_),
                                         1.0f / std::sqrt(static_cast<float>(H)), s));
-  FEPLB_CUDA_CHECK(kernels::fill_random(xb.get(), xb.size(), o_.seed * 1000 + 901 + static_cast<uint64_t>(rank_),
-                                        1.0f, s));
+  FEPLB_CUDA_CHECK(kernels::fill_random(
+      xb.get(), xb.size(), o_.seed * 1000 + 901 + static_cast<uint64_t>(rank_), 1.0f, s));
   sync_with_timeout(s, o_.timeout_s, "GPU warm-up buffers");
   GemmEngine gemm;
   g_->barrier();
@@ -544,7 +596,8 @@ json Bench::warm_gpu(const std::string& label) {
   for (;;) {
     e0_->record(s);
     for (int k = 0; k < passes; ++k) {
-      expert_ffn(gemm, s, xb.get(), rows, w.get(), w.get() + 2 * H * F, gu.get(), act.get(), y.get(), H, F);
+      expert_ffn(gemm, s, xb.get(), rows, w.get(), w.get() + 2 * H * F, gu.get(), act.get(),
+                 y.get(), H, F);
     }
     e1_->record(s);
     sync_with_timeout(s, o_.timeout_s, "GPU warm-up");
@@ -553,30 +606,37 @@ json Bench::warm_gpu(const std::string& label) {
     if (iter_ms.size() >= static_cast<size_t>(window)) {
       const std::vector<double> last(iter_ms.end() - window, iter_ms.end());
       const double med = quantile_of(last, 0.5);
-      mine = med > 0 && (*std::max_element(last.begin(), last.end()) - *std::min_element(last.begin(), last.end())) <=
-                            tolerance * med;
+      mine = med > 0 && (*std::max_element(last.begin(), last.end()) -
+                         *std::min_element(last.begin(), last.end())) <= tolerance * med;
     }
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto all = g_->all({el, mine ? 1.0 : 0.0});
     const std::vector<double> els = Gather::column(all, 0), st = Gather::column(all, 1);
     seconds = max_of(els);
     stable = *std::min_element(st.begin(), st.end()) > 0.5;
-    if ((*std::min_element(els.begin(), els.end()) >= o_.gpu_warmup_s && stable) || seconds >= cap_s) break;
+    if ((*std::min_element(els.begin(), els.end()) >= o_.gpu_warmup_s && stable) ||
+        seconds >= cap_s)
+      break;
   }
   const double first = iter_ms.front(), last = iter_ms.back();
-  const std::vector<double> tail(iter_ms.end() - std::min<size_t>(iter_ms.size(), window), iter_ms.end());
-  log0("GPU warm-up{}: {} iterations of {} x expert FFN ({} rows) in {:.2f} s: {:.3f} -> {:.3f} ms per iteration{}",
-       label.empty() ? std::string() : " (" + label + ")", iter_ms.size(), passes, rows, seconds, first, last,
-       stable ? "" : " (not stable within 3% by the cap)");
-  return json{{"method", fmt::format("cuBLAS forward of one {}x{} expert FFN, {} rows, {} passes per iteration, "
-                                     ">= {} s and until the last {} iterations agree within {}% on every rank "
-                                     "(cap {} s)",
-                                     H, F, rows, passes, o_.gpu_warmup_s, window, tolerance * 100, cap_s)},
-              {"seconds", seconds},
-              {"iterations", iter_ms.size()},
-              {"first_iteration_ms", first},
-              {"last_iterations_ms", spread(tail)},
-              {"stable", stable}};
+  const std::vector<double> tail(iter_ms.end() - std::min<size_t>(iter_ms.size(), window),
+                                 iter_ms.end());
+  log0(
+      "GPU warm-up{}: {} iterations of {} x expert FFN ({} rows) in {:.2f} s: {:.3f} -> {:.3f} ms "
+      "per iteration{}",
+      label.empty() ? std::string() : " (" + label + ")", iter_ms.size(), passes, rows, seconds,
+      first, last, stable ? "" : " (not stable within 3% by the cap)");
+  return json{
+      {"method",
+       fmt::format("cuBLAS forward of one {}x{} expert FFN, {} rows, {} passes per iteration, "
+                   ">= {} s and until the last {} iterations agree within {}% on every rank "
+                   "(cap {} s)",
+                   H, F, rows, passes, o_.gpu_warmup_s, window, tolerance * 100, cap_s)},
+      {"seconds", seconds},
+      {"iterations", iter_ms.size()},
+      {"first_iteration_ms", first},
+      {"last_iterations_ms", spread(tail)},
+      {"stable", stable}};
 }
 
 // The phase-1 all-to-all-v and the reverse one alone, chunked exactly as MoeLayer::dispatch_chunks
@@ -591,13 +651,14 @@ json Bench::time_exchanges() {
   a2a_recv_ = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap_ * H_));
   counts_ = DeviceBuffer<int32_t>(static_cast<size_t>(E));
   counts_all_ = DeviceBuffer<int32_t>(static_cast<size_t>(E) * static_cast<size_t>(world_));
-  FEPLB_CUDA_CHECK(kernels::fill_random(a2a_send_.get(), a2a_send_.size(), o_.seed * 7 + static_cast<uint64_t>(rank_),
-                                        1.0f, s));
+  FEPLB_CUDA_CHECK(kernels::fill_random(a2a_send_.get(), a2a_send_.size(),
+                                        o_.seed * 7 + static_cast<uint64_t>(rank_), 1.0f, s));
   FEPLB_CUDA_CHECK(cudaMemsetAsync(counts_.get(), 0, counts_.bytes(), s));
   sync_with_timeout(s, o_.timeout_s, "exchange buffers");
   const int warm = 2;
   std::vector<double> dispatch_ms, combine_ms, both_ms, gather_ms;
-  for (size_t i = static_cast<size_t>(o_.warmup); i < static_cast<size_t>(o_.warmup + o_.steps); ++i) {
+  for (size_t i = static_cast<size_t>(o_.warmup); i < static_cast<size_t>(o_.warmup + o_.steps);
+       ++i) {
     const RoutingStep& st = step_at(i);
     std::vector<Chunk> sends, recvs;
     int64_t off = 0;
@@ -618,12 +679,14 @@ json Bench::time_exchanges() {
       for (int e : topo_->local_experts(rank_)) {
         int64_t o = base[e];
         for (int before = 0; before < src; ++before) o += st.at(before, e);
-        recvs.push_back({src, a2a_recv_.get() + o * H_, static_cast<size_t>(st.at(src, e)) * row_bytes});
+        recvs.push_back(
+            {src, a2a_recv_.get() + o * H_, static_cast<size_t>(st.at(src, e)) * row_bytes});
       }
     }
     // Reverse: what arrived goes back to its source, into the send layout (a separate buffer).
     std::vector<Chunk> back_sends = recvs, back_recvs = sends;
-    for (Chunk& ch : back_recvs) ch.ptr = a2a_back_.get() + (static_cast<bf16*>(ch.ptr) - a2a_send_.get());
+    for (Chunk& ch : back_recvs)
+      ch.ptr = a2a_back_.get() + (static_cast<bf16*>(ch.ptr) - a2a_send_.get());
     std::vector<double> d_ms, c_ms, t_ms, g_ms;
     for (int r = 0; r < warm + o_.exchange_reps; ++r) {
       g_->barrier();
@@ -652,18 +715,23 @@ json Bench::time_exchanges() {
     both_ms.push_back(quantile_of(t_ms, 0.5));
     gather_ms.push_back(quantile_of(g_ms, 0.5));
   }
-  log0("exchanges alone (median over steps): dispatch {:.3f} ms, combine {:.3f} ms, counts all-gather {:.4f} ms",
-       quantile_of(dispatch_ms, 0.5), quantile_of(combine_ms, 0.5), quantile_of(gather_ms, 0.5));
-  return json{{"dispatch_ms", spread(dispatch_ms)},
-              {"combine_ms", spread(combine_ms)},
-              {"dispatch_plus_combine_ms", spread(both_ms)},
-              {"counts_allgather_ms", spread(gather_ms)},
-              {"reps_per_step", o_.exchange_reps},
-              {"method",
-               "per measured step: the layer's phase-1 all-to-all-v (one chunk per (peer, expert), the step's "
-               "routing) and the reverse one, then an all-gather of [E] int32 counts, alone through the same "
-               "NCCL transport; CUDA events, each repetition's time the max over ranks, the median of the "
-               "repetitions per step; the spread is over steps"}};
+  log0(
+      "exchanges alone (median over steps): dispatch {:.3f} ms, combine {:.3f} ms, counts "
+      "all-gather {:.4f} ms",
+      quantile_of(dispatch_ms, 0.5), quantile_of(combine_ms, 0.5), quantile_of(gather_ms, 0.5));
+  return json{
+      {"dispatch_ms", spread(dispatch_ms)},
+      {"combine_ms", spread(combine_ms)},
+      {"dispatch_plus_combine_ms", spread(both_ms)},
+      {"counts_allgather_ms", spread(gather_ms)},
+      {"reps_per_step", o_.exchange_reps},
+      {"method",
+       "per measured step: the layer's phase-1 all-to-all-v (one chunk per (peer, expert), the "
+       "step's "
+       "routing) and the reverse one, then an all-gather of [E] int32 counts, alone through the "
+       "same "
+       "NCCL transport; CUDA events, each repetition's time the max over ranks, the median of the "
+       "repetitions per step; the spread is over steps"}};
 }
 
 // The simulator on the same steps in the same order (the planners see the same history the layer's
@@ -673,7 +741,8 @@ json Bench::simulate_steps() {
   sub.steps.clear();
   for (size_t i = 0; i < static_cast<size_t>(o_.warmup + o_.steps); ++i) {
     RoutingStep st = step_at(i);
-    st.step = static_cast<int64_t>(i);  // one micro-batch each, one layer: as the GPU layer ran them
+    st.step =
+        static_cast<int64_t>(i);  // one micro-batch each, one layer: as the GPU layer ran them
     st.layer = 0;
     sub.steps.push_back(std::move(st));
   }
@@ -695,8 +764,10 @@ json Bench::simulate_steps() {
       sg.push_back(m.gemm_straggler_ms);
       mom.push_back(m.token_max_over_mean);
     }
-    j[p.name] = {{"token_straggler_rows", spread(st)}, {"token_max_over_mean", spread(mom)},
-                 {"gemm_straggler_ms", spread(sg)}, {"copy_exposed_ms", p.summary.copy_exposed_ms},
+    j[p.name] = {{"token_straggler_rows", spread(st)},
+                 {"token_max_over_mean", spread(mom)},
+                 {"gemm_straggler_ms", spread(sg)},
+                 {"copy_exposed_ms", p.summary.copy_exposed_ms},
                  {"fits_static_window", p.summary.fits_static_window},
                  {"weight_mib_per_step", p.summary.weight_bytes_per_step / (1 << 20)},
                  {"token_mib_per_step", p.summary.token_bytes_per_step / (1 << 20)}};
@@ -709,8 +780,9 @@ int Bench::run() {
   t_ = comm_->transport();  // collective (peer reachability probe)
   rank_ = t_->rank();
   world_ = t_->world_size();
-  FEPLB_CHECK(rank_ == env_.rank && world_ == env_.world_size, "NCCL says rank {} of {}, the environment {} of {}",
-              rank_, world_, env_.rank, env_.world_size);
+  FEPLB_CHECK(rank_ == env_.rank && world_ == env_.world_size,
+              "NCCL says rank {} of {}, the environment {} of {}", rank_, world_, env_.rank,
+              env_.world_size);
   std::vector<KnobOverride> overrides;
   for (const std::string& kv : o_.knobs) overrides.push_back(parse_knob_override(kv));
   apply_knobs(knobs_, overrides);
@@ -721,15 +793,20 @@ int Bench::run() {
   std::string skipped;
   if (!peers) {
     policies = {"static"};
-    skipped = "the GPUs cannot address each other's memory (CUDA IPC peer access), so only static ran";
+    skipped =
+        "the GPUs cannot address each other's memory (CUDA IPC peer access), so only static ran";
   }
   const std::vector<DeviceInfo> devices = list_devices();
   std::vector<std::string> names;
-  for (int r = 0; r < world_ && r < static_cast<int>(devices.size()); ++r) names.push_back(devices[r].name);
-  log0("feplb_dist_layer_bench: {} rank(s), {}; {}; {}; top-{} x {} tokens per rank; trace: {}; GEMM model: {}",
-       world_, names.empty() ? std::string("?") : names[0], topo_->describe(), shape_.describe(), K_, S_,
-       trace_source_, cost_label_);
-  if (world_ == 1) log0("WORLD_SIZE 1: a plumbing check; every expert is local, nothing moves between GPUs");
+  for (int r = 0; r < world_ && r < static_cast<int>(devices.size()); ++r)
+    names.push_back(devices[r].name);
+  log0(
+      "feplb_dist_layer_bench: {} rank(s), {}; {}; {}; top-{} x {} tokens per rank; trace: {}; "
+      "GEMM model: {}",
+      world_, names.empty() ? std::string("?") : names[0], topo_->describe(), shape_.describe(), K_,
+      S_, trace_source_, cost_label_);
+  if (world_ == 1)
+    log0("WORLD_SIZE 1: a plumbing check; every expert is local, nothing moves between GPUs");
   {
     std::lock_guard<std::mutex> lock(g_doc_mu);
     json& d = g_doc;
@@ -749,12 +826,17 @@ int Bench::run() {
     d["steps"] = o_.steps;
     d["warmup_steps"] = o_.warmup;
     d["cost_model"] = cost_label_;
-    d["knobs"] = {{"dyn", knobs_.dyn}, {"max_num_dyn", knobs_.max_num_dyn}, {"tau", knobs_.tau},
-                  {"max_helpers_per_expert", knobs_.max_helpers_per_expert}, {"overrides", o_.knobs}};
+    d["knobs"] = {{"dyn", knobs_.dyn},
+                  {"max_num_dyn", knobs_.max_num_dyn},
+                  {"tau", knobs_.tau},
+                  {"max_helpers_per_expert", knobs_.max_helpers_per_expert},
+                  {"overrides", o_.knobs}};
     d["peer_copies"] = peers;
     if (world_ == 1) {
-      d["note"] = "WORLD_SIZE 1: a plumbing check (NCCL bootstrap, transport, layer forward + backward on one GPU); "
-                  "every expert is local, so no policy moves anything";
+      d["note"] =
+          "WORLD_SIZE 1: a plumbing check (NCCL bootstrap, transport, layer forward + backward on "
+          "one GPU); "
+          "every expert is local, so no policy moves anything";
     }
     if (!skipped.empty()) d["skipped"] = skipped;
   }
@@ -766,7 +848,8 @@ int Bench::run() {
   e0_ = std::make_unique<Event>(true);
   e1_ = std::make_unique<Event>(true);
   e2_ = std::make_unique<Event>(true);
-  const size_t act = static_cast<size_t>(std::max<int64_t>(1, S_) * H_), pairs = static_cast<size_t>(std::max<int64_t>(1, S_ * K_));
+  const size_t act = static_cast<size_t>(std::max<int64_t>(1, S_) * H_),
+               pairs = static_cast<size_t>(std::max<int64_t>(1, S_ * K_));
   x_ = DeviceBuffer<bf16>(act);
   out_ = DeviceBuffer<bf16>(act);
   gout_ = DeviceBuffer<bf16>(act);
@@ -774,10 +857,13 @@ int Bench::run() {
   idx_ = DeviceBuffer<int32_t>(pairs);
   wt_ = DeviceBuffer<float>(pairs);
   gw_ = DeviceBuffer<float>(pairs);
-  FEPLB_CUDA_CHECK(kernels::fill_random(x_.get(), act, o_.seed * 31 + 200 + static_cast<uint64_t>(rank_), 1.0f, s));
-  FEPLB_CUDA_CHECK(kernels::fill_random(gout_.get(), act, o_.seed * 31 + 300 + static_cast<uint64_t>(rank_), 1.0f, s));
+  FEPLB_CUDA_CHECK(kernels::fill_random(
+      x_.get(), act, o_.seed * 31 + 200 + static_cast<uint64_t>(rank_), 1.0f, s));
+  FEPLB_CUDA_CHECK(kernels::fill_random(
+      gout_.get(), act, o_.seed * 31 + 300 + static_cast<uint64_t>(rank_), 1.0f, s));
   const std::vector<float> uniform(pairs, 1.0f / static_cast<float>(K_));
-  FEPLB_CUDA_CHECK(cudaMemcpyAsync(wt_.get(), uniform.data(), wt_.bytes(), cudaMemcpyHostToDevice, s));
+  FEPLB_CUDA_CHECK(
+      cudaMemcpyAsync(wt_.get(), uniform.data(), wt_.bytes(), cudaMemcpyHostToDevice, s));
   sync_with_timeout(s, o_.timeout_s, "inputs");
   RuntimeConfig rc;
   rc.topo = *topo_;
@@ -791,9 +877,11 @@ int Bench::run() {
   rc.training = true;
   rc.name = "dist";
   runtime_ = std::make_unique<EpRuntime>(rc, *t_);  // collective
-  experts_ = std::make_unique<LocalExperts>(topo_->experts_per_rank(), H_, shape_.ffn, /*grads=*/true);
+  experts_ =
+      std::make_unique<LocalExperts>(topo_->experts_per_rank(), H_, shape_.ffn, /*grads=*/true);
   // The same weights for every policy (seeded by rank).
-  FEPLB_CUDA_CHECK(kernels::fill_random(experts_->weights(), static_cast<size_t>(experts_->weight_elems()),
+  FEPLB_CUDA_CHECK(kernels::fill_random(experts_->weights(),
+                                        static_cast<size_t>(experts_->weight_elems()),
                                         o_.seed * 1000 + 100 + static_cast<uint64_t>(rank_),
                                         1.0f / std::sqrt(static_cast<float>(H_)), s));
   FEPLB_CUDA_CHECK(cudaMemsetAsync(experts_->grads(), 0, experts_->grad_bytes(), s));
@@ -803,17 +891,22 @@ int Bench::run() {
   const size_t np = policies.size(), n_steps = static_cast<size_t>(o_.warmup + o_.steps);
   const bool interleaved = o_.interleave != "off";
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  log0("memory per rank: runtime workspace {:.2f} GiB, weights {:.2f} GiB + fp32 gradients {:.2f} GiB; {}",
-       static_cast<double>(runtime_->workspace_bytes()) / gib,
-       static_cast<double>(experts_->weight_elems()) * 2 / gib, static_cast<double>(experts_->grad_bytes()) / gib,
-       interleaved ? "interleaved (all layers built up front)" : "sequential (one layer at a time)");
+  log0(
+      "memory per rank: runtime workspace {:.2f} GiB, weights {:.2f} GiB + fp32 gradients {:.2f} "
+      "GiB; {}",
+      static_cast<double>(runtime_->workspace_bytes()) / gib,
+      static_cast<double>(experts_->weight_elems()) * 2 / gib,
+      static_cast<double>(experts_->grad_bytes()) / gib,
+      interleaved ? "interleaved (all layers built up front)" : "sequential (one layer at a time)");
   {
     std::lock_guard<std::mutex> lock(g_doc_mu);
     g_doc["interleaved"] = interleaved;
     g_doc["policy_order"] =
-        interleaved ? "interleaved: step i runs every policy once, in the order policies[(j + i) mod n] for "
-                      "j = 0..n-1 (rotated each step), all layers built up front on one runtime"
-                    : "sequential: one policy's steps after another's, each after its own GPU warm-up";
+        interleaved
+            ? "interleaved: step i runs every policy once, in the order policies[(j + i) mod n] "
+              "for "
+              "j = 0..n-1 (rotated each step), all layers built up front on one runtime"
+            : "sequential: one policy's steps after another's, each after its own GPU warm-up";
     save_locked();
   }
 
@@ -860,10 +953,11 @@ int Bench::run() {
   }
   {
     std::lock_guard<std::mutex> lock(g_doc_mu);
-    g_doc["memory_gib"] = {{"runtime_workspace", static_cast<double>(runtime_->workspace_bytes()) / gib},
-                           {"saved_per_micro_batch_max", static_cast<double>(saved_bytes_) / gib},
-                           {"weights", static_cast<double>(experts_->weight_elems()) * 2 / gib},
-                           {"fp32_gradients", static_cast<double>(experts_->grad_bytes()) / gib}};
+    g_doc["memory_gib"] = {
+        {"runtime_workspace", static_cast<double>(runtime_->workspace_bytes()) / gib},
+        {"saved_per_micro_batch_max", static_cast<double>(saved_bytes_) / gib},
+        {"weights", static_cast<double>(experts_->weight_elems()) * 2 / gib},
+        {"fp32_gradients", static_cast<double>(experts_->grad_bytes()) / gib}};
   }
   runtime_.reset();
   g_->barrier();
@@ -872,15 +966,19 @@ int Bench::run() {
   const double gather_ms = ex["counts_allgather_ms"]["median"].get<double>();
   const double dc_ms = ex["dispatch_plus_combine_ms"]["median"].get<double>();
   const json sim = simulate_steps();
-  const double static_total = quantile_of(series[0].total_ms, 0.5), static_fwd = quantile_of(series[0].fwd_ms, 0.5),
+  const double static_total = quantile_of(series[0].total_ms, 0.5),
+               static_fwd = quantile_of(series[0].fwd_ms, 0.5),
                static_bwd = quantile_of(series[0].bwd_ms, 0.5);
   const auto at = std::find(policies.begin(), policies.end(), "balanced");
   const double balanced_total =
-      at == policies.end() ? 0.0 : quantile_of(series[static_cast<size_t>(at - policies.begin())].total_ms, 0.5);
+      at == policies.end()
+          ? 0.0
+          : quantile_of(series[static_cast<size_t>(at - policies.begin())].total_ms, 0.5);
   for (size_t p = 0; p < policies.size(); ++p) {
     const PolicySeries& ps = series[p];
     json& j = pol[policies[p]];
-    const double total = quantile_of(ps.total_ms, 0.5), fwd = quantile_of(ps.fwd_ms, 0.5), bwd = quantile_of(ps.bwd_ms, 0.5);
+    const double total = quantile_of(ps.total_ms, 0.5), fwd = quantile_of(ps.fwd_ms, 0.5),
+                 bwd = quantile_of(ps.bwd_ms, 0.5);
     j["ep_overhead_pct"] = total > 0 ? 100.0 * gather_ms / total : 0.0;
     j["ep_overhead_fwd_pct"] = fwd > 0 ? 100.0 * gather_ms / fwd : 0.0;
     // Forward and backward each run one dispatch and one combine of the same sizes.
@@ -898,65 +996,87 @@ int Bench::run() {
       j["predicted"] = sim[policies[p]];
       j["gemm_straggler_ms"]["predicted_simulator"] = sim[policies[p]]["gemm_straggler_ms"];
     }
-    log0("{:<12} fwd {:7.3f} ms  bwd {:7.3f} ms  (x{:.3f} vs static)  token straggler {:6.0f} rows  GEMM straggler "
-         "{:.3f} ms measured, {:.3f} predicted  wait fwd {:.3f} ms  EP overhead {:.2f}%  dispatch+combine {:.1f}%",
-         policies[p], fwd, bwd, total > 0 ? static_total / total : 0.0, quantile_of(ps.token_straggler, 0.5),
-         quantile_of(ps.gemm_meas_fwd_ms, 0.5), quantile_of(ps.gemm_pred_ms, 0.5), quantile_of(ps.wait_fwd_ms, 0.5),
-         j["ep_overhead_pct"].get<double>(), j["dispatch_combine_pct"].get<double>());
+    log0(
+        "{:<12} fwd {:7.3f} ms  bwd {:7.3f} ms  (x{:.3f} vs static)  token straggler {:6.0f} rows  "
+        "GEMM straggler "
+        "{:.3f} ms measured, {:.3f} predicted  wait fwd {:.3f} ms  EP overhead {:.2f}%  "
+        "dispatch+combine {:.1f}%",
+        policies[p], fwd, bwd, total > 0 ? static_total / total : 0.0,
+        quantile_of(ps.token_straggler, 0.5), quantile_of(ps.gemm_meas_fwd_ms, 0.5),
+        quantile_of(ps.gemm_pred_ms, 0.5), quantile_of(ps.wait_fwd_ms, 0.5),
+        j["ep_overhead_pct"].get<double>(), j["dispatch_combine_pct"].get<double>());
     if (!ps.counts_to_plan_us.empty()) {
       const auto q = [](const std::vector<double>& v, double level) {
         return v.empty() ? 0.0 : quantile_of(v, level);
       };
-      log0("{:<12} plan latency us: counts -> plan p50 {:.1f} p99 {:.1f}; plan -> first copy p50 "
-           "{:.1f} p99 {:.1f} (host); counts -> first copy on the GPU p50 {:.1f} p99 {:.1f}",
-           policies[p], q(ps.counts_to_plan_us, 0.5), q(ps.counts_to_plan_us, 0.99),
-           q(ps.plan_to_first_copy_us, 0.5), q(ps.plan_to_first_copy_us, 0.99),
-           q(ps.gpu_counts_to_first_copy_us, 0.5), q(ps.gpu_counts_to_first_copy_us, 0.99));
+      log0(
+          "{:<12} plan latency us: counts -> plan p50 {:.1f} p99 {:.1f}; plan -> first copy p50 "
+          "{:.1f} p99 {:.1f} (host); counts -> first copy on the GPU p50 {:.1f} p99 {:.1f}",
+          policies[p], q(ps.counts_to_plan_us, 0.5), q(ps.counts_to_plan_us, 0.99),
+          q(ps.plan_to_first_copy_us, 0.5), q(ps.plan_to_first_copy_us, 0.99),
+          q(ps.gpu_counts_to_first_copy_us, 0.5), q(ps.gpu_counts_to_first_copy_us, 0.99));
     }
   }
   pol["fastermoe"] = {
       {"ran_on_gpu", false},
-      {"why", "the GPU layer runs static, feplb-paper, feplb and oracle only: FasterMoE shadows hot experts' "
-              "weights to the tokens' source GPUs, a dispatch this layer does not implement"},
+      {"why",
+       "the GPU layer runs static, feplb-paper, feplb and oracle only: FasterMoE shadows hot "
+       "experts' "
+       "weights to the tokens' source GPUs, a dispatch this layer does not implement"},
       {"predicted", sim.value("fastermoe", json::object())}};
   if (sim.contains("fastermoe")) {
-    log0("fastermoe    (simulation only) token straggler {:.0f} rows, GEMM straggler {:.3f} ms predicted",
-         sim["fastermoe"]["token_straggler_rows"]["median"].get<double>(),
-         sim["fastermoe"]["gemm_straggler_ms"]["median"].get<double>());
+    log0(
+        "fastermoe    (simulation only) token straggler {:.0f} rows, GEMM straggler {:.3f} ms "
+        "predicted",
+        sim["fastermoe"]["token_straggler_rows"]["median"].get<double>(),
+        sim["fastermoe"]["gemm_straggler_ms"]["median"].get<double>());
   }
   {
     std::lock_guard<std::mutex> lock(g_doc_mu);
     g_doc["policies"] = pol;
     g_doc["exchange_alone"] = ex;
     g_doc["definitions"] = {
-        {"layer_time", "per step, max over ranks of each rank's CUDA-event time around forward() / backward() "
-                       "(a barrier before each step); spreads are median, p10, p90, mean over the measured steps"},
-        {"token_straggler_rows", "max over GPUs - mean of the token-expert rows each GPU computes, from the plan "
-                                 "the layer ran (layer.last_plan())"},
-        {"gemm_straggler_ms.measured_forward", "max - mean over ranks of ForwardStats static_ms + guest_ms (own "
-                                               "and guest experts' GEMMs, CUDA events)"},
+        {"layer_time",
+         "per step, max over ranks of each rank's CUDA-event time around forward() / backward() "
+         "(a barrier before each step); spreads are median, p10, p90, mean over the measured "
+         "steps"},
+        {"token_straggler_rows",
+         "max over GPUs - mean of the token-expert rows each GPU computes, from the plan "
+         "the layer ran (layer.last_plan())"},
+        {"gemm_straggler_ms.measured_forward",
+         "max - mean over ranks of ForwardStats static_ms + guest_ms (own "
+         "and guest experts' GEMMs, CUDA events)"},
         {"gemm_straggler_ms.measured_backward", "the same from BackwardStats"},
-        {"gemm_straggler_ms.predicted_forward", "the cost model (cost_model) on the plan the layer ran"},
-        {"gemm_straggler_ms.predicted_simulator", "feplb simulate's planner on the same steps in the same order"},
-        {"wait_ms", "idle time on the compute stream waiting for phase-2 inputs after the own experts (exposed copy "
-                    "time), ForwardStats / BackwardStats"},
-        {"ep_overhead_pct", "FEPLB's extra exchange round: 100 x the counts all-gather (timed alone, once per "
-                            "forward; backward reuses the plan) / layer forward + backward time (median). The paper "
-                            "claims < 1%. This layer runs the all-gather for static too. _fwd_pct: / forward only"},
-        {"dispatch_combine_pct", "the plain EP dispatch + combine (phase-1 all-to-all-v and the reverse one, timed "
-                                 "alone with the layer's chunk sizes; forward and backward each run one of each) "
-                                 "as 100 x 2 x (dispatch + combine) / layer forward + backward; _fwd_pct: one of "
-                                 "each / forward only. Not an overhead of FEPLB: phase 1 is the same for every "
-                                 "policy"},
+        {"gemm_straggler_ms.predicted_forward",
+         "the cost model (cost_model) on the plan the layer ran"},
+        {"gemm_straggler_ms.predicted_simulator",
+         "feplb simulate's planner on the same steps in the same order"},
+        {"wait_ms",
+         "idle time on the compute stream waiting for phase-2 inputs after the own experts "
+         "(exposed copy "
+         "time), ForwardStats / BackwardStats"},
+        {"ep_overhead_pct",
+         "FEPLB's extra exchange round: 100 x the counts all-gather (timed alone, once per "
+         "forward; backward reuses the plan) / layer forward + backward time (median). The paper "
+         "claims < 1%. This layer runs the all-gather for static too. _fwd_pct: / forward only"},
+        {"dispatch_combine_pct",
+         "the plain EP dispatch + combine (phase-1 all-to-all-v and the reverse one, timed "
+         "alone with the layer's chunk sizes; forward and backward each run one of each) "
+         "as 100 x 2 x (dispatch + combine) / layer forward + backward; _fwd_pct: one of "
+         "each / forward only. Not an overhead of FEPLB: phase 1 is the same for every "
+         "policy"},
         {"speedup_vs_static", "static's median layer time / this policy's"},
-        {"balanced", "the floor: every step's rows spread evenly over the experts (each rank's S*K rows, E-way "
-                     "even), run through the same layer with the static planner"},
-        {"gain_captured", "(static - policy) / (static - balanced) of the median fwd + bwd layer time"},
+        {"balanced",
+         "the floor: every step's rows spread evenly over the experts (each rank's S*K rows, E-way "
+         "even), run through the same layer with the static planner"},
+        {"gain_captured",
+         "(static - policy) / (static - balanced) of the median fwd + bwd layer time"},
         {"vs_balanced_pct", "100 x (policy / balanced - 1) of the median fwd + bwd layer time"},
-        {"timeline_ms", "per rank, the median over steps of each phase of forward and backward (CUDA events): "
-                        "dispatch (permute, counts all-gather, plan, all-to-all-v), static_gemms, copy_wait "
-                        "(idle until phase-2 inputs land), guest_gemms, return (until this rank's exported "
-                        "rows' results are back), combine (reverse all-to-all-v, combine)"}};
+        {"timeline_ms",
+         "per rank, the median over steps of each phase of forward and backward (CUDA events): "
+         "dispatch (permute, counts all-gather, plan, all-to-all-v), static_gemms, copy_wait "
+         "(idle until phase-2 inputs land), guest_gemms, return (until this rank's exported "
+         "rows' results are back), combine (reverse all-to-all-v, combine)"}};
     g_doc["definitions"]["plan_latency_us"] =
         "per forward and rank, one process per GPU, p50 and p99 over every rank's measured "
         "forwards (all ranks pooled): counts_to_plan = host steady clock on the rank's scheduler "
@@ -981,26 +1101,38 @@ int Bench::run() {
 int main(int argc, char** argv) {
   using feplb::cuda::Options;
   Options o;
-  CLI::App app{"feplb_dist_layer_bench: the FEPLB layer (forward + backward) on N GPUs, one process per GPU"};
-  app.add_option("--out", o.out, "JSON results (written by rank 0; partial on a deadline or an error)");
-  app.add_option("--trace", o.trace_path, "routing trace; regenerated from --prior when its ranks != WORLD_SIZE");
+  CLI::App app{
+      "feplb_dist_layer_bench: the FEPLB layer (forward + backward) on N GPUs, one process per "
+      "GPU"};
+  app.add_option("--out", o.out,
+                 "JSON results (written by rank 0; partial on a deadline or an error)");
+  app.add_option("--trace", o.trace_path,
+                 "routing trace; regenerated from --prior when its ranks != WORLD_SIZE");
   app.add_option("--prior", o.prior_path, "expert-popularity prior for the regenerated routing");
-  app.add_option("--table", o.table_path, "GEMM cost table (feplb-gemm-table-v1); roofline when missing");
-  app.add_option("--shape", o.shape, "expert shape by model name (glm5, qwen3-235b, olmoe, mixtral-8x7b)");
+  app.add_option("--table", o.table_path,
+                 "GEMM cost table (feplb-gemm-table-v1); roofline when missing");
+  app.add_option("--shape", o.shape,
+                 "expert shape by model name (glm5, qwen3-235b, olmoe, mixtral-8x7b)");
   app.add_option("--steps", o.steps, "measured steps per policy")->check(CLI::Range(1, 100000));
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::Range(0, 1000));
-  app.add_option("--exchange-reps", o.exchange_reps, "timed repetitions of the exchanges alone, per step")
+  app.add_option("--exchange-reps", o.exchange_reps,
+                 "timed repetitions of the exchanges alone, per step")
       ->check(CLI::Range(1, 10000));
   app.add_option("--gpu-warmup", o.gpu_warmup_s,
-                 "GPU warm-up (s) before the first step: a cuBLAS GEMM burn until its time is stable; 0: none")
+                 "GPU warm-up (s) before the first step: a cuBLAS GEMM burn until its time is "
+                 "stable; 0: none")
       ->check(CLI::Range(0.0, 600.0));
-  app.add_option("--interleave", o.interleave,
-                 "auto: interleave the policies per step when all their layers fit in memory; on; off")
+  app.add_option(
+         "--interleave", o.interleave,
+         "auto: interleave the policies per step when all their layers fit in memory; on; off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--seed", o.seed, "weights, activations and regenerated routing");
-  app.add_option("--knob", o.knobs, "NAME=VALUE, a planner knob (feplb knobs lists them); repeatable");
-  app.add_option("--timeout", o.timeout_s, "a peer silent this long is an error (s)")->check(CLI::Range(1.0, 3600.0));
-  app.add_option("--deadline", o.deadline_s, "write what is measured and exit 3 after this many seconds")
+  app.add_option("--knob", o.knobs,
+                 "NAME=VALUE, a planner knob (feplb knobs lists them); repeatable");
+  app.add_option("--timeout", o.timeout_s, "a peer silent this long is an error (s)")
+      ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--deadline", o.deadline_s,
+                 "write what is measured and exit 3 after this many seconds")
       ->check(CLI::Range(1.0, 86400.0));
   CLI11_PARSE(app, argc, argv);
   // The layer's streams wait on stream memory operations; give each its own hardware queue.
@@ -1017,8 +1149,10 @@ int main(int argc, char** argv) {
   // Watchdog: a hung GPU or peer must not eat the whole lease.
   std::thread([deadline_s = o.deadline_s, rank = env.rank] {
     std::this_thread::sleep_for(std::chrono::duration<double>(deadline_s));
-    std::fprintf(stderr, "feplb_dist_layer_bench: rank %d: deadline of %.0f s reached; saving partial results\n", rank,
-                 deadline_s);
+    std::fprintf(
+        stderr,
+        "feplb_dist_layer_bench: rank %d: deadline of %.0f s reached; saving partial results\n",
+        rank, deadline_s);
     {
       std::lock_guard<std::mutex> lock(feplb::cuda::g_doc_mu);
       feplb::cuda::g_doc["incomplete"] = "deadline reached";

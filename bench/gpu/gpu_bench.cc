@@ -3,36 +3,35 @@
 //   feplb_gpu_bench --out h200.json --table-out gemm_table.json [--trace data/traces/default.json]
 //                   [--prior data/priors/mixtral-8x7b__olmoe-repo__c4.json] [--quick]
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <thread>
 
-#include "feplb/core/cost_model.h"
-#include "feplb/core/file_io.h"
-#include "feplb/core/metrics.h"
-#include "feplb/core/planners/planner.h"
-#include "feplb/sim/cost_choice.h"
-#include "feplb/sim/prior.h"
-#include "feplb/core/stats.h"
-#include "feplb/core/trace_io.h"
-#include "feplb/sim/workload.h"
-#include "feplb/cuda/ce_copy.h"
-#include "feplb/cuda/check.h"
-#include "feplb/cuda/device.h"
 #include "bench/harness/expert_bench.h"
-#include "feplb/cuda/expert_ffn.h"
 #include "bench/harness/kernels/kernels.h"
-#include "feplb/cuda/kernels/kernels.h"
-#include "feplb/cuda/moe_layer.h"
-#include "feplb/cuda/stream_ops.h"
 #include "bench/harness/local_experts.h"
 #include "bench/harness/rank_threads.h"
 #include "bench/harness/trace_runner.h"
 #include "bench/harness/trainer.h"
+#include "feplb/core/cost_model.h"
+#include "feplb/core/file_io.h"
+#include "feplb/core/metrics.h"
+#include "feplb/core/planners/planner.h"
+#include "feplb/core/stats.h"
+#include "feplb/core/trace_io.h"
+#include "feplb/cuda/ce_copy.h"
+#include "feplb/cuda/check.h"
+#include "feplb/cuda/device.h"
+#include "feplb/cuda/expert_ffn.h"
+#include "feplb/cuda/kernels/kernels.h"
+#include "feplb/cuda/moe_layer.h"
+#include "feplb/cuda/stream_ops.h"
+#include "feplb/sim/cost_choice.h"
+#include "feplb/sim/prior.h"
+#include "feplb/sim/workload.h"
 
 namespace feplb::cuda {
 namespace {
@@ -41,7 +40,9 @@ using json = nlohmann::ordered_json;
 using bf16 = __nv_bfloat16;
 
 const ExpertShape kGlm5{6144, 2048, Dtype::kBf16};
-double flops_of(const ExpertShape& s, int64_t rows) { return s.flops_per_row() * static_cast<double>(rows); }
+double flops_of(const ExpertShape& s, int64_t rows) {
+  return s.flops_per_row() * static_cast<double>(rows);
+}
 
 void log(const char* fmt_str, auto&&... args) {
   std::fputs(fmt::format(fmt::runtime(fmt_str), args...).c_str(), stdout);
@@ -50,8 +51,9 @@ void log(const char* fmt_str, auto&&... args) {
 }
 
 json spread(std::vector<double> v) {
-  return json{{"median", quantile_of(v, 0.5)}, {"p10", quantile_of(v, 0.1)}, {"p90", quantile_of(v, 0.9)},
-              {"min", quantile_of(v, 0.0)}, {"max", quantile_of(v, 1.0)}, {"n", v.size()}};
+  return json{{"median", quantile_of(v, 0.5)}, {"p10", quantile_of(v, 0.1)},
+              {"p90", quantile_of(v, 0.9)},    {"min", quantile_of(v, 0.0)},
+              {"max", quantile_of(v, 1.0)},    {"n", v.size()}};
 }
 
 // ---- cuBLAS peak -------------------------------------------------------------------------------
@@ -93,7 +95,9 @@ json copy_bandwidth(int reps) {
     }
     return quantile_of(ms, 0.5);
   };
-  const double d2d = time([&] { ce_copy_and_signal(s.get(), std::vector<CeCopy>{{b.get(), a.get(), bytes}}, nullptr, 0); });
+  const double d2d = time([&] {
+    ce_copy_and_signal(s.get(), std::vector<CeCopy>{{b.get(), a.get(), bytes}}, nullptr, 0);
+  });
   const double batch = time([&] {
     void* dst[1] = {b.get()};
     const void* src[1] = {a.get()};
@@ -104,9 +108,14 @@ json copy_bandwidth(int reps) {
     attr.dstLocHint.type = cudaMemLocationTypeDevice;
     FEPLB_CUDA_CHECK(cudaMemcpyBatchAsync(dst, src, sz, 1, &attr, &idx, 1, s.get()));
   });
-  const double d2h = time([&] { FEPLB_CUDA_CHECK(cudaMemcpyAsync(host.get(), a.get(), bytes / 4, cudaMemcpyDeviceToHost, s.get())); });
-  const double sm24 = time([&] { FEPLB_CUDA_CHECK(kernels::sm_copy(a.get(), b.get(), bytes, 24, 0.0, s.get())); });
-  const double sm132 = time([&] { FEPLB_CUDA_CHECK(kernels::sm_copy(a.get(), b.get(), bytes, 132, 0.0, s.get())); });
+  const double d2h = time([&] {
+    FEPLB_CUDA_CHECK(
+        cudaMemcpyAsync(host.get(), a.get(), bytes / 4, cudaMemcpyDeviceToHost, s.get()));
+  });
+  const double sm24 =
+      time([&] { FEPLB_CUDA_CHECK(kernels::sm_copy(a.get(), b.get(), bytes, 24, 0.0, s.get())); });
+  const double sm132 =
+      time([&] { FEPLB_CUDA_CHECK(kernels::sm_copy(a.get(), b.get(), bytes, 132, 0.0, s.get())); });
   auto gbps = [&](double ms, size_t n) { return static_cast<double>(n) / (ms * 1e-3) / 1e9; };
   return json{{"bytes", bytes},
               {"ce_d2d_gbps", gbps(d2d, bytes)},
@@ -147,8 +156,10 @@ json gemm_slowdown(ExpertBench& eb, double gbps, int pairs) {
     FEPLB_CUDA_CHECK(cudaStreamWaitEvent(side.get(), start.get(), 0));
     std::thread pacer;
     if (mode == 1) pacer = paced_ce(side.get());
-    if (mode == 2) FEPLB_CUDA_CHECK(kernels::sm_copy(src.get(), dst.get(), bytes, 24, gbps, side.get()));
-    if (mode == 3) FEPLB_CUDA_CHECK(kernels::sm_copy(src.get(), dst.get(), bytes, 32, gbps, side.get()));
+    if (mode == 2)
+      FEPLB_CUDA_CHECK(kernels::sm_copy(src.get(), dst.get(), bytes, 24, gbps, side.get()));
+    if (mode == 3)
+      FEPLB_CUDA_CHECK(kernels::sm_copy(src.get(), dst.get(), bytes, 32, gbps, side.get()));
     side_stop.record(side.get());
     eb.enqueue(rows, 1);
     stop.record(eb.stream());
@@ -159,29 +170,33 @@ json gemm_slowdown(ExpertBench& eb, double gbps, int pairs) {
   // Interleave A/B per pair: alone, then with side traffic.
   std::vector<double> ce, sm24, sm32, base;
   for (int i = 0; i < pairs; ++i) {
-    const double a1 = timed(0), c = timed(1), a2 = timed(0), s24 = timed(2), a3 = timed(0), s32 = timed(3);
+    const double a1 = timed(0), c = timed(1), a2 = timed(0), s24 = timed(2), a3 = timed(0),
+                 s32 = timed(3);
     base.push_back(a1);
     ce.push_back((c / a1 - 1) * 100);
     sm24.push_back((s24 / a2 - 1) * 100);
     sm32.push_back((s32 / a3 - 1) * 100);
   }
-  return json{{"workload", "16 experts x 2048 rows, GLM-5 FFN, per-expert cublasGemmEx loop"},
-              {"gemm_alone_ms", spread(base)},
-              {"side_bytes", bytes},
-              {"side_rate_gbps", gbps},
-              {"ce_pct", spread(ce)},
-              {"sm24_pct", spread(sm24)},
-              {"sm32_pct", spread(sm32)},
-              {"method", "pairs interleaved (alone, with side traffic); side traffic = rate x GEMM time alone, "
-                         "from the GEMM's start; CE: 8 MiB cudaMemcpyAsync calls issued by a host thread "
-                         "paced to the rate (nothing on the SMs); SM: a copy kernel holding 24 or 32 SMs, "
-                         "paced to the rate"}};
+  return json{
+      {"workload", "16 experts x 2048 rows, GLM-5 FFN, per-expert cublasGemmEx loop"},
+      {"gemm_alone_ms", spread(base)},
+      {"side_bytes", bytes},
+      {"side_rate_gbps", gbps},
+      {"ce_pct", spread(ce)},
+      {"sm24_pct", spread(sm24)},
+      {"sm32_pct", spread(sm32)},
+      {"method",
+       "pairs interleaved (alone, with side traffic); side traffic = rate x GEMM time alone, "
+       "from the GEMM's start; CE: 8 MiB cudaMemcpyAsync calls issued by a host thread "
+       "paced to the rate (nothing on the SMs); SM: a copy kernel holding 24 or 32 SMs, "
+       "paced to the rate"}};
 }
 
 // ---- GEMM-time table ---------------------------------------------------------------------------
 TableCostModel gemm_table(ExpertBench& eb, bool quick) {
-  std::vector<int64_t> rows = {1, 8, 16, 32, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 896, 1024,
-                               1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 8192, 10240, 12288, 16384};
+  std::vector<int64_t> rows = {1,    8,    16,   32,   64,   96,   128,   160,   192,  256,  320,
+                               384,  512,  640,  768,  896,  1024, 1280,  1536,  1792, 2048, 2560,
+                               3072, 3584, 4096, 5120, 6144, 8192, 10240, 12288, 16384};
   if (quick) rows = {1, 64, 256, 1024, 4096, 16384};
   std::vector<double> ms;
   for (int64_t r : rows) {
@@ -200,8 +215,9 @@ struct PlannedStep {
   Plan plan;
 };
 
-std::vector<PlannedStep> plan_trace(const Trace& t, const std::vector<std::string>& policies, const Knobs& knobs,
-                                    const GemmCostModel& cost, const std::vector<size_t>& steps) {
+std::vector<PlannedStep> plan_trace(const Trace& t, const std::vector<std::string>& policies,
+                                    const Knobs& knobs, const GemmCostModel& cost,
+                                    const std::vector<size_t>& steps) {
   const Topology topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
   std::vector<PlannedStep> out;
   for (const std::string& p : policies) {
@@ -219,10 +235,12 @@ std::vector<PlannedStep> plan_trace(const Trace& t, const std::vector<std::strin
 }
 
 // Measured vs predicted GEMM straggler: each rank's experts timed alone on the GPU.
-json measured_straggler(ExpertBench& eb, const Trace& t, const std::string& label, const Knobs& knobs,
-                        const TableCostModel& table, const RooflineCostModel& roofline, int nsteps) {
+json measured_straggler(ExpertBench& eb, const Trace& t, const std::string& label,
+                        const Knobs& knobs, const TableCostModel& table,
+                        const RooflineCostModel& roofline, int nsteps) {
   std::vector<size_t> steps;
-  for (int i = 0; i < nsteps; ++i) steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
+  for (int i = 0; i < nsteps; ++i)
+    steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
   const Topology topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
   json out = json::object();
   for (const std::string& policy : {"static", "feplb-paper", "feplb"}) {
@@ -234,30 +252,41 @@ json measured_straggler(ExpertBench& eb, const Trace& t, const std::string& labe
       pred_roof.push_back(measure_plan(ps.plan, topo, roofline, knobs, 0).gemm_straggler_ms);
     }
     const double m = mean_of(meas), pt = mean_of(pred_table), pr = mean_of(pred_roof);
-    out[policy] = {{"measured_ms", m}, {"predicted_table_ms", pt}, {"predicted_roofline_ms", pr},
-                   {"table_error_pct", (pt / m - 1) * 100}, {"roofline_error_pct", (pr / m - 1) * 100},
+    out[policy] = {{"measured_ms", m},
+                   {"predicted_table_ms", pt},
+                   {"predicted_roofline_ms", pr},
+                   {"table_error_pct", (pt / m - 1) * 100},
+                   {"roofline_error_pct", (pr / m - 1) * 100},
                    {"steps", steps.size()}};
-    log("  {:<28} {:<12} measured S_G {:.3f} ms, predicted {:.3f} (table) {:.3f} (roofline)", label, policy, m, pt, pr);
+    log("  {:<28} {:<12} measured S_G {:.3f} ms, predicted {:.3f} (table) {:.3f} (roofline)", label,
+        policy, m, pt, pr);
   }
   return out;
 }
 
 // The straggler timing alone produces: the same rank's work timed as 8 "ranks" (max - mean of 8
 // runs of identical work), for the steps' busiest static rank and for feplb's busiest rank.
-json straggler_noise_floor(ExpertBench& eb, const Trace& t, const Knobs& knobs, const GemmCostModel& cost, int nsteps) {
+json straggler_noise_floor(ExpertBench& eb, const Trace& t, const Knobs& knobs,
+                           const GemmCostModel& cost, int nsteps) {
   std::vector<size_t> steps;
-  for (int i = 0; i < nsteps; ++i) steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
+  for (int i = 0; i < nsteps; ++i)
+    steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
   std::vector<double> floor_ms, rank_spread_pct;
   for (const PlannedStep& ps : plan_trace(t, {"feplb"}, knobs, cost, steps)) {
     const auto per_gpu = ExpertBench::rows_per_gpu(ps.plan, t.num_ranks);
     std::vector<double> g;
     for (int rep = 0; rep < t.num_ranks; ++rep) g.push_back(eb.run_ms(per_gpu[0], 1, 5));
     floor_ms.push_back(*std::max_element(g.begin(), g.end()) - mean_of(g));
-    rank_spread_pct.push_back(100.0 * (*std::max_element(g.begin(), g.end()) - *std::min_element(g.begin(), g.end())) / mean_of(g));
+    rank_spread_pct.push_back(
+        100.0 * (*std::max_element(g.begin(), g.end()) - *std::min_element(g.begin(), g.end())) /
+        mean_of(g));
   }
-  return json{{"null_straggler_ms", spread(floor_ms)}, {"same_work_max_min_pct", spread(rank_spread_pct)},
-              {"method", "rank 0's work of a feplb plan timed num_ranks times (median of 5 each), as if each were a "
-                         "rank; max - mean of identical work is the timing noise floor of a measured straggler"}};
+  return json{
+      {"null_straggler_ms", spread(floor_ms)},
+      {"same_work_max_min_pct", spread(rank_spread_pct)},
+      {"method",
+       "rank 0's work of a feplb plan timed num_ranks times (median of 5 each), as if each were a "
+       "rank; max - mean of identical work is the timing noise floor of a measured straggler"}};
 }
 
 // The rows one GPU computes after feplb balances a real-prior trace step: the busiest GPU's slices.
@@ -266,7 +295,8 @@ std::vector<int64_t> skewed_rows(const Trace& t, const Knobs& knobs, const GemmC
   int64_t worst_max = -1;
   for (size_t i = 0; i < t.steps.size(); ++i) {
     std::vector<int64_t> load(static_cast<size_t>(t.num_ranks), 0);
-    for (int e = 0; e < t.num_experts; ++e) load[e / (t.num_experts / t.num_ranks)] += t.steps[i].expert_counts[e];
+    for (int e = 0; e < t.num_experts; ++e)
+      load[e / (t.num_experts / t.num_ranks)] += t.steps[i].expert_counts[e];
     const int64_t mx = *std::max_element(load.begin(), load.end());
     if (mx > worst_max) worst_max = mx, worst = i;
   }
@@ -285,11 +315,13 @@ std::vector<int64_t> skewed_rows(const Trace& t, const Knobs& knobs, const GemmC
 // ---- exposure, one helper at a time, copies at an emulated NVLink rate -----------------------
 // Backward (pass kBackward): the helper's own experts' backward while its guests' dY rows arrive,
 // with their weights again when `recopy` (the slot was reused by another layer since forward).
-json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs, const GemmCostModel& cost,
-                       double ce_gbps, double link_gbps, int nsteps, double lead_us,
-                       ExpertBench::Pass pass = ExpertBench::Pass::kForward, bool recopy = true) {
+json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs,
+                       const GemmCostModel& cost, double ce_gbps, double link_gbps, int nsteps,
+                       double lead_us, ExpertBench::Pass pass = ExpertBench::Pass::kForward,
+                       bool recopy = true) {
   std::vector<size_t> steps;
-  for (int i = 0; i < nsteps; ++i) steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
+  for (int i = 0; i < nsteps; ++i)
+    steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
   const Topology topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
   const double inflate = std::max(1.0, ce_gbps / link_gbps);  // copy each byte this many times
   const int64_t H = kGlm5.hidden, we = expert_weight_elems(H, kGlm5.ffn);
@@ -325,10 +357,12 @@ json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs, cons
       const double w_bytes = static_cast<double>(in_weights * we * 2) * inflate;
       const double r_bytes = static_cast<double>(in_rows * H * 2) * inflate;
       for (double left = w_bytes; left > 0; left -= static_cast<double>(we * 2)) {
-        copies.push_back({wdst.get(), wsrc.get(), static_cast<size_t>(std::min<double>(left, we * 2)) & ~size_t{15}});
+        copies.push_back({wdst.get(), wsrc.get(),
+                          static_cast<size_t>(std::min<double>(left, we * 2)) & ~size_t{15}});
       }
       for (double left = r_bytes; left > 0; left -= static_cast<double>(rsrc.bytes())) {
-        copies.push_back({rdst.get(), rsrc.get(), static_cast<size_t>(std::min<double>(left, rsrc.bytes())) & ~size_t{15}});
+        copies.push_back({rdst.get(), rsrc.get(),
+                          static_cast<size_t>(std::min<double>(left, rsrc.bytes())) & ~size_t{15}});
       }
       ++seq;
       FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -349,12 +383,17 @@ json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs, cons
     exposed_ms.push_back(worst);
     exposed_pct.push_back(100.0 * worst / gmax);
   }
-  return json{{"exposed_ms", spread(exposed_ms)}, {"exposed_pct", spread(exposed_pct)}, {"inflate", inflate},
-              {"link_gbps", link_gbps}, {"lead_us", lead_us},
-              {"method", "per step (feplb plan) and helper: the helper's own experts on one stream while its "
-                         "incoming weights and rows are copied (copy engine, bytes x inflate to emulate the link "
-                         "rate, after a lead for counts + plan) and a flag set; exposed = time the stream then "
-                         "waits on the flag; pct of the slowest rank's GEMM time; worst helper per step"}};
+  return json{
+      {"exposed_ms", spread(exposed_ms)},
+      {"exposed_pct", spread(exposed_pct)},
+      {"inflate", inflate},
+      {"link_gbps", link_gbps},
+      {"lead_us", lead_us},
+      {"method",
+       "per step (feplb plan) and helper: the helper's own experts on one stream while its "
+       "incoming weights and rows are copied (copy engine, bytes x inflate to emulate the link "
+       "rate, after a lead for counts + plan) and a flag set; exposed = time the stream then "
+       "waits on the flag; pct of the slowest rank's GEMM time; worst helper per step"}};
 }
 
 // ---- layer time per policy, forward and backward, each rank timed alone ---------------------
@@ -364,7 +403,8 @@ double gpu_max_over_mean(const Trace& t) {
   const int per = t.num_experts / t.num_ranks;
   for (const RoutingStep& st : t.steps) {
     std::vector<double> load(static_cast<size_t>(t.num_ranks), 0.0);
-    for (int e = 0; e < t.num_experts; ++e) load[e / per] += static_cast<double>(st.expert_counts[e]);
+    for (int e = 0; e < t.num_experts; ++e)
+      load[e / per] += static_cast<double>(st.expert_counts[e]);
     v.push_back(*std::max_element(load.begin(), load.end()) / mean_of(load));
   }
   return mean_of(v);
@@ -394,9 +434,11 @@ Trace trace_with_gpu_skew(double target, int steps, double* got) {
 // R noisy timings sits above their mean by the timing noise floor, so comparing a max with a mean
 // would flatter the floor). "static_mean": the mean over GPUs of the static plan's per-GPU times
 // (the same work with its own GEMM shapes, without the max's noise).
-json layer_times(ExpertBench& eb, const Trace& t, const Knobs& knobs, const GemmCostModel& cost, int nsteps, int reps) {
+json layer_times(ExpertBench& eb, const Trace& t, const Knobs& knobs, const GemmCostModel& cost,
+                 int nsteps, int reps) {
   std::vector<size_t> steps;
-  for (int i = 0; i < nsteps; ++i) steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
+  for (int i = 0; i < nsteps; ++i)
+    steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
   const int R = t.num_ranks, per = t.num_experts / t.num_ranks;
   std::map<std::string, std::vector<double>> fwd, bwd;
   for (const std::string& policy : {"static", "feplb-paper", "feplb"}) {
@@ -433,20 +475,28 @@ json layer_times(ExpertBench& eb, const Trace& t, const Knobs& knobs, const Gemm
     lf[p] = quantile_of(fwd[p], 0.5);
     lb[p] = quantile_of(bwd[p], 0.5);
     const double tot = mean_of(fwd[p]) + mean_of(bwd[p]);
-    total[p] = {{"fwd_bwd_ms_mean", tot}, {"speedup_vs_static", st_total / tot},
+    total[p] = {{"fwd_bwd_ms_mean", tot},
+                {"speedup_vs_static", st_total / tot},
                 {"above_balanced_pct", 100.0 * (tot / bal_total - 1.0)},
-                {"fwd_ms", spread(fwd[p])}, {"bwd_ms", spread(bwd[p])}};
-    log("  {:<12} fwd {:.3f} ms  bwd {:.3f} ms  fwd+bwd {:.3f} ms  x{:.3f} vs static  {:+.1f}% vs balanced", p,
-        quantile_of(fwd[p], 0.5), quantile_of(bwd[p], 0.5), tot, st_total / tot, 100.0 * (tot / bal_total - 1.0));
+                {"fwd_ms", spread(fwd[p])},
+                {"bwd_ms", spread(bwd[p])}};
+    log("  {:<12} fwd {:.3f} ms  bwd {:.3f} ms  fwd+bwd {:.3f} ms  x{:.3f} vs static  {:+.1f}% vs "
+        "balanced",
+        p, quantile_of(fwd[p], 0.5), quantile_of(bwd[p], 0.5), tot, st_total / tot,
+        100.0 * (tot / bal_total - 1.0));
   }
   out["layer_fwd_ms"] = lf;
   out["layer_bwd_ms"] = lb;
   out["fwd_bwd"] = total;
-  out["method"] = "per step: each GPU's expert work of the plan (own + guest slices, cuBLAS per-expert loop + SwiGLU; "
-                  "backward = dW into fp32 + dX from saved activations) timed alone on this H200, median of reps; the "
-                  "step's layer time is the slowest GPU's; the table holds the median over steps. Phase-1 dispatch "
-                  "and combine (the same for every policy) are not included; exposed copy time is measured "
-                  "separately (exposed_pct, backward_exposed_pct).";
+  out["method"] =
+      "per step: each GPU's expert work of the plan (own + guest slices, cuBLAS per-expert loop + "
+      "SwiGLU; "
+      "backward = dW into fp32 + dX from saved activations) timed alone on this H200, median of "
+      "reps; the "
+      "step's layer time is the slowest GPU's; the table holds the median over steps. Phase-1 "
+      "dispatch "
+      "and combine (the same for every policy) are not included; exposed copy time is measured "
+      "separately (exposed_pct, backward_exposed_pct).";
   return out;
 }
 
@@ -455,7 +505,8 @@ json layer_times(ExpertBench& eb, const Trace& t, const Knobs& knobs, const Gemm
 // policies is the cost of balancing (copies, planner), not its gain (layer_times shows that).
 json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
   json out = json::object();
-  const ExpertShape shape{2048, 768, Dtype::kBf16};  // Qwen3-30B-A3B-like experts: 8 ranks x layers fit
+  const ExpertShape shape{2048, 768,
+                          Dtype::kBf16};  // Qwen3-30B-A3B-like experts: 8 ranks x layers fit
   for (const std::string& policy : {"static", "feplb"}) {
     TrainConfig c;
     c.runtime.topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
@@ -474,24 +525,37 @@ json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
     c.lr = 1e-3f;
     const TrainResult r = run_virtual_training(c, routing_from_trace(t, c.micro_batches, layers));
     std::vector<double> warm(r.step_ms.begin() + 1, r.step_ms.end());
-    out[policy] = {{"loss", r.loss}, {"step_ms", spread(warm)}, {"fwd_wait_ms", spread(r.fwd_wait_ms)},
-                   {"bwd_wait_ms", spread(r.bwd_wait_ms)}, {"weight_recopies", r.weight_recopies},
-                   {"runtime_workspace_gib_per_rank", static_cast<double>(r.workspace_bytes) / (1 << 30)},
-                   {"saved_gib_per_rank_per_micro_batch", static_cast<double>(r.saved_bytes) / (1 << 30)}};
-    log("  training {:<7} step {:.1f} ms (median of {}), loss {:.5f} -> {:.5f}, weight re-copies {}, runtime "
+    out[policy] = {
+        {"loss", r.loss},
+        {"step_ms", spread(warm)},
+        {"fwd_wait_ms", spread(r.fwd_wait_ms)},
+        {"bwd_wait_ms", spread(r.bwd_wait_ms)},
+        {"weight_recopies", r.weight_recopies},
+        {"runtime_workspace_gib_per_rank", static_cast<double>(r.workspace_bytes) / (1 << 30)},
+        {"saved_gib_per_rank_per_micro_batch", static_cast<double>(r.saved_bytes) / (1 << 30)}};
+    log("  training {:<7} step {:.1f} ms (median of {}), loss {:.5f} -> {:.5f}, weight re-copies "
+        "{}, runtime "
         "{:.2f} GiB/rank",
-        policy, quantile_of(warm, 0.5), warm.size(), r.loss.front(), r.loss.back(), r.weight_recopies,
-        static_cast<double>(r.workspace_bytes) / (1 << 30));
+        policy, quantile_of(warm, 0.5), warm.size(), r.loss.front(), r.loss.back(),
+        r.weight_recopies, static_cast<double>(r.workspace_bytes) / (1 << 30));
   }
   double max_rel = 0;
   for (size_t i = 0; i < out["static"]["loss"].size(); ++i) {
-    const double a = out["static"]["loss"][i].get<double>(), b = out["feplb"]["loss"][i].get<double>();
+    const double a = out["static"]["loss"][i].get<double>(),
+                 b = out["feplb"]["loss"][i].get<double>();
     max_rel = std::max(max_rel, std::abs(a - b) / std::abs(a));
   }
   out["loss_max_rel_diff_on_vs_off"] = max_rel;
-  out["shape"] = {{"hidden", shape.hidden}, {"ffn", shape.ffn}, {"layers", layers}, {"micro_batches", 2},
-                  {"tokens_per_rank", t.tokens_per_rank}, {"top_k", t.top_k}, {"experts", t.num_experts}};
-  out["note"] = "8 virtual ranks share one GPU: step time = all ranks' work serialised; on - off = balancing's cost";
+  out["shape"] = {{"hidden", shape.hidden},
+                  {"ffn", shape.ffn},
+                  {"layers", layers},
+                  {"micro_batches", 2},
+                  {"tokens_per_rank", t.tokens_per_rank},
+                  {"top_k", t.top_k},
+                  {"experts", t.num_experts}};
+  out["note"] =
+      "8 virtual ranks share one GPU: step time = all ranks' work serialised; on - off = "
+      "balancing's cost";
   return out;
 }
 
@@ -692,7 +756,8 @@ int main(int argc, char** argv) {
   using namespace feplb::cuda;
   request_stream_connections();
   CLI::App app{"feplb GPU benchmarks (H200)"};
-  std::string out = "h200.json", table_out = "gemm_table.json", trace_path = "data/traces/default.json";
+  std::string out = "h200.json", table_out = "gemm_table.json",
+              trace_path = "data/traces/default.json";
   std::string prior_path = "data/priors/mixtral-8x7b__olmoe-repo__c4.json";
   std::string table_in = "data/cost/h200-glm5.json";
   std::string table_dir = ".";
@@ -702,7 +767,8 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace_path);
   app.add_option("--prior", prior_path);
   app.add_option("--table-in", table_in, "GEMM table to use when the table section is not run");
-  app.add_option("--table-dir", table_dir, "where section shape_tables writes h200-<shape>.json (Qwen3 shapes)");
+  app.add_option("--table-dir", table_dir,
+                 "where section shape_tables writes h200-<shape>.json (Qwen3 shapes)");
   double deadline_s = 420;
   std::string sections =
       "peak,grouped,table,shape_tables,skewed,copy,slowdown,straggler,noise,exposure,layertime,"
@@ -712,8 +778,10 @@ int main(int argc, char** argv) {
   app.add_option("--sections", sections, "comma-separated sections to run (default all)");
   app.add_flag("--quick", quick);
   std::vector<std::string> knob_args;
-  app.add_option("--knob", knob_args, "NAME=VALUE: a knob for the planners (repeatable; feplb knobs lists them)");
-  app.add_option("--deadline", deadline_s, "write what is measured and exit after this many seconds");
+  app.add_option("--knob", knob_args,
+                 "NAME=VALUE: a knob for the planners (repeatable; feplb knobs lists them)");
+  app.add_option("--deadline", deadline_s,
+                 "write what is measured and exit after this many seconds");
   app.add_option("--paths-shape", paths_shape,
                  "section paths: expert shape, qwen3-235b (H=4096 F=1536) or glm5")
       ->check(CLI::IsMember({"qwen3-235b", "glm5"}));
@@ -729,7 +797,8 @@ int main(int argc, char** argv) {
   // Watchdog: a hung GPU (or a section far slower than planned) must not eat the whole lease.
   std::thread([&, deadline_s] {
     std::this_thread::sleep_for(std::chrono::duration<double>(deadline_s));
-    std::fprintf(stderr, "feplb_gpu_bench: deadline of %.0f s reached; saving partial results\n", deadline_s);
+    std::fprintf(stderr, "feplb_gpu_bench: deadline of %.0f s reached; saving partial results\n",
+                 deadline_s);
     {
       std::lock_guard<std::mutex> lock(doc_mu);
       doc["incomplete"] = "deadline reached";
@@ -746,10 +815,16 @@ int main(int argc, char** argv) {
       return 2;
     }
     const int reps = quick ? 5 : 20;
-    auto want = [&](const char* name) { return ("," + sections + ",").find("," + std::string(name) + ",") != std::string::npos; };
-    doc["device"] = {{"name", devs[0].name}, {"sms", devs[0].sm_count}, {"copy_engines", devs[0].async_engine_count},
-                     {"driver", devs[0].driver_version}, {"runtime", devs[0].runtime_version}};
-    log("device: {}, {} SMs, {} copy engines", devs[0].name, devs[0].sm_count, devs[0].async_engine_count);
+    auto want = [&](const char* name) {
+      return ("," + sections + ",").find("," + std::string(name) + ",") != std::string::npos;
+    };
+    doc["device"] = {{"name", devs[0].name},
+                     {"sms", devs[0].sm_count},
+                     {"copy_engines", devs[0].async_engine_count},
+                     {"driver", devs[0].driver_version},
+                     {"runtime", devs[0].runtime_version}};
+    log("device: {}, {} SMs, {} copy engines", devs[0].name, devs[0].sm_count,
+        devs[0].async_engine_count);
 
     double peak = 0;
     if (want("peak")) {
@@ -765,21 +840,28 @@ int main(int argc, char** argv) {
     auto tf = [](double flops, double ms) { return flops / (ms * 1e-3) / 1e12; };
     if (want("grouped")) {
       const std::vector<int64_t> even(16, 4096);
-      const double loop1 = eb->run_ms(even, 1, reps), loop4 = eb->run_ms(even, 4, reps), grouped = eb->run_grouped_ms(even, reps);
+      const double loop1 = eb->run_ms(even, 1, reps), loop4 = eb->run_ms(even, 4, reps),
+                   grouped = eb->run_grouped_ms(even, reps);
       const double f16 = flops_of(kGlm5, 16 * 4096);
       const double best = std::max({tf(f16, loop1), tf(f16, loop4), tf(f16, grouped)});
       doc["grouped_gemm_tflops"] = best;
-      doc["grouped_gemm"] = {{"workload", "16 experts x 4096 rows, H=6144 F=2048 SwiGLU (gate, up, down + SwiGLU kernel)"},
-                             {"loop_1_stream_tflops", tf(f16, loop1)}, {"loop_4_streams_tflops", tf(f16, loop4)},
-                             {"cublas_grouped_batched_tflops", tf(f16, grouped)}, {"pct_of_peak", pct(best)}};
-      log("grouped GEMM 16x4096: loop {:.0f}, loop x4 streams {:.0f}, cublasGemmGroupedBatchedEx {:.0f} TFLOP/s ({:.0f}% of peak)",
+      doc["grouped_gemm"] = {
+          {"workload",
+           "16 experts x 4096 rows, H=6144 F=2048 SwiGLU (gate, up, down + SwiGLU kernel)"},
+          {"loop_1_stream_tflops", tf(f16, loop1)},
+          {"loop_4_streams_tflops", tf(f16, loop4)},
+          {"cublas_grouped_batched_tflops", tf(f16, grouped)},
+          {"pct_of_peak", pct(best)}};
+      log("grouped GEMM 16x4096: loop {:.0f}, loop x4 streams {:.0f}, cublasGemmGroupedBatchedEx "
+          "{:.0f} TFLOP/s ({:.0f}% of peak)",
           tf(f16, loop1), tf(f16, loop4), tf(f16, grouped), pct(best));
       save();
     }
     if (want("shape_tables")) {
       // Per-expert FFN time tables of other expert shapes, for the simulator's cost model.
       const std::vector<std::pair<std::string, ExpertShape>> shapes = {
-          {"qwen3-235b", ExpertShape{4096, 1536, Dtype::kBf16}}, {"qwen3-30b", ExpertShape{2048, 768, Dtype::kBf16}}};
+          {"qwen3-235b", ExpertShape{4096, 1536, Dtype::kBf16}},
+          {"qwen3-30b", ExpertShape{2048, 768, Dtype::kBf16}}};
       json files = json::object();
       for (const auto& [name, shape] : shapes) {
         ExpertBench sb(shape, 16 * 4096 + 8192, 16, 1);
@@ -787,8 +869,8 @@ int main(int argc, char** argv) {
         const std::string path = table_dir + "/h200-" + name + ".json";
         write_file(path, format_gemm_table(t), true);
         files[name] = {{"file", path}, {"ms_at_4096_rows", t.expert_ms(4096)}};
-        log("GEMM table {} ({}): 4096 rows -> {:.3f} ms per expert, wrote {}", name, shape.describe(), t.expert_ms(4096),
-            path);
+        log("GEMM table {} ({}): 4096 rows -> {:.3f} ms per expert, wrote {}", name,
+            shape.describe(), t.expert_ms(4096), path);
       }
       doc["shape_tables"] = files;
       save();
@@ -798,7 +880,8 @@ int main(int argc, char** argv) {
       table_ptr = std::make_unique<TableCostModel>(gemm_table(*eb, quick));
       write_file(table_out, format_gemm_table(*table_ptr), true);
       doc["gemm_table_file"] = table_out;
-      log("GEMM table: {} row counts, 4096 rows -> {:.3f} ms per expert", table_ptr->rows().size(), table_ptr->expert_ms(4096));
+      log("GEMM table: {} row counts, 4096 rows -> {:.3f} ms per expert", table_ptr->rows().size(),
+          table_ptr->expert_ms(4096));
     } else {
       table_ptr = std::make_unique<TableCostModel>(read_gemm_table(table_in));
       doc["gemm_table_file"] = table_in;
@@ -816,27 +899,35 @@ int main(int argc, char** argv) {
       const auto skew_rows = skewed_rows(trace, knobs, table);
       int64_t skew_total = 0;
       for (int64_t r : skew_rows) skew_total += r;
-      const double s1 = eb->run_ms(skew_rows, 1, reps), s4 = eb->run_ms(skew_rows, 4, reps), sg = eb->run_grouped_ms(skew_rows, reps);
+      const double s1 = eb->run_ms(skew_rows, 1, reps), s4 = eb->run_ms(skew_rows, 4, reps),
+                   sg = eb->run_grouped_ms(skew_rows, reps);
       const double fs = flops_of(kGlm5, skew_total);
       const double best_skew = std::max({tf(fs, s1), tf(fs, s4), tf(fs, sg)});
       doc["grouped_gemm_skewed_tflops"] = best_skew;
-      doc["grouped_gemm_skewed"] = {{"rows", skew_rows}, {"loop_1_stream_tflops", tf(fs, s1)},
-                                    {"loop_4_streams_tflops", tf(fs, s4)}, {"cublas_grouped_batched_tflops", tf(fs, sg)},
-                                    {"pct_of_peak", pct(best_skew)},
-                                    {"source", "busiest GPU after feplb balances the worst step of " + trace_path}};
-      log("skewed ({} slices, {} rows): loop {:.0f}, x4 {:.0f}, grouped {:.0f} TFLOP/s ({:.0f}% of peak)", skew_rows.size(),
-          skew_total, tf(fs, s1), tf(fs, s4), tf(fs, sg), pct(best_skew));
+      doc["grouped_gemm_skewed"] = {
+          {"rows", skew_rows},
+          {"loop_1_stream_tflops", tf(fs, s1)},
+          {"loop_4_streams_tflops", tf(fs, s4)},
+          {"cublas_grouped_batched_tflops", tf(fs, sg)},
+          {"pct_of_peak", pct(best_skew)},
+          {"source", "busiest GPU after feplb balances the worst step of " + trace_path}};
+      log("skewed ({} slices, {} rows): loop {:.0f}, x4 {:.0f}, grouped {:.0f} TFLOP/s ({:.0f}% of "
+          "peak)",
+          skew_rows.size(), skew_total, tf(fs, s1), tf(fs, s4), tf(fs, sg), pct(best_skew));
       save();
     }
-    double ce_gbps = 2000.0;  // same-device copy-engine rate measured in earlier runs, if not measured now
+    double ce_gbps =
+        2000.0;  // same-device copy-engine rate measured in earlier runs, if not measured now
     if (want("copy")) {
       const json copy = copy_bandwidth(reps);
       ce_gbps = copy["ce_d2d_gbps"].get<double>();
       doc["ce_copy_gbps"] = copy["ce_d2d_gbps"];
       doc["copy_bandwidth"] = copy;
-      log("copy: CE D2D {:.0f} GB/s, batch {:.0f}, D2H {:.0f}, SM copy 24 blocks {:.0f}, 132 blocks {:.0f}",
-          copy["ce_d2d_gbps"].get<double>(), copy["ce_batch_d2d_gbps"].get<double>(), copy["d2h_pinned_gbps"].get<double>(),
-          copy["sm_copy_24_blocks_gbps"].get<double>(), copy["sm_copy_132_blocks_gbps"].get<double>());
+      log("copy: CE D2D {:.0f} GB/s, batch {:.0f}, D2H {:.0f}, SM copy 24 blocks {:.0f}, 132 "
+          "blocks {:.0f}",
+          copy["ce_d2d_gbps"].get<double>(), copy["ce_batch_d2d_gbps"].get<double>(),
+          copy["d2h_pinned_gbps"].get<double>(), copy["sm_copy_24_blocks_gbps"].get<double>(),
+          copy["sm_copy_132_blocks_gbps"].get<double>());
       save();
     }
     if (want("slowdown")) {
@@ -845,8 +936,9 @@ int main(int argc, char** argv) {
       doc["gemm_slowdown_sm_pct"] = slow["sm24_pct"]["median"];
       doc["gemm_slowdown"] = slow;
       log("GEMM slowdown at 400 GB/s: CE {:+.1f}% [{:+.1f}, {:+.1f}], SM24 {:+.1f}%, SM32 {:+.1f}%",
-          slow["ce_pct"]["median"].get<double>(), slow["ce_pct"]["p10"].get<double>(), slow["ce_pct"]["p90"].get<double>(),
-          slow["sm24_pct"]["median"].get<double>(), slow["sm32_pct"]["median"].get<double>());
+          slow["ce_pct"]["median"].get<double>(), slow["ce_pct"]["p10"].get<double>(),
+          slow["ce_pct"]["p90"].get<double>(), slow["sm24_pct"]["median"].get<double>(),
+          slow["sm32_pct"]["median"].get<double>());
       save();
     }
     if (want("straggler")) {
@@ -858,8 +950,10 @@ int main(int argc, char** argv) {
       Trace paper_like = generate_trace(prior, spec);
       measured_straggler(*eb, trace, "default trace", knobs, table, roofline, 1);  // warm-up
       doc["measured_gemm_straggler_ms"] = {
-          {"default_trace", measured_straggler(*eb, trace, "default trace", knobs, table, roofline, quick ? 2 : 8)},
-          {"mixtral_c4_trace", measured_straggler(*eb, paper_like, "mixtral c4 prior", knobs, table, roofline, quick ? 2 : 8)}};
+          {"default_trace",
+           measured_straggler(*eb, trace, "default trace", knobs, table, roofline, quick ? 2 : 8)},
+          {"mixtral_c4_trace", measured_straggler(*eb, paper_like, "mixtral c4 prior", knobs, table,
+                                                  roofline, quick ? 2 : 8)}};
       save();
     }
     if (want("noise")) {
@@ -870,11 +964,14 @@ int main(int argc, char** argv) {
     }
     if (want("exposure")) {
       const double lead = 30.0;  // us before the first copy: counts round trip + plan
-      const json expo = isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps, quick ? 2 : 8, lead);
+      const json expo = isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps,
+                                          quick ? 2 : 8, lead);
       doc["exposed_pct"] = expo["exposed_pct"]["median"];
       doc["exposure"] = expo;
-      log("exposed (isolated, {:.0f} GB/s emulated): median {:.2f}% max {:.2f}% of the slowest rank's GEMM time",
-          knobs.copy_gbps, expo["exposed_pct"]["median"].get<double>(), expo["exposed_pct"]["max"].get<double>());
+      log("exposed (isolated, {:.0f} GB/s emulated): median {:.2f}% max {:.2f}% of the slowest "
+          "rank's GEMM time",
+          knobs.copy_gbps, expo["exposed_pct"]["median"].get<double>(),
+          expo["exposed_pct"]["max"].get<double>());
       save();
     }
     if (want("layertime")) {
@@ -882,49 +979,70 @@ int main(int argc, char** argv) {
       const Trace paper_like = trace_with_gpu_skew(1.25, quick ? 2 : 6, &got);
       log("layer time per policy, paper-like skew (GPU max/mean {:.3f}):", got);
       json paper = layer_times(*eb, paper_like, knobs, table, quick ? 2 : 6, quick ? 3 : 9);
-      log("layer time per policy, heavy skew ({}: GPU max/mean {:.3f}):", trace_path, gpu_max_over_mean(trace));
+      log("layer time per policy, heavy skew ({}: GPU max/mean {:.3f}):", trace_path,
+          gpu_max_over_mean(trace));
       json heavy = layer_times(*eb, trace, knobs, table, quick ? 2 : 6, quick ? 3 : 9);
-      doc["layer_fwd_ms"] = {{"paper_like", paper["layer_fwd_ms"]}, {"heavy", heavy["layer_fwd_ms"]}};
-      doc["layer_bwd_ms"] = {{"paper_like", paper["layer_bwd_ms"]}, {"heavy", heavy["layer_bwd_ms"]}};
+      doc["layer_fwd_ms"] = {{"paper_like", paper["layer_fwd_ms"]},
+                             {"heavy", heavy["layer_fwd_ms"]}};
+      doc["layer_bwd_ms"] = {{"paper_like", paper["layer_bwd_ms"]},
+                             {"heavy", heavy["layer_bwd_ms"]}};
       doc["layer_times"] = {{"paper_like", paper}, {"heavy", heavy}};
       save();
     }
     if (want("bwdexposure")) {
       const double lead = 30.0;
-      const json recopy = isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps, quick ? 2 : 8, lead,
-                                            ExpertBench::Pass::kBackward, true);
-      const json kept = isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps, quick ? 2 : 8, lead,
-                                          ExpertBench::Pass::kBackward, false);
+      const json recopy =
+          isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps, quick ? 2 : 8, lead,
+                            ExpertBench::Pass::kBackward, true);
+      const json kept = isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps,
+                                          quick ? 2 : 8, lead, ExpertBench::Pass::kBackward, false);
       doc["backward_exposed_pct"] = recopy["exposed_pct"]["median"];
-      doc["backward_exposure"] = {{"weights_copied_again", recopy}, {"weights_still_in_slots", kept},
-                                  {"note", "backward_exposed_pct is the worse case: every guest's weights copied "
-                                           "again (its slot was reused by another layer since forward)"}};
-      log("backward exposed (isolated): {:.2f}% (weights copied again), {:.2f}% (weights kept) median; max {:.2f}%",
-          recopy["exposed_pct"]["median"].get<double>(), kept["exposed_pct"]["median"].get<double>(),
-          recopy["exposed_pct"]["max"].get<double>());
+      doc["backward_exposure"] = {
+          {"weights_copied_again", recopy},
+          {"weights_still_in_slots", kept},
+          {"note",
+           "backward_exposed_pct is the worse case: every guest's weights copied "
+           "again (its slot was reused by another layer since forward)"}};
+      log("backward exposed (isolated): {:.2f}% (weights copied again), {:.2f}% (weights kept) "
+          "median; max {:.2f}%",
+          recopy["exposed_pct"]["median"].get<double>(),
+          kept["exposed_pct"]["median"].get<double>(), recopy["exposed_pct"]["max"].get<double>());
       save();
     }
     eb.reset();  // its streams would share hardware queues with the virtual ranks'
     if (want("layer")) {
-      const VirtualLayerStats lay = run_virtual_layer(trace, kGlm5, "feplb", knobs, quick ? 4 : 16, 8, 60);
+      const VirtualLayerStats lay =
+          run_virtual_layer(trace, kGlm5, "feplb", knobs, quick ? 4 : 16, 8, 60);
       doc["plan_latency_us"] = spread(lay.counts_to_first_copy_us);
       doc["layer_virtual_ranks"] = {
-          {"policy", "feplb"}, {"virtual_ranks", trace.num_ranks}, {"forwards", lay.forwards},
+          {"policy", "feplb"},
+          {"virtual_ranks", trace.num_ranks},
+          {"forwards", lay.forwards},
           {"counts_to_first_copy_us", spread(lay.counts_to_first_copy_us)},
-          {"counts_to_host_us", spread(lay.counts_to_host_us)}, {"plan_us", spread(lay.plan_us)},
+          {"counts_to_host_us", spread(lay.counts_to_host_us)},
+          {"plan_us", spread(lay.plan_us)},
           {"counts_to_plan_us", spread(lay.counts_to_plan_us)},
-          {"wait_ms", spread(lay.wait_ms)}, {"wait_pct_of_forward", spread(lay.wait_pct)},
+          {"wait_ms", spread(lay.wait_ms)},
+          {"wait_pct_of_forward", spread(lay.wait_pct)},
           {"forward_ms", spread(lay.forward_ms)},
-          {"note", "8 virtual ranks share one GPU (their GEMMs run concurrently, copies are same-device); latency "
-                   "is from counts ready on the GPU (stream synchronised) to the first phase-2 copy issued. The "
-                   "copies are issued once the plan is ready AND this rank's phase-1 all-to-all is enqueued (the "
-                   "copy stream waits for it by event); with virtual ranks that all-to-all enqueue includes an "
-                   "in-process barrier of all 8 ranks' threads, so counts_to_plan_us is the scheduler's own part"}};
-      log("plan latency (counts ready on GPU -> first copy issued): median {:.1f} us, p90 {:.1f}, max {:.1f}; "
+          {"note",
+           "8 virtual ranks share one GPU (their GEMMs run concurrently, copies are same-device); "
+           "latency "
+           "is from counts ready on the GPU (stream synchronised) to the first phase-2 copy "
+           "issued. The "
+           "copies are issued once the plan is ready AND this rank's phase-1 all-to-all is "
+           "enqueued (the "
+           "copy stream waits for it by event); with virtual ranks that all-to-all enqueue "
+           "includes an "
+           "in-process barrier of all 8 ranks' threads, so counts_to_plan_us is the scheduler's "
+           "own part"}};
+      log("plan latency (counts ready on GPU -> first copy issued): median {:.1f} us, p90 {:.1f}, "
+          "max {:.1f}; "
           "counts to host {:.1f} us, plan {:.1f} us, counts to plan ready {:.1f} us",
-          doc["plan_latency_us"]["median"].get<double>(), doc["plan_latency_us"]["p90"].get<double>(),
-          doc["plan_latency_us"]["max"].get<double>(), quantile_of(lay.counts_to_host_us, 0.5),
-          quantile_of(lay.plan_us, 0.5), quantile_of(lay.counts_to_plan_us, 0.5));
+          doc["plan_latency_us"]["median"].get<double>(),
+          doc["plan_latency_us"]["p90"].get<double>(), doc["plan_latency_us"]["max"].get<double>(),
+          quantile_of(lay.counts_to_host_us, 0.5), quantile_of(lay.plan_us, 0.5),
+          quantile_of(lay.counts_to_plan_us, 0.5));
       save();
     }
     if (want("paths")) {

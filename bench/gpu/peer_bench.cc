@@ -14,20 +14,20 @@
 // Usage: scripts/gpu-dist 2 build/bin/feplb_peer_bench --out bench/results/h200-x2.json [--quick]
 //        scripts/gpu-dist 2 build/bin/feplb_peer_bench --same-gpu --out h200-x1-signals.json
 //        (--signals-only: the signal section alone, one process per GPU)
-#include <CLI/CLI.hpp>
 #include <cuda_bf16.h>
-#include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
+#include "bench/harness/kernels/kernels.h"
 #include "feplb/core/stats.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
-#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/ipc_signals.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/nccl_comm.h"
@@ -59,19 +59,23 @@ void log0(int rank, const std::string& s) {
 }
 
 json spread(const std::vector<double>& v) {
-  return json{{"median", quantile_of(v, 0.5)}, {"p10", quantile_of(v, 0.1)}, {"p90", quantile_of(v, 0.9)},
+  return json{{"median", quantile_of(v, 0.5)},
+              {"p10", quantile_of(v, 0.1)},
+              {"p90", quantile_of(v, 0.9)},
               {"n", v.size()}};
 }
 
 std::string size_key(size_t bytes) {
-  return bytes >= (size_t{1} << 20) ? fmt::format("{}MiB", bytes >> 20) : fmt::format("{}KiB", bytes >> 10);
+  return bytes >= (size_t{1} << 20) ? fmt::format("{}MiB", bytes >> 20)
+                                    : fmt::format("{}KiB", bytes >> 10);
 }
 
 // The collective plumbing every measurement shares: a barrier and the max over ranks of a time,
 // both through the transport's all-gather (bounded waits).
 class Group {
  public:
-  Group(Transport& t, cudaStream_t s) : t_(t), s_(s), one_(1), all_(static_cast<size_t>(t.world_size())) {}
+  Group(Transport& t, cudaStream_t s)
+      : t_(t), s_(s), one_(1), all_(static_cast<size_t>(t.world_size())) {}
   int rank() const { return t_.rank(); }
   int world() const { return t_.world_size(); }
   // Every rank's `ms`; returns the largest.
@@ -82,7 +86,8 @@ class Group {
     FEPLB_CUDA_CHECK(cudaMemcpyAsync(one_.get(), &bits, sizeof(bits), cudaMemcpyHostToDevice, s_));
     t_.all_gather_i32(one_.get(), all_.get(), 1, s_);
     std::vector<int32_t> h(all_.size());
-    FEPLB_CUDA_CHECK(cudaMemcpyAsync(h.data(), all_.get(), all_.bytes(), cudaMemcpyDeviceToHost, s_));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpyAsync(h.data(), all_.get(), all_.bytes(), cudaMemcpyDeviceToHost, s_));
     sync_with_timeout(s_, kTimeoutS, "peer bench: all-gather of times");
     double m = 0;
     for (int32_t b : h) {
@@ -253,7 +258,8 @@ int partner_of(int rank, int world) {
 using Op = std::function<void(size_t bytes, int iters, cudaStream_t s)>;
 
 // GB/s per repetition: iters * bytes / (max over ranks of the time).
-std::vector<double> measure(Group& g, cudaStream_t s, const Op& op, size_t bytes, const Options& o) {
+std::vector<double> measure(Group& g, cudaStream_t s, const Op& op, size_t bytes,
+                            const Options& o) {
   // Small copies repeat back to back (about 64 MiB per repetition), so launch gaps do not count.
   const int iters = static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / bytes, 1, 256));
   Event e0(true), e1(true);
@@ -270,30 +276,34 @@ std::vector<double> measure(Group& g, cudaStream_t s, const Op& op, size_t bytes
   return gbps;
 }
 
-void gemm(cublasHandle_t h, cudaStream_t s, const bf16* a, const bf16* b, bf16* c, int m, int n, int k) {
+void gemm(cublasHandle_t h, cudaStream_t s, const bf16* a, const bf16* b, bf16* c, int m, int n,
+          int k) {
   const float one = 1.0f, zero = 0.0f;
   FEPLB_CUBLAS_CHECK(cublasSetStream(h, s));
   // Row-major C[m, n] = A[m, k] B[k, n], as column-major C^T = B^T A^T.
-  FEPLB_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_16BF, n, a, CUDA_R_16BF, k,
-                                  &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  FEPLB_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_16BF, n, a,
+                                  CUDA_R_16BF, k, &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
 }
 
 int run(const Options& o, const dist::LaunchEnv& env) {
   NcclCommunicator comm(env, kTimeoutS);
   const auto t = comm.transport();
   const int rank = t->rank(), world = t->world_size(), partner = partner_of(rank, world);
-  if (!t->supports_peer_copies()) throw Error("peer memory is not reachable between these GPUs (see the log)");
+  if (!t->supports_peer_copies())
+    throw Error("peer memory is not reachable between these GPUs (see the log)");
   const size_t max_bytes = o.quick ? size_t{64} << 20 : size_t{256} << 20;
   std::vector<size_t> sizes;
   for (size_t b = size_t{64} << 10; b <= max_bytes; b *= 4) sizes.push_back(b);
   Stream s;
   Group g(*t, s.get());
   DeviceBuffer<char> src(max_bytes), dst(max_bytes), nccl_recv(max_bytes);
-  FEPLB_CUDA_CHECK(kernels::fill_random(reinterpret_cast<bf16*>(src.get()), max_bytes / 2, 7 + static_cast<uint64_t>(rank),
-                                        1.0f, s.get()));
+  FEPLB_CUDA_CHECK(kernels::fill_random(reinterpret_cast<bf16*>(src.get()), max_bytes / 2,
+                                        7 + static_cast<uint64_t>(rank), 1.0f, s.get()));
   sync_with_timeout(s.get(), kTimeoutS, "fill");
   t->register_buffer("peer_bench.dst", dst.get(), dst.bytes());
-  char* peer_dst = partner >= 0 ? static_cast<char*>(t->peer_buffer("peer_bench.dst", partner)) : nullptr;
+  char* peer_dst =
+      partner >= 0 ? static_cast<char*>(t->peer_buffer("peer_bench.dst", partner)) : nullptr;
   const std::vector<DeviceInfo> devices = list_devices();
   log0(rank, fmt::format("feplb_peer_bench: {} ranks, {} pairs, {}", world, world / 2,
                          devices.empty() ? std::string("?") : devices[0].name));
@@ -321,13 +331,15 @@ int run(const Options& o, const dist::LaunchEnv& env) {
   auto ce = [&](bool both) -> Op {
     return [&, both](size_t bytes, int iters, cudaStream_t st) {
       if (!active(both)) return;
-      for (int i = 0; i < iters; ++i) FEPLB_CUDA_CHECK(cudaMemcpyAsync(peer_dst, src.get(), bytes, cudaMemcpyDeviceToDevice, st));
+      for (int i = 0; i < iters; ++i)
+        FEPLB_CUDA_CHECK(cudaMemcpyAsync(peer_dst, src.get(), bytes, cudaMemcpyDeviceToDevice, st));
     };
   };
   auto sm = [&](bool both, int blocks) -> Op {
     return [&, both, blocks](size_t bytes, int iters, cudaStream_t st) {
       if (!active(both)) return;
-      for (int i = 0; i < iters; ++i) FEPLB_CUDA_CHECK(kernels::sm_copy(src.get(), peer_dst, bytes, blocks, 0.0, st));
+      for (int i = 0; i < iters; ++i)
+        FEPLB_CUDA_CHECK(kernels::sm_copy(src.get(), peer_dst, bytes, blocks, 0.0, st));
     };
   };
   auto nccl = [&](bool both) -> Op {
@@ -360,8 +372,11 @@ int run(const Options& o, const dist::LaunchEnv& env) {
       nccl_j[dir][key] = spread(n);
       for (const auto* v : {&c, &s24, &s32, &n}) peak = std::max(peak, quantile_of(*v, 0.5));
       if (!both) ce_one_dir.emplace_back(bytes, quantile_of(c, 0.5));
-      log0(rank, fmt::format("{:>15} {:>7}: CE {:7.1f}  SM24 {:7.1f}  SM32 {:7.1f}  NCCL {:7.1f} GB/s (medians)", dir, key,
-                             quantile_of(c, 0.5), quantile_of(s24, 0.5), quantile_of(s32, 0.5), quantile_of(n, 0.5)));
+      log0(rank,
+           fmt::format(
+               "{:>15} {:>7}: CE {:7.1f}  SM24 {:7.1f}  SM32 {:7.1f}  NCCL {:7.1f} GB/s (medians)",
+               dir, key, quantile_of(c, 0.5), quantile_of(s24, 0.5), quantile_of(s32, 0.5),
+               quantile_of(n, 0.5)));
     }
   }
   json ce_pct;
@@ -395,9 +410,11 @@ int run(const Options& o, const dist::LaunchEnv& env) {
     } else if (pushed) {
       const size_t chunk = std::min<size_t>(size_t{64} << 20, max_bytes);
       const double best_gbps = std::max(1.0, ce_one_dir.empty() ? 100.0 : ce_one_dir.back().second);
-      const int copies = std::max(1, static_cast<int>(3 * push_ms * 1e-3 * best_gbps * 1e9 / static_cast<double>(chunk)));
+      const int copies = std::max(
+          1, static_cast<int>(3 * push_ms * 1e-3 * best_gbps * 1e9 / static_cast<double>(chunk)));
       for (int i = 0; i < copies; ++i) {
-        FEPLB_CUDA_CHECK(cudaMemcpyAsync(victim_dst, src.get(), chunk, cudaMemcpyDeviceToDevice, s.get()));
+        FEPLB_CUDA_CHECK(
+            cudaMemcpyAsync(victim_dst, src.get(), chunk, cudaMemcpyDeviceToDevice, s.get()));
       }
     }
     sync_with_timeout(s.get(), kTimeoutS, "peer bench: GEMM under peer pushes");
@@ -412,8 +429,10 @@ int run(const Options& o, const dist::LaunchEnv& env) {
     ratio.push_back(y / x);
   }
   const double slowdown_pct = (quantile_of(ratio, 0.5) - 1.0) * 100.0;
-  log0(rank, fmt::format("GEMM {}x{}x{} bf16 on rank 0: {:.3f} ms alone, {:.3f} ms while {} peer(s) push: {:+.1f}%", m,
-                         n, k, quantile_of(alone, 0.5), quantile_of(pushed, 0.5), world - 1, slowdown_pct));
+  log0(rank, fmt::format("GEMM {}x{}x{} bf16 on rank 0: {:.3f} ms alone, {:.3f} ms while {} "
+                         "peer(s) push: {:+.1f}%",
+                         m, n, k, quantile_of(alone, 0.5), quantile_of(pushed, 0.5), world - 1,
+                         slowdown_pct));
 
   if (rank == 0 && !o.out.empty()) {
     json j;
@@ -463,11 +482,14 @@ int run(const Options& o, const dist::LaunchEnv& env) {
 
 int main(int argc, char** argv) {
   feplb::cuda::Options o;
-  CLI::App app{"feplb_peer_bench: peer copy-engine, SM and NCCL bandwidth, and GEMM slowdown under peer pushes"};
+  CLI::App app{
+      "feplb_peer_bench: peer copy-engine, SM and NCCL bandwidth, and GEMM slowdown under peer "
+      "pushes"};
   app.add_option("--out", o.out, "JSON results (written by rank 0)");
   app.add_option("--reps", o.reps, "timed repetitions per point")->check(CLI::Range(1, 10000));
   app.add_option("--warmup", o.warmup, "untimed repetitions first")->check(CLI::Range(0, 1000));
-  app.add_option("--gemm-pairs", o.gemm_pairs, "interleaved GEMM alone / pushed pairs")->check(CLI::Range(1, 1000));
+  app.add_option("--gemm-pairs", o.gemm_pairs, "interleaved GEMM alone / pushed pairs")
+      ->check(CLI::Range(1, 1000));
   app.add_flag("--quick", o.quick, "sizes up to 64 MiB, fewer repetitions");
   app.add_flag("--signals-only", o.signals_only,
                "measure only the signal latency (one process per GPU)");
@@ -489,10 +511,11 @@ int main(int argc, char** argv) {
   try {
     const feplb::dist::LaunchEnv env = feplb::dist::launch_env_from_process();
     if (env.world_size < 2) {
-      std::fprintf(stderr,
-                   "feplb_peer_bench: WORLD_SIZE is %d, nothing to measure: start one process per GPU "
-                   "(scripts/gpu-dist N feplb_peer_bench ...)\n",
-                   env.world_size);
+      std::fprintf(
+          stderr,
+          "feplb_peer_bench: WORLD_SIZE is %d, nothing to measure: start one process per GPU "
+          "(scripts/gpu-dist N feplb_peer_bench ...)\n",
+          env.world_size);
       return 2;
     }
     return o.same_gpu ? feplb::cuda::run_same_gpu(o, env) : feplb::cuda::run(o, env);

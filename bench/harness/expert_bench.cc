@@ -2,15 +2,16 @@
 
 #include <algorithm>
 
+#include "bench/harness/kernels/kernels.h"
 #include "feplb/core/stats.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
-#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/kernels/kernels.h"
 
 namespace feplb::cuda {
 
-ExpertBench::ExpertBench(const ExpertShape& shape, int64_t max_rows, int num_weight_sets, int max_streams)
+ExpertBench::ExpertBench(const ExpertShape& shape, int64_t max_rows, int num_weight_sets,
+                         int max_streams)
     : shape_(shape), max_rows_(max_rows), sets_(num_weight_sets) {
   const int64_t H = shape.hidden, F = shape.ffn;
   w_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(sets_ * expert_weight_elems(H, F)));
@@ -64,13 +65,14 @@ void ExpertBench::enqueue(std::span<const int64_t> rows, int streams, Pass pass)
     const cudaStream_t s = streams_[n % streams].get();
     const __nv_bfloat16* w = w_.get() + (n % sets_) * we;
     if (pass == Pass::kForward) {
-      expert_ffn(*gemm_[n % streams], s, x_.get() + off * H, r, w, w + 2 * H * F, gu_.get() + off * 2 * F,
-                 act_.get() + off * F, y_.get() + off * H, H, F);
+      expert_ffn(*gemm_[n % streams], s, x_.get() + off * H, r, w, w + 2 * H * F,
+                 gu_.get() + off * 2 * F, act_.get() + off * F, y_.get() + off * H, H, F);
     } else {
       float* g = grad_w_.get() + (n % sets_) * we;
-      expert_ffn_backward(*gemm_[n % streams], s, x_.get() + off * H, r, w, w + 2 * H * F, gu_.get() + off * 2 * F,
-                          act_.get() + off * F, dy_.get() + off * H, g, g + 2 * H * F, 1.0f, dx_.get() + off * H,
-                          dgu_.get() + off * 2 * F, dact_.get() + off * F, H, F);
+      expert_ffn_backward(*gemm_[n % streams], s, x_.get() + off * H, r, w, w + 2 * H * F,
+                          gu_.get() + off * 2 * F, act_.get() + off * F, dy_.get() + off * H, g,
+                          g + 2 * H * F, 1.0f, dx_.get() + off * H, dgu_.get() + off * 2 * F,
+                          dact_.get() + off * F, H, F);
     }
     off += r;
     ++n;
@@ -116,11 +118,20 @@ double ExpertBench::run_grouped_ms(std::span<const int64_t> rows, int reps) {
     one.push_back(1);
     alpha.push_back(1.0f);
     beta.push_back(0.0f);
-    // GEMM1: C^T [2F, r] = W_gu^T [2F, H] * X^T [H, r]; GEMM2: C^T [H, r] = W_d^T [H, F] * A^T [F, r].
-    m1.push_back(static_cast<int>(2 * F)); n1.push_back(static_cast<int>(r)); k1.push_back(static_cast<int>(H));
-    a1.push_back(w); b1.push_back(x_.get() + off * H); c1.push_back(gu_.get() + off * 2 * F);
-    m2.push_back(static_cast<int>(H)); n2.push_back(static_cast<int>(r)); k2.push_back(static_cast<int>(F));
-    a2.push_back(w + 2 * H * F); b2.push_back(act_.get() + off * F); c2.push_back(y_.get() + off * H);
+    // GEMM1: C^T [2F, r] = W_gu^T [2F, H] * X^T [H, r]; GEMM2: C^T [H, r] = W_d^T [H, F] * A^T [F,
+    // r].
+    m1.push_back(static_cast<int>(2 * F));
+    n1.push_back(static_cast<int>(r));
+    k1.push_back(static_cast<int>(H));
+    a1.push_back(w);
+    b1.push_back(x_.get() + off * H);
+    c1.push_back(gu_.get() + off * 2 * F);
+    m2.push_back(static_cast<int>(H));
+    n2.push_back(static_cast<int>(r));
+    k2.push_back(static_cast<int>(F));
+    a2.push_back(w + 2 * H * F);
+    b2.push_back(act_.get() + off * F);
+    c2.push_back(y_.get() + off * H);
     off += r;
     ++n;
   }
@@ -130,20 +141,26 @@ double ExpertBench::run_grouped_ms(std::span<const int64_t> rows, int reps) {
   DeviceBuffer<const void*> da1(n), db1(n), da2(n), db2(n);
   DeviceBuffer<void*> dc1(n), dc2(n);
   auto up = [&](auto& dev, auto& host) {
-    FEPLB_CUDA_CHECK(cudaMemcpy(dev.get(), host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(dev.get(), host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice));
   };
-  up(da1, a1); up(db1, b1); up(dc1, c1); up(da2, a2); up(db2, b2); up(dc2, c2);
+  up(da1, a1);
+  up(db1, b1);
+  up(dc1, c1);
+  up(da2, a2);
+  up(db2, b2);
+  up(dc2, c2);
   FEPLB_CUBLAS_CHECK(cublasSetStream(cublas_.get(), s));
   auto once = [&] {
-    FEPLB_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(cublas_.get(), op.data(), op.data(), m1.data(), n1.data(), k1.data(),
-                                                  alpha.data(), da1.get(), CUDA_R_16BF, m1.data(), db1.get(), CUDA_R_16BF,
-                                                  k1.data(), beta.data(), dc1.get(), CUDA_R_16BF, m1.data(), n,
-                                                  one.data(), CUBLAS_COMPUTE_32F));
+    FEPLB_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+        cublas_.get(), op.data(), op.data(), m1.data(), n1.data(), k1.data(), alpha.data(),
+        da1.get(), CUDA_R_16BF, m1.data(), db1.get(), CUDA_R_16BF, k1.data(), beta.data(),
+        dc1.get(), CUDA_R_16BF, m1.data(), n, one.data(), CUBLAS_COMPUTE_32F));
     FEPLB_CUDA_CHECK(kernels::swiglu(gu_.get(), total, F, act_.get(), s));
-    FEPLB_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(cublas_.get(), op.data(), op.data(), m2.data(), n2.data(), k2.data(),
-                                                  alpha.data(), da2.get(), CUDA_R_16BF, m2.data(), db2.get(), CUDA_R_16BF,
-                                                  k2.data(), beta.data(), dc2.get(), CUDA_R_16BF, m2.data(), n,
-                                                  one.data(), CUBLAS_COMPUTE_32F));
+    FEPLB_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+        cublas_.get(), op.data(), op.data(), m2.data(), n2.data(), k2.data(), alpha.data(),
+        da2.get(), CUDA_R_16BF, m2.data(), db2.get(), CUDA_R_16BF, k2.data(), beta.data(),
+        dc2.get(), CUDA_R_16BF, m2.data(), n, one.data(), CUBLAS_COMPUTE_32F));
   };
   once();
   std::vector<double> ms;

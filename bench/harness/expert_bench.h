@@ -30,10 +30,12 @@ class ExpertBench {
 
   // Milliseconds to run every listed expert (rows > 0) back to back, round-robin over `streams`
   // streams: median of `reps` timed runs after one warm-up.
-  double run_ms(std::span<const int64_t> rows_per_expert, int streams = 1, int reps = 5, Pass pass = Pass::kForward);
+  double run_ms(std::span<const int64_t> rows_per_expert, int streams = 1, int reps = 5,
+                Pass pass = Pass::kForward);
   // Enqueues the experts once on stream() (and helper streams), untimed: for callers that put
   // their own events and side traffic around it.
-  void enqueue(std::span<const int64_t> rows_per_expert, int streams = 1, Pass pass = Pass::kForward);
+  void enqueue(std::span<const int64_t> rows_per_expert, int streams = 1,
+               Pass pass = Pass::kForward);
   // The same work through cublasGemmGroupedBatchedEx (one grouped call per GEMM, one SwiGLU).
   double run_grouped_ms(std::span<const int64_t> rows_per_expert, int reps = 5);
 
@@ -52,10 +54,10 @@ class ExpertBench {
   void ensure_backward_buffers();
   DeviceBuffer<__nv_bfloat16> w_, x_, gu_, act_, y_;
   DeviceBuffer<__nv_bfloat16> dy_, dx_, dgu_, dact_;  // backward (allocated on first use)
-  DeviceBuffer<float> grad_w_;                         // [sets, 3HF] fp32
+  DeviceBuffer<float> grad_w_;                        // [sets, 3HF] fp32
   std::vector<Stream> streams_;
   std::vector<Event> joins_;
-  CublasHandle cublas_;               // the grouped-GEMM comparison
+  CublasHandle cublas_;                            // the grouped-GEMM comparison
   std::vector<std::unique_ptr<GemmEngine>> gemm_;  // [max_streams]
   Event start_{true}, stop_{true};
 };

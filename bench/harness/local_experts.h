@@ -17,8 +17,10 @@ class LocalExperts {
   // `experts` experts of hidden H and ffn F: weights [experts, 3HF] (per expert gate|up [H, 2F]
   // then down [F, H], row-major) and, with `grads`, fp32 gradients laid out alike.
   LocalExperts(int experts, int64_t hidden, int64_t ffn, bool grads)
-      : elems_(expert_weight_elems(hidden, ffn)), gate_up_elems_(2 * hidden * ffn),
-        weights_(static_cast<size_t>(experts * elems_)), grads_(grads ? static_cast<size_t>(experts * elems_) : 0) {
+      : elems_(expert_weight_elems(hidden, ffn)),
+        gate_up_elems_(2 * hidden * ffn),
+        weights_(static_cast<size_t>(experts * elems_)),
+        grads_(grads ? static_cast<size_t>(experts * elems_) : 0) {
     for (int e = 0; e < experts; ++e) {
       const int64_t base = e * elems_;
       params_.push_back({weights_.get() + base, weights_.get() + base + gate_up_elems_});

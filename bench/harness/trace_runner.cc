@@ -4,15 +4,15 @@
 #include <exception>
 #include <thread>
 
-#include "feplb/sim/workload.h"
+#include "bench/harness/kernels/kernels.h"
+#include "bench/harness/local_experts.h"
+#include "bench/harness/rank_threads.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
-#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/runtime.h"
-#include "bench/harness/local_experts.h"
-#include "bench/harness/rank_threads.h"
+#include "feplb/sim/workload.h"
 
 namespace feplb::cuda {
 
@@ -30,13 +30,15 @@ int64_t worst_receiver_rows(const Trace& t, const Topology& topo) {
   return worst;
 }
 
-VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, const std::string& policy,
-                                    const Knobs& knobs, int steps, int gpus_per_node, double timeout_s) {
+VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
+                                    const std::string& policy, const Knobs& knobs, int steps,
+                                    int gpus_per_node, double timeout_s) {
   const int R = t.num_ranks;
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  FEPLB_REQUIRE_INPUT(R == 1 || (conn && std::atoi(conn) >= 3 * R + 2),
-                      "{} virtual ranks need CUDA_DEVICE_MAX_CONNECTIONS >= {} (set before the process starts)", R,
-                      3 * R + 2);
+  FEPLB_REQUIRE_INPUT(
+      R == 1 || (conn && std::atoi(conn) >= 3 * R + 2),
+      "{} virtual ranks need CUDA_DEVICE_MAX_CONNECTIONS >= {} (set before the process starts)", R,
+      3 * R + 2);
   const int64_t S = t.tokens_per_rank, K = t.top_k, H = shape.hidden, F = shape.ffn;
   RuntimeConfig c;
   c.topo = Topology::contiguous(R, gpus_per_node, t.num_experts);
@@ -44,7 +46,8 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, co
   c.max_top_k = static_cast<int>(K);
   c.max_tokens = S;
   c.knobs = knobs;
-  c.recv_capacity_rows = worst_receiver_rows(t, c.topo);  // not the dropless worst case (R x memory)
+  c.recv_capacity_rows =
+      worst_receiver_rows(t, c.topo);  // not the dropless worst case (R x memory)
   c.guest_capacity_rows = S * K;
   c.training = false;
   c.timing = true;
@@ -55,21 +58,27 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, co
   std::vector<VirtualLayerStats> per(static_cast<size_t>(R));
   run_rank_threads(R, [&](int r) {
     EpRuntime runtime(c, group.endpoint(r));
-    MoeLayer layer(runtime, LayerConfig{static_cast<int>(K), "run"}, make_gpu_planner(runtime, policy));
+    MoeLayer layer(runtime, LayerConfig{static_cast<int>(K), "run"},
+                   make_gpu_planner(runtime, policy));
     Stream s;
     LocalExperts experts(c.topo.experts_per_rank(), H, F, /*grads=*/false);
     DeviceBuffer<__nv_bfloat16> x(static_cast<size_t>(S * H)), out(static_cast<size_t>(S * H));
     DeviceBuffer<int32_t> idx(static_cast<size_t>(S * K));
     DeviceBuffer<float> wt(static_cast<size_t>(S * K));
-    FEPLB_CUDA_CHECK(kernels::fill_random(experts.weights(), static_cast<size_t>(experts.weight_elems()), 100 + r,
+    FEPLB_CUDA_CHECK(kernels::fill_random(experts.weights(),
+                                          static_cast<size_t>(experts.weight_elems()), 100 + r,
                                           1.0f / 64, s.get()));
     FEPLB_CUDA_CHECK(kernels::fill_random(x.get(), x.size(), 200 + r, 1.0f, s.get()));
     const std::vector<float> wts(static_cast<size_t>(S * K), 1.0f / static_cast<float>(K));
-    if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpyAsync(wt.get(), wts.data(), wt.bytes(), cudaMemcpyHostToDevice, s.get()));
+    if (S > 0)
+      FEPLB_CUDA_CHECK(
+          cudaMemcpyAsync(wt.get(), wts.data(), wt.bytes(), cudaMemcpyHostToDevice, s.get()));
     for (int i = 0; i < steps + 2; ++i) {
       const RoutingStep& step = t.steps[static_cast<size_t>(i) % t.steps.size()];
       const auto topk = topk_from_counts(step.row(r), S, static_cast<int>(K));
-      if (S > 0) FEPLB_CUDA_CHECK(cudaMemcpyAsync(idx.get(), topk.data(), idx.bytes(), cudaMemcpyHostToDevice, s.get()));
+      if (S > 0)
+        FEPLB_CUDA_CHECK(
+            cudaMemcpyAsync(idx.get(), topk.data(), idx.bytes(), cudaMemcpyHostToDevice, s.get()));
       sync_with_timeout(s.get(), timeout_s, "routing upload");
       layer.forward(experts.params(), x.get(), idx.get(), wt.get(), S, out.get(), s.get());
       sync_with_timeout(s.get(), timeout_s, "layer forward");
@@ -87,7 +96,9 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, co
   });
   VirtualLayerStats all;
   all.forwards = steps;
-  auto cat = [](std::vector<double>& a, const std::vector<double>& b) { a.insert(a.end(), b.begin(), b.end()); };
+  auto cat = [](std::vector<double>& a, const std::vector<double>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+  };
   for (const VirtualLayerStats& p : per) {
     cat(all.counts_to_first_copy_us, p.counts_to_first_copy_us);
     cat(all.counts_to_host_us, p.counts_to_host_us);
@@ -102,7 +113,8 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape, co
 
 std::vector<double> rank_gemm_ms(ExpertBench& bench, const Plan& plan, int num_ranks, int reps) {
   std::vector<double> ms;
-  for (const auto& rows : ExpertBench::rows_per_gpu(plan, num_ranks)) ms.push_back(bench.run_ms(rows, 1, reps));
+  for (const auto& rows : ExpertBench::rows_per_gpu(plan, num_ranks))
+    ms.push_back(bench.run_ms(rows, 1, reps));
   return ms;
 }
 

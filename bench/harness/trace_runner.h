@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "bench/harness/expert_bench.h"
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
-#include "bench/harness/expert_bench.h"
 
 namespace feplb::cuda {
 
@@ -26,15 +26,16 @@ int64_t worst_receiver_rows(const Trace& trace, const Topology& topo);
 struct VirtualLayerStats {
   std::vector<double> counts_to_first_copy_us;  // ranks that issued phase-2 copies
   std::vector<double> counts_to_host_us, plan_us;
-  std::vector<double> counts_to_plan_us;  // counts ready -> plan ready (every rank)
+  std::vector<double> counts_to_plan_us;              // counts ready -> plan ready (every rank)
   std::vector<double> wait_ms, wait_pct, forward_ms;  // per rank and forward
   int forwards = 0;
 };
 
 // The layer forward over `steps` steps of `trace` (routing reproduced exactly, random weights
 // and activations, 2 warm-up forwards not counted). Throws on a timeout instead of hanging.
-VirtualLayerStats run_virtual_layer(const Trace& trace, const ExpertShape& shape, const std::string& policy,
-                                    const Knobs& knobs, int steps, int gpus_per_node, double timeout_s);
+VirtualLayerStats run_virtual_layer(const Trace& trace, const ExpertShape& shape,
+                                    const std::string& policy, const Knobs& knobs, int steps,
+                                    int gpus_per_node, double timeout_s);
 
 // Each rank's GEMM time (ms) for `plan`, each rank timed alone: median of `reps`.
 std::vector<double> rank_gemm_ms(ExpertBench& bench, const Plan& plan, int num_ranks, int reps);

@@ -8,23 +8,22 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "feplb/core/routing.h"
-#include <string>
-
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/runtime.h"
 
 namespace feplb::cuda {
 
 struct TrainConfig {
-  RuntimeConfig runtime;   // topology, shape, max_tokens (= tokens per rank), knobs, timing
+  RuntimeConfig runtime;  // topology, shape, max_tokens (= tokens per rank), knobs, timing
   std::string policy = "feplb";
   int top_k = 1;
   int layers = 2;
-  int steps = 3;           // optimizer steps
-  int micro_batches = 1;   // per step (gradients accumulate in the fp32 main gradient)
+  int steps = 3;          // optimizer steps
+  int micro_batches = 1;  // per step (gradients accumulate in the fp32 main gradient)
   float lr = 1e-3f;
   uint64_t seed = 1;
   bool prefetch =
@@ -37,13 +36,13 @@ using TrainRouting = std::vector<std::vector<std::vector<std::vector<int32_t>>>>
 TrainRouting routing_from_trace(const Trace& trace, int micro_batches, int layers);
 
 struct TrainResult {
-  std::vector<double> loss;           // [step] summed over ranks and micro-batches
-  std::vector<double> step_ms;        // [step] slowest rank (virtual ranks share the GPU)
+  std::vector<double> loss;     // [step] summed over ranks and micro-batches
+  std::vector<double> step_ms;  // [step] slowest rank (virtual ranks share the GPU)
   std::vector<double> fwd_wait_ms, bwd_wait_ms;  // per (step, micro-batch, layer, rank)
-  int64_t weight_recopies = 0;        // guest weights copied again in backward (all ranks, steps)
-  int64_t migrated_slices = 0;        // guest slices computed (all ranks, steps, forwards)
-  size_t workspace_bytes = 0;         // one rank's runtime (arenas, slots, staging, scratch)
-  size_t saved_bytes = 0;             // one rank's saved activations, all layers, one micro-batch
+  int64_t weight_recopies = 0;  // guest weights copied again in backward (all ranks, steps)
+  int64_t migrated_slices = 0;  // guest slices computed (all ranks, steps, forwards)
+  size_t workspace_bytes = 0;   // one rank's runtime (arenas, slots, staging, scratch)
+  size_t saved_bytes = 0;       // one rank's saved activations, all layers, one micro-batch
 };
 
 // Throws on a timeout (never hangs) and on bad configuration (InputError).

@@ -75,9 +75,10 @@ void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing
     FEPLB_CHECK(s.rows > 0, "slice of expert {} on GPU {} has {} rows", s.expert, s.gpu, s.rows);
     FEPLB_CHECK(rows_on[key(s.gpu, s.expert)] == 0, "expert {} has two slices on GPU {}", s.expert,
                 s.gpu);
-    FEPLB_CHECK(!limits.rows_via_homes || s.source == RowSource::kHome,
-                "expert {} on GPU {}: rows not dispatched to its home, in a plan that promises they are",
-                s.expert, s.gpu);
+    FEPLB_CHECK(
+        !limits.rows_via_homes || s.source == RowSource::kHome,
+        "expert {} on GPU {}: rows not dispatched to its home, in a plan that promises they are",
+        s.expert, s.gpu);
     switch (s.source) {
       case RowSource::kSource:
         FEPLB_CHECK(s.rows <= routing.at(s.gpu, s.expert),

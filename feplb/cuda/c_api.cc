@@ -29,7 +29,8 @@ struct feplb_group {
 };
 
 struct feplb_runtime {
-  std::unique_ptr<feplb::cuda::Transport> own_transport;  // NCCL: a transport over the borrowed communicator
+  std::unique_ptr<feplb::cuda::Transport>
+      own_transport;  // NCCL: a transport over the borrowed communicator
   std::unique_ptr<Allocator> allocator;
   std::unique_ptr<EpRuntime> runtime;
 };
@@ -64,16 +65,23 @@ int guarded(F&& f) {
   }
 }
 
-void require_ptr(const void* p, const char* what) { FEPLB_REQUIRE_INPUT(p != nullptr, "{} is null", what); }
+void require_ptr(const void* p, const char* what) {
+  FEPLB_REQUIRE_INPUT(p != nullptr, "{} is null", what);
+}
 
 // The caller's allocator behind the runtime's interface.
 class CallbackAllocator final : public Allocator {
  public:
   explicit CallbackAllocator(const feplb_allocator& a) : a_(a) {
-    FEPLB_REQUIRE_INPUT(a_.allocate && a_.deallocate, "allocator: allocate and deallocate must both be set");
+    FEPLB_REQUIRE_INPUT(a_.allocate && a_.deallocate,
+                        "allocator: allocate and deallocate must both be set");
   }
-  void* allocate(size_t bytes, cudaStream_t stream) override { return a_.allocate(bytes, stream, a_.ctx); }
-  void deallocate(void* ptr, size_t bytes, cudaStream_t stream) override { a_.deallocate(ptr, bytes, stream, a_.ctx); }
+  void* allocate(size_t bytes, cudaStream_t stream) override {
+    return a_.allocate(bytes, stream, a_.ctx);
+  }
+  void deallocate(void* ptr, size_t bytes, cudaStream_t stream) override {
+    a_.deallocate(ptr, bytes, stream, a_.ctx);
+  }
 
  private:
   feplb_allocator a_;
@@ -88,11 +96,23 @@ RuntimeConfig parse_config(const char* text) {
     throw InputError(fmt::format("runtime config: not JSON: {}", e.what()));
   }
   FEPLB_REQUIRE_INPUT(j.is_object(), "runtime config: a JSON object is expected");
-  static const char* const kKeys[] = {"ranks",          "gpus_per_node", "experts",           "homes",
-                                      "hidden",         "ffn",           "max_top_k",         "max_tokens",
-                                      "knobs",          "recv_capacity_rows", "guest_capacity_rows",
-                                      "staging_slots",  "max_in_flight", "training",          "timing",
-                                      "timeout_s",      "name"};
+  static const char* const kKeys[] = {"ranks",
+                                      "gpus_per_node",
+                                      "experts",
+                                      "homes",
+                                      "hidden",
+                                      "ffn",
+                                      "max_top_k",
+                                      "max_tokens",
+                                      "knobs",
+                                      "recv_capacity_rows",
+                                      "guest_capacity_rows",
+                                      "staging_slots",
+                                      "max_in_flight",
+                                      "training",
+                                      "timing",
+                                      "timeout_s",
+                                      "name"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
@@ -111,8 +131,10 @@ RuntimeConfig parse_config(const char* text) {
   RuntimeConfig c;
   const int64_t ranks = get_int("ranks", 1), experts = get_int("experts", 0);
   const int64_t gpn = get_int("gpus_per_node", 8);
-  FEPLB_REQUIRE_INPUT(ranks >= 1 && ranks <= 4096 && experts >= 1 && experts <= (1 << 20) && gpn >= 1 && gpn <= 4096,
-                      "runtime config: {} ranks, {} experts, {} GPUs per node", ranks, experts, gpn);
+  FEPLB_REQUIRE_INPUT(ranks >= 1 && ranks <= 4096 && experts >= 1 && experts <= (1 << 20) &&
+                          gpn >= 1 && gpn <= 4096,
+                      "runtime config: {} ranks, {} experts, {} GPUs per node", ranks, experts,
+                      gpn);
   if (j.contains("homes")) {
     FEPLB_REQUIRE_INPUT(j["homes"].is_array(), "runtime config: 'homes' must be an array of ranks");
     std::vector<int> homes;
@@ -120,9 +142,11 @@ RuntimeConfig parse_config(const char* text) {
       FEPLB_REQUIRE_INPUT(h.is_number_integer(), "runtime config: 'homes' holds a non-integer");
       homes.push_back(h.get<int>());
     }
-    c.topo = Topology::with_placement(static_cast<int>(ranks), static_cast<int>(gpn), std::move(homes));
+    c.topo =
+        Topology::with_placement(static_cast<int>(ranks), static_cast<int>(gpn), std::move(homes));
   } else {
-    c.topo = Topology::contiguous(static_cast<int>(ranks), static_cast<int>(gpn), static_cast<int>(experts));
+    c.topo = Topology::contiguous(static_cast<int>(ranks), static_cast<int>(gpn),
+                                  static_cast<int>(experts));
   }
   c.shape = ExpertShape{get_int("hidden", 0), get_int("ffn", 0), Dtype::kBf16};
   c.max_top_k = static_cast<int>(get_int("max_top_k", c.max_top_k));
@@ -178,7 +202,9 @@ struct Handles {
   MicroBatch take(int64_t id) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = live.find(id);
-    FEPLB_REQUIRE_INPUT(it != live.end(), "micro-batch handle {} is unknown (consumed by a backward, or dropped)", id);
+    FEPLB_REQUIRE_INPUT(it != live.end(),
+                        "micro-batch handle {} is unknown (consumed by a backward, or dropped)",
+                        id);
     MicroBatch mb = std::move(it->second);
     live.erase(it);
     return mb;
@@ -192,7 +218,8 @@ Handles& handles() {
 
 // The layer's own view of the caller's per-expert pointers (no allocation once sized).
 void fill_params(feplb_layer* l, const void* const* gate_up, const void* const* down, int n) {
-  FEPLB_REQUIRE_INPUT(n >= 0 && (n == 0 || (gate_up && down)), "weights: {} experts with null pointer arrays", n);
+  FEPLB_REQUIRE_INPUT(n >= 0 && (n == 0 || (gate_up && down)),
+                      "weights: {} experts with null pointer arrays", n);
   l->params.resize(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     l->params[i] = {static_cast<const bf16*>(gate_up[i]), static_cast<const bf16*>(down[i])};
@@ -281,12 +308,13 @@ int feplb_nccl_unique_id(char out[128]) {
   });
 }
 
-int feplb_nccl_comm_init(const char id_bytes[128], int world, int rank, int device, double timeout_s,
-                         void** comm_out) {
+int feplb_nccl_comm_init(const char id_bytes[128], int world, int rank, int device,
+                         double timeout_s, void** comm_out) {
   return guarded([&] {
     require_ptr(id_bytes, "id");
     require_ptr(comm_out, "comm_out");
-    FEPLB_REQUIRE_INPUT(world >= 1 && rank >= 0 && rank < world, "NCCL init: rank {} of {}", rank, world);
+    FEPLB_REQUIRE_INPUT(world >= 1 && rank >= 0 && rank < world, "NCCL init: rank {} of {}", rank,
+                        world);
     FEPLB_REQUIRE_INPUT(timeout_s > 0, "NCCL init: timeout {} s", timeout_s);
     *comm_out =
         NcclCommunicator::from_unique_id(id_bytes, rank, world, device, timeout_s).release();
@@ -307,8 +335,8 @@ int feplb_runtime_create_inproc(const char* config_json, feplb_group* group, int
     require_ptr(group, "group");
     require_ptr(out, "out");
     RuntimeConfig c = parse_config(config_json);
-    FEPLB_REQUIRE_INPUT(rank >= 0 && rank < group->group->world_size(), "rank {} of a group of {}", rank,
-                        group->group->world_size());
+    FEPLB_REQUIRE_INPUT(rank >= 0 && rank < group->group->world_size(), "rank {} of a group of {}",
+                        rank, group->group->world_size());
     auto rt = std::make_unique<feplb_runtime>();
     if (allocator) {
       rt->allocator = std::make_unique<CallbackAllocator>(*allocator);
@@ -319,8 +347,8 @@ int feplb_runtime_create_inproc(const char* config_json, feplb_group* group, int
   });
 }
 
-int feplb_runtime_create_nccl(const char* config_json, void* nccl_comm, int device, const feplb_allocator* allocator,
-                              feplb_runtime** out) {
+int feplb_runtime_create_nccl(const char* config_json, void* nccl_comm, int device,
+                              const feplb_allocator* allocator, feplb_runtime** out) {
   return guarded([&] {
     require_ptr(nccl_comm, "nccl_comm");
     require_ptr(out, "out");
@@ -354,15 +382,17 @@ int feplb_runtime_info_json(feplb_runtime* runtime, char* buf, size_t cap, size_
   });
 }
 
-int feplb_layer_create(feplb_runtime* runtime, int top_k, const char* name, const char* policy, feplb_layer** out) {
+int feplb_layer_create(feplb_runtime* runtime, int top_k, const char* name, const char* policy,
+                       feplb_layer** out) {
   return guarded([&] {
     require_ptr(runtime, "runtime");
     require_ptr(policy, "policy");
     require_ptr(out, "out");
     auto l = std::make_unique<feplb_layer>();
     l->topo = runtime->runtime->config().topo;
-    l->layer = std::make_unique<MoeLayer>(*runtime->runtime, LayerConfig{top_k, name ? name : "moe"},
-                                          make_gpu_planner(*runtime->runtime, policy));
+    l->layer =
+        std::make_unique<MoeLayer>(*runtime->runtime, LayerConfig{top_k, name ? name : "moe"},
+                                   make_gpu_planner(*runtime->runtime, policy));
     *out = l.release();
   });
 }
@@ -430,7 +460,8 @@ int feplb_layer_stats_json(feplb_layer* layer, char* buf, size_t cap, size_t* le
     // Rows per GPU with every expert at home (before balancing) and as the plan computes them.
     std::vector<int64_t> before(static_cast<size_t>(topo.num_ranks()), 0), after(before.size(), 0);
     if (routing.num_experts == topo.num_experts()) {
-      for (int e = 0; e < topo.num_experts(); ++e) before[static_cast<size_t>(topo.home(e))] += routing.expert_counts[e];
+      for (int e = 0; e < topo.num_experts(); ++e)
+        before[static_cast<size_t>(topo.home(e))] += routing.expert_counts[e];
     }
     for (const Slice& s : plan.slices) after[static_cast<size_t>(s.gpu)] += s.rows;
     int64_t moved_slices = 0, moved_rows = 0;
@@ -460,8 +491,11 @@ int feplb_layer_stats_json(feplb_layer* layer, char* buf, size_t cap, size_t* le
                     {"exported_rows", f.exported_rows},
                     {"forward_ms", f.forward_ms},
                     {"copy_wait_ms", f.wait_ms}};
-    j["backward"] = {{"copies", b.copies}, {"weight_recopies", b.weight_recopies}, {"guest_rows", b.guest_rows},
-                     {"backward_ms", b.backward_ms}, {"copy_wait_ms", b.wait_ms}};
+    j["backward"] = {{"copies", b.copies},
+                     {"weight_recopies", b.weight_recopies},
+                     {"guest_rows", b.guest_rows},
+                     {"backward_ms", b.backward_ms},
+                     {"copy_wait_ms", b.wait_ms}};
     write_json(j, buf, cap, len);
   });
 }

@@ -40,7 +40,8 @@ void feplb_group_destroy(feplb_group* group);
 /* NCCL: a unique id (128 bytes) for rank 0 to share, and a communicator of feplb's own from it
  * (non-blocking init, bounded by timeout_s). The caller owns the communicator. */
 int feplb_nccl_unique_id(char out[128]);
-int feplb_nccl_comm_init(const char id[128], int world, int rank, int device, double timeout_s, void** comm_out);
+int feplb_nccl_comm_init(const char id[128], int world, int rank, int device, double timeout_s,
+                         void** comm_out);
 int feplb_nccl_comm_destroy(void* comm);
 
 /* A rank's runtime, configured by a JSON object (keys: ranks, gpus_per_node, experts, homes
@@ -77,7 +78,7 @@ typedef struct {
   int64_t num_tokens;         /* S */
   void* out;                  /* [S, H] bf16 */
   void* stream;
-  int64_t handle;             /* out: the micro-batch for backward (0: none kept) */
+  int64_t handle; /* out: the micro-batch for backward (0: none kept) */
 } feplb_forward_args;
 
 typedef struct {
@@ -86,10 +87,10 @@ typedef struct {
   const void* const* gate_up;
   const void* const* down;
   int num_experts;
-  const void* grad_out;      /* [S, H] bf16 */
-  const float* topk_weight;  /* [S, K] */
-  void* grad_hidden;         /* [S, H] bf16 */
-  float* grad_topk_weight;   /* [S, K] */
+  const void* grad_out;       /* [S, H] bf16 */
+  const float* topk_weight;   /* [S, K] */
+  void* grad_hidden;          /* [S, H] bf16 */
+  float* grad_topk_weight;    /* [S, K] */
   float* const* grad_gate_up; /* [num_experts] device pointers, fp32 [H, 2F] */
   float* const* grad_down;    /* [num_experts] device pointers, fp32 [F, H] */
   int accumulate;             /* 1: add into the gradients; 0: overwrite them */
@@ -108,11 +109,11 @@ typedef struct {
   const void* const* gate_up;
   const void* const* down;
   int num_experts;
-  const void* rows;                /* [N, H] bf16 */
-  const int64_t* rows_per_expert;  /* [num_experts] host values, summing to N */
-  void* out_rows;                  /* [N, H] bf16 */
+  const void* rows;               /* [N, H] bf16 */
+  const int64_t* rows_per_expert; /* [num_experts] host values, summing to N */
+  void* out_rows;                 /* [N, H] bf16 */
   void* stream;
-  int64_t handle;                  /* out */
+  int64_t handle; /* out */
 } feplb_dispatched_forward_args;
 
 typedef struct {

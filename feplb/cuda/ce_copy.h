@@ -19,6 +19,7 @@ struct CeCopy {
 
 // On `stream`: each copy (cudaMemcpyAsync, device to device: a copy engine), then *flag = value.
 // `flag` may be null (no signal).
-void ce_copy_and_signal(cudaStream_t stream, std::span<const CeCopy> copies, uint32_t* flag, uint32_t value);
+void ce_copy_and_signal(cudaStream_t stream, std::span<const CeCopy> copies, uint32_t* flag,
+                        uint32_t value);
 
 }  // namespace feplb::cuda

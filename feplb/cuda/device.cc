@@ -1,5 +1,6 @@
-#include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
+
+#include "feplb/cuda/check.h"
 
 namespace feplb {
 

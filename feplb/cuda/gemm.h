@@ -9,12 +9,12 @@
 // few GEMM kinds x the row counts it meets). A shape not known yet runs at once with the
 // algorithm of its bucket (row counts rounded up to 1/8 of their power of two, at least 64; one
 // query per bucket) and is queued; the algorithms are shared by every engine of the process (the
-// layers of a rank have the same shapes: the first layer's queries serve all); refine() asks the heuristic for queued shapes when the caller
-// has time to spare (the layer: after enqueueing a forward or backward, bounded). Bucket
-// algorithms measured 5-10% slower than exact ones on skewed expert sizes, so the exact one takes
-// over from the next use. The row count is m (activations, dX) or k (weight gradients: rows are
-// the reduction); keys also carry the other dimensions, the transposes, the output type and the
-// operands' alignment.
+// layers of a rank have the same shapes: the first layer's queries serve all); refine() asks the
+// heuristic for queued shapes when the caller has time to spare (the layer: after enqueueing a
+// forward or backward, bounded). Bucket algorithms measured 5-10% slower than exact ones on skewed
+// expert sizes, so the exact one takes over from the next use. The row count is m (activations, dX)
+// or k (weight gradients: rows are the reduction); keys also carry the other dimensions, the
+// transposes, the output type and the operands' alignment.
 //
 // One engine per stream at a time (it owns one workspace). Row-major operands throughout.
 #pragma once
@@ -43,8 +43,9 @@ class GemmEngine {
   // [k, m]), likewise B (stored [n, k] when trans_b). A, B bf16; C bf16, or fp32 when c_f32.
   // fp32 accumulation. m == 0 or n == 0: nothing. `rows_in_k`: the row count that changes from
   // call to call is k (else m).
-  void run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* a,
-           const __nv_bfloat16* b, void* c, bool c_f32, float beta, bool rows_in_k = false);
+  void run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+           const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, bool c_f32, float beta,
+           bool rows_in_k = false);
 
   // Chooses exact algorithms for queued shapes for at most `budget_ms` of host time (< 0: all).
   void refine(double budget_ms);
@@ -88,8 +89,8 @@ class GemmEngine {
     std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> bucket, exact;
   };
   static Shared& shared();
-  static bool find(const std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash>& map, const Key& key,
-                   cublasLtMatmulAlgo_t* algo);
+  static bool find(const std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash>& map,
+                   const Key& key, cublasLtMatmulAlgo_t* algo);
   int device_ = 0;
   std::unordered_map<Key, bool, KeyHash> queued_;  // shapes this engine queued for refine()
   std::vector<Shape> pending_;

@@ -46,7 +46,8 @@ class Carver {
 // A planner that owns the cost model it was built with.
 class PlannerWithCost final : public Planner {
  public:
-  PlannerWithCost(const PlannerContext& ctx, std::unique_ptr<GemmCostModel> cost, std::unique_ptr<Planner> inner)
+  PlannerWithCost(const PlannerContext& ctx, std::unique_ptr<GemmCostModel> cost,
+                  std::unique_ptr<Planner> inner)
       : Planner(ctx), cost_(std::move(cost)), inner_(std::move(inner)) {}
   std::string_view name() const override { return inner_->name(); }
   PlanLimits limits() const override { return inner_->limits(); }
@@ -66,7 +67,8 @@ class CallGuard {
  public:
   CallGuard(RuntimeState& rt, const char* who) : rt_(rt) {
     FEPLB_REQUIRE_INPUT(!rt_.in_call.exchange(true, std::memory_order_acq_rel),
-                        "{}: another call of this runtime is running (calls of one rank's runtime must not overlap)",
+                        "{}: another call of this runtime is running (calls of one rank's runtime "
+                        "must not overlap)",
                         who);
   }
   ~CallGuard() { rt_.in_call.store(false, std::memory_order_release); }
@@ -120,9 +122,9 @@ struct MoeLayer::Impl {
   MicroBatchState* job = nullptr;
   bool job_backward = false;
   bool job_runs = false;  // the job's plan is usable: the copies are issued and the call goes on
-  bool job_dispatched = false;      // forward_dispatched: counts_host holds [R, experts_per_rank]
+  bool job_dispatched = false;        // forward_dispatched: counts_host holds [R, experts_per_rank]
   const bf16* job_dy_rows = nullptr;  // backward: where the dY rows at home are
-  int64_t bad_ids = 0;    // forward: (token, k) pairs of rank bad_rank with an expert id out of range
+  int64_t bad_ids = 0;  // forward: (token, k) pairs of rank bad_rank with an expert id out of range
   int bad_rank = 0;
   uint32_t job_seq = 0;
   std::vector<uint8_t> recopy;  // [plan slices] backward: the helper's slot needs the weights again
@@ -141,12 +143,13 @@ struct MoeLayer::Impl {
   BackwardStats bstats;
   Plan last_plan;
   RoutingStep last_routing;
-  Event ev_grads_done;  // the helpers' weight gradients of the last backward added into the caller's
-  Event t_start{true}, t_dispatched{true}, t_static{true}, t_waited{true}, t_guest{true}, t_returned{true},
-      t_end{true};
+  Event
+      ev_grads_done;  // the helpers' weight gradients of the last backward added into the caller's
+  Event t_start{true}, t_dispatched{true}, t_static{true}, t_waited{true}, t_guest{true},
+      t_returned{true}, t_end{true};
   Event t_counts{true}, t_first_copy{true};  // counts all-gather done; first phase-2 copy starts
-  Event tb_start{true}, tb_dispatched{true}, tb_static{true}, tb_waited{true}, tb_guest{true}, tb_results{true},
-      tb_end{true};
+  Event tb_start{true}, tb_dispatched{true}, tb_static{true}, tb_waited{true}, tb_guest{true},
+      tb_results{true}, tb_end{true};
 
   void wait_seq(const std::atomic<uint32_t>& seq, uint32_t target, const char* what) const;
   void validate_experts(std::span<const ExpertParams> w, int64_t num_tokens, const char* who) const;
@@ -190,30 +193,33 @@ struct MoeLayer::Impl {
   void slots_quiet(const StepLayout* layout, bool settled, cudaStream_t s);
 };
 
-void MoeLayer::Impl::wait_seq(const std::atomic<uint32_t>& seq, uint32_t target, const char* what) const {
+void MoeLayer::Impl::wait_seq(const std::atomic<uint32_t>& seq, uint32_t target,
+                              const char* what) const {
   const auto deadline = Clock::now() + std::chrono::duration<double>(rt->cfg.timeout_s);
   for (uint64_t spins = 0; seq.load(std::memory_order_acquire) < target; ++spins) {
     if (rt->failed.load(std::memory_order_acquire)) std::rethrow_exception(rt->error);
     if ((spins & 16383) == 16383) rt->check_peers(what);
     if ((spins & 1023) == 0 && Clock::now() > deadline) {
-      throw Error(fmt::format("layer '{}' rank {}: waited {:.0f} s for the scheduler ({})", cfg.name, rt->rank,
-                              rt->cfg.timeout_s, what));
+      throw Error(fmt::format("layer '{}' rank {}: waited {:.0f} s for the scheduler ({})",
+                              cfg.name, rt->rank, rt->cfg.timeout_s, what));
     }
     spin_pause(spins);
   }
 }
 
-void MoeLayer::Impl::validate_experts(std::span<const ExpertParams> w, int64_t num_tokens, const char* who) const {
+void MoeLayer::Impl::validate_experts(std::span<const ExpertParams> w, int64_t num_tokens,
+                                      const char* who) const {
   FEPLB_REQUIRE_INPUT(static_cast<int>(w.size()) == rt->experts_per_rank,
-                      "{} of layer '{}': weights of {} experts, this rank has {}", who, cfg.name, w.size(),
-                      rt->experts_per_rank);
+                      "{} of layer '{}': weights of {} experts, this rank has {}", who, cfg.name,
+                      w.size(), rt->experts_per_rank);
   for (size_t i = 0; i < w.size(); ++i) {
-    FEPLB_REQUIRE_INPUT(w[i].gate_up && w[i].down, "{} of layer '{}': local expert {} has a null weight pointer", who,
+    FEPLB_REQUIRE_INPUT(w[i].gate_up && w[i].down,
+                        "{} of layer '{}': local expert {} has a null weight pointer", who,
                         cfg.name, i);
   }
   FEPLB_REQUIRE_INPUT(num_tokens >= 0 && num_tokens <= rt->cfg.max_tokens,
-                      "{} of layer '{}': {} tokens, the runtime's max_tokens is {}", who, cfg.name, num_tokens,
-                      rt->cfg.max_tokens);
+                      "{} of layer '{}': {} tokens, the runtime's max_tokens is {}", who, cfg.name,
+                      num_tokens, rt->cfg.max_tokens);
 }
 
 void MoeLayer::Impl::validate_grads(std::span<const ExpertGrads> grads, const char* who) const {
@@ -231,8 +237,8 @@ void MoeLayer::Impl::validate_grads(std::span<const ExpertGrads> grads, const ch
 // The scheduler thread: counts on the host -> plan -> layout -> phase-2 input copies (forward);
 // phase-2 input copies only (backward: the forward's plan).
 
-void MoeLayer::Impl::start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w, uint32_t seq,
-                               bool dispatched, const bf16* dy_rows) {
+void MoeLayer::Impl::start_job(MicroBatchState& h, bool backward, std::span<const ExpertParams> w,
+                               uint32_t seq, bool dispatched, const bf16* dy_rows) {
   experts.assign(w.begin(), w.end());
   job = &h;
   job_backward = backward;
@@ -268,9 +274,10 @@ void MoeLayer::Impl::plan_job() {
     if (q != cudaErrorNotReady) FEPLB_CUDA_CHECK(q);
     if ((spins & 16383) == 16383) r.check_peers("the counts all-gather");
     if ((spins & 1023) == 0 && Clock::now() > deadline) {
-      throw Error(fmt::format("layer '{}' rank {}: counts never reached the host in {:.0f} s (a peer never joined the "
-                              "all-gather?)",
-                              cfg.name, r.rank, r.cfg.timeout_s));
+      throw Error(fmt::format(
+          "layer '{}' rank {}: counts never reached the host in {:.0f} s (a peer never joined the "
+          "all-gather?)",
+          cfg.name, r.rank, r.cfg.timeout_s));
     }
     spin_pause(spins);
   }
@@ -398,8 +405,8 @@ void MoeLayer::Impl::issue_inputs(bool backward) {
           ++weights;
         }
         if (x.dispatched) continue;
-        in_batch.push_back({r.peer_guest_in[static_cast<size_t>(helper)] + x.dst_row * H, rows_base + x.src_row * H,
-                            static_cast<size_t>(x.rows) * row_bytes});
+        in_batch.push_back({r.peer_guest_in[static_cast<size_t>(helper)] + x.dst_row * H,
+                            rows_base + x.src_row * H, static_cast<size_t>(x.rows) * row_bytes});
       }
       if (!backward && issued == 0) {
         const auto now = Clock::now();
@@ -470,7 +477,8 @@ int64_t MoeLayer::Impl::send_rows_back(cudaStream_t co, uint32_t seq) {
       const GuestWork& g = guests[i];
       if (g.dispatched) continue;
       out_batch.push_back({r.peer_yrecv[static_cast<size_t>(owner)] + g.owner_row * r.H,
-                           r.guest_out.get() + g.row * r.H, static_cast<size_t>(g.rows) * row_bytes});
+                           r.guest_out.get() + g.row * r.H,
+                           static_cast<size_t>(g.rows) * row_bytes});
     }
     if (!job->layout.rows_copied_from(owner)) continue;
     ce_copy_and_signal(co, out_batch, nullptr, 0);
@@ -493,7 +501,8 @@ void MoeLayer::Impl::reverse_exchange(const MicroBatchState& h, bf16* send_base,
                           static_cast<size_t>(c.rows) * row_bytes});
   }
   for (const RowChunk& c : h.layout.sends()) {
-    back_recvs.push_back({c.peer, send_base + c.row * r.H, static_cast<size_t>(c.rows) * row_bytes});
+    back_recvs.push_back(
+        {c.peer, send_base + c.row * r.H, static_cast<size_t>(c.rows) * row_bytes});
   }
   r.transport.exchange(back_sends, back_recvs, s);
 }
@@ -719,17 +728,18 @@ MoeLayer::MoeLayer(EpRuntime& runtime, const LayerConfig& config, std::unique_pt
   m.cfg = config;
   FEPLB_REQUIRE_INPUT(planner != nullptr, "layer '{}': no planner", config.name);
   FEPLB_REQUIRE_INPUT(config.top_k >= 1 && config.top_k <= r.cfg.max_top_k,
-                      "layer '{}': top_k {}, the runtime's max_top_k is {}", config.name, config.top_k,
-                      r.cfg.max_top_k);
+                      "layer '{}': top_k {}, the runtime's max_top_k is {}", config.name,
+                      config.top_k, r.cfg.max_top_k);
   const PlanLimits limits = planner->limits();
   FEPLB_REQUIRE_INPUT(
       gpu_runnable(*planner),
       "layer '{}': planner '{}' runs in simulation only (its plans keep rows at their source or on "
       "resident replicas)",
       config.name, planner->name());
-  FEPLB_REQUIRE_INPUT(r.world == 1 || r.transport.supports_peer_copies() || limits.max_guest_experts == 0,
-                      "layer '{}': transport '{}' cannot copy into peers' buffers; use policy static", config.name,
-                      r.transport.name());
+  FEPLB_REQUIRE_INPUT(
+      r.world == 1 || r.transport.supports_peer_copies() || limits.max_guest_experts == 0,
+      "layer '{}': transport '{}' cannot copy into peers' buffers; use policy static", config.name,
+      r.transport.name());
   m.planner = std::move(planner);
   m.K = config.top_k;
   m.layer_id = r.next_layer_id++;
@@ -864,14 +874,16 @@ void MoeLayer::prefetch(std::span<const ExpertParams> experts, cudaStream_t stre
   r.ev_call_done.record(stream);
 }
 
-MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* hidden, const int32_t* topk_idx,
-                             const float* topk_weight, int64_t num_tokens, bf16* out, cudaStream_t stream) {
+MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* hidden,
+                             const int32_t* topk_idx, const float* topk_weight, int64_t num_tokens,
+                             bf16* out, cudaStream_t stream) {
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("forward");
   m.validate_experts(experts, num_tokens, "forward");
   FEPLB_REQUIRE_INPUT(num_tokens == 0 || (hidden && topk_idx && topk_weight && out),
-                      "forward of layer '{}': a null input or output pointer with {} tokens", m.cfg.name, num_tokens);
+                      "forward of layer '{}': a null input or output pointer with {} tokens",
+                      m.cfg.name, num_tokens);
   CallGuard guard(r, "forward");
   const int64_t H = r.H, K = m.K;
   const cudaStream_t s = stream;
@@ -896,10 +908,13 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   // 1. Permute rows into send order and count rows per expert.
   FEPLB_CUDA_CHECK(cudaMemsetAsync(r.counts.get(), 0, r.counts.bytes(), s));
   FEPLB_CUDA_CHECK(cudaMemsetAsync(r.cursor.get(), 0, r.cursor.bytes(), s));
-  FEPLB_CUDA_CHECK(kernels::count_experts(topk_idx, pairs, static_cast<int>(r.E), r.counts.get(), s));
-  FEPLB_CUDA_CHECK(kernels::send_offsets(r.counts.get(), r.order.get(), static_cast<int>(r.E), r.offsets.get(), s));
-  FEPLB_CUDA_CHECK(kernels::scatter_rows(hidden, topk_idx, num_tokens, static_cast<int>(K), static_cast<int>(r.E), H,
-                                         r.offsets.get(), r.cursor.get(), r.send.get(), h.pair_pos, s));
+  FEPLB_CUDA_CHECK(
+      kernels::count_experts(topk_idx, pairs, static_cast<int>(r.E), r.counts.get(), s));
+  FEPLB_CUDA_CHECK(kernels::send_offsets(r.counts.get(), r.order.get(), static_cast<int>(r.E),
+                                         r.offsets.get(), s));
+  FEPLB_CUDA_CHECK(kernels::scatter_rows(hidden, topk_idx, num_tokens, static_cast<int>(K),
+                                         static_cast<int>(r.E), H, r.offsets.get(), r.cursor.get(),
+                                         r.send.get(), h.pair_pos, s));
   // 2. Every rank's counts (and its out-of-range expert ids), to every rank and to the host; the
   // scheduler plans from them.
   r.transport.all_gather_i32(r.counts.get(), r.counts_all.get(), static_cast<size_t>(r.E + 1), s);
@@ -913,13 +928,15 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   m.wait_seq(r.plan_seq, seq, "plan");
   if (m.bad_ids > 0) {
     m.stop_forward(c, s);
-    throw InputError(fmt::format("forward of layer '{}': rank {} routed {} (token, k) pairs to expert ids outside "
-                                 "[0, {}) (topk_idx out of range)",
-                                 m.cfg.name, m.bad_rank, m.bad_ids, r.E));
+    throw InputError(fmt::format(
+        "forward of layer '{}': rank {} routed {} (token, k) pairs to expert ids outside "
+        "[0, {}) (topk_idx out of range)",
+        m.cfg.name, m.bad_rank, m.bad_ids, r.E));
   }
   int64_t sent = 0;
   for (int e = 0; e < r.E; ++e) sent += h.routing.at(r.rank, e);
-  FEPLB_CHECK(sent == pairs, "layer '{}': counted {} rows, expected tokens * top_k = {}", m.cfg.name, sent, pairs);
+  FEPLB_CHECK(sent == pairs, "layer '{}': counted {} rows, expected tokens * top_k = {}",
+              m.cfg.name, sent, pairs);
   if (!h.layout.fits()) {
     m.stop_forward(c, s);
     throw InputError(fmt::format("layer '{}': {}", m.cfg.name, h.layout.error()));
@@ -949,32 +966,38 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
 
   // 7. Reverse all-to-all-v (outputs back to the tokens' ranks) and the weighted combine.
   m.reverse_exchange(h, h.y_send, s);
-  FEPLB_CUDA_CHECK(
-      kernels::combine(h.y_send, h.pair_pos, topk_weight, num_tokens, static_cast<int>(K), H, out, s));
+  FEPLB_CUDA_CHECK(kernels::combine(h.y_send, h.pair_pos, topk_weight, num_tokens,
+                                    static_cast<int>(K), H, out, s));
 
   m.end_forward(handle, h, c, s);
   return handle;
 }
 
-void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts, const bf16* grad_out,
-                        const float* topk_weight, bf16* grad_hidden, float* grad_topk_weight,
-                        std::span<const ExpertGrads> grads, GradMode mode, cudaStream_t stream) {
+void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
+                        const bf16* grad_out, const float* topk_weight, bf16* grad_hidden,
+                        float* grad_topk_weight, std::span<const ExpertGrads> grads, GradMode mode,
+                        cudaStream_t stream) {
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("backward");
-  FEPLB_REQUIRE_INPUT(r.cfg.training, "backward of layer '{}': the runtime was built without training "
-                      "(RuntimeConfig::training)", m.cfg.name);
-  FEPLB_REQUIRE_INPUT(!mb.rt_ || mb.rt_ == m.rt, "backward of layer '{}': the micro-batch belongs to another runtime",
+  FEPLB_REQUIRE_INPUT(r.cfg.training,
+                      "backward of layer '{}': the runtime was built without training "
+                      "(RuntimeConfig::training)",
+                      m.cfg.name);
+  FEPLB_REQUIRE_INPUT(!mb.rt_ || mb.rt_ == m.rt,
+                      "backward of layer '{}': the micro-batch belongs to another runtime",
                       m.cfg.name);
   MicroBatchState& h = mb.checked();
   FEPLB_REQUIRE_INPUT(h.layer_id == m.layer_id,
-                      "backward of layer '{}' (layer {}): the micro-batch is layer {}'s", m.cfg.name, m.layer_id,
-                      h.layer_id);
+                      "backward of layer '{}' (layer {}): the micro-batch is layer {}'s",
+                      m.cfg.name, m.layer_id, h.layer_id);
   const int64_t num_tokens = h.num_tokens;
   m.validate_experts(experts, num_tokens, "backward");
   m.validate_grads(grads, "backward");
-  FEPLB_REQUIRE_INPUT(num_tokens == 0 || (grad_out && topk_weight && grad_hidden && grad_topk_weight),
-                      "backward of layer '{}': a null input or output pointer with {} tokens", m.cfg.name, num_tokens);
+  FEPLB_REQUIRE_INPUT(
+      num_tokens == 0 || (grad_out && topk_weight && grad_hidden && grad_topk_weight),
+      "backward of layer '{}': a null input or output pointer with {} tokens", m.cfg.name,
+      num_tokens);
   CallGuard guard(r, "backward");
   const int64_t H = r.H, K = m.K;
   const cudaStream_t s = stream;
@@ -984,8 +1007,9 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts, 
   m.start_job(h, true, experts, seq);
 
   // 1. dY in send order (weighted by the router) and the router weights' gradient.
-  FEPLB_CUDA_CHECK(kernels::scatter_grad(grad_out, h.pair_pos, topk_weight, h.y_send, num_tokens, static_cast<int>(K),
-                                         H, r.send.get(), grad_topk_weight, s));
+  FEPLB_CUDA_CHECK(kernels::scatter_grad(grad_out, h.pair_pos, topk_weight, h.y_send, num_tokens,
+                                         static_cast<int>(K), H, r.send.get(), grad_topk_weight,
+                                         s));
   // 2. Phase 1: dY rows to the experts' homes (the forward's sizes). First a one-int all-gather,
   // the collective that orders this rank's phase-2 copies into its peers' arenas after the peers'
   // last use of them (an all-to-all alone does not: zero-byte chunks are never sent).
@@ -1009,8 +1033,8 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts, 
   // 7. dX back to the tokens' ranks (reverse all-to-all into ybuf) and summed over each token's k
   // choices (the router weights are already in dY).
   m.reverse_exchange(h, r.ybuf.get(), s);
-  FEPLB_CUDA_CHECK(kernels::combine(r.ybuf.get(), h.pair_pos, nullptr, num_tokens, static_cast<int>(K), H,
-                                    grad_hidden, s));
+  FEPLB_CUDA_CHECK(kernels::combine(r.ybuf.get(), h.pair_pos, nullptr, num_tokens,
+                                    static_cast<int>(K), H, grad_hidden, s));
 
   m.end_backward(mb, c, result_copies, s);
 }
@@ -1086,8 +1110,8 @@ int64_t MoeLayer::Impl::guests_backward(MicroBatchState& h, uint32_t seq, bool s
     bf16* gu = h.gu_guest + g.row * 2 * F;
     bf16* act = h.act_guest + g.row * F;
     expert_ffn_backward(r.gemm, s, h.x_guest + g.row * H, g.rows, w, w + 2 * H * F, gu, act,
-                        r.guest_in.get() + g.row * H, gw, gw + 2 * H * F, 0.0f, r.guest_out.get() + g.row * H, gu,
-                        act, H, F);
+                        r.guest_in.get() + g.row * H, gw, gw + 2 * H * F, 0.0f,
+                        r.guest_out.get() + g.row * H, gu, act, H, F);
     bstats.guest_rows += g.rows;
   }
   slots_quiet(&h.layout, settled, s);
@@ -1102,7 +1126,8 @@ int64_t MoeLayer::Impl::guests_backward(MicroBatchState& h, uint32_t seq, bool s
     const int owner = guests[i].owner;
     out_batch.clear();
     for (; i < guests.size() && guests[i].owner == owner; ++i) {
-      out_batch.push_back({r.pool->peer_staging_slot(owner, guests[i].staging_slot), r.pool->grad_slot(guests[i].slot),
+      out_batch.push_back({r.pool->peer_staging_slot(owner, guests[i].staging_slot),
+                           r.pool->grad_slot(guests[i].slot),
                            static_cast<size_t>(w_elems) * sizeof(float)});
     }
     ce_copy_and_signal(co, out_batch, nullptr, 0);
@@ -1116,7 +1141,8 @@ int64_t MoeLayer::Impl::guests_backward(MicroBatchState& h, uint32_t seq, bool s
 
 // My exported slices' dW: the copy stream waits for each helper's signal and adds the staged
 // gradients into the caller's (sync_gradients and the next backward wait for it).
-void MoeLayer::Impl::add_staged_grads(const MicroBatchState& h, std::span<const ExpertGrads> grads, uint32_t seq) {
+void MoeLayer::Impl::add_staged_grads(const MicroBatchState& h, std::span<const ExpertGrads> grads,
+                                      uint32_t seq) {
   RuntimeState& r = *rt;
   const int64_t H = r.H, F = r.F;
   const cudaStream_t co = r.copy_out.get();
@@ -1135,14 +1161,16 @@ void MoeLayer::Impl::add_staged_grads(const MicroBatchState& h, std::span<const 
 
 // Rows my exported slices' helpers sent back into yrecv (outputs, or dX), into the caller's
 // `rows` at the same positions, once each helper's signal is in.
-void MoeLayer::Impl::copy_exported_results(const MicroBatchState& h, bf16* rows, uint32_t seq, cudaStream_t s) {
+void MoeLayer::Impl::copy_exported_results(const MicroBatchState& h, bf16* rows, uint32_t seq,
+                                           cudaStream_t s) {
   RuntimeState& r = *rt;
   for (int hh = 0; hh < r.world; ++hh) {
     if (h.layout.exports_to(hh)) r.signals->wait(r.world + hh, seq, s);
   }
   for (const Export& x : h.layout.exports()) {
     FEPLB_CUDA_CHECK(cudaMemcpyAsync(rows + x.src_row * r.H, r.yrecv.get() + x.src_row * r.H,
-                                     static_cast<size_t>(x.rows * r.H) * sizeof(bf16), cudaMemcpyDeviceToDevice, s));
+                                     static_cast<size_t>(x.rows * r.H) * sizeof(bf16),
+                                     cudaMemcpyDeviceToDevice, s));
   }
 }
 
@@ -1156,20 +1184,24 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
   RuntimeState& r = *m.rt;
   r.check_usable("forward_dispatched");
   FEPLB_REQUIRE_INPUT(static_cast<int>(rows_per_expert.size()) == r.experts_per_rank,
-                      "forward_dispatched of layer '{}': rows of {} experts, this rank has {}", m.cfg.name,
-                      rows_per_expert.size(), r.experts_per_rank);
+                      "forward_dispatched of layer '{}': rows of {} experts, this rank has {}",
+                      m.cfg.name, rows_per_expert.size(), r.experts_per_rank);
   int64_t n = 0;
   for (size_t i = 0; i < rows_per_expert.size(); ++i) {
     FEPLB_REQUIRE_INPUT(rows_per_expert[i] >= 0 && rows_per_expert[i] <= (int64_t{1} << 30),
-                        "forward_dispatched of layer '{}': local expert {} has {} rows", m.cfg.name, i,
-                        rows_per_expert[i]);
+                        "forward_dispatched of layer '{}': local expert {} has {} rows", m.cfg.name,
+                        i, rows_per_expert[i]);
     n += rows_per_expert[i];
   }
-  FEPLB_REQUIRE_INPUT(n <= r.recv_cap, "forward_dispatched of layer '{}': {} rows, over the runtime's receive "
-                      "capacity {} (recv_capacity_rows)", m.cfg.name, n, r.recv_cap);
+  FEPLB_REQUIRE_INPUT(n <= r.recv_cap,
+                      "forward_dispatched of layer '{}': {} rows, over the runtime's receive "
+                      "capacity {} (recv_capacity_rows)",
+                      m.cfg.name, n, r.recv_cap);
   m.validate_experts(experts, 0, "forward_dispatched");
-  FEPLB_REQUIRE_INPUT(n == 0 || (rows && out_rows), "forward_dispatched of layer '{}': a null row pointer with {} "
-                      "rows", m.cfg.name, n);
+  FEPLB_REQUIRE_INPUT(n == 0 || (rows && out_rows),
+                      "forward_dispatched of layer '{}': a null row pointer with {} "
+                      "rows",
+                      m.cfg.name, n);
   FEPLB_REQUIRE_INPUT(
       m.planner->limits().rows_via_homes,
       "forward_dispatched of layer '{}': planner '{}' plans rows in one hop (one_hop = 1), which "
@@ -1185,14 +1217,17 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
   const uint32_t seq = c.seq;
   // Every rank's rows per local expert, to every rank and to the host (the pinned buffer's
   // first L entries stage this rank's; the previous call's D2H into it is done).
-  for (int i = 0; i < L; ++i) r.counts_host.get()[i] = static_cast<int32_t>(rows_per_expert[static_cast<size_t>(i)]);
-  FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts.get(), r.counts_host.get(), static_cast<size_t>(L) * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, s));
+  for (int i = 0; i < L; ++i)
+    r.counts_host.get()[i] = static_cast<int32_t>(rows_per_expert[static_cast<size_t>(i)]);
+  FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts.get(), r.counts_host.get(),
+                                   static_cast<size_t>(L) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                   s));
   r.transport.all_gather_i32(r.counts.get(), r.counts_all.get(), static_cast<size_t>(L), s);
   if (r.cfg.timing) m.t_counts.record(s);
   m.t_counts_issued = Clock::now();
   FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts_host.get(), r.counts_all.get(),
-                                   static_cast<size_t>(r.world * L) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+                                   static_cast<size_t>(r.world * L) * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, s));
   r.ev_counts.record(s);
   m.start_job(h, false, experts, seq, /*dispatched=*/true);
   m.wait_seq(r.plan_seq, seq, "plan");
@@ -1215,25 +1250,31 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
   return handle;
 }
 
-void MoeLayer::backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams> experts, const bf16* grad_out_rows,
-                                   bf16* grad_rows, std::span<const ExpertGrads> grads, GradMode mode,
+void MoeLayer::backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams> experts,
+                                   const bf16* grad_out_rows, bf16* grad_rows,
+                                   std::span<const ExpertGrads> grads, GradMode mode,
                                    cudaStream_t stream) {
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("backward_dispatched");
-  FEPLB_REQUIRE_INPUT(r.cfg.training, "backward_dispatched of layer '{}': the runtime was built without training",
+  FEPLB_REQUIRE_INPUT(r.cfg.training,
+                      "backward_dispatched of layer '{}': the runtime was built without training",
                       m.cfg.name);
-  FEPLB_REQUIRE_INPUT(!mb.rt_ || mb.rt_ == m.rt, "backward_dispatched of layer '{}': the micro-batch belongs to "
-                      "another runtime", m.cfg.name);
+  FEPLB_REQUIRE_INPUT(!mb.rt_ || mb.rt_ == m.rt,
+                      "backward_dispatched of layer '{}': the micro-batch belongs to "
+                      "another runtime",
+                      m.cfg.name);
   MicroBatchState& h = mb.checked();
-  FEPLB_REQUIRE_INPUT(h.layer_id == m.layer_id && h.dispatched,
-                      "backward_dispatched of layer '{}' (layer {}): the micro-batch is layer {}'s{}", m.cfg.name,
-                      m.layer_id, h.layer_id, h.dispatched ? "" : ", from forward() (use backward())");
+  FEPLB_REQUIRE_INPUT(
+      h.layer_id == m.layer_id && h.dispatched,
+      "backward_dispatched of layer '{}' (layer {}): the micro-batch is layer {}'s{}", m.cfg.name,
+      m.layer_id, h.layer_id, h.dispatched ? "" : ", from forward() (use backward())");
   const int64_t n = h.num_tokens;
   m.validate_experts(experts, 0, "backward_dispatched");
   m.validate_grads(grads, "backward_dispatched");
   FEPLB_REQUIRE_INPUT(n == 0 || (grad_out_rows && grad_rows),
-                      "backward_dispatched of layer '{}': a null row pointer with {} rows", m.cfg.name, n);
+                      "backward_dispatched of layer '{}': a null row pointer with {} rows",
+                      m.cfg.name, n);
   CallGuard guard(r, "backward_dispatched");
   const cudaStream_t s = stream;
   // A pending prefetch is dropped, as in backward().

@@ -64,8 +64,8 @@ enum class GradMode {
 };
 
 struct LayerConfig {
-  int top_k = 1;              // <= the runtime's max_top_k
-  std::string name = "moe";   // for messages
+  int top_k = 1;             // <= the runtime's max_top_k
+  std::string name = "moe";  // for messages
 };
 
 // Host-side measurements of a forward (microseconds, steady clock, taken on the scheduler thread)
@@ -82,7 +82,7 @@ struct ForwardStats {
   // copy stream (CUDA events on one device; includes the host's planning, as the GPU sees it, and,
   // on the two-phase path, the wait for phase 1). 0: no copy.
   float gpu_counts_to_first_copy_ms = 0;
-  int64_t copies = 0;                  // phase-2 copy calls this rank issued
+  int64_t copies = 0;  // phase-2 copy calls this rank issued
   int64_t guest_rows = 0, exported_rows = 0;
   int64_t weight_copies = 0;    // experts' weights this rank copied to helpers in phase 2
   int64_t dispatched_rows = 0;  // guest rows that reached this rank in phase 1 (one hop)
@@ -91,18 +91,20 @@ struct ForwardStats {
   int64_t prefetched_pairs = 0, prefetch_hits = 0;
   // The forward's timeline: dispatch_ms + static_ms + wait_ms + guest_ms + return_ms + combine_ms
   // = forward_ms.
-  float forward_ms = 0;   // the whole forward
-  float dispatch_ms = 0;  // start -> phase 1 landed (permute, counts all-gather, plan, all-to-all-v)
-  float static_ms = 0;    // -> own experts' GEMMs done
-  float wait_ms = 0;      // -> phase-2 inputs here: idle time waiting for them (exposed copy time)
-  float guest_ms = 0;     // -> guest experts' GEMMs done
-  float return_ms = 0;    // -> this rank's exported rows' outputs back from their helpers
-  float combine_ms = 0;   // -> reverse all-to-all-v and weighted combine done
+  float forward_ms = 0;  // the whole forward
+  float dispatch_ms =
+      0;                 // start -> phase 1 landed (permute, counts all-gather, plan, all-to-all-v)
+  float static_ms = 0;   // -> own experts' GEMMs done
+  float wait_ms = 0;     // -> phase-2 inputs here: idle time waiting for them (exposed copy time)
+  float guest_ms = 0;    // -> guest experts' GEMMs done
+  float return_ms = 0;   // -> this rank's exported rows' outputs back from their helpers
+  float combine_ms = 0;  // -> reverse all-to-all-v and weighted combine done
 };
 
 struct BackwardStats {
-  int64_t copies = 0;           // phase-2 copy calls this rank issued (inputs and results)
-  int64_t weight_recopies = 0;  // guest weights this rank copied again (slot refilled since forward)
+  int64_t copies = 0;  // phase-2 copy calls this rank issued (inputs and results)
+  int64_t weight_recopies =
+      0;  // guest weights this rank copied again (slot refilled since forward)
   int64_t guest_rows = 0;
   // The backward's timeline, as the forward's (results_wait_ms is its return_ms).
   float backward_ms = 0;
@@ -167,8 +169,9 @@ class MoeLayer {
   // `experts` this rank's experts' weights ([experts_per_rank], local order). Stream-ordered on
   // `stream`; every rank calls it for the same micro-batch. The returned handle (training
   // runtimes) carries what backward needs; forward-only runtimes return an empty one.
-  MicroBatch forward(std::span<const ExpertParams> experts, const bf16* hidden, const int32_t* topk_idx,
-                     const float* topk_weight, int64_t num_tokens, bf16* out, cudaStream_t stream);
+  MicroBatch forward(std::span<const ExpertParams> experts, const bf16* hidden,
+                     const int32_t* topk_idx, const float* topk_weight, int64_t num_tokens,
+                     bf16* out, cudaStream_t stream);
 
   // grad_out [S, H] of micro-batch `mb` (this layer's; consumed) -> grad_hidden [S, H],
   // grad_topk_weight [S, K] fp32; this rank's experts' weight gradients into `grads` per `mode`
@@ -183,11 +186,12 @@ class MoeLayer {
   // weighted, not combined). Phase 2 and the GEMMs only: the counts all-gather, the plan, the
   // copy-engine moves. The caller keeps `rows` unchanged until the backward. Collective.
   MicroBatch forward_dispatched(std::span<const ExpertParams> experts, const bf16* rows,
-                                std::span<const int64_t> rows_per_expert, bf16* out_rows, cudaStream_t stream);
+                                std::span<const int64_t> rows_per_expert, bf16* out_rows,
+                                cudaStream_t stream);
   // grad_out_rows [N, H] (dL/d out_rows) -> grad_rows [N, H], weight gradients as backward().
-  void backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams> experts, const bf16* grad_out_rows,
-                           bf16* grad_rows, std::span<const ExpertGrads> grads, GradMode mode,
-                           cudaStream_t stream);
+  void backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams> experts,
+                           const bf16* grad_out_rows, bf16* grad_rows,
+                           std::span<const ExpertGrads> grads, GradMode mode, cudaStream_t stream);
 
   // Weights before routing: asks the planner which (expert, helper) pairs this layer's next
   // forward is likely to migrate (Planner::prefetch; nothing unless its knob prefetch = 1) and

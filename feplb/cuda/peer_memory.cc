@@ -21,7 +21,7 @@ struct Record {
   int32_t device = 0;
   int32_t has_handle = 0;
   uint64_t bytes = 0;
-  uint64_t offset = 0;  // of the buffer inside the exported allocation
+  uint64_t offset = 0;   // of the buffer inside the exported allocation
   uint64_t address = 0;  // the buffer in the sender's address space (used by the same process)
   std::array<char, 32> pci_bus_id{};
   std::array<char, 256> host{};
@@ -39,14 +39,18 @@ std::string get(const std::array<char, N>& src) {
   return std::string(src.data(), strnlen(src.data(), N));
 }
 
-std::string encode(const Record& r) { return std::string(reinterpret_cast<const char*>(&r), sizeof(r)); }
+std::string encode(const Record& r) {
+  return std::string(reinterpret_cast<const char*>(&r), sizeof(r));
+}
 
 Record decode(const std::string& blob, int from_rank) {
   Record r;
-  FEPLB_CHECK(blob.size() == sizeof(Record), "peer memory: rank {} sent {} bytes, expected {} (another binary?)",
-              from_rank, blob.size(), sizeof(Record));
+  FEPLB_CHECK(blob.size() == sizeof(Record),
+              "peer memory: rank {} sent {} bytes, expected {} (another binary?)", from_rank,
+              blob.size(), sizeof(Record));
   std::memcpy(&r, blob.data(), sizeof(r));
-  FEPLB_CHECK(r.magic == Record{}.magic, "peer memory: rank {} sent a record without the magic", from_rank);
+  FEPLB_CHECK(r.magic == Record{}.magic, "peer memory: rank {} sent a record without the magic",
+              from_rank);
   return r;
 }
 
@@ -66,8 +70,8 @@ PeerLocation location_of(const Record& r) {
 
 std::vector<Record> gather(int rank, const AllGatherBlobs& all_gather, const Record& mine) {
   const std::vector<std::string> blobs = all_gather(encode(mine));
-  FEPLB_CHECK(rank >= 0 && rank < static_cast<int>(blobs.size()), "peer memory: rank {} of {} blobs", rank,
-              blobs.size());
+  FEPLB_CHECK(rank >= 0 && rank < static_cast<int>(blobs.size()),
+              "peer memory: rank {} of {} blobs", rank, blobs.size());
   std::vector<Record> all;
   for (size_t p = 0; p < blobs.size(); ++p) all.push_back(decode(blobs[p], static_cast<int>(p)));
   return all;
@@ -80,7 +84,8 @@ void* allocation_base(void* ptr) {
   std::call_once(once, [] {
     cudaDriverEntryPointQueryResult q{};
     void* f = nullptr;
-    FEPLB_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q));
+    FEPLB_CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q));
     FEPLB_CHECK(q == cudaDriverEntryPointSuccess && f, "driver has no cuMemGetAddressRange");
     fn = reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(f);
   });
@@ -107,20 +112,21 @@ PeerLocation this_location() {
 
 std::string peer_unreachable_reason(const PeerLocation& peer) {
   const PeerLocation here = this_location();
-  if (peer.host != here.host) return fmt::format("on another host ({}, this is {})", peer.host, here.host);
+  if (peer.host != here.host)
+    return fmt::format("on another host ({}, this is {})", peer.host, here.host);
   int peer_device = -1;
   const cudaError_t err = cudaDeviceGetByPCIBusId(&peer_device, peer.pci_bus_id.c_str());
   if (err != cudaSuccess) {
     cudaGetLastError();  // not sticky; clear it
-    return fmt::format("its GPU {} is not visible in this process (CUDA_VISIBLE_DEVICES?): {}", peer.pci_bus_id,
-                       cudaGetErrorString(err));
+    return fmt::format("its GPU {} is not visible in this process (CUDA_VISIBLE_DEVICES?): {}",
+                       peer.pci_bus_id, cudaGetErrorString(err));
   }
   if (peer_device == here.device) return {};
   int can = 0;
   FEPLB_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, here.device, peer_device));
   if (!can) {
-    return fmt::format("GPU {} ({}) cannot access GPU {} ({}) peer to peer", here.device, here.pci_bus_id,
-                       peer_device, peer.pci_bus_id);
+    return fmt::format("GPU {} ({}) cannot access GPU {} ({}) peer to peer", here.device,
+                       here.pci_bus_id, peer_device, peer.pci_bus_id);
   }
   const cudaError_t en = cudaDeviceEnablePeerAccess(peer_device, 0);
   if (en == cudaErrorPeerAccessAlreadyEnabled) {
@@ -150,7 +156,8 @@ bool all_peers_reachable(int rank, const AllGatherBlobs& all_gather, std::string
   return true;
 }
 
-PeerMemory::PeerMemory(void* ptr, size_t bytes, int rank, const AllGatherBlobs& all_gather) : rank_(rank) {
+PeerMemory::PeerMemory(void* ptr, size_t bytes, int rank, const AllGatherBlobs& all_gather)
+    : rank_(rank) {
   FEPLB_CUDA_CHECK(cudaGetDevice(&device_));
   Record mine = record_here();
   mine.bytes = bytes;
@@ -175,7 +182,8 @@ PeerMemory::PeerMemory(void* ptr, size_t bytes, int rank, const AllGatherBlobs& 
       }
       if (!r.has_handle) continue;  // an empty buffer
       const std::string why = peer_unreachable_reason(peer.where);
-      FEPLB_CHECK(why.empty(), "peer memory: rank {} cannot address rank {}'s buffer: {}", rank, p, why);
+      FEPLB_CHECK(why.empty(), "peer memory: rank {} cannot address rank {}'s buffer: {}", rank, p,
+                  why);
       if (r.pid == static_cast<int64_t>(getpid()) && peer.where.host == this_location().host) {
         // Same process (one process driving several GPUs): IPC cannot open its own handles, and
         // the raw pointer is valid here (peer access was enabled above).

@@ -55,7 +55,7 @@ class PeerMemory {
  private:
   struct Peer {
     PeerLocation where;
-    void* ptr = nullptr;         // peer's buffer, usable here
+    void* ptr = nullptr;          // peer's buffer, usable here
     void* opened_base = nullptr;  // non-null: what cudaIpcOpenMemHandle returned (to close)
     size_t bytes = 0;
   };

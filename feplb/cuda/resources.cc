@@ -12,7 +12,8 @@ void sync_with_timeout(cudaStream_t stream, double timeout_s, const char* what) 
     if (err == cudaSuccess) return;
     if (err != cudaErrorNotReady) FEPLB_CUDA_CHECK(err);
     if (std::chrono::steady_clock::now() > deadline) {
-      throw Error(fmt::format("{}: no progress for {:.0f} s (a peer never answered?)", what, timeout_s));
+      throw Error(
+          fmt::format("{}: no progress for {:.0f} s (a peer never answered?)", what, timeout_s));
     }
     if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

@@ -33,7 +33,8 @@ class DeviceBuffer {
   ~DeviceBuffer() {
     if (ptr_) FEPLB_CUDA_WARN(cudaFree(ptr_));
   }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(count_, o.count_);
@@ -62,7 +63,8 @@ class PinnedBuffer {
   ~PinnedBuffer() {
     if (ptr_) FEPLB_CUDA_WARN(cudaFreeHost(ptr_));
   }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  PinnedBuffer(PinnedBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(count_, o.count_);
@@ -96,7 +98,8 @@ class Stream {
 class Event {
  public:
   explicit Event(bool timing = false) {
-    FEPLB_CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+    FEPLB_CUDA_CHECK(
+        cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
   }
   ~Event() {
     if (e_) FEPLB_CUDA_WARN(cudaEventDestroy(e_));

@@ -38,14 +38,17 @@ class PoolAllocator final : public Allocator {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      throw InputError(fmt::format("out of GPU memory for a micro-batch's saved activations: asked for {:.2f} GiB, "
-                                   "{:.2f} GiB free",
-                                   static_cast<double>(bytes) / (1 << 30), static_cast<double>(free_b) / (1 << 30)));
+      throw InputError(fmt::format(
+          "out of GPU memory for a micro-batch's saved activations: asked for {:.2f} GiB, "
+          "{:.2f} GiB free",
+          static_cast<double>(bytes) / (1 << 30), static_cast<double>(free_b) / (1 << 30)));
     }
     FEPLB_CUDA_CHECK(err);
     return p;
   }
-  void deallocate(void* ptr, size_t, cudaStream_t stream) override { FEPLB_CUDA_WARN(cudaFreeAsync(ptr, stream)); }
+  void deallocate(void* ptr, size_t, cudaStream_t stream) override {
+    FEPLB_CUDA_WARN(cudaFreeAsync(ptr, stream));
+  }
 
  private:
   cudaMemPool_t pool_ = nullptr;
@@ -54,25 +57,29 @@ class PoolAllocator final : public Allocator {
 }  // namespace
 
 int default_staging_slots(const Knobs& knobs) {
-  return static_cast<int>(std::max<int64_t>({1, knobs.dyn * knobs.max_helpers_per_expert, knobs.max_num_dyn}));
+  return static_cast<int>(
+      std::max<int64_t>({1, knobs.dyn * knobs.max_helpers_per_expert, knobs.max_num_dyn}));
 }
 
 RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(config), transport(t) {
   const Topology& topo = cfg.topo;
   rank = transport.rank();
   world = transport.world_size();
-  FEPLB_REQUIRE_INPUT(world == topo.num_ranks(), "runtime: transport has {} ranks, topology {}", world,
-                      topo.num_ranks());
+  FEPLB_REQUIRE_INPUT(world == topo.num_ranks(), "runtime: transport has {} ranks, topology {}",
+                      world, topo.num_ranks());
   FEPLB_REQUIRE_INPUT(cfg.shape.dtype == Dtype::kBf16, "runtime: only bf16 experts are supported");
-  FEPLB_REQUIRE_INPUT(cfg.shape.hidden > 0 && cfg.shape.hidden % 8 == 0 && cfg.shape.ffn > 0 && cfg.shape.ffn % 8 == 0,
-                      "runtime: hidden {} and ffn {} must be positive multiples of 8", cfg.shape.hidden,
-                      cfg.shape.ffn);
-  FEPLB_REQUIRE_INPUT(cfg.max_top_k >= 1 && cfg.max_top_k <= topo.num_experts(), "runtime: max_top_k {} for {} experts",
-                      cfg.max_top_k, topo.num_experts());
+  FEPLB_REQUIRE_INPUT(cfg.shape.hidden > 0 && cfg.shape.hidden % 8 == 0 && cfg.shape.ffn > 0 &&
+                          cfg.shape.ffn % 8 == 0,
+                      "runtime: hidden {} and ffn {} must be positive multiples of 8",
+                      cfg.shape.hidden, cfg.shape.ffn);
+  FEPLB_REQUIRE_INPUT(cfg.max_top_k >= 1 && cfg.max_top_k <= topo.num_experts(),
+                      "runtime: max_top_k {} for {} experts", cfg.max_top_k, topo.num_experts());
   FEPLB_REQUIRE_INPUT(cfg.max_tokens >= 0, "runtime: max_tokens {}", cfg.max_tokens);
-  FEPLB_REQUIRE_INPUT(cfg.max_in_flight >= 1, "runtime: max_in_flight {} (at least 1)", cfg.max_in_flight);
+  FEPLB_REQUIRE_INPUT(cfg.max_in_flight >= 1, "runtime: max_in_flight {} (at least 1)",
+                      cfg.max_in_flight);
   FEPLB_REQUIRE_INPUT(cfg.recv_capacity_rows >= 0 && cfg.guest_capacity_rows >= 0,
-                      "runtime: capacities {} and {} rows", cfg.recv_capacity_rows, cfg.guest_capacity_rows);
+                      "runtime: capacities {} and {} rows", cfg.recv_capacity_rows,
+                      cfg.guest_capacity_rows);
   FEPLB_REQUIRE_INPUT(cfg.timeout_s > 0, "runtime: timeout {} s", cfg.timeout_s);
   validate_knobs(cfg.knobs);
   H = cfg.shape.hidden;
@@ -88,10 +95,13 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
     own_allocator = std::make_unique<PoolAllocator>();
     allocator = own_allocator.get();
   }
-  const int staging = cfg.training ? (cfg.staging_slots >= 0 ? cfg.staging_slots : default_staging_slots(cfg.knobs)) : 0;
-  FEPLB_REQUIRE_INPUT(!cfg.training || staging >= 1, "runtime: a training runtime needs gradient staging slots");
-  pool = std::make_unique<ExpertSlotPool>(transport, cfg.shape, static_cast<int>(cfg.knobs.max_num_dyn), staging,
-                                          cfg.name + ".pool");
+  const int staging =
+      cfg.training ? (cfg.staging_slots >= 0 ? cfg.staging_slots : default_staging_slots(cfg.knobs))
+                   : 0;
+  FEPLB_REQUIRE_INPUT(!cfg.training || staging >= 1,
+                      "runtime: a training runtime needs gradient staging slots");
+  pool = std::make_unique<ExpertSlotPool>(
+      transport, cfg.shape, static_cast<int>(cfg.knobs.max_num_dyn), staging, cfg.name + ".pool");
 
   send = DeviceBuffer<bf16>(static_cast<size_t>(max_pairs * H));
   yrecv = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap * H));
@@ -113,8 +123,8 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
   for (int d = 0; d < world; ++d) {
     for (int e : topo.local_experts(d)) send_order.push_back(e);
   }
-  FEPLB_CUDA_CHECK(
-      cudaMemcpy(order.get(), send_order.data(), send_order.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(order.get(), send_order.data(), send_order.size() * sizeof(int32_t),
+                              cudaMemcpyHostToDevice));
 
   const std::string prefix = "feplb." + cfg.name + ".";
   transport.register_buffer(prefix + "guest_in", guest_in.get(), guest_in.bytes());
@@ -189,9 +199,10 @@ int RuntimeState::acquire(int layer_id) {
     h.bytes_tokens = h.bytes_plan = 0;
     return static_cast<int>(i);
   }
-  throw InputError(fmt::format("forward: {} micro-batches are already in flight (forward done, no backward yet), the "
-                               "runtime's max_in_flight; run their backwards or drop their handles first",
-                               handles.size()));
+  throw InputError(fmt::format(
+      "forward: {} micro-batches are already in flight (forward done, no backward yet), the "
+      "runtime's max_in_flight; run their backwards or drop their handles first",
+      handles.size()));
 }
 
 void RuntimeState::release(int slot, uint64_t generation, cudaStream_t stream) noexcept {
@@ -215,8 +226,9 @@ void* RuntimeState::allocate(size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return nullptr;
   void* p = allocator->allocate(bytes, stream);
   if (!p) {
-    throw InputError(fmt::format("the allocator gave no memory for a micro-batch's {:.2f} MiB of saved activations",
-                                 static_cast<double>(bytes) / (1 << 20)));
+    throw InputError(fmt::format(
+        "the allocator gave no memory for a micro-batch's {:.2f} MiB of saved activations",
+        static_cast<double>(bytes) / (1 << 20)));
   }
   return p;
 }
@@ -246,8 +258,9 @@ Transport& EpRuntime::transport() const { return state_->transport; }
 
 size_t EpRuntime::workspace_bytes() const {
   const RuntimeState& s = *state_;
-  return s.pool->device_bytes() + s.send.bytes() + s.ybuf.bytes() + s.dyrecv.bytes() + s.yrecv.bytes() +
-         s.guest_in.bytes() + s.guest_out.bytes() + s.counts.bytes() + s.cursor.bytes() + s.offsets.bytes() + s.order.bytes() + s.counts_all.bytes();
+  return s.pool->device_bytes() + s.send.bytes() + s.ybuf.bytes() + s.dyrecv.bytes() +
+         s.yrecv.bytes() + s.guest_in.bytes() + s.guest_out.bytes() + s.counts.bytes() +
+         s.cursor.bytes() + s.offsets.bytes() + s.order.bytes() + s.counts_all.bytes();
 }
 
 size_t EpRuntime::saved_bytes() const { return state_->saved_bytes(); }
@@ -268,7 +281,9 @@ void EpRuntime::synchronize(cudaStream_t stream) const { state_->sync(stream, "s
 MicroBatch::~MicroBatch() { release(); }
 
 MicroBatch::MicroBatch(MicroBatch&& o) noexcept
-    : rt_(std::move(o.rt_)), slot_(std::exchange(o.slot_, -1)), generation_(std::exchange(o.generation_, 0)) {}
+    : rt_(std::move(o.rt_)),
+      slot_(std::exchange(o.slot_, -1)),
+      generation_(std::exchange(o.generation_, 0)) {}
 
 MicroBatch& MicroBatch::operator=(MicroBatch&& o) noexcept {
   if (this != &o) {
@@ -295,7 +310,8 @@ bool MicroBatch::valid() const {
 }
 
 MicroBatchState& MicroBatch::checked() const {
-  FEPLB_REQUIRE_INPUT(valid(), "micro-batch handle is empty (consumed by a backward, dropped, or moved from)");
+  FEPLB_REQUIRE_INPUT(
+      valid(), "micro-batch handle is empty (consumed by a backward, dropped, or moved from)");
   return rt_->handles[static_cast<size_t>(slot_)];
 }
 

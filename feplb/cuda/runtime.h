@@ -8,8 +8,9 @@
 //   EpRuntime rt(config, transport);                        // collective: registers peer buffers
 //   MoeLayer layer(rt, {.top_k = 8}, make_gpu_planner(rt, "feplb"));
 //   MicroBatch mb = layer.forward(experts, hidden, idx, w, S, out, stream);
-//   layer.backward(std::move(mb), experts, grad_out, w, grad_hidden, grad_w, grads, GradMode::kAccumulate, stream);
-//   layer.sync_gradients(stream);                           // before an optimizer reads `grads`
+//   layer.backward(std::move(mb), experts, grad_out, w, grad_hidden, grad_w, grads,
+//   GradMode::kAccumulate, stream); layer.sync_gradients(stream);                           //
+//   before an optimizer reads `grads`
 //
 // Public header: CUDA runtime types only (no fmt, no cuBLAS).
 #pragma once
@@ -42,21 +43,23 @@ class Allocator {
 
 struct RuntimeConfig {
   Topology topo = Topology::contiguous(1, 8, 1);
-  ExpertShape shape;         // every layer's experts: bf16, hidden and ffn positive multiples of 8
-  int max_top_k = 8;         // the largest top_k of the runtime's layers (sizes the buffers)
-  int64_t max_tokens = 0;    // tokens per rank per call, at most
-  Knobs knobs;               // max_num_dyn = guest weight slots; planners' knobs
-  int64_t recv_capacity_rows = 0;   // rows a rank may receive in phase 1; 0: R * max_tokens * max_top_k
+  ExpertShape shape;       // every layer's experts: bf16, hidden and ffn positive multiples of 8
+  int max_top_k = 8;       // the largest top_k of the runtime's layers (sizes the buffers)
+  int64_t max_tokens = 0;  // tokens per rank per call, at most
+  Knobs knobs;             // max_num_dyn = guest weight slots; planners' knobs
+  int64_t recv_capacity_rows =
+      0;  // rows a rank may receive in phase 1; 0: R * max_tokens * max_top_k
   int64_t guest_capacity_rows = 0;  // guest rows a rank may compute; 0: 2 * max_tokens * max_top_k
-  int staging_slots = -1;    // fp32 gradient staging slots; -1: default_staging_slots(knobs)
-  int max_in_flight = 16;    // micro-batches alive at once (forward done, backward not yet), all layers
-  bool training = true;      // backward: gradient slots and staging; false: forward only
-  bool timing = false;       // CUDA timing events per call (benchmarks): ForwardStats, BackwardStats
-  double timeout_s = 60.0;   // a peer (or the GPU) silent this long is an Error, never a hang
+  int staging_slots = -1;           // fp32 gradient staging slots; -1: default_staging_slots(knobs)
+  int max_in_flight =
+      16;                // micro-batches alive at once (forward done, backward not yet), all layers
+  bool training = true;  // backward: gradient slots and staging; false: forward only
+  bool timing = false;   // CUDA timing events per call (benchmarks): ForwardStats, BackwardStats
+  double timeout_s = 60.0;         // a peer (or the GPU) silent this long is an Error, never a hang
   Allocator* allocator = nullptr;  // saved activations; null: the runtime's stream-ordered pool
-  bool sync_before_counts = false; // benchmarks: the host waits for the counts all-gather, so
-                                   // counts -> plan latency excludes waiting for slower ranks
-  std::string name = "feplb";      // names the peer buffers: unique per runtime in a process
+  bool sync_before_counts = false;  // benchmarks: the host waits for the counts all-gather, so
+                                    // counts -> plan latency excludes waiting for slower ranks
+  std::string name = "feplb";       // names the peer buffers: unique per runtime in a process
 };
 
 // Staging slots a training runtime gets by default: every expert slice a rank may export under

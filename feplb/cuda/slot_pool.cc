@@ -4,12 +4,14 @@
 
 namespace feplb::cuda {
 
-ExpertSlotPool::ExpertSlotPool(Transport& transport, const ExpertShape& shape, int slots, int staging_slots,
-                               const std::string& name)
-    : shape_(shape), elems_(expert_weight_elems(shape.hidden, shape.ffn)), slots_(slots),
+ExpertSlotPool::ExpertSlotPool(Transport& transport, const ExpertShape& shape, int slots,
+                               int staging_slots, const std::string& name)
+    : shape_(shape),
+      elems_(expert_weight_elems(shape.hidden, shape.ffn)),
+      slots_(slots),
       staging_slots_(staging_slots) {
-  FEPLB_REQUIRE_INPUT(slots >= 0 && staging_slots >= 0, "slot pool: {} slots, {} staging slots", slots,
-                      staging_slots);
+  FEPLB_REQUIRE_INPUT(slots >= 0 && staging_slots >= 0, "slot pool: {} slots, {} staging slots",
+                      slots, staging_slots);
   const int R = transport.world_size();
   weights_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(slots_ * elems_));
   if (training()) {
@@ -25,7 +27,8 @@ ExpertSlotPool::ExpertSlotPool(Transport& transport, const ExpertShape& shape, i
   if (transport.supports_peer_copies()) {
     for (int p = 0; p < R; ++p) {
       peer_weights_[p] = static_cast<__nv_bfloat16*>(transport.peer_buffer(prefix + "slots", p));
-      if (training()) peer_staging_[p] = static_cast<float*>(transport.peer_buffer(prefix + "staging", p));
+      if (training())
+        peer_staging_[p] = static_cast<float*>(transport.peer_buffer(prefix + "staging", p));
     }
   }
 }

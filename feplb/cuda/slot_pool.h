@@ -48,7 +48,8 @@ class ExpertSlotPool {
   // What each rank's weight slot holds: a tag from tag(); 0 = nothing known.
   uint64_t& holder(int rank, int i) { return holders_[static_cast<size_t>(rank * slots_ + i)]; }
   static uint64_t tag(int layer_id, int expert, uint32_t forward_seq) {
-    return (static_cast<uint64_t>(layer_id + 1) << 48) | (static_cast<uint64_t>(expert) << 32) | forward_seq;
+    return (static_cast<uint64_t>(layer_id + 1) << 48) | (static_cast<uint64_t>(expert) << 32) |
+           forward_seq;
   }
   // Ids for the layers using the pool, in construction order (the same on every rank).
   int next_layer_id() { return layers_++; }

@@ -39,7 +39,8 @@ const DriverOps& ops() {
 }  // namespace
 
 void stream_write_u32(cudaStream_t stream, uint32_t* flag, uint32_t value) {
-  FEPLB_CU_CHECK(ops().write(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(flag), value,
+  FEPLB_CU_CHECK(ops().write(reinterpret_cast<CUstream>(stream),
+                             reinterpret_cast<CUdeviceptr>(flag), value,
                              CU_STREAM_WRITE_VALUE_DEFAULT));
 }
 

@@ -52,11 +52,13 @@ class Transport {
   virtual int world_size() const = 0;
 
   // recv [world * count] <- every rank's send [count], in rank order. Collective.
-  virtual void all_gather_i32(const int32_t* send, int32_t* recv, size_t count, cudaStream_t stream) = 0;
+  virtual void all_gather_i32(const int32_t* send, int32_t* recv, size_t count,
+                              cudaStream_t stream) = 0;
   // All-to-all-v. The i-th send chunk to peer p lands in p's i-th recv chunk from this rank; the
   // sizes must agree. Reads and writes happen after prior work on `stream` (on every rank
   // involved) and before later work. Zero-byte chunks are allowed. Collective.
-  virtual void exchange(std::span<const Chunk> sends, std::span<const Chunk> recvs, cudaStream_t stream) = 0;
+  virtual void exchange(std::span<const Chunk> sends, std::span<const Chunk> recvs,
+                        cudaStream_t stream) = 0;
 
   // Peer memory for phase 2. Collective: every rank registers `name` once; afterwards
   // peer_buffer(name, p) is p's buffer as this rank's copies address it.

@@ -18,8 +18,8 @@ struct InProcessGroup::State {
   std::mutex mu;
   std::atomic<int> arrived{0};
   std::atomic<uint64_t> generation{0};
-  std::vector<std::vector<Chunk>> recvs;   // [rank] recv chunks posted for the current exchange
-  std::vector<cudaEvent_t> ready, done;    // [rank]
+  std::vector<std::vector<Chunk>> recvs;  // [rank] recv chunks posted for the current exchange
+  std::vector<cudaEvent_t> ready, done;   // [rank]
   std::map<std::string, std::vector<void*>> buffers;
   // Signal sets by name: [rank * count + slot], each an event pair (by value parity) and the
   // value each event was last recorded for.
@@ -40,11 +40,14 @@ struct InProcessGroup::State {
       generation.fetch_add(1, std::memory_order_release);
       return;
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     for (uint64_t spins = 0; generation.load(std::memory_order_acquire) == gen; ++spins) {
       if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline) {
-        throw Error(fmt::format("in-process transport: rank {} waited {:.0f} s at {} for a peer that never "
-                                "arrived", rank, timeout_s, where));
+        throw Error(
+            fmt::format("in-process transport: rank {} waited {:.0f} s at {} for a peer that never "
+                        "arrived",
+                        rank, timeout_s, where));
       }
       spin_pause(spins);
     }
@@ -61,11 +64,13 @@ namespace {
 // waiter of v still needs.
 class InProcessSignals final : public Transport::Signals {
  public:
-  InProcessSignals(InProcessGroup::State* st, InProcessGroup::State::SignalSlot* slots, int rank, int count)
+  InProcessSignals(InProcessGroup::State* st, InProcessGroup::State::SignalSlot* slots, int rank,
+                   int count)
       : st_(st), slots_(slots), rank_(rank), count_(count) {}
 
   void signal(int peer, int slot, uint32_t value, cudaStream_t stream) override {
-    FEPLB_CHECK(peer >= 0 && peer < st_->world && slot >= 0 && slot < count_, "signal to rank {} slot {}", peer, slot);
+    FEPLB_CHECK(peer >= 0 && peer < st_->world && slot >= 0 && slot < count_,
+                "signal to rank {} slot {}", peer, slot);
     auto& s = slots_[peer * count_ + slot];
     FEPLB_CUDA_CHECK(cudaEventRecord(s.ev[value & 1], stream));
     s.recorded[value & 1].store(value, std::memory_order_release);
@@ -74,11 +79,14 @@ class InProcessSignals final : public Transport::Signals {
   void wait(int slot, uint32_t value, cudaStream_t stream) override {
     FEPLB_CHECK(slot >= 0 && slot < count_, "wait on slot {}", slot);
     auto& s = slots_[rank_ * count_ + slot];
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(st_->timeout_s);
-    for (uint64_t spins = 0; s.recorded[value & 1].load(std::memory_order_acquire) < value; ++spins) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(st_->timeout_s);
+    for (uint64_t spins = 0; s.recorded[value & 1].load(std::memory_order_acquire) < value;
+         ++spins) {
       if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline) {
-        throw Error(fmt::format("in-process transport: rank {} waited {:.0f} s for signal {} to reach {}", rank_,
-                                st_->timeout_s, slot, value));
+        throw Error(
+            fmt::format("in-process transport: rank {} waited {:.0f} s for signal {} to reach {}",
+                        rank_, st_->timeout_s, slot, value));
       }
       spin_pause(spins);
     }
@@ -100,7 +108,8 @@ class InProcessTransport final : public Transport {
   int rank() const override { return rank_; }
   int world_size() const override { return st_->world; }
 
-  void all_gather_i32(const int32_t* send, int32_t* recv, size_t count, cudaStream_t stream) override {
+  void all_gather_i32(const int32_t* send, int32_t* recv, size_t count,
+                      cudaStream_t stream) override {
     std::vector<Chunk> sends, recvs;
     for (int p = 0; p < st_->world; ++p) {
       sends.push_back({p, const_cast<int32_t*>(send), count * sizeof(int32_t)});
@@ -109,7 +118,8 @@ class InProcessTransport final : public Transport {
     exchange(sends, recvs, stream);
   }
 
-  void exchange(std::span<const Chunk> sends, std::span<const Chunk> recvs, cudaStream_t stream) override {
+  void exchange(std::span<const Chunk> sends, std::span<const Chunk> recvs,
+                cudaStream_t stream) override {
     State& st = *st_;
     FEPLB_CUDA_CHECK(cudaEventRecord(st.ready[rank_], stream));  // recv buffers free from here on
     st.recvs[rank_].assign(recvs.begin(), recvs.end());
@@ -124,9 +134,10 @@ class InProcessTransport final : public Transport {
       const std::vector<Chunk>& theirs = st.recvs[c.peer];
       size_t& i = next[c.peer];
       while (i < theirs.size() && theirs[i].peer != rank_) ++i;
-      FEPLB_CHECK(i < theirs.size(), "rank {} sends more chunks to rank {} than it receives", rank_, c.peer);
-      FEPLB_CHECK(theirs[i].bytes == c.bytes, "rank {} -> {}: chunk of {} bytes meets a recv of {}", rank_,
-                  c.peer, c.bytes, theirs[i].bytes);
+      FEPLB_CHECK(i < theirs.size(), "rank {} sends more chunks to rank {} than it receives", rank_,
+                  c.peer);
+      FEPLB_CHECK(theirs[i].bytes == c.bytes, "rank {} -> {}: chunk of {} bytes meets a recv of {}",
+                  rank_, c.peer, c.bytes, theirs[i].bytes);
       if (c.bytes) {
         dsts_.push_back(theirs[i].ptr);
         srcs_.push_back(c.ptr);
@@ -134,7 +145,8 @@ class InProcessTransport final : public Transport {
       }
       ++i;
     }
-    for (int p = 0; p < st.world; ++p) FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, st.ready[p], 0));
+    for (int p = 0; p < st.world; ++p)
+      FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, st.ready[p], 0));
     copy_batch(stream);
     FEPLB_CUDA_CHECK(cudaEventRecord(st.done[rank_], stream));
     st.barrier(rank_, "exchange (copy)");
@@ -154,7 +166,8 @@ class InProcessTransport final : public Transport {
   void* peer_buffer(const std::string& name, int peer) const override {
     std::lock_guard<std::mutex> lock(st_->mu);
     auto it = st_->buffers.find(name);
-    FEPLB_CHECK(it != st_->buffers.end() && it->second[peer], "buffer '{}' of rank {} not registered", name, peer);
+    FEPLB_CHECK(it != st_->buffers.end() && it->second[peer],
+                "buffer '{}' of rank {} not registered", name, peer);
     return it->second[peer];
   }
 
@@ -195,7 +208,8 @@ class InProcessTransport final : public Transport {
     // there, one cudaMemcpyAsync per chunk (same-device copies on copy engines as well).
     if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
       for (size_t i = 0; i < sizes_.size(); ++i) {
-        FEPLB_CUDA_CHECK(cudaMemcpyAsync(dsts_[i], srcs_[i], sizes_[i], cudaMemcpyDeviceToDevice, stream));
+        FEPLB_CUDA_CHECK(
+            cudaMemcpyAsync(dsts_[i], srcs_[i], sizes_[i], cudaMemcpyDeviceToDevice, stream));
       }
       return;
     }
@@ -204,8 +218,8 @@ class InProcessTransport final : public Transport {
     attr.srcLocHint.type = cudaMemLocationTypeDevice;
     attr.dstLocHint.type = cudaMemLocationTypeDevice;
     size_t attr_idx = 0;
-    FEPLB_CUDA_CHECK(cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), sizes_.size(), &attr,
-                                          &attr_idx, 1, stream));
+    FEPLB_CUDA_CHECK(cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), sizes_.size(),
+                                          &attr, &attr_idx, 1, stream));
   }
 
   using State = InProcessGroup::State;
@@ -218,7 +232,8 @@ class InProcessTransport final : public Transport {
 
 }  // namespace
 
-InProcessGroup::InProcessGroup(int world_size, double timeout_s) : state_(std::make_unique<State>()) {
+InProcessGroup::InProcessGroup(int world_size, double timeout_s)
+    : state_(std::make_unique<State>()) {
   FEPLB_REQUIRE_INPUT(world_size >= 1, "in-process group: {} ranks", world_size);
   state_->world = world_size;
   state_->timeout_s = timeout_s;
@@ -230,7 +245,8 @@ InProcessGroup::InProcessGroup(int world_size, double timeout_s) : state_(std::m
     state_->ready.push_back(e1);
     state_->done.push_back(e2);
   }
-  for (int r = 0; r < world_size; ++r) endpoints_.push_back(std::make_unique<InProcessTransport>(state_.get(), r));
+  for (int r = 0; r < world_size; ++r)
+    endpoints_.push_back(std::make_unique<InProcessTransport>(state_.get(), r));
 }
 
 InProcessGroup::~InProcessGroup() {

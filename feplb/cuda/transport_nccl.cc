@@ -12,13 +12,14 @@
 #include "feplb/cuda/resources.h"
 #include "feplb/cuda/transport.h"
 
-#define FEPLB_NCCL_CHECK(call)                                                                   \
-  do {                                                                                           \
-    const ncclResult_t feplb_nr_ = (call);                                                       \
-    if (feplb_nr_ != ncclSuccess)                                                                \
-      ::feplb::fail_internal(__FILE__, __LINE__,                                                 \
-                             fmt::format("{}: NCCL error {} ({})", #call, static_cast<int>(feplb_nr_), \
-                                         ncclGetErrorString(feplb_nr_)));                        \
+#define FEPLB_NCCL_CHECK(call)                                                      \
+  do {                                                                              \
+    const ncclResult_t feplb_nr_ = (call);                                          \
+    if (feplb_nr_ != ncclSuccess)                                                   \
+      ::feplb::fail_internal(                                                       \
+          __FILE__, __LINE__,                                                       \
+          fmt::format("{}: NCCL error {} ({})", #call, static_cast<int>(feplb_nr_), \
+                      ncclGetErrorString(feplb_nr_)));                              \
   } while (0)
 
 namespace feplb::cuda {
@@ -41,15 +42,16 @@ void nccl_settle(ncclComm_t comm, ncclResult_t r, const char* what, double timeo
       if (!failed.empty()) throw Error(fmt::format("{}: {}", what, failed));
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      throw Error(fmt::format("{}: NCCL still in progress after {:.0f} s (a peer never joined?); "
-                              "abort the communicator",
-                              what, timeout_s));
+      throw Error(
+          fmt::format("{}: NCCL still in progress after {:.0f} s (a peer never joined?); "
+                      "abort the communicator",
+                      what, timeout_s));
     }
     FEPLB_NCCL_CHECK(ncclCommGetAsyncError(comm, &r));
   }
   if (r != ncclSuccess) {
-    throw Error(fmt::format("{}: NCCL error {} ({}): {}", what, static_cast<int>(r), ncclGetErrorString(r),
-                            ncclGetLastError(comm)));
+    throw Error(fmt::format("{}: NCCL error {} ({}): {}", what, static_cast<int>(r),
+                            ncclGetErrorString(r), ncclGetLastError(comm)));
   }
 }
 
@@ -71,12 +73,14 @@ class NcclTransport final : public Transport {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
-  void all_gather_i32(const int32_t* send, int32_t* recv, size_t count, cudaStream_t stream) override {
+  void all_gather_i32(const int32_t* send, int32_t* recv, size_t count,
+                      cudaStream_t stream) override {
     nccl_settle(comm_, ncclAllGather(send, recv, count, ncclInt32, comm_, stream), "ncclAllGather",
                 kSetupTimeoutS, &watch_);
   }
 
-  void exchange(std::span<const Chunk> sends, std::span<const Chunk> recvs, cudaStream_t stream) override {
+  void exchange(std::span<const Chunk> sends, std::span<const Chunk> recvs,
+                cudaStream_t stream) override {
     FEPLB_NCCL_CHECK(ncclGroupStart());
     for (const Chunk& c : sends) {
       if (c.bytes) FEPLB_NCCL_CHECK(ncclSend(c.ptr, c.bytes, ncclUint8, c.peer, comm_, stream));
@@ -92,14 +96,16 @@ class NcclTransport final : public Transport {
     Registered& reg = buffers_[name];
     reg.ptr = ptr;
     // Collective only when peers are reachable (every rank knows the same answer).
-    if (world_ > 1 && reachable_) reg.mem = std::make_unique<PeerMemory>(ptr, bytes, rank_, blob_gather());
+    if (world_ > 1 && reachable_)
+      reg.mem = std::make_unique<PeerMemory>(ptr, bytes, rank_, blob_gather());
   }
   void* peer_buffer(const std::string& name, int peer) const override {
     const auto it = buffers_.find(name);
     FEPLB_CHECK(it != buffers_.end(), "peer_buffer: '{}' was never registered", name);
     FEPLB_CHECK(peer >= 0 && peer < world_, "peer_buffer: rank {} of {}", peer, world_);
     if (peer == rank_) return it->second.ptr;
-    FEPLB_CHECK(reachable_, "NCCL transport: no peer copies to rank {}: {}", peer, unreachable_why_);
+    FEPLB_CHECK(reachable_, "NCCL transport: no peer copies to rank {}: {}", peer,
+                unreachable_why_);
     return it->second.mem->peer(peer);
   }
   bool supports_peer_copies() const override { return world_ == 1 || reachable_; }
@@ -108,7 +114,8 @@ class NcclTransport final : public Transport {
                                         SignalMechanism mechanism) override {
     FEPLB_CHECK(count > 0, "make_signals: '{}' with {} slots", name, count);
     FEPLB_CHECK(signal_names_.insert(name).second, "make_signals: '{}' made twice", name);
-    FEPLB_CHECK(world_ == 1 || reachable_, "NCCL transport: signals need peer memory: {}", unreachable_why_);
+    FEPLB_CHECK(world_ == 1 || reachable_, "NCCL transport: signals need peer memory: {}",
+                unreachable_why_);
     return make_ipc_signals(name, count, rank_, world_, blob_gather(), mechanism, kSetupTimeoutS,
                             [this] { return peer_failure(); });
   }
@@ -139,14 +146,17 @@ class NcclTransport final : public Transport {
       DeviceBuffer<uint64_t> lens(world);
       uint64_t my_len = mine.size();
       std::vector<uint64_t> all_lens(world);
-      FEPLB_CUDA_CHECK(cudaMemcpyAsync(lens.get() + rank_, &my_len, sizeof(my_len), cudaMemcpyHostToDevice,
-                                       setup_stream_.get()));
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(lens.get() + rank_, &my_len, sizeof(my_len),
+                                       cudaMemcpyHostToDevice, setup_stream_.get()));
       // In-place all-gather: rank r's piece already sits at r.
-      nccl_settle(comm_, ncclAllGather(lens.get() + rank_, lens.get(), 1, ncclUint64, comm_, setup_stream_.get()),
-                  "blob all-gather (lengths)", kSetupTimeoutS);
-      FEPLB_CUDA_CHECK(cudaMemcpyAsync(all_lens.data(), lens.get(), lens.bytes(), cudaMemcpyDeviceToHost,
-                                       setup_stream_.get()));
-      sync_with_timeout(setup_stream_.get(), kSetupTimeoutS, "NCCL transport: blob all-gather (lengths)");
+      nccl_settle(
+          comm_,
+          ncclAllGather(lens.get() + rank_, lens.get(), 1, ncclUint64, comm_, setup_stream_.get()),
+          "blob all-gather (lengths)", kSetupTimeoutS);
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(all_lens.data(), lens.get(), lens.bytes(),
+                                       cudaMemcpyDeviceToHost, setup_stream_.get()));
+      sync_with_timeout(setup_stream_.get(), kSetupTimeoutS,
+                        "NCCL transport: blob all-gather (lengths)");
       uint64_t longest = 1;
       for (uint64_t l : all_lens) longest = std::max(longest, l);
       FEPLB_CHECK(longest <= (uint64_t{1} << 20), "blob all-gather: a {} byte blob", longest);
@@ -154,12 +164,14 @@ class NcclTransport final : public Transport {
       padded.resize(longest, '\0');
       DeviceBuffer<char> buf(world * longest);
       std::string host(world * longest, '\0');
-      FEPLB_CUDA_CHECK(cudaMemcpyAsync(buf.get() + rank_ * longest, padded.data(), longest, cudaMemcpyHostToDevice,
-                                       setup_stream_.get()));
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(buf.get() + rank_ * longest, padded.data(), longest,
+                                       cudaMemcpyHostToDevice, setup_stream_.get()));
       nccl_settle(comm_,
-                  ncclAllGather(buf.get() + rank_ * longest, buf.get(), longest, ncclUint8, comm_, setup_stream_.get()),
+                  ncclAllGather(buf.get() + rank_ * longest, buf.get(), longest, ncclUint8, comm_,
+                                setup_stream_.get()),
                   "blob all-gather", kSetupTimeoutS);
-      FEPLB_CUDA_CHECK(cudaMemcpyAsync(host.data(), buf.get(), host.size(), cudaMemcpyDeviceToHost, setup_stream_.get()));
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(host.data(), buf.get(), host.size(), cudaMemcpyDeviceToHost,
+                                       setup_stream_.get()));
       sync_with_timeout(setup_stream_.get(), kSetupTimeoutS, "NCCL transport: blob all-gather");
       std::vector<std::string> blobs;
       for (size_t p = 0; p < world; ++p) blobs.push_back(host.substr(p * longest, all_lens[p]));

@@ -1,5 +1,4 @@
 #include "feplb/sim/balance.h"
-#include "feplb/sim/internal/report_parts.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +13,7 @@
 #include "feplb/core/planners/eplb_rebalance.h"
 #include "feplb/core/stats.h"
 #include "feplb/sim/gemm_tables.h"
+#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/report.h"
 

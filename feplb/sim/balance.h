@@ -104,7 +104,7 @@ struct BalanceGroup {
 struct BalanceResult {
   BalanceConfig config;
   std::vector<BalanceGroup> groups;
-  std::vector<BalanceGroup> many_donor;  // per shape, EP size and workload
+  std::vector<BalanceGroup> many_donor;        // per shape, EP size and workload
   std::vector<std::string> many_donor_priors;  // the real priors used there (stems)
 
   const BalanceGroup* find(int ranks, double skew) const;

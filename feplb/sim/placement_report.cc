@@ -1,6 +1,5 @@
 // The placement report: every setting simulated per group and prior, pooled, and written as
 // Markdown (targets, tables, what the numbers show) and JSON.
-#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/placement_report.h"
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "feplb/core/placer.h"
 #include "feplb/core/stats.h"
 #include "feplb/core/text.h"
+#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/markdown.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/report.h"
@@ -481,9 +481,8 @@ std::string format_placement_markdown(const PlacementReportResult& r, const std:
       c.prior_paths.size(), c.num_experts, c.top_k, c.workload.tokens_per_rank, c.workload.seq_len,
       c.workload.seed, c.warmup_steps, c.workload.num_steps, c.gpus_per_node,
       c.sim.shape.describe(), describe_gpu(find_gpu_class(c.sim.gpu), c.sim.knobs),
-      c.sim.cost_label, c.replan_interval, c.replan_window,
-      k.place_min_gain * 100, mib(static_cast<double>(c.sim.shape.weight_bytes())),
-      k.optimizer_bytes_per_param);
+      c.sim.cost_label, c.replan_interval, c.replan_window, k.place_min_gain * 100,
+      mib(static_cast<double>(c.sim.shape.weight_bytes())), k.optimizer_bytes_per_param);
   {
     md::Table t({"setting", "what it does"});
     for (const auto& [label, note] : kSettingNotes) t.add({label, note});

@@ -1,7 +1,5 @@
 #include "feplb/sim/rack.h"
 
-#include "feplb/sim/internal/report_parts.h"
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -10,6 +8,7 @@
 
 #include "feplb/core/error.h"
 #include "feplb/core/stats.h"
+#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/report.h"
 #include "feplb/sim/svg_plot.h"

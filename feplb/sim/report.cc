@@ -1,4 +1,3 @@
-#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/report.h"
 
 #include <algorithm>
@@ -6,6 +5,7 @@
 
 #include "feplb/core/error.h"
 #include "feplb/core/text.h"
+#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/svg.h"
 
 namespace feplb {

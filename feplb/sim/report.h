@@ -12,7 +12,6 @@ std::string format_table(const SimulationResult& result);
 std::string format_json(const SimulationResult& result);
 std::string plot_svg(const SimulationResult& result);
 
-
 // Index of the trace step the plot shows: the one where `static` has its largest token straggler.
 size_t worst_static_step(const SimulationResult& result);
 

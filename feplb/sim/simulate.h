@@ -54,13 +54,13 @@ struct PolicySummary {
   double guest_experts_per_step = 0;
   double nvlink_bytes_per_step = 0, network_bytes_per_step = 0;  // the plan's copies, by link
   double dispatch_nvlink_bytes_per_step = 0, dispatch_network_bytes_per_step = 0;
-  double guest_slots_max = 0;             // max over steps of StepMetrics::max_guest_slots
-  double fits_static_window = 0;          // fraction of steps in which no GPU waited for a copy
-  double delayed_steps = 0;               // fraction of steps the balancing made slower
-                                          // (StepMetrics::delays_layer: late copies or the plan)
-  double window_slack_ms_p5 = 0;          // 5th percentile over steps with copies
+  double guest_slots_max = 0;     // max over steps of StepMetrics::max_guest_slots
+  double fits_static_window = 0;  // fraction of steps in which no GPU waited for a copy
+  double delayed_steps = 0;       // fraction of steps the balancing made slower
+                                  // (StepMetrics::delays_layer: late copies or the plan)
+  double window_slack_ms_p5 = 0;  // 5th percentile over steps with copies
   double copy_exposed_ms = 0, copy_exposed_ms_p95 = 0;
-  double plan_exposed_ms = 0;             // plan made before the dispatch (one-hop), mean
+  double plan_exposed_ms = 0;                 // plan made before the dispatch (one-hop), mean
   double exposed_ms = 0, exposed_ms_p95 = 0;  // copies + plan (StepMetrics::exposed_ms)
   // Prefetch: bytes per step (wasted: unused), hit rate = used / prefetched, coverage = used /
   // guest weights needed (0 when none).

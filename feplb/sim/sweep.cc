@@ -1,10 +1,10 @@
-#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/sweep.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "feplb/core/error.h"
+#include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/report.h"
 

@@ -59,8 +59,8 @@ RankTokens rank_tokens(const Int64Array& counts, int top_k, const std::optional<
         out.tokens[k] = t;
       } else if (tokens_per_rank) {
         FEPLB_REQUIRE_INPUT(sum <= *tokens_per_rank * top_k,
-                            "counts[{}][{}]: sums to {}, more than tokens_per_rank * top_k = {}",
-                            i, r, sum, *tokens_per_rank * top_k);
+                            "counts[{}][{}]: sums to {}, more than tokens_per_rank * top_k = {}", i,
+                            r, sum, *tokens_per_rank * top_k);
         out.tokens[k] = *tokens_per_rank;
       } else {
         FEPLB_REQUIRE_INPUT(sum % top_k == 0,
@@ -77,9 +77,9 @@ RankTokens rank_tokens(const Int64Array& counts, int top_k, const std::optional<
 
 PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
                     const Int64Array& layer_ids, int64_t top_k,
-                    std::optional<int64_t> tokens_per_rank,
-                    const std::optional<Int64Array>& tokens, const std::string& model,
-                    std::optional<ExpertShape> shape, const std::string& generator_json) {
+                    std::optional<int64_t> tokens_per_rank, const std::optional<Int64Array>& tokens,
+                    const std::string& model, std::optional<ExpertShape> shape,
+                    const std::string& generator_json) {
   FEPLB_REQUIRE_INPUT(counts.ndim() == 3, "counts: expected [steps, ranks, experts], got {} axes",
                       counts.ndim());
   const auto N = counts.shape(0), R = counts.shape(1), E = counts.shape(2);
@@ -112,8 +112,8 @@ PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
   t.top_k = static_cast<int>(top_k);
   // tokens_per_rank as given, else the most any rank had; ranks and steps with fewer tokens, or
   // with dropped rows, carry their own "tokens" and "dropped" (docs/trace-format.md).
-  t.tokens_per_rank = tokens_per_rank ? *tokens_per_rank
-                                      : *std::max_element(rt.tokens.begin(), rt.tokens.end());
+  t.tokens_per_rank =
+      tokens_per_rank ? *tokens_per_rank : *std::max_element(rt.tokens.begin(), rt.tokens.end());
   t.expert_shape = shape;
   t.generator_json = generator_json;
   std::set<std::pair<int64_t, int64_t>> seen;
@@ -188,7 +188,8 @@ void bind_trace(py::module_& m) {
           py::arg("text"))
       .def_static("from_arrays", &from_arrays, py::arg("counts"), py::arg("step_ids"),
                   py::arg("layer_ids"), py::arg("top_k"), py::arg("tokens_per_rank"),
-                  py::arg("tokens"), py::arg("model"), py::arg("expert_shape"), py::arg("generator_json"))
+                  py::arg("tokens"), py::arg("model"), py::arg("expert_shape"),
+                  py::arg("generator_json"))
       .def(
           "save",
           [](const PyTrace& t, const std::string& path, bool overwrite) {

@@ -1,6 +1,8 @@
 // The GPU runtime's host-side step layout (feplb/cuda/host/step_layout.h) and its scheduler thread
 // (job_thread.h), without a GPU: where every row sits on every rank, that the ranks' views agree
 // (what one rank sends is what another expects), capacity errors, and an idle thread's CPU use.
+#include "feplb/cuda/host/step_layout.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,7 +14,6 @@
 
 #include "feplb/core/errors.h"
 #include "feplb/cuda/host/job_thread.h"
-#include "feplb/cuda/host/step_layout.h"
 #include "test_util.h"
 
 namespace feplb {
@@ -54,9 +55,11 @@ TEST(StepLayout, RowsLandExpertMajorAndTheMigratedSliceIsOneGuest) {
   EXPECT_EQ(l0.recv_rows(1), 14);
   // Rank 0 sends in send order: experts 0, 1 (home 0), then 2, 3 (home 1).
   ASSERT_EQ(l0.sends().size(), 4u);
-  EXPECT_EQ(std::make_tuple(l0.sends()[2].peer, l0.sends()[2].row, l0.sends()[2].rows), std::make_tuple(1, 60L, 5L));
+  EXPECT_EQ(std::make_tuple(l0.sends()[2].peer, l0.sends()[2].row, l0.sends()[2].rows),
+            std::make_tuple(1, 60L, 5L));
   // Rank 0 receives expert 0's rows from rank 0 at row 0 and from rank 1 at row 50.
-  EXPECT_EQ(std::make_tuple(l0.recvs()[2].peer, l0.recvs()[2].row, l0.recvs()[2].rows), std::make_tuple(1, 50L, 30L));
+  EXPECT_EQ(std::make_tuple(l0.recvs()[2].peer, l0.recvs()[2].row, l0.recvs()[2].rows),
+            std::make_tuple(1, 50L, 30L));
   // The migrated slice of expert 0 takes its first 40 rows (the plan lists it first), the home
   // slice the other 40.
   ASSERT_EQ(l0.exports().size(), 1u);

@@ -1,7 +1,7 @@
 // GPU presence and properties. Skips with the driver's reason where there is no GPU.
-#include <gtest/gtest.h>
-
 #include "feplb/cuda/device.h"
+
+#include <gtest/gtest.h>
 
 namespace feplb {
 namespace {

@@ -3,13 +3,14 @@
 // bucket boundaries (odd ones included); and the heuristic is asked once per bucket, not per row
 // count. Tolerance: bf16 inputs are exact in double; fp32 accumulation -> relative error of the
 // product <= 1e-2 for bf16 outputs (rounding of the result), <= 1e-4 for fp32 outputs.
+#include "feplb/cuda/gemm.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "feplb/core/bf16.h"
 #include "feplb/core/rng.h"
-#include "feplb/cuda/gemm.h"
 #include "gpu_test_util.h"
 
 namespace feplb {
@@ -26,13 +27,15 @@ TEST(GemmEngine, MatchesFloat64AcrossBucketsAndTransposes) {
   cuda::Stream stream;
   Rng rng(3);
   const int64_t n = 72, k = 40;
-  for (const Case c : {Case{false, false, false, 0.f}, Case{false, true, false, 0.f}, Case{true, false, true, 1.f},
-                       Case{true, true, true, 0.f}, Case{false, false, true, 1.f}}) {
+  for (const Case c :
+       {Case{false, false, false, 0.f}, Case{false, true, false, 0.f}, Case{true, false, true, 1.f},
+        Case{true, true, true, 0.f}, Case{false, false, true, 1.f}}) {
     for (int64_t m : {1, 7, 63, 64, 65, 100, 127, 128, 129, 257}) {
       // For weight-gradient-like calls the row count is k: vary it too.
       const bool rows_in_k = c.ta && !c.tb;
       const int64_t M = rows_in_k ? 48 : m, K = rows_in_k ? m : k;
-      std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * n)), c0(static_cast<size_t>(M * n));
+      std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * n)),
+          c0(static_cast<size_t>(M * n));
       for (float& x : a) x = round_to_bf16(static_cast<float>(rng.normal()));
       for (float& x : b) x = round_to_bf16(static_cast<float>(rng.normal()));
       for (float& x : c0) x = c.f32 ? static_cast<float>(rng.normal()) : 0.f;
@@ -56,20 +59,23 @@ TEST(GemmEngine, MatchesFloat64AcrossBucketsAndTransposes) {
       // The bucket's algorithm the first time (odd row counts), the exact one after refine().
       for (const char* algo : {"bucket's", "exact"}) {
         FEPLB_CUDA_CHECK(cudaMemcpy(dc32.get(), c0.data(), dc32.bytes(), cudaMemcpyHostToDevice));
-        gemm.run(stream.get(), c.ta, c.tb, M, n, K, da.get(), db.get(), out, c.f32, c.beta, rows_in_k);
+        gemm.run(stream.get(), c.ta, c.tb, M, n, K, da.get(), db.get(), out, c.f32, c.beta,
+                 rows_in_k);
         cuda::sync_with_timeout(stream.get(), 30, "gemm");
         gemm.refine(-1);
         std::vector<float> got(c0.size());
         if (c.f32) {
-          FEPLB_CUDA_CHECK(cudaMemcpy(got.data(), dc32.get(), dc32.bytes(), cudaMemcpyDeviceToHost));
+          FEPLB_CUDA_CHECK(
+              cudaMemcpy(got.data(), dc32.get(), dc32.bytes(), cudaMemcpyDeviceToHost));
         } else {
           std::vector<uint16_t> g16(c0.size());
-          FEPLB_CUDA_CHECK(cudaMemcpy(g16.data(), dc16.get(), dc16.bytes(), cudaMemcpyDeviceToHost));
+          FEPLB_CUDA_CHECK(
+              cudaMemcpy(g16.data(), dc16.get(), dc16.bytes(), cudaMemcpyDeviceToHost));
           for (size_t i = 0; i < g16.size(); ++i) got[i] = bf16_to_float(g16[i]);
         }
         const auto e = testing::compare(got, ref);
-        EXPECT_LE(e.rel_l2, c.f32 ? 1e-4 : 1e-2)
-            << algo << " algorithm: ta " << c.ta << " tb " << c.tb << " f32 " << c.f32 << " rows " << m;
+        EXPECT_LE(e.rel_l2, c.f32 ? 1e-4 : 1e-2) << algo << " algorithm: ta " << c.ta << " tb "
+                                                 << c.tb << " f32 " << c.f32 << " rows " << m;
       }
     }
   }
@@ -79,12 +85,14 @@ TEST(GemmEngine, AsksTheHeuristicOncePerBucketNotPerRowCount) {
   FEPLB_SKIP_WITHOUT_GPU();
   cuda::GemmEngine gemm;
   cuda::Stream stream;
-  const int64_t n = 136, k = 72, max_m = 256;  // a shape no other test uses (the cache is process-wide)
-  cuda::DeviceBuffer<__nv_bfloat16> a(static_cast<size_t>(max_m * k)), b(static_cast<size_t>(k * n)),
-      c(static_cast<size_t>(max_m * n));
+  const int64_t n = 136, k = 72,
+                max_m = 256;  // a shape no other test uses (the cache is process-wide)
+  cuda::DeviceBuffer<__nv_bfloat16> a(static_cast<size_t>(max_m * k)),
+      b(static_cast<size_t>(k * n)), c(static_cast<size_t>(max_m * n));
   FEPLB_CUDA_CHECK(cudaMemset(a.get(), 0, a.bytes()));
   FEPLB_CUDA_CHECK(cudaMemset(b.get(), 0, b.bytes()));
-  for (int64_t m = 129; m <= 256; ++m) gemm.run(stream.get(), false, false, m, n, k, a.get(), b.get(), c.get(), false, 0.f);
+  for (int64_t m = 129; m <= 256; ++m)
+    gemm.run(stream.get(), false, false, m, n, k, a.get(), b.get(), c.get(), false, 0.f);
   cuda::sync_with_timeout(stream.get(), 30, "gemm");
   // (128, 256] is 4 buckets of 32 rows: 128 row counts, 4 algorithms (a refused shape adds one).
   EXPECT_LE(gemm.heuristic_queries(), 6) << "128 row counts should share the 4 buckets' algorithms";
@@ -92,7 +100,8 @@ TEST(GemmEngine, AsksTheHeuristicOncePerBucketNotPerRowCount) {
   gemm.refine(-1);
   EXPECT_EQ(gemm.pending(), 0);
   const int64_t after_refine = gemm.heuristic_queries();
-  for (int64_t m = 129; m <= 256; ++m) gemm.run(stream.get(), false, false, m, n, k, a.get(), b.get(), c.get(), false, 0.f);
+  for (int64_t m = 129; m <= 256; ++m)
+    gemm.run(stream.get(), false, false, m, n, k, a.get(), b.get(), c.get(), false, 0.f);
   cuda::sync_with_timeout(stream.get(), 30, "gemm");
   EXPECT_EQ(gemm.heuristic_queries(), after_refine) << "known shapes must not query again";
   EXPECT_EQ(gemm.pending(), 0);

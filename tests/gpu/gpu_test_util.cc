@@ -4,11 +4,11 @@
 #include <exception>
 #include <mutex>
 
-#include "feplb/cuda/check.h"
 #include "bench/harness/local_experts.h"
 #include "bench/harness/rank_threads.h"
-#include "feplb/cuda/resources.h"
 #include "bench/harness/trace_runner.h"
+#include "feplb/cuda/check.h"
+#include "feplb/cuda/resources.h"
 
 namespace feplb::testing {
 
@@ -20,7 +20,8 @@ namespace {
 
 std::vector<float> download_bf16(const cuda::DeviceBuffer<__nv_bfloat16>& d) {
   std::vector<uint16_t> h(d.size());
-  if (!h.empty()) FEPLB_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
+  if (!h.empty())
+    FEPLB_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
   std::vector<float> out(h.size());
   for (size_t i = 0; i < h.size(); ++i) out[i] = bf16_to_float(h[i]);
   return out;
@@ -29,14 +30,16 @@ std::vector<float> download_bf16(const cuda::DeviceBuffer<__nv_bfloat16>& d) {
 cuda::DeviceBuffer<__nv_bfloat16> upload_bf16(const std::vector<float>& v) {
   const auto h = to_bf16(v);
   cuda::DeviceBuffer<__nv_bfloat16> d(h.size());
-  if (!h.empty()) FEPLB_CUDA_CHECK(cudaMemcpy(d.get(), h.data(), d.bytes(), cudaMemcpyHostToDevice));
+  if (!h.empty())
+    FEPLB_CUDA_CHECK(cudaMemcpy(d.get(), h.data(), d.bytes(), cudaMemcpyHostToDevice));
   return d;
 }
 
 template <typename T>
 cuda::DeviceBuffer<T> upload(const std::vector<T>& v) {
   cuda::DeviceBuffer<T> d(v.size());
-  if (!v.empty()) FEPLB_CUDA_CHECK(cudaMemcpy(d.get(), v.data(), d.bytes(), cudaMemcpyHostToDevice));
+  if (!v.empty())
+    FEPLB_CUDA_CHECK(cudaMemcpy(d.get(), v.data(), d.bytes(), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -106,8 +109,10 @@ std::vector<RankResult> run_layer(const LayerSetup& setup, const ReferenceMoe& e
   std::vector<RankResult> results(static_cast<size_t>(R));
   cuda::run_rank_threads(R, [&](int r) {
     cuda::EpRuntime runtime(config, group.endpoint(r));
-    cuda::MoeLayer layer(runtime, {setup.top_k, "test"}, cuda::make_gpu_planner(runtime, setup.policy));
-    cuda::LocalExperts w(config.topo.experts_per_rank(), experts.hidden, experts.ffn, /*grads=*/false);
+    cuda::MoeLayer layer(runtime, {setup.top_k, "test"},
+                         cuda::make_gpu_planner(runtime, setup.policy));
+    cuda::LocalExperts w(config.topo.experts_per_rank(), experts.hidden, experts.ffn,
+                         /*grads=*/false);
     const auto w16 = to_bf16(local_weights(experts, config.topo, r));
     FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
     cuda::Stream stream;
@@ -117,7 +122,8 @@ std::vector<RankResult> run_layer(const LayerSetup& setup, const ReferenceMoe& e
     cuda::DeviceBuffer<__nv_bfloat16> out(d.x.size());
     warm_up(setup, {&layer}, {w.params()}, inputs, r, stream.get());
     for (int f = 0; f < forwards; ++f) {
-      if (S > 0) FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream.get()));  // NaN
+      if (S > 0)
+        FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream.get()));  // NaN
       if (setup.prefetch) layer.prefetch(w.params(), stream.get());
       layer.forward(w.params(), d.x.get(), d.idx.get(), d.wt.get(), S, out.get(), stream.get());
       cuda::sync_with_timeout(stream.get(), config.timeout_s, "test forward");
@@ -129,15 +135,14 @@ std::vector<RankResult> run_layer(const LayerSetup& setup, const ReferenceMoe& e
   return results;
 }
 
-std::vector<std::vector<BackwardResult>> run_layer_backward(const LayerSetup& setup, const ReferenceMoe& experts,
-                                                            const std::vector<RankInputs>& inputs,
-                                                            const std::vector<std::vector<float>>& grad_out,
-                                                            int layers, cuda::GradMode mode) {
+std::vector<std::vector<BackwardResult>> run_layer_backward(
+    const LayerSetup& setup, const ReferenceMoe& experts, const std::vector<RankInputs>& inputs,
+    const std::vector<std::vector<float>>& grad_out, int layers, cuda::GradMode mode) {
   const cuda::RuntimeConfig config = runtime_config(setup, /*training=*/true, "test.bwd");
   const int R = config.topo.num_ranks();
   cuda::InProcessGroup group(R, config.timeout_s);
-  std::vector<std::vector<BackwardResult>> results(static_cast<size_t>(layers),
-                                                   std::vector<BackwardResult>(static_cast<size_t>(R)));
+  std::vector<std::vector<BackwardResult>> results(
+      static_cast<size_t>(layers), std::vector<BackwardResult>(static_cast<size_t>(R)));
   const int64_t H = config.shape.hidden, K = setup.top_k;
   cuda::run_rank_threads(R, [&](int r) {
     cuda::EpRuntime runtime(config, group.endpoint(r));
@@ -146,11 +151,15 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(const LayerSetup& se
     const std::vector<float> local = local_weights(experts, config.topo, r);
     const auto w16 = to_bf16(local);
     for (int l = 0; l < layers; ++l) {
-      ls.push_back(std::make_unique<cuda::MoeLayer>(runtime, cuda::LayerConfig{setup.top_k, "test.l" + std::to_string(l)},
-                                                    cuda::make_gpu_planner(runtime, setup.policy)));
-      ws.push_back(std::make_unique<cuda::LocalExperts>(config.topo.experts_per_rank(), H, config.shape.ffn, true));
-      FEPLB_CUDA_CHECK(cudaMemcpy(ws[l]->weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
-      FEPLB_CUDA_CHECK(cudaMemset(ws[l]->grads(), mode == cuda::GradMode::kAccumulate ? 0 : 0xff, ws[l]->grad_bytes()));
+      ls.push_back(std::make_unique<cuda::MoeLayer>(
+          runtime, cuda::LayerConfig{setup.top_k, "test.l" + std::to_string(l)},
+          cuda::make_gpu_planner(runtime, setup.policy)));
+      ws.push_back(std::make_unique<cuda::LocalExperts>(config.topo.experts_per_rank(), H,
+                                                        config.shape.ffn, true));
+      FEPLB_CUDA_CHECK(
+          cudaMemcpy(ws[l]->weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+      FEPLB_CUDA_CHECK(cudaMemset(ws[l]->grads(), mode == cuda::GradMode::kAccumulate ? 0 : 0xff,
+                                  ws[l]->grad_bytes()));
     }
     cuda::Stream stream;
     const cudaStream_t s = stream.get();
@@ -178,12 +187,13 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(const LayerSetup& se
     std::vector<cuda::MicroBatch> mbs;
     for (int l = 0; l < layers; ++l) {
       if (setup.prefetch) ls[l]->prefetch(ws[l]->params(), s);
-      mbs.push_back(ls[l]->forward(ws[l]->params(), d.x.get(), d.idx.get(), d.wt.get(), S, out[l].get(), s));
+      mbs.push_back(
+          ls[l]->forward(ws[l]->params(), d.x.get(), d.idx.get(), d.wt.get(), S, out[l].get(), s));
       results[l][r].forward_stats = mbs.back().stats();
     }
     for (int l = layers - 1; l >= 0; --l) {
-      ls[l]->backward(std::move(mbs[l]), ws[l]->params(), go.get(), d.wt.get(), gx[l].get(), gw[l].get(),
-                      ws[l]->grad_views(), mode, s);
+      ls[l]->backward(std::move(mbs[l]), ws[l]->params(), go.get(), d.wt.get(), gx[l].get(),
+                      gw[l].get(), ws[l]->grad_views(), mode, s);
     }
     for (int l = 0; l < layers; ++l) ls[l]->sync_gradients(s);
     cuda::sync_with_timeout(s, config.timeout_s, "test backward");
@@ -200,20 +210,21 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(const LayerSetup& se
   return results;
 }
 
-std::vector<std::vector<BackwardResult>> run_schedule(const LayerSetup& setup, const ReferenceMoe& experts,
-                                                      const std::vector<std::vector<RankInputs>>& inputs,
-                                                      const std::vector<std::vector<std::vector<float>>>& grad_out,
-                                                      const std::string& schedule) {
+std::vector<std::vector<BackwardResult>> run_schedule(
+    const LayerSetup& setup, const ReferenceMoe& experts,
+    const std::vector<std::vector<RankInputs>>& inputs,
+    const std::vector<std::vector<std::vector<float>>>& grad_out, const std::string& schedule) {
   const cuda::RuntimeConfig config = runtime_config(setup, /*training=*/true, "test.sched");
   const int R = config.topo.num_ranks();
   const int M = static_cast<int>(inputs.size());
   const int64_t H = config.shape.hidden, K = setup.top_k;
   cuda::InProcessGroup group(R, config.timeout_s);
-  std::vector<std::vector<BackwardResult>> results(static_cast<size_t>(M),
-                                                   std::vector<BackwardResult>(static_cast<size_t>(R)));
+  std::vector<std::vector<BackwardResult>> results(
+      static_cast<size_t>(M), std::vector<BackwardResult>(static_cast<size_t>(R)));
   cuda::run_rank_threads(R, [&](int r) {
     cuda::EpRuntime runtime(config, group.endpoint(r));
-    cuda::MoeLayer layer(runtime, {setup.top_k, "test.sched"}, cuda::make_gpu_planner(runtime, setup.policy));
+    cuda::MoeLayer layer(runtime, {setup.top_k, "test.sched"},
+                         cuda::make_gpu_planner(runtime, setup.policy));
     cuda::LocalExperts w(config.topo.experts_per_rank(), H, config.shape.ffn, true);
     const std::vector<float> local = local_weights(experts, config.topo, r);
     const auto w16 = to_bf16(local);
@@ -244,12 +255,12 @@ std::vector<std::vector<BackwardResult>> run_schedule(const LayerSetup& setup, c
       if (op == 'P') {
         layer.prefetch(w.params(), s);
       } else if (op == 'F') {
-        mbs[m] = layer.forward(w.params(), d[m]->x.get(), d[m]->idx.get(), d[m]->wt.get(), inputs[m][r].tokens,
-                               out[m].get(), s);
+        mbs[m] = layer.forward(w.params(), d[m]->x.get(), d[m]->idx.get(), d[m]->wt.get(),
+                               inputs[m][r].tokens, out[m].get(), s);
         results[m][r].forward_stats = mbs[m].stats();
       } else {
-        layer.backward(std::move(mbs[m]), w.params(), go[m].get(), d[m]->wt.get(), gx[m].get(), gw[m].get(),
-                       w.grad_views(), cuda::GradMode::kAccumulate, s);
+        layer.backward(std::move(mbs[m]), w.params(), go[m].get(), d[m]->wt.get(), gx[m].get(),
+                       gw[m].get(), w.grad_views(), cuda::GradMode::kAccumulate, s);
         results[m][r].stats = layer.last_backward_stats();
       }
     }

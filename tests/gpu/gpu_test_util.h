@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "feplb/core/bf16.h"
 #include "bench/harness/reference_moe.h"
+#include "feplb/core/bf16.h"
 #include "feplb/core/rng.h"
 #include "feplb/cuda/device.h"
 #include "feplb/cuda/moe_layer.h"
@@ -19,9 +19,9 @@
 
 namespace feplb::testing {
 
-#define FEPLB_SKIP_WITHOUT_GPU()                                  \
-  do {                                                            \
-    std::string why_;                                             \
+#define FEPLB_SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                            \
+    std::string why_;                                                             \
     if (::feplb::list_devices(&why_).empty()) GTEST_SKIP() << "no GPU: " << why_; \
   } while (0)
 
@@ -34,8 +34,9 @@ struct RankInputs {
 };
 
 // Expert popularity: p_e ~ exp(skew * z_e). hot_expert >= 0 sends every token's first choice there.
-inline RankInputs random_rank_inputs(Rng& rng, int64_t tokens, int64_t hidden, int experts, int top_k,
-                                     const std::vector<double>& popularity, int hot_expert = -1) {
+inline RankInputs random_rank_inputs(Rng& rng, int64_t tokens, int64_t hidden, int experts,
+                                     int top_k, const std::vector<double>& popularity,
+                                     int hot_expert = -1) {
   RankInputs in;
   in.tokens = tokens;
   in.hidden.resize(static_cast<size_t>(tokens * hidden));
@@ -70,7 +71,8 @@ inline ReferenceMoe random_experts(Rng& rng, int64_t hidden, int64_t ffn, int ex
   const double scale_down = 1.0 / std::sqrt(static_cast<double>(ffn));
   for (int e = 0; e < experts; ++e) {
     float* w = m.weights.data() + e * 3 * hidden * ffn;
-    for (int64_t i = 0; i < 2 * hidden * ffn; ++i) w[i] = round_to_bf16(static_cast<float>(rng.normal() * scale_in));
+    for (int64_t i = 0; i < 2 * hidden * ffn; ++i)
+      w[i] = round_to_bf16(static_cast<float>(rng.normal() * scale_in));
     for (int64_t i = 2 * hidden * ffn; i < 3 * hidden * ffn; ++i) {
       w[i] = round_to_bf16(static_cast<float>(rng.normal() * scale_down));
     }
@@ -119,21 +121,20 @@ struct BackwardResult {
 // then their backwards in reverse order with grad_out[rank] [S, H]. Results [layer][rank];
 // outputs and gradients are NaN-poisoned first (with kAccumulate the weight gradients start at
 // zero, with kOverwrite at NaN).
-std::vector<std::vector<BackwardResult>> run_layer_backward(const LayerSetup& setup, const ReferenceMoe& experts,
-                                                            const std::vector<RankInputs>& inputs,
-                                                            const std::vector<std::vector<float>>& grad_out,
-                                                            int layers = 1,
-                                                            cuda::GradMode mode = cuda::GradMode::kAccumulate);
+std::vector<std::vector<BackwardResult>> run_layer_backward(
+    const LayerSetup& setup, const ReferenceMoe& experts, const std::vector<RankInputs>& inputs,
+    const std::vector<std::vector<float>>& grad_out, int layers = 1,
+    cuda::GradMode mode = cuda::GradMode::kAccumulate);
 
 // One layer, micro-batches m = 0..M-1 with their own inputs [m][rank] and output gradients,
 // run in the order `schedule` gives ("F0 F1 B0 F2 B1 B2": forward or backward of micro-batch m;
 // "Pm": prefetch(), meant for micro-batch m's forward); the weight gradients accumulate over all
 // of them. Results [m][rank]; main_grad (the sum) is in
 // every micro-batch's entry.
-std::vector<std::vector<BackwardResult>> run_schedule(const LayerSetup& setup, const ReferenceMoe& experts,
-                                                      const std::vector<std::vector<RankInputs>>& inputs,
-                                                      const std::vector<std::vector<std::vector<float>>>& grad_out,
-                                                      const std::string& schedule);
+std::vector<std::vector<BackwardResult>> run_schedule(
+    const LayerSetup& setup, const ReferenceMoe& experts,
+    const std::vector<std::vector<RankInputs>>& inputs,
+    const std::vector<std::vector<std::vector<float>>>& grad_out, const std::string& schedule);
 
 // This rank's experts' weights, in its local order: [experts_per_rank, 3HF].
 std::vector<float> local_weights(const ReferenceMoe& experts, const Topology& topo, int rank);

@@ -13,13 +13,13 @@
 #include <numeric>
 #include <thread>
 
-#include "feplb/sim/prior.h"
-#include "feplb/cuda/nccl_comm.h"
-#include "bench/harness/trainer.h"
-#include "feplb/dist/launch.h"
 #include "bench/harness/local_experts.h"
 #include "bench/harness/rank_threads.h"
+#include "bench/harness/trainer.h"
 #include "feplb/cuda/check.h"
+#include "feplb/cuda/nccl_comm.h"
+#include "feplb/dist/launch.h"
+#include "feplb/sim/prior.h"
 #include "gpu_test_util.h"
 
 namespace feplb {
@@ -34,7 +34,8 @@ using testing::run_layer;
 constexpr int64_t kHidden = 256, kFfn = 128;
 constexpr double kRelL2 = 1e-2, kMaxAbsFrac = 0.03;
 
-testing::LayerSetup config_for(int ranks, int experts, int top_k, int64_t max_tokens, const std::string& policy) {
+testing::LayerSetup config_for(int ranks, int experts, int top_k, int64_t max_tokens,
+                               const std::string& policy) {
   testing::LayerSetup setup;
   cuda::RuntimeConfig& c = setup.runtime;
   c.topo = Topology::contiguous(ranks, 8, experts);
@@ -54,10 +55,12 @@ testing::LayerSetup config_for(int ranks, int experts, int top_k, int64_t max_to
   return setup;
 }
 
-void expect_matches_reference(const std::vector<testing::RankResult>& got, const ReferenceMoe& experts,
-                              const std::vector<RankInputs>& in, int top_k, const std::string& what) {
+void expect_matches_reference(const std::vector<testing::RankResult>& got,
+                              const ReferenceMoe& experts, const std::vector<RankInputs>& in,
+                              int top_k, const std::string& what) {
   for (size_t r = 0; r < in.size(); ++r) {
-    const auto ref = experts.forward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, in[r].tokens, top_k);
+    const auto ref =
+        experts.forward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, in[r].tokens, top_k);
     const auto e = compare(got[r].out, ref);
     EXPECT_FALSE(e.has_nan) << what << " rank " << r << ": unwritten (NaN) outputs";
     EXPECT_LE(e.rel_l2, kRelL2) << what << " rank " << r;
@@ -65,13 +68,14 @@ void expect_matches_reference(const std::vector<testing::RankResult>& got, const
   }
 }
 
-std::vector<RankInputs> skewed_inputs(uint64_t seed, int ranks, int experts, int top_k, int64_t tokens,
-                                      double skew, int hot_expert = -1) {
+std::vector<RankInputs> skewed_inputs(uint64_t seed, int ranks, int experts, int top_k,
+                                      int64_t tokens, double skew, int hot_expert = -1) {
   Rng rng(seed);
   const Prior p = lognormal_prior(experts, skew, 1, seed);
   std::vector<RankInputs> in;
   for (int r = 0; r < ranks; ++r) {
-    in.push_back(random_rank_inputs(rng, tokens, kHidden, experts, top_k, p.popularity[0], hot_expert));
+    in.push_back(
+        random_rank_inputs(rng, tokens, kHidden, experts, top_k, p.popularity[0], hot_expert));
   }
   return in;
 }
@@ -179,8 +183,7 @@ TEST_P(LayerTest, ForwardMatchesFloat64Reference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, LayerTest,
-                         RanksAndPolicies(), RankPolicyName);
+INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, LayerTest, RanksAndPolicies(), RankPolicyName);
 
 TEST(Layer, BalancingOnAndOffAgree) {
   FEPLB_SKIP_WITHOUT_GPU();
@@ -217,7 +220,8 @@ TEST(Layer, EdgeCases) {
   for (const EdgeCase& c : kEdgeCases) {
     for (const char* policy : {"static", "feplb", "oracle"}) {
       const auto in = skewed_inputs(3, ranks, experts, c.top_k, c.tokens, c.skew, c.hot);
-      const auto got = run_layer(config_for(ranks, experts, c.top_k, std::max<int64_t>(c.tokens, 1), policy), m, in, 2);
+      const auto got = run_layer(
+          config_for(ranks, experts, c.top_k, std::max<int64_t>(c.tokens, 1), policy), m, in, 2);
       expect_matches_reference(got, m, in, c.top_k, std::string(c.name) + " / " + policy);
     }
   }
@@ -256,7 +260,8 @@ TEST(Layer, RejectsBadConfigurationClearly) {
     cuda::EpRuntime rt(c, group.endpoint(0));
     EXPECT_THROW(cuda::make_gpu_planner(rt, "fastermoe"), InputError);
     EXPECT_THROW(cuda::make_gpu_planner(rt, "no-such-policy"), InputError);
-    EXPECT_THROW(cuda::MoeLayer(rt, {2, "k"}, cuda::make_gpu_planner(rt, "feplb")), InputError);  // top_k > max_top_k
+    EXPECT_THROW(cuda::MoeLayer(rt, {2, "k"}, cuda::make_gpu_planner(rt, "feplb")),
+                 InputError);  // top_k > max_top_k
     EXPECT_THROW(cuda::MoeLayer(rt, {1, "null"}, nullptr), InputError);
   }
   c.shape.hidden = 100;  // not a multiple of 8
@@ -281,7 +286,8 @@ std::vector<std::vector<float>> random_grad_out(uint64_t seed, const std::vector
   return g;
 }
 
-void expect_close(const std::vector<float>& got, const std::vector<double>& ref, const std::string& what) {
+void expect_close(const std::vector<float>& got, const std::vector<double>& ref,
+                  const std::string& what) {
   const auto e = compare(got, ref);
   EXPECT_FALSE(e.has_nan) << what << ": unwritten (NaN) values";
   EXPECT_LE(e.rel_l2, kGradRelL2) << what;
@@ -291,21 +297,25 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& ref,
 // Every gradient of every layer and rank against the float64 reference backward: dL/dhidden and
 // dL/dtopk_weight per rank; each expert's dL/dW summed over all ranks' tokens, on its home rank.
 void expect_gradients_match(const std::vector<std::vector<testing::BackwardResult>>& got,
-                            const testing::LayerSetup& setup, const ReferenceMoe& m, const std::vector<RankInputs>& in,
-                            const std::vector<std::vector<float>>& grad_out, const std::string& what) {
+                            const testing::LayerSetup& setup, const ReferenceMoe& m,
+                            const std::vector<RankInputs>& in,
+                            const std::vector<std::vector<float>>& grad_out,
+                            const std::string& what) {
   const cuda::RuntimeConfig& c = setup.runtime;
   const int R = c.topo.num_ranks();
   std::vector<double> dw_total(m.weights.size(), 0.0);
   std::vector<ReferenceMoe::Grads> ref;
   for (int r = 0; r < R; ++r) {
     std::vector<double> go(grad_out[r].begin(), grad_out[r].end());
-    ref.push_back(m.backward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, go, in[r].tokens, setup.top_k));
+    ref.push_back(
+        m.backward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, go, in[r].tokens, setup.top_k));
     for (size_t i = 0; i < dw_total.size(); ++i) dw_total[i] += ref[r].weights[i];
   }
   for (size_t l = 0; l < got.size(); ++l) {
     for (int r = 0; r < R; ++r) {
       const std::string at = what + " layer " + std::to_string(l) + " rank " + std::to_string(r);
-      const auto fwd = m.forward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, in[r].tokens, setup.top_k);
+      const auto fwd =
+          m.forward(in[r].hidden, in[r].topk_idx, in[r].topk_weight, in[r].tokens, setup.top_k);
       expect_close(got[l][r].out, fwd, at + " out");
       if (in[r].tokens > 0) {
         expect_close(got[l][r].grad_hidden, ref[r].hidden, at + " d hidden");
@@ -337,7 +347,8 @@ TEST_P(LayerBackwardTest, GradientsMatchFloat64Reference) {
   const auto [ranks, policy] = GetParam();
   const int experts = 32, top_k = 4;
   const ReferenceMoe m = experts_for(300 + ranks, experts);
-  const auto in = skewed_inputs(7 + ranks, ranks, experts, top_k, 96, 8.0);  // the forward test's inputs
+  const auto in =
+      skewed_inputs(7 + ranks, ranks, experts, top_k, 96, 8.0);  // the forward test's inputs
   const auto got = expect_backward_matches(config_for(ranks, experts, top_k, 96, policy), m, in,
                                            41 + ranks, policy);
   int64_t guest_rows = 0;
@@ -347,8 +358,7 @@ TEST_P(LayerBackwardTest, GradientsMatchFloat64Reference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, LayerBackwardTest,
-                         RanksAndPolicies(), RankPolicyName);
+INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, LayerBackwardTest, RanksAndPolicies(), RankPolicyName);
 
 // Two layers share one slot pool: the second layer's forward refills the slots the first one's
 // guests used, so the first layer's backward must copy those weights again (and still be exact);
@@ -367,7 +377,8 @@ TEST(LayerBackward, ReusedSlotsAreCopiedAgain) {
     guests += got[0][r].stats.guest_rows;
   }
   ASSERT_GT(guests, 0) << "skewed input but nothing migrated: the test would prove nothing";
-  EXPECT_GT(recopies0, 0) << "layer 0's slots were refilled by layer 1, yet nothing was copied again";
+  EXPECT_GT(recopies0, 0)
+      << "layer 0's slots were refilled by layer 1, yet nothing was copied again";
   EXPECT_EQ(recopies1, 0) << "layer 1's weights were still in its slots";
 }
 
@@ -377,13 +388,20 @@ TEST(LayerBackward, BalancingOnAndOffAgree) {
   const ReferenceMoe m = experts_for(55, experts);
   const auto in = skewed_inputs(56, ranks, experts, top_k, 200, 6.0);
   const auto go = random_grad_out(57, in);
-  const auto off = testing::run_layer_backward(config_for(ranks, experts, top_k, 200, "static"), m, in, go);
-  const auto on = testing::run_layer_backward(config_for(ranks, experts, top_k, 200, "feplb"), m, in, go);
+  const auto off =
+      testing::run_layer_backward(config_for(ranks, experts, top_k, 200, "static"), m, in, go);
+  const auto on =
+      testing::run_layer_backward(config_for(ranks, experts, top_k, 200, "feplb"), m, in, go);
   for (int r = 0; r < ranks; ++r) {
-    auto as_ref = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
-    EXPECT_LE(compare(on[0][r].grad_hidden, as_ref(off[0][r].grad_hidden)).rel_l2, 5e-3) << "rank " << r;
-    EXPECT_LE(compare(on[0][r].grad_topk_weight, as_ref(off[0][r].grad_topk_weight)).rel_l2, 5e-3) << "rank " << r;
-    EXPECT_LE(compare(on[0][r].main_grad, as_ref(off[0][r].main_grad)).rel_l2, 5e-3) << "rank " << r;
+    auto as_ref = [](const std::vector<float>& v) {
+      return std::vector<double>(v.begin(), v.end());
+    };
+    EXPECT_LE(compare(on[0][r].grad_hidden, as_ref(off[0][r].grad_hidden)).rel_l2, 5e-3)
+        << "rank " << r;
+    EXPECT_LE(compare(on[0][r].grad_topk_weight, as_ref(off[0][r].grad_topk_weight)).rel_l2, 5e-3)
+        << "rank " << r;
+    EXPECT_LE(compare(on[0][r].main_grad, as_ref(off[0][r].main_grad)).rel_l2, 5e-3)
+        << "rank " << r;
   }
 }
 
@@ -411,7 +429,8 @@ TEST(LayerBackward, MisuseIsAClearError) {
   cuda::Stream s;
   cuda::LocalExperts w(experts, kHidden, kFfn, true);
   FEPLB_CUDA_CHECK(cudaMemset(w.weights(), 0, static_cast<size_t>(w.weight_elems()) * 2));
-  cuda::DeviceBuffer<__nv_bfloat16> x(8 * kHidden), out(8 * kHidden), g(8 * kHidden), gx(8 * kHidden);
+  cuda::DeviceBuffer<__nv_bfloat16> x(8 * kHidden), out(8 * kHidden), g(8 * kHidden),
+      gx(8 * kHidden);
   cuda::DeviceBuffer<int32_t> idx(8);
   cuda::DeviceBuffer<float> wt(8), gw(8);
   FEPLB_CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
@@ -432,28 +451,42 @@ TEST(LayerBackward, MisuseIsAClearError) {
     inference.name = "inference";
     cuda::EpRuntime rt(inference, group.endpoint(0));
     cuda::MoeLayer layer(rt, {1, "inference"}, cuda::make_gpu_planner(rt, "feplb"));
-    cuda::MicroBatch mb = layer.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get());
+    cuda::MicroBatch mb =
+        layer.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get());
     EXPECT_FALSE(mb.valid()) << "a forward-only runtime keeps nothing";
-    expect_input_error([&] { layer.backward(std::move(mb), w.params(), g.get(), wt.get(), gx.get(), gw.get(),
-                                            w.grad_views(), cuda::GradMode::kAccumulate, s.get()); },
-                       "without training");
+    expect_input_error(
+        [&] {
+          layer.backward(std::move(mb), w.params(), g.get(), wt.get(), gx.get(), gw.get(),
+                         w.grad_views(), cuda::GradMode::kAccumulate, s.get());
+        },
+        "without training");
   }
   cuda::EpRuntime rt(c, group.endpoint(0));
   cuda::MoeLayer a(rt, {1, "a"}, cuda::make_gpu_planner(rt, "feplb"));
   cuda::MoeLayer b(rt, {1, "b"}, cuda::make_gpu_planner(rt, "static"));
-  auto forward = [&](cuda::MoeLayer& l) { return l.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get()); };
+  auto forward = [&](cuda::MoeLayer& l) {
+    return l.forward(w.params(), x.get(), idx.get(), wt.get(), 8, out.get(), s.get());
+  };
   auto backward = [&](cuda::MoeLayer& l, cuda::MicroBatch&& mb) {
     l.backward(std::move(mb), w.params(), g.get(), wt.get(), gx.get(), gw.get(), w.grad_views(),
                cuda::GradMode::kAccumulate, s.get());
   };
   // Wrong sizes and null pointers.
-  expect_input_error([&] { a.forward(w.params().first(experts - 1), x.get(), idx.get(), wt.get(), 8, out.get(), s.get()); },
-                     "weights of 3 experts");
-  expect_input_error([&] { a.forward(w.params(), x.get(), idx.get(), wt.get(), 9, out.get(), s.get()); }, "max_tokens");
-  expect_input_error([&] { a.forward(w.params(), nullptr, idx.get(), wt.get(), 8, out.get(), s.get()); }, "null");
+  expect_input_error(
+      [&] {
+        a.forward(w.params().first(experts - 1), x.get(), idx.get(), wt.get(), 8, out.get(),
+                  s.get());
+      },
+      "weights of 3 experts");
+  expect_input_error(
+      [&] { a.forward(w.params(), x.get(), idx.get(), wt.get(), 9, out.get(), s.get()); },
+      "max_tokens");
+  expect_input_error(
+      [&] { a.forward(w.params(), nullptr, idx.get(), wt.get(), 8, out.get(), s.get()); }, "null");
   std::vector<cuda::ExpertParams> bad(w.params().begin(), w.params().end());
   bad[1].down = nullptr;
-  expect_input_error([&] { a.forward(bad, x.get(), idx.get(), wt.get(), 8, out.get(), s.get()); }, "null weight");
+  expect_input_error([&] { a.forward(bad, x.get(), idx.get(), wt.get(), 8, out.get(), s.get()); },
+                     "null weight");
   // An expert id out of range, on every rank; the runtime stays usable.
   FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0x7f, 4));
   expect_input_error([&] { forward(a); }, "outside [0, 4)");
@@ -468,9 +501,12 @@ TEST(LayerBackward, MisuseIsAClearError) {
   backward(a, std::move(m1));
   EXPECT_FALSE(m1.valid());
   expect_input_error([&] { backward(a, std::move(m1)); }, "consumed");
-  expect_input_error([&] { a.backward(std::move(m2), w.params(), g.get(), wt.get(), gx.get(), gw.get(),
-                                      w.grad_views().first(1), cuda::GradMode::kAccumulate, s.get()); },
-                     "gradients of 1 experts");
+  expect_input_error(
+      [&] {
+        a.backward(std::move(m2), w.params(), g.get(), wt.get(), gx.get(), gw.get(),
+                   w.grad_views().first(1), cuda::GradMode::kAccumulate, s.get());
+      },
+      "gradients of 1 experts");
   m2 = cuda::MicroBatch();  // dropped unused: its memory goes back
   EXPECT_EQ(rt.micro_batches_in_flight(), 0);
   cuda::sync_with_timeout(s.get(), 30, "misuse");
@@ -491,7 +527,8 @@ TEST(LayerBackward, ARuntimeDestroyedUnderALayerIsAClearError) {
     b.forward(layer, w, s.get());
     ADD_FAILURE() << "forward on a destroyed runtime did not fail";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("runtime (rank 0) was destroyed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("runtime (rank 0) was destroyed"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -538,7 +575,8 @@ TEST(LayerBackward, SeveralMicroBatchesInFlightMatchTheReference) {
   std::vector<std::vector<RankInputs>> in;
   std::vector<std::vector<std::vector<float>>> go;
   for (int mb = 0; mb < 3; ++mb) {
-    in.push_back(skewed_inputs(90 + mb, ranks, experts, top_k, 96 + 16 * mb, 8.0, mb == 2 ? 3 : -1));
+    in.push_back(
+        skewed_inputs(90 + mb, ranks, experts, top_k, 96 + 16 * mb, 8.0, mb == 2 ? 3 : -1));
     go.push_back(random_grad_out(95 + mb, in.back()));
   }
   const testing::LayerSetup c = config_for(ranks, experts, top_k, 128, "feplb");
@@ -561,7 +599,8 @@ TEST(LayerBackward, OverwriteModeWritesEveryGradient) {
   const auto got = expect_backward_matches(config_for(ranks, experts, top_k, 64, "feplb"), m, in,
                                            68, "overwrite", 1, cuda::GradMode::kOverwrite);
   for (const auto& r : got[0]) {
-    for (float v : r.main_grad) ASSERT_FALSE(std::isnan(v)) << "a weight gradient was left unwritten";
+    for (float v : r.main_grad)
+      ASSERT_FALSE(std::isnan(v)) << "a weight gradient was left unwritten";
   }
 }
 
@@ -635,7 +674,8 @@ TEST(Training, LossCurvesAgreeWithBalancingOnAndOff) {
     EXPECT_TRUE(std::isfinite(on.loss[i]) && std::isfinite(off.loss[i])) << "step " << i;
     EXPECT_NEAR(on.loss[i], off.loss[i], 1e-2 * off.loss[i]) << "step " << i;
   }
-  EXPECT_LT(off.loss.back(), 0.98 * off.loss.front()) << "the loss did not fall: the gradients do not train";
+  EXPECT_LT(off.loss.back(), 0.98 * off.loss.front())
+      << "the loss did not fall: the gradients do not train";
   EXPECT_LT(on.loss.back(), 0.98 * on.loss.front());
 }
 
@@ -1015,7 +1055,8 @@ TEST(LayerDispatched, RowsAtHomeMatchTheReference) {
         FEPLB_CUDA_CHECK(cudaMemsetAsync(y.get(), 0xff, y.bytes(), s.get()));
         layer.prefetch(w.params(), s.get());
       }
-      cuda::MicroBatch mb = layer.forward_dispatched(w.params(), x.get(), counts[r], y.get(), s.get());
+      cuda::MicroBatch mb =
+          layer.forward_dispatched(w.params(), x.get(), counts[r], y.get(), s.get());
       hits += r == 0 ? mb.stats().prefetch_hits : 0;
       layer.backward_dispatched(std::move(mb), w.params(), g.get(), gx.get(), w.grad_views(),
                                 cuda::GradMode::kAccumulate, s.get());
@@ -1027,19 +1068,23 @@ TEST(LayerDispatched, RowsAtHomeMatchTheReference) {
       FEPLB_CUDA_CHECK(cudaMemcpy(h16.data(), gx.get(), h16.size() * 2, cudaMemcpyDeviceToHost));
       for (uint16_t v : h16) grad_rows[r].push_back(bf16_to_float(v));
       dw[r].resize(static_cast<size_t>(w.weight_elems()));
-      FEPLB_CUDA_CHECK(cudaMemcpy(dw[r].data(), w.grads(), dw[r].size() * 4, cudaMemcpyDeviceToHost));
+      FEPLB_CUDA_CHECK(
+          cudaMemcpy(dw[r].data(), w.grads(), dw[r].size() * 4, cudaMemcpyDeviceToHost));
       guests += layer.last_backward_stats().guest_rows;
     });
     for (int r = 0; r < ranks; ++r) {
       const std::string at = variant + " rank " + std::to_string(r);
       std::vector<double> go(grad_out[r].begin(), grad_out[r].end());
-      const auto fwd = m.forward(rows[r].hidden, rows[r].topk_idx, rows[r].topk_weight, rows[r].tokens, 1);
-      const auto ref = m.backward(rows[r].hidden, rows[r].topk_idx, rows[r].topk_weight, go, rows[r].tokens, 1);
+      const auto fwd =
+          m.forward(rows[r].hidden, rows[r].topk_idx, rows[r].topk_weight, rows[r].tokens, 1);
+      const auto ref =
+          m.backward(rows[r].hidden, rows[r].topk_idx, rows[r].topk_weight, go, rows[r].tokens, 1);
       expect_close(out[r], fwd, at + " out rows");
       expect_close(grad_rows[r], ref.hidden, at + " d rows");
       const size_t per_expert = static_cast<size_t>(3 * kHidden * kFfn);
-      std::vector<double> dw_ref(ref.weights.begin() + static_cast<std::ptrdiff_t>(r * per * per_expert),
-                                 ref.weights.begin() + static_cast<std::ptrdiff_t>((r + 1) * per * per_expert));
+      std::vector<double> dw_ref(
+          ref.weights.begin() + static_cast<std::ptrdiff_t>(r * per * per_expert),
+          ref.weights.begin() + static_cast<std::ptrdiff_t>((r + 1) * per * per_expert));
       expect_close(dw[r], dw_ref, at + " dW");
     }
     if (std::string(policy) == "feplb") {

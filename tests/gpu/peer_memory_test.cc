@@ -44,7 +44,7 @@ extern char** environ;
 namespace feplb::testing {
 namespace {
 
-constexpr double kRankTimeoutS = 30;  // every wait inside a rank
+constexpr double kRankTimeoutS = 30;     // every wait inside a rank
 constexpr double kParentDeadlineS = 90;  // then the parent kills what is left
 
 // Word w of rank r's pattern in round k: a hash, so a misplaced or stale byte shows.
@@ -106,7 +106,9 @@ cuda::SignalMechanism mechanism_of(const std::string& which) {
 // ---- the ranks (run in the spawned children) ---------------------------------------------------
 
 cuda::AllGatherBlobs tcp_gather(const dist::LaunchEnv& env, double timeout_s) {
-  return [env, timeout_s](const std::string& blob) { return dist::rendezvous_all_gather(env, blob, timeout_s); };
+  return [env, timeout_s](const std::string& blob) {
+    return dist::rendezvous_all_gather(env, blob, timeout_s);
+  };
 }
 
 // Two processes: each pushes round k's pattern into the other's IPC-mapped buffer on the copy
@@ -116,7 +118,8 @@ cuda::AllGatherBlobs tcp_gather(const dist::LaunchEnv& env, double timeout_s) {
 int rank_ipc_pair(const dist::LaunchEnv& env) {
   FEPLB_CUDA_CHECK(cudaSetDevice(env.local_rank));
   const int rank = env.rank, peer = 1 - rank, rounds = 3;
-  const size_t bytes = (size_t{8} << 20) + 13, offset = 256;  // odd size, not at the allocation's start
+  const size_t bytes = (size_t{8} << 20) + 13,
+               offset = 256;  // odd size, not at the allocation's start
   cuda::DeviceBuffer<uint8_t> recv_alloc(bytes + offset + 64), send(bytes);
   uint8_t* recv = recv_alloc.get() + offset;
   FEPLB_CUDA_CHECK(cudaMemset(recv_alloc.get(), 0, recv_alloc.bytes()));
@@ -125,7 +128,8 @@ int rank_ipc_pair(const dist::LaunchEnv& env) {
   cuda::PeerMemory data(recv, bytes, rank, gather);
   const auto signals = cuda::make_ipc_signals("ipc_pair", 2, rank, 2, gather,
                                               cuda::kDefaultSignalMechanism, kRankTimeoutS);
-  if (data.peer_bytes(peer) != bytes) throw Error(fmt::format("peer announced {} bytes", data.peer_bytes(peer)));
+  if (data.peer_bytes(peer) != bytes)
+    throw Error(fmt::format("peer announced {} bytes", data.peer_bytes(peer)));
   auto* peer_recv = static_cast<uint8_t*>(data.peer(peer));
   cuda::Stream s;
   std::vector<uint8_t> got(bytes);
@@ -134,7 +138,8 @@ int rank_ipc_pair(const dist::LaunchEnv& env) {
     const auto v = static_cast<uint32_t>(k);
     FEPLB_CUDA_CHECK(cudaMemcpy(send.get(), mine.data(), bytes, cudaMemcpyHostToDevice));
     if (k > 1) signals->wait(1, v - 1, s.get());
-    FEPLB_CUDA_CHECK(cudaMemcpyAsync(peer_recv, send.get(), bytes, cudaMemcpyDeviceToDevice, s.get()));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpyAsync(peer_recv, send.get(), bytes, cudaMemcpyDeviceToDevice, s.get()));
     signals->signal(peer, 0, v, s.get());
     signals->wait(0, v, s.get());
     FEPLB_CUDA_CHECK(cudaMemcpyAsync(got.data(), recv, bytes, cudaMemcpyDeviceToHost, s.get()));
@@ -142,8 +147,9 @@ int rank_ipc_pair(const dist::LaunchEnv& env) {
     cuda::sync_with_timeout(s.get(), kRankTimeoutS, "ipc pair round");
     const int64_t bad = first_mismatch(got, pattern(peer, k, bytes));
     if (bad >= 0) {
-      std::fprintf(stderr, "rank %d round %d: byte %lld is %d, expected %d\n", rank, k, static_cast<long long>(bad),
-                   got[bad], pattern_byte(peer, k, static_cast<size_t>(bad)));
+      std::fprintf(stderr, "rank %d round %d: byte %lld is %d, expected %d\n", rank, k,
+                   static_cast<long long>(bad), got[bad],
+                   pattern_byte(peer, k, static_cast<size_t>(bad)));
       return 1;
     }
   }
@@ -367,7 +373,8 @@ int rank_nccl_transport(const dist::LaunchEnv& env) {
   cuda::NcclCommunicator comm(env, kRankTimeoutS);
   const auto t = comm.transport();
   const int rank = t->rank(), world = t->world_size();
-  if (!t->supports_peer_copies()) throw Error("supports_peer_copies() is false on a multi-GPU node");
+  if (!t->supports_peer_copies())
+    throw Error("supports_peer_copies() is false on a multi-GPU node");
   const size_t chunk = (size_t{1} << 20) + 48;
   cuda::DeviceBuffer<uint8_t> recv(chunk * world), send(chunk);
   FEPLB_CUDA_CHECK(cudaMemset(recv.get(), 0, recv.bytes()));
@@ -384,14 +391,16 @@ int rank_nccl_transport(const dist::LaunchEnv& env) {
   }
   for (int q = 0; q < world; ++q) signals->wait(q, 1, s.get());
   std::vector<uint8_t> got(recv.bytes());
-  FEPLB_CUDA_CHECK(cudaMemcpyAsync(got.data(), recv.get(), recv.bytes(), cudaMemcpyDeviceToHost, s.get()));
+  FEPLB_CUDA_CHECK(
+      cudaMemcpyAsync(got.data(), recv.get(), recv.bytes(), cudaMemcpyDeviceToHost, s.get()));
   cuda::sync_with_timeout(s.get(), kRankTimeoutS, "peer copies and signals");
   for (int q = 0; q < world; ++q) {
     const std::vector<uint8_t> part(got.begin() + static_cast<int64_t>(chunk * q),
                                     got.begin() + static_cast<int64_t>(chunk * (q + 1)));
     const int64_t bad = first_mismatch(part, pattern(q, 1, chunk));
     if (bad >= 0) {
-      std::fprintf(stderr, "rank %d: chunk from rank %d differs at byte %lld\n", rank, q, static_cast<long long>(bad));
+      std::fprintf(stderr, "rank %d: chunk from rank %d differs at byte %lld\n", rank, q,
+                   static_cast<long long>(bad));
       return 1;
     }
   }
@@ -401,7 +410,8 @@ int rank_nccl_transport(const dist::LaunchEnv& env) {
   FEPLB_CUDA_CHECK(cudaMemcpy(one.get(), three.data(), one.bytes(), cudaMemcpyHostToDevice));
   t->all_gather_i32(one.get(), all.get(), 3, s.get());
   std::vector<int32_t> all_h(all.size());
-  FEPLB_CUDA_CHECK(cudaMemcpyAsync(all_h.data(), all.get(), all.bytes(), cudaMemcpyDeviceToHost, s.get()));
+  FEPLB_CUDA_CHECK(
+      cudaMemcpyAsync(all_h.data(), all.get(), all.bytes(), cudaMemcpyDeviceToHost, s.get()));
   cuda::sync_with_timeout(s.get(), kRankTimeoutS, "all_gather_i32");
   for (int q = 0; q < world; ++q) {
     if (all_h[3 * q] != q || all_h[3 * q + 1] != 10 * q || all_h[3 * q + 2] != -q) {
@@ -410,12 +420,15 @@ int rank_nccl_transport(const dist::LaunchEnv& env) {
     }
   }
   // exchange: rank r sends (r + p) % 3 * 1000 + 16 bytes to p (zero-byte chunks when r == p).
-  auto size_of = [](int from, int to) -> size_t { return from == to ? 0 : static_cast<size_t>((from + to) % 3) * 1000 + 16; };
+  auto size_of = [](int from, int to) -> size_t {
+    return from == to ? 0 : static_cast<size_t>((from + to) % 3) * 1000 + 16;
+  };
   cuda::DeviceBuffer<uint8_t> xs(size_t{4096} * world), xr(size_t{4096} * world);
   std::vector<uint8_t> xs_h(xs.size());
   std::vector<cuda::Chunk> sends, recvs;
   for (int p = 0; p < world; ++p) {
-    for (size_t i = 0; i < size_of(rank, p); ++i) xs_h[4096 * p + i] = pattern_byte(rank, 100 + p, i);
+    for (size_t i = 0; i < size_of(rank, p); ++i)
+      xs_h[4096 * p + i] = pattern_byte(rank, 100 + p, i);
     sends.push_back({p, xs.get() + 4096 * p, size_of(rank, p)});
     recvs.push_back({p, xr.get() + 4096 * p, size_of(p, rank)});
   }
@@ -423,7 +436,8 @@ int rank_nccl_transport(const dist::LaunchEnv& env) {
   FEPLB_CUDA_CHECK(cudaMemset(xr.get(), 0, xr.bytes()));
   t->exchange(sends, recvs, s.get());
   std::vector<uint8_t> xr_h(xr.size());
-  FEPLB_CUDA_CHECK(cudaMemcpyAsync(xr_h.data(), xr.get(), xr.bytes(), cudaMemcpyDeviceToHost, s.get()));
+  FEPLB_CUDA_CHECK(
+      cudaMemcpyAsync(xr_h.data(), xr.get(), xr.bytes(), cudaMemcpyDeviceToHost, s.get()));
   cuda::sync_with_timeout(s.get(), kRankTimeoutS, "exchange");
   for (int p = 0; p < world; ++p) {
     for (size_t i = 0; i < size_of(p, rank); ++i) {
@@ -754,7 +768,8 @@ struct RankOutcome {
 };
 
 // Starts `world` copies of this binary as ranks of `which`; rank r sees LOCAL_RANK local_rank[r].
-std::vector<RankOutcome> run_ranks(const std::string& which, int world, const std::vector<int>& local_rank,
+std::vector<RankOutcome> run_ranks(const std::string& which, int world,
+                                   const std::vector<int>& local_rank,
                                    double deadline_s = kParentDeadlineS) {
   const int port = free_port();
   char tmpl[] = "/tmp/feplb_mp_XXXXXX";
@@ -788,7 +803,8 @@ std::vector<RankOutcome> run_ranks(const std::string& which, int world, const st
     logs.push_back(fmt::format("{}/rank{}.log", dir, r));
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
     char self[] = "/proc/self/exe";
     char* argv[] = {self, nullptr};
@@ -802,7 +818,8 @@ std::vector<RankOutcome> run_ranks(const std::string& which, int world, const st
     }
   }
   std::vector<RankOutcome> out(static_cast<size_t>(world));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(deadline_s);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(deadline_s);
   int left = world;
   while (left > 0) {
     for (int r = 0; r < world; ++r) {
@@ -847,7 +864,9 @@ void expect_all_passed(const std::vector<RankOutcome>& out) {
 int visible_gpus(std::string* why) { return static_cast<int>(list_devices(why).size()); }
 
 // The harness (spawn, environment, rendezvous, deadline) works without a GPU.
-TEST(MpHarness, SpawnedRanksRendezvous) { expect_all_passed(run_ranks("rendezvous", 3, {0, 0, 0})); }
+TEST(MpHarness, SpawnedRanksRendezvous) {
+  expect_all_passed(run_ranks("rendezvous", 3, {0, 0, 0}));
+}
 
 TEST(MpHarness, AFailingRankIsReportedWithItsLog) {
   const auto out = run_ranks("no-such-case", 2, {0, 0});
@@ -971,8 +990,8 @@ TEST(NcclTransportMp, PeerCopiesSignalsAndCollectivesOnEveryGpu) {
   std::string why;
   const int gpus = visible_gpus(&why);
   if (gpus < 2) {
-    GTEST_SKIP() << "needs at least 2 GPUs (NCCL refuses two ranks on one GPU), " << gpus << " visible"
-                 << (gpus ? "" : ": " + why);
+    GTEST_SKIP() << "needs at least 2 GPUs (NCCL refuses two ranks on one GPU), " << gpus
+                 << " visible" << (gpus ? "" : ": " + why);
   }
   std::vector<int> local(static_cast<size_t>(gpus));
   for (int g = 0; g < gpus; ++g) local[g] = g;

@@ -5,9 +5,9 @@
 // change moves any of them onto SMs. The control (an SM copy kernel) must wait for the hog.
 #include <gtest/gtest.h>
 
+#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/ce_copy.h"
 #include "feplb/cuda/check.h"
-#include "bench/harness/kernels/kernels.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/resources.h"
 #include "feplb/cuda/stream_ops.h"
@@ -34,14 +34,16 @@ class SmFree : public ::testing::Test {
     cuda::DeviceBuffer<int> stop(1);
     FEPLB_CUDA_CHECK(cudaMemset(stop.get(), 0, 4));
     cuda::Event hog_end, work_end;
-    FEPLB_CUDA_CHECK(cuda::kernels::sm_hog(prop_.multiProcessorCount, 2'000'000'000, stop.get(), smem_, hog_stream.get()));
+    FEPLB_CUDA_CHECK(cuda::kernels::sm_hog(prop_.multiProcessorCount, 2'000'000'000, stop.get(),
+                                           smem_, hog_stream.get()));
     hog_end.record(hog_stream.get());
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the hog occupy every SM
     work(work_stream.get());
     work_end.record(work_stream.get());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
     bool done = false;
-    while (!done && std::chrono::steady_clock::now() < deadline) done = cudaEventQuery(work_end.get()) == cudaSuccess;
+    while (!done && std::chrono::steady_clock::now() < deadline)
+      done = cudaEventQuery(work_end.get()) == cudaSuccess;
     const bool hog_running = cudaEventQuery(hog_end.get()) == cudaErrorNotReady;
     const int one = 1;
     FEPLB_CUDA_CHECK(cudaMemcpyAsync(stop.get(), &one, 4, cudaMemcpyHostToDevice, release.get()));
@@ -60,7 +62,8 @@ TEST_F(SmFree, PhaseTwoCopiesAndSignalRunOnCopyEngines) {
   cuda::DeviceBuffer<uint32_t> flag(1);
   FEPLB_CUDA_CHECK(cudaMemset(flag.get(), 0, 4));
   const bool ok = finishes_during_hog([&](cudaStream_t s) {
-    const cuda::CeCopy copies[] = {{dst.get(), src.get(), kBytes / 2}, {dst.get() + kBytes / 2, src.get() + kBytes / 2, kBytes / 2}};
+    const cuda::CeCopy copies[] = {{dst.get(), src.get(), kBytes / 2},
+                                   {dst.get() + kBytes / 2, src.get() + kBytes / 2, kBytes / 2}};
     cuda::ce_copy_and_signal(s, copies, flag.get(), 7);
   });
   EXPECT_TRUE(ok) << "phase-2 copies + flag did not finish while every SM was held: they need SMs";

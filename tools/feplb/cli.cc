@@ -11,13 +11,12 @@
 #include <sstream>
 
 #include "feplb/core/error.h"
-#include "feplb/sim/data_dir.h"
-#include "feplb/sim/gemm_tables.h"
 #include "feplb/core/file_output.h"
 #include "feplb/core/limits.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/text.h"
-
+#include "feplb/sim/data_dir.h"
+#include "feplb/sim/gemm_tables.h"
 
 namespace feplb::cli {
 namespace {

@@ -16,9 +16,9 @@
 #include "feplb/core/stats.h"
 #include "feplb/core/trace_io.h"
 #ifdef FEPLB_HAVE_CUDA
-#include "feplb/cuda/device.h"
 #include "bench/harness/expert_bench.h"
 #include "bench/harness/trace_runner.h"
+#include "feplb/cuda/device.h"
 #endif
 
 namespace feplb::cli {

@@ -147,10 +147,11 @@ void add_trace_commands(CLI::App& app) {
   add_real(*gen, "--skew", g->skew, 1.0, static_cast<double>(limits::kMaxExperts),
            "instead of --prior: lognormal popularity with this max/mean over experts (below "
            "--experts)");
-  gen->add_option("--hot-gpus", g->hot_gpus,
-                  "instead of --prior/--skew: many-donor skew, these loads (x the mean, comma-separated) "
-           "on that many GPUs of every NVLink domain, the others from --cold-min up; --skew is "
-                  "then the max/mean over a GPU's experts (default 2)")
+  gen->add_option(
+         "--hot-gpus", g->hot_gpus,
+         "instead of --prior/--skew: many-donor skew, these loads (x the mean, comma-separated) "
+         "on that many GPUs of every NVLink domain, the others from --cold-min up; --skew is "
+         "then the max/mean over a GPU's experts (default 2)")
       ->delimiter(',')
       ->check(CLI::Range(0.0, 1e6));
   add_real(*gen, "--cold-min", g->cold_min, 0.0, 1.0,

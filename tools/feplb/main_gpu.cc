@@ -3,8 +3,8 @@
 // Exit codes: 0 ok, 2 bad input or no GPU (one line on stderr), 1 internal.
 #include <CLI/CLI.hpp>
 
-#include "cli.h"
 #include "bench/harness/trace_runner.h"
+#include "cli.h"
 
 int main(int argc, char** argv) {
   feplb::cuda::request_stream_connections();  // before any CUDA call (virtual ranks in `run`)

@@ -18,21 +18,24 @@ cudaError_t add_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t s);
 // Adam (with decoupled weight decay) on fp32 master weights [n]; writes the bf16 copy too.
 // bias1 = 1 - beta1^step, bias2 = 1 - beta2^step.
 struct AdamParams {
-  float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f, bias1 = 1.f, bias2 = 1.f;
+  float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f, bias1 = 1.f,
+        bias2 = 1.f;
 };
-cudaError_t adam_step(float* master, const float* grad, float* m, float* v, bf16* weights, int64_t n,
-                      const AdamParams& a, cudaStream_t s);
+cudaError_t adam_step(float* master, const float* grad, float* m, float* v, bf16* weights,
+                      int64_t n, const AdamParams& a, cudaStream_t s);
 
 // y[i] = float(x[i]) for i < n (fp32 master weights from bf16 ones).
 cudaError_t bf16_to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s);
 
 // grad = (x - target) / n and *loss += sum (x - target)^2 / (2 n). x, target, grad: [n].
-cudaError_t mse_loss_grad(const bf16* x, const bf16* target, int64_t n, bf16* grad, float* loss, cudaStream_t s);
+cudaError_t mse_loss_grad(const bf16* x, const bf16* target, int64_t n, bf16* grad, float* loss,
+                          cudaStream_t s);
 
 // An SM copy kernel on exactly `blocks` blocks (the SM transports' way to move data), copying
 // `bytes` (multiple of 16) src -> dst. With gbps > 0 it paces itself to that rate (globaltimer),
 // holding its SMs for the whole transfer, as a persistent dispatch kernel does.
-cudaError_t sm_copy(const void* src, void* dst, size_t bytes, int blocks, double gbps, cudaStream_t s);
+cudaError_t sm_copy(const void* src, void* dst, size_t bytes, int blocks, double gbps,
+                    cudaStream_t s);
 
 // The SM hog: `blocks` blocks of 1024 threads with `smem_bytes` shared memory each spin until
 // *stop != 0 or `spin_ns` elapse. With one block per SM and all shared memory, nothing else

@@ -13,8 +13,8 @@ __device__ uint64_t globaltimer_ns() {
 
 // Each block copies its 1/gridDim share in 64 KiB chunks; paced blocks wait until the chunk's
 // scheduled start (start + bytes_so_far / rate), spinning on their SM meanwhile.
-__global__ void sm_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t words,
-                               double ns_per_word_per_block) {
+__global__ void sm_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                               int64_t words, double ns_per_word_per_block) {
   constexpr int64_t kChunk = 4096;  // words (64 KiB)
   __shared__ uint64_t start;
   if (threadIdx.x == 0) start = globaltimer_ns();
@@ -23,7 +23,8 @@ __global__ void sm_copy_kernel(const uint4* __restrict__ src, uint4* __restrict_
   const int64_t lo = blockIdx.x * per_block, hi = min(lo + per_block, words);
   for (int64_t c = lo; c < hi; c += kChunk) {
     if (ns_per_word_per_block > 0) {
-      const uint64_t due = start + static_cast<uint64_t>(static_cast<double>(c - lo) * ns_per_word_per_block);
+      const uint64_t due =
+          start + static_cast<uint64_t>(static_cast<double>(c - lo) * ns_per_word_per_block);
       if (threadIdx.x == 0) {
         while (globaltimer_ns() < due) {
         }
@@ -57,12 +58,13 @@ cudaError_t gpu_delay(int64_t ns, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-cudaError_t sm_copy(const void* src, void* dst, size_t bytes, int blocks, double gbps, cudaStream_t s) {
+cudaError_t sm_copy(const void* src, void* dst, size_t bytes, int blocks, double gbps,
+                    cudaStream_t s) {
   const int64_t words = static_cast<int64_t>(bytes / 16);
   // Paced: each block moves words/blocks at gbps/blocks, i.e. one 16-byte word per this many ns.
   const double ns_per_word = gbps > 0 ? 16.0 / gbps * blocks : 0.0;
-  sm_copy_kernel<<<blocks, 512, 0, s>>>(static_cast<const uint4*>(src), static_cast<uint4*>(dst), words,
-                                        ns_per_word);
+  sm_copy_kernel<<<blocks, 512, 0, s>>>(static_cast<const uint4*>(src), static_cast<uint4*>(dst),
+                                        words, ns_per_word);
   return cudaGetLastError();
 }
 
@@ -71,7 +73,8 @@ cudaError_t hog_max_smem(size_t smem_bytes) {
                               static_cast<int>(smem_bytes));
 }
 
-cudaError_t sm_hog(int blocks, int64_t spin_ns, const int* stop, size_t smem_bytes, cudaStream_t s) {
+cudaError_t sm_hog(int blocks, int64_t spin_ns, const int* stop, size_t smem_bytes,
+                   cudaStream_t s) {
   hog_kernel<<<blocks, 1024, smem_bytes, s>>>(spin_ns, stop);
   return cudaGetLastError();
 }

@@ -6,8 +6,9 @@ namespace feplb::cuda::kernels {
 namespace {
 
 // Adam on fp32 master weights; the bf16 copy the layer computes with is written alongside.
-__global__ void adam_kernel(float* __restrict__ master, const float* __restrict__ grad, float* __restrict__ m,
-                            float* __restrict__ v, bf16* __restrict__ weights, int64_t n, AdamParams a) {
+__global__ void adam_kernel(float* __restrict__ master, const float* __restrict__ grad,
+                            float* __restrict__ m, float* __restrict__ v,
+                            bf16* __restrict__ weights, int64_t n, AdamParams a) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = grad[i];
@@ -15,7 +16,8 @@ __global__ void adam_kernel(float* __restrict__ master, const float* __restrict_
     const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
     m[i] = mi;
     v[i] = vi;
-    const float w = master[i] - a.lr * ((mi / a.bias1) / (sqrtf(vi / a.bias2) + a.eps) + a.weight_decay * master[i]);
+    const float w = master[i] - a.lr * ((mi / a.bias1) / (sqrtf(vi / a.bias2) + a.eps) +
+                                        a.weight_decay * master[i]);
     master[i] = w;
     weights[i] = __float2bfloat16(w);
   }
@@ -29,9 +31,10 @@ __global__ void add_bf16_kernel(bf16* __restrict__ y, const bf16* __restrict__ x
   }
 }
 
-// Mean squared error against a target: grad = (x - target) / n (bf16), *loss += sum (x-target)^2 / (2n).
-__global__ void mse_kernel(const bf16* __restrict__ x, const bf16* __restrict__ target, int64_t n, float inv_n,
-                           bf16* __restrict__ grad, float* __restrict__ loss) {
+// Mean squared error against a target: grad = (x - target) / n (bf16), *loss += sum (x-target)^2 /
+// (2n).
+__global__ void mse_kernel(const bf16* __restrict__ x, const bf16* __restrict__ target, int64_t n,
+                           float inv_n, bf16* __restrict__ grad, float* __restrict__ loss) {
   float acc = 0.f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -63,16 +66,18 @@ cudaError_t add_bf16(bf16* y, const bf16* x, int64_t n, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-cudaError_t adam_step(float* master, const float* grad, float* m, float* v, bf16* weights, int64_t n,
-                      const AdamParams& a, cudaStream_t s) {
+cudaError_t adam_step(float* master, const float* grad, float* m, float* v, bf16* weights,
+                      int64_t n, const AdamParams& a, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   adam_kernel<<<grid_for(n, 256), 256, 0, s>>>(master, grad, m, v, weights, n, a);
   return cudaGetLastError();
 }
 
-cudaError_t mse_loss_grad(const bf16* x, const bf16* target, int64_t n, bf16* grad, float* loss, cudaStream_t s) {
+cudaError_t mse_loss_grad(const bf16* x, const bf16* target, int64_t n, bf16* grad, float* loss,
+                          cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  mse_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, target, n, 1.0f / static_cast<float>(n), grad, loss);
+  mse_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, target, n, 1.0f / static_cast<float>(n), grad,
+                                              loss);
   return cudaGetLastError();
 }
 

@@ -14,7 +14,9 @@ class OraclePlanner final : public Planner {
  public:
   using Planner::Planner;
   std::string_view name() const override { return "oracle"; }
-  PlanLimits limits() const override { return {true, static_cast<int64_t>(ctx_.topo.num_experts()), true}; }
+  PlanLimits limits() const override {
+    return {true, static_cast<int64_t>(ctx_.topo.num_experts()), true};
+  }
 
   void plan(const RoutingStep& routing, Plan& out) override {
     const Topology& topo = ctx_.topo;

@@ -26,7 +26,8 @@ void JobThread::post(Fn fn, void* ctx) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (count_ == kMaxQueued) throw Error(fmt::format("scheduler thread: {} jobs already queued", kMaxQueued));
+    if (count_ == kMaxQueued)
+      throw Error(fmt::format("scheduler thread: {} jobs already queued", kMaxQueued));
     queue_[static_cast<size_t>((head_ + count_) % kMaxQueued)] = {fn, ctx};
     ++count_;
     ++posted_;

@@ -31,11 +31,12 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
   const int R = topo.num_ranks();
   const int E = topo.num_experts();
   FEPLB_REQUIRE_INPUT(routing.num_ranks == R && routing.num_experts == E,
-                      "step layout: routing of {} ranks x {} experts, topology {} x {}", routing.num_ranks,
-                      routing.num_experts, R, E);
+                      "step layout: routing of {} ranks x {} experts, topology {} x {}",
+                      routing.num_ranks, routing.num_experts, R, E);
   FEPLB_REQUIRE_INPUT(rank >= 0 && rank < R, "step layout: rank {} of {}", rank, R);
-  FEPLB_REQUIRE_INPUT(static_cast<int>(plan.dynamic.size()) == E, "step layout: plan marks {} experts, topology has {}",
-                      plan.dynamic.size(), E);
+  FEPLB_REQUIRE_INPUT(static_cast<int>(plan.dynamic.size()) == E,
+                      "step layout: plan marks {} experts, topology has {}", plan.dynamic.size(),
+                      E);
   rank_ = rank;
   error_.clear();
   has_dispatched_ = false;
@@ -105,8 +106,8 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
   for (size_t i = 0; i < n; ++i) {
     const Slice& s = plan.slices[i];
     FEPLB_REQUIRE_INPUT(s.expert >= 0 && s.expert < E && s.gpu >= 0 && s.gpu < R && s.rows >= 0,
-                        "step layout: slice {} (expert {}, GPU {}, {} rows) outside the topology", i, s.expert, s.gpu,
-                        s.rows);
+                        "step layout: slice {} (expert {}, GPU {}, {} rows) outside the topology",
+                        i, s.expert, s.gpu, s.rows);
     const int home = topo.home(s.expert);
     if (s.source == RowSource::kSource || (s.source == RowSource::kDispatched && s.gpu == home)) {
       if (error_.empty()) {
@@ -165,15 +166,19 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
   }
   for (int g = 0; g < R && error_.empty(); ++g) {
     if (guest_experts_[g] > capacity.guest_slots) {
-      error_ = fmt::format("plan gives GPU {} {} guest experts, over its {} guest weight slots (max_num_dyn)", g,
-                           guest_experts_[g], capacity.guest_slots);
+      error_ = fmt::format(
+          "plan gives GPU {} {} guest experts, over its {} guest weight slots (max_num_dyn)", g,
+          guest_experts_[g], capacity.guest_slots);
     } else if (guest_rows_[g] > capacity.guest_rows) {
-      error_ = fmt::format("plan gives GPU {} {} guest rows, over its capacity {} (raise guest_capacity_rows)", g,
-                           guest_rows_[g], capacity.guest_rows);
+      error_ = fmt::format(
+          "plan gives GPU {} {} guest rows, over its capacity {} (raise guest_capacity_rows)", g,
+          guest_rows_[g], capacity.guest_rows);
     } else if (capacity.staging_slots >= 0 && exported_[g] > capacity.staging_slots) {
-      error_ = fmt::format("plan exports {} expert slices from GPU {}, over its {} gradient staging slots (raise the "
-                           "runtime's staging slots)",
-                           exported_[g], g, capacity.staging_slots);
+      error_ = fmt::format(
+          "plan exports {} expert slices from GPU {}, over its {} gradient staging slots (raise "
+          "the "
+          "runtime's staging slots)",
+          exported_[g], g, capacity.staging_slots);
     }
   }
   if (!error_.empty()) return;
@@ -203,8 +208,8 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
     for (size_t i = 0; i < n; ++i) {
       const Slice& s = plan.slices[i];
       if (s.gpu != rank || topo.home(s.expert) != rank || plan.dynamic[s.expert] != pass) continue;
-      home_.push_back({static_cast<int>(i), s.expert, local_index_[s.expert], expert_base_[s.expert] + slice_offset_[i],
-                       s.rows});
+      home_.push_back({static_cast<int>(i), s.expert, local_index_[s.expert],
+                       expert_base_[s.expert] + slice_offset_[i], s.rows});
     }
   }
   guests_.clear();

@@ -37,10 +37,10 @@ namespace feplb::cuda {
 
 // What the buffers of every rank can hold (the same on every rank).
 struct LayoutCapacity {
-  int64_t recv_rows = 0;      // rows a rank may receive in phase 1
-  int64_t guest_rows = 0;     // guest rows a rank may compute
-  int64_t guest_slots = 0;    // guest weight slots per rank (max_num_dyn)
-  int64_t staging_slots = -1; // gradient staging slots per rank (< 0: not checked, forward only)
+  int64_t recv_rows = 0;       // rows a rank may receive in phase 1
+  int64_t guest_rows = 0;      // guest rows a rank may compute
+  int64_t guest_slots = 0;     // guest weight slots per rank (max_num_dyn)
+  int64_t staging_slots = -1;  // gradient staging slots per rank (< 0: not checked, forward only)
 };
 
 // One phase-1 chunk of this rank: `rows` rows to or from `peer`, starting at `row` of the send
@@ -55,7 +55,7 @@ struct RowChunk {
 
 // Rows of one of this rank's experts computed here: `rows` rows from receive row `row`.
 struct HomeWork {
-  int slice = 0;        // index into plan.slices
+  int slice = 0;  // index into plan.slices
   int expert = 0;
   int local_index = 0;  // the expert's position among this rank's experts (its weights)
   int64_t row = 0;
@@ -182,13 +182,13 @@ class StepLayout {
   std::vector<int64_t> expert_base_, taken_, home_rows_, computed_, pre_;   // [E]
   std::vector<int> local_index_, send_order_;                               // [E]
   std::vector<int> receiver_begin_;                                         // [E + 1]
-  std::vector<Receiver> receivers_;  // by expert, ascending GPU
-  std::vector<int64_t> slice_offset_;                                       // [slices]
-  std::vector<int> slice_slot_, slice_staging_;                             // [slices]
-  std::vector<int64_t> slice_guest_row_;                                    // [slices]
-  std::vector<uint8_t> slice_prefetched_;                                   // [slices]
-  std::vector<int> prefetch_slot_, prefetch_next_;                          // [copies], [R]
-  std::vector<int64_t> run_;  // [receivers] rows received so far per receiver
+  std::vector<Receiver> receivers_;                 // by expert, ascending GPU
+  std::vector<int64_t> slice_offset_;               // [slices]
+  std::vector<int> slice_slot_, slice_staging_;     // [slices]
+  std::vector<int64_t> slice_guest_row_;            // [slices]
+  std::vector<uint8_t> slice_prefetched_;           // [slices]
+  std::vector<int> prefetch_slot_, prefetch_next_;  // [copies], [R]
+  std::vector<int64_t> run_;                        // [receivers] rows received so far per receiver
   std::vector<RowChunk> sends_, recvs_;
   std::vector<HomeWork> home_;
   std::vector<GuestWork> guests_;

@@ -33,8 +33,8 @@ struct MicroBatchState {
   bool in_use = false;
   int layer_id = -1;
   uint32_t forward_seq = 0;
-  int64_t num_tokens = 0;  // tokens; with dispatched rows, the rows at home
-  bool dispatched = false;  // forward_dispatched: x_home is the caller's rows
+  int64_t num_tokens = 0;         // tokens; with dispatched rows, the rows at home
+  bool dispatched = false;        // forward_dispatched: x_home is the caller's rows
   cudaStream_t stream = nullptr;  // the forward's: the memory was allocated on it
   RoutingStep routing;
   Plan plan;
@@ -72,7 +72,8 @@ struct RuntimeState {
   void check_peers(const char* waiting_for) const;
   // Waits for `stream`'s work, bounded by the timeout, polling check_peers.
   void sync(cudaStream_t stream, const char* what) const;
-  // A free micro-batch state (InputError when max_in_flight are alive), marked in use by `layer_id`.
+  // A free micro-batch state (InputError when max_in_flight are alive), marked in use by
+  // `layer_id`.
   int acquire(int layer_id);
   // Gives the memory of state `slot` back (stream-ordered on `stream`; null: the forward's) and
   // frees the state, if it is still generation `generation`.
@@ -94,17 +95,17 @@ struct RuntimeState {
 
   // Buffers of one call at a time (every call starts after the previous one's work on the GPU).
   // Rows of H bf16 unless said otherwise.
-  DeviceBuffer<bf16> send;       // [max_pairs, H] X (forward) or dY (backward) in send order
-  DeviceBuffer<bf16> ybuf;       // [max_pairs, H] backward: dX back in send order
-  DeviceBuffer<bf16> dyrecv;     // [recv_cap, H] backward: dY at the experts' homes
-  DeviceBuffer<bf16> yrecv;      // [recv_cap, H] Y (forward) or dX (backward) at home; peers write
-  DeviceBuffer<bf16> guest_in;   // [guest_cap, H] guests' X (forward) or dY (backward); owners write
-  DeviceBuffer<bf16> guest_out;  // [guest_cap, H] guests' Y or dX
-  DeviceBuffer<int32_t> counts;                 // [E + 1]: rows per expert, then out-of-range ids
+  DeviceBuffer<bf16> send;      // [max_pairs, H] X (forward) or dY (backward) in send order
+  DeviceBuffer<bf16> ybuf;      // [max_pairs, H] backward: dX back in send order
+  DeviceBuffer<bf16> dyrecv;    // [recv_cap, H] backward: dY at the experts' homes
+  DeviceBuffer<bf16> yrecv;     // [recv_cap, H] Y (forward) or dX (backward) at home; peers write
+  DeviceBuffer<bf16> guest_in;  // [guest_cap, H] guests' X (forward) or dY (backward); owners write
+  DeviceBuffer<bf16> guest_out;                  // [guest_cap, H] guests' Y or dX
+  DeviceBuffer<int32_t> counts;                  // [E + 1]: rows per expert, then out-of-range ids
   DeviceBuffer<int32_t> cursor, offsets, order;  // [E]
-  DeviceBuffer<int32_t> counts_all;             // [R, E + 1] every rank's counts
-  PinnedBuffer<int32_t> counts_host;            // [R, E + 1] (dispatched rows: [R, experts_per_rank])
-  std::vector<bf16*> peer_yrecv, peer_guest_in;          // [R] peers' arenas as addressed here
+  DeviceBuffer<int32_t> counts_all;              // [R, E + 1] every rank's counts
+  PinnedBuffer<int32_t> counts_host;  // [R, E + 1] (dispatched rows: [R, experts_per_rank])
+  std::vector<bf16*> peer_yrecv, peer_guest_in;  // [R] peers' arenas as addressed here
   // Signal slots: [0, R) phase-2 inputs from owner d landed here; [R, 2R) outputs (forward) or dX
   // (backward) back from helper h; [2R, 3R) dW back from helper h; [3R, 4R) helper h's guest
   // slots are quiet: nothing of its calls so far reads or writes them any more (value:
@@ -113,7 +114,8 @@ struct RuntimeState {
   Stream copy_in,
       copy_out;  // phase-2 inputs and prefetched weights (first in, first out), results back
   GemmEngine gemm;
-  Event ev_counts, ev_dispatched, ev_copy_in_done, ev_guest_ready, ev_guest_done, ev_copy_out_done, ev_call_done;
+  Event ev_counts, ev_dispatched, ev_copy_in_done, ev_guest_ready, ev_guest_done, ev_copy_out_done,
+      ev_call_done;
   Event ev_prefetch_ready,
       ev_prefetch_done;  // the prefetch's stream work before its copies; its copies
 

@@ -8,13 +8,13 @@ namespace {
 // One block per (token, k) pair p = t*K + k; each thread owns 8 consecutive hidden values.
 //   dy[pair_pos[p]] = w[p] * grad_out[t]             (bf16, the expert output's gradient)
 //   dw[p] = <grad_out[t], y[pair_pos[p]]>            (fp32 accumulation; block reduction)
-__global__ void scatter_grad_kernel(const uint4* __restrict__ grad_out,  // [S, H/8]
-                                    const int32_t* __restrict__ pair_pos, // [S*K]
-                                    const float* __restrict__ w,          // [S*K]
-                                    const uint4* __restrict__ y,          // [S*K, H/8]
-                                    int top_k, int64_t words,             // words = H/8
-                                    uint4* __restrict__ dy,               // [S*K, H/8]
-                                    float* __restrict__ dw) {             // [S*K]
+__global__ void scatter_grad_kernel(const uint4* __restrict__ grad_out,    // [S, H/8]
+                                    const int32_t* __restrict__ pair_pos,  // [S*K]
+                                    const float* __restrict__ w,           // [S*K]
+                                    const uint4* __restrict__ y,           // [S*K, H/8]
+                                    int top_k, int64_t words,              // words = H/8
+                                    uint4* __restrict__ dy,                // [S*K, H/8]
+                                    float* __restrict__ dw) {              // [S*K]
   const int64_t p = blockIdx.x;
   const int64_t t = p / top_k;
   const int64_t row = pair_pos[p];
@@ -48,10 +48,10 @@ __global__ void scatter_grad_kernel(const uint4* __restrict__ grad_out,  // [S, 
 // 8 values per thread: gu row [g | u] and da (= d act) -> dgu row [dg | du] with
 //   du = da * silu(g),  dg = da * u * silu'(g),  silu'(g) = s (1 + g (1 - s)), s = sigmoid(g).
 // dgu may alias gu: each thread reads its g, u before writing dg, du in the same places.
-__global__ void swiglu_backward_kernel(const uint4* gu,                 // [rows, 2F/8]
-                                       const uint4* __restrict__ da,    // [rows, F/8]
-                                       int64_t rows, int64_t words,     // words = F/8
-                                       uint4* dgu) {                    // [rows, 2F/8]
+__global__ void swiglu_backward_kernel(const uint4* gu,               // [rows, 2F/8]
+                                       const uint4* __restrict__ da,  // [rows, F/8]
+                                       int64_t rows, int64_t words,   // words = F/8
+                                       uint4* dgu) {                  // [rows, 2F/8]
   const int64_t n = rows * words;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -66,7 +66,8 @@ __global__ void swiglu_backward_kernel(const uint4* gu,                 // [rows
     bf16* du = reinterpret_cast<bf16*>(&uout);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float gf = __bfloat162float(g[j]), uf = __bfloat162float(u[j]), af = __bfloat162float(a[j]);
+      const float gf = __bfloat162float(g[j]), uf = __bfloat162float(u[j]),
+                  af = __bfloat162float(a[j]);
       const float s = 1.0f / (1.0f + __expf(-gf));
       du[j] = __float2bfloat16(af * gf * s);
       dg[j] = __float2bfloat16(af * uf * s * (1.0f + gf * (1.0f - s)));
@@ -91,25 +92,26 @@ int grid_for(int64_t n, int threads) {
 
 }  // namespace
 
-cudaError_t scatter_grad(const bf16* grad_out, const int32_t* pair_pos, const float* topk_weight, const bf16* y,
-                         int64_t num_tokens, int top_k, int64_t hidden_dim, bf16* dy, float* dweight,
-                         cudaStream_t s) {
+cudaError_t scatter_grad(const bf16* grad_out, const int32_t* pair_pos, const float* topk_weight,
+                         const bf16* y, int64_t num_tokens, int top_k, int64_t hidden_dim, bf16* dy,
+                         float* dweight, cudaStream_t s) {
   const int64_t pairs = num_tokens * top_k;
   if (pairs == 0) return cudaSuccess;
   const int64_t words = hidden_dim / 8;
   const int threads = static_cast<int>(words < 256 ? ((words + 31) / 32) * 32 : 256);
   scatter_grad_kernel<<<static_cast<unsigned>(pairs), threads, 0, s>>>(
-      reinterpret_cast<const uint4*>(grad_out), pair_pos, topk_weight, reinterpret_cast<const uint4*>(y), top_k,
-      words, reinterpret_cast<uint4*>(dy), dweight);
+      reinterpret_cast<const uint4*>(grad_out), pair_pos, topk_weight,
+      reinterpret_cast<const uint4*>(y), top_k, words, reinterpret_cast<uint4*>(dy), dweight);
   return cudaGetLastError();
 }
 
-cudaError_t swiglu_backward(const bf16* gu, const bf16* dact, int64_t rows, int64_t ffn, bf16* dgu, cudaStream_t s) {
+cudaError_t swiglu_backward(const bf16* gu, const bf16* dact, int64_t rows, int64_t ffn, bf16* dgu,
+                            cudaStream_t s) {
   const int64_t n = rows * (ffn / 8);
   if (n == 0) return cudaSuccess;
-  swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(reinterpret_cast<const uint4*>(gu),
-                                                          reinterpret_cast<const uint4*>(dact), rows, ffn / 8,
-                                                          reinterpret_cast<uint4*>(dgu));
+  swiglu_backward_kernel<<<grid_for(n, 256), 256, 0, s>>>(
+      reinterpret_cast<const uint4*>(gu), reinterpret_cast<const uint4*>(dact), rows, ffn / 8,
+      reinterpret_cast<uint4*>(dgu));
   return cudaGetLastError();
 }
 

@@ -14,40 +14,41 @@ using bf16 = __nv_bfloat16;
 
 // counts[e] += number of (token, k) pairs routed to expert e, and counts[E] += those whose id is
 // outside [0, E).  topk_idx: [num_pairs]; counts: [E + 1].
-cudaError_t count_experts(const int32_t* topk_idx, int64_t num_pairs, int num_experts, int32_t* counts,
-                          cudaStream_t s);
+cudaError_t count_experts(const int32_t* topk_idx, int64_t num_pairs, int num_experts,
+                          int32_t* counts, cudaStream_t s);
 
 // offsets[order[p]] = sum_{q < p} counts[order[q]]: where each expert's rows start in send order.
 // counts, offsets: [E]; order: [E], a permutation (experts grouped by destination rank).
-cudaError_t send_offsets(const int32_t* counts, const int32_t* order, int num_experts, int32_t* offsets,
-                         cudaStream_t s);
+cudaError_t send_offsets(const int32_t* counts, const int32_t* order, int num_experts,
+                         int32_t* offsets, cudaStream_t s);
 
 // Copies each (token, k) pair's hidden row into send order and records where it went.
 // hidden: [S, H]; topk_idx: [S, K]; offsets: [E]; cursor: [E] zeroed; send: [S*K, H];
 // pair_pos: [S*K] = send row of pair (t, k), -1 for an expert id outside [0, E) (not copied).
 // H must be a multiple of 8 (16-byte rows).
 cudaError_t scatter_rows(const bf16* hidden, const int32_t* topk_idx, int64_t num_tokens, int top_k,
-                         int num_experts, int64_t hidden_dim, const int32_t* offsets, int32_t* cursor,
-                         bf16* send, int32_t* pair_pos, cudaStream_t s);
+                         int num_experts, int64_t hidden_dim, const int32_t* offsets,
+                         int32_t* cursor, bf16* send, int32_t* pair_pos, cudaStream_t s);
 
 // act[r, f] = silu(gu[r, f]) * gu[r, F + f].  gu: [rows, 2F]; act: [rows, F]; F multiple of 8.
 cudaError_t swiglu(const bf16* gu, int64_t rows, int64_t ffn, bf16* act, cudaStream_t s);
 
 // out[t] = sum_k w[t, k] * y[pair_pos[t*K + k]] (fp32 accumulation); w null: all weights 1.
 // y: [S*K, H]; pair_pos, w: [S, K]; out: [S, H]. H multiple of 8.
-cudaError_t combine(const bf16* y, const int32_t* pair_pos, const float* topk_weight, int64_t num_tokens,
-                    int top_k, int64_t hidden_dim, bf16* out, cudaStream_t s);
+cudaError_t combine(const bf16* y, const int32_t* pair_pos, const float* topk_weight,
+                    int64_t num_tokens, int top_k, int64_t hidden_dim, bf16* out, cudaStream_t s);
 
 // Backward of the combine. dy[pair_pos[p]] = w[p] * grad_out[t] and dweight[p] =
 // <grad_out[t], y[pair_pos[p]]> for every pair p = t*K + k.
 // grad_out: [S, H]; pair_pos, w, dweight: [S, K]; y, dy: [S*K, H]. H multiple of 8.
-cudaError_t scatter_grad(const bf16* grad_out, const int32_t* pair_pos, const float* topk_weight, const bf16* y,
-                         int64_t num_tokens, int top_k, int64_t hidden_dim, bf16* dy, float* dweight,
-                         cudaStream_t s);
+cudaError_t scatter_grad(const bf16* grad_out, const int32_t* pair_pos, const float* topk_weight,
+                         const bf16* y, int64_t num_tokens, int top_k, int64_t hidden_dim, bf16* dy,
+                         float* dweight, cudaStream_t s);
 
 // SwiGLU backward: dgu [rows, 2F] = [d gate | d up] from gu [rows, 2F] = [gate | up] and
 // dact [rows, F] = dL/d(silu(gate) * up). dgu may be gu (in place). F multiple of 8.
-cudaError_t swiglu_backward(const bf16* gu, const bf16* dact, int64_t rows, int64_t ffn, bf16* dgu, cudaStream_t s);
+cudaError_t swiglu_backward(const bf16* gu, const bf16* dact, int64_t rows, int64_t ffn, bf16* dgu,
+                            cudaStream_t s);
 
 // y[i] += x[i] for i < n (fp32; staged weight gradients into the caller's gradient).
 cudaError_t add_f32(float* y, const float* x, int64_t n, cudaStream_t s);

@@ -5,8 +5,8 @@ namespace feplb::cuda::kernels {
 namespace {
 
 // counts: [E + 1]; counts[E] counts the pairs whose expert id is outside [0, E).
-__global__ void count_kernel(const int32_t* __restrict__ topk_idx, int64_t num_pairs, int num_experts,
-                             int32_t* __restrict__ counts) {
+__global__ void count_kernel(const int32_t* __restrict__ topk_idx, int64_t num_pairs,
+                             int num_experts, int32_t* __restrict__ counts) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < num_pairs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t e = topk_idx[i];
@@ -15,8 +15,9 @@ __global__ void count_kernel(const int32_t* __restrict__ topk_idx, int64_t num_p
 }
 
 // One block: each thread scans a contiguous run of the order, then the runs' totals are scanned.
-__global__ void offsets_kernel(const int32_t* __restrict__ counts, const int32_t* __restrict__ order,
-                               int num_experts, int32_t* __restrict__ offsets) {
+__global__ void offsets_kernel(const int32_t* __restrict__ counts,
+                               const int32_t* __restrict__ order, int num_experts,
+                               int32_t* __restrict__ offsets) {
   __shared__ int32_t run_total[1024];
   const int per = (num_experts + blockDim.x - 1) / blockDim.x;
   const int lo = threadIdx.x * per, hi = min(lo + per, num_experts);
@@ -41,20 +42,21 @@ __global__ void offsets_kernel(const int32_t* __restrict__ counts, const int32_t
 }
 
 // One warp per (token, k) pair: claim a send row, copy the token's hidden row in 16-byte words.
-__global__ void scatter_kernel(const uint4* __restrict__ hidden,    // [S, H/8]
+__global__ void scatter_kernel(const uint4* __restrict__ hidden,      // [S, H/8]
                                const int32_t* __restrict__ topk_idx,  // [S*K]
                                int64_t num_pairs, int top_k, int num_experts, int64_t words_per_row,
                                const int32_t* __restrict__ offsets, int32_t* __restrict__ cursor,
-                               uint4* __restrict__ send,             // [S*K, H/8]
-                               int32_t* __restrict__ pair_pos) {     // [S*K]
+                               uint4* __restrict__ send,          // [S*K, H/8]
+                               int32_t* __restrict__ pair_pos) {  // [S*K]
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  for (int64_t pair = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; pair < num_pairs;
-       pair += warps) {
+  for (int64_t pair = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+       pair < num_pairs; pair += warps) {
     int32_t pos = 0;
     if (lane == 0) {
       const int32_t e = topk_idx[pair];
-      pos = e >= 0 && e < num_experts ? offsets[e] + atomicAdd(&cursor[e], 1) : -1;  // -1: out of range
+      pos = e >= 0 && e < num_experts ? offsets[e] + atomicAdd(&cursor[e], 1)
+                                      : -1;  // -1: out of range
       pair_pos[pair] = pos;
     }
     pos = __shfl_sync(0xffffffffu, pos, 0);
@@ -72,27 +74,27 @@ int grid_for(int64_t items, int per_block) {
 
 }  // namespace
 
-cudaError_t count_experts(const int32_t* topk_idx, int64_t num_pairs, int num_experts, int32_t* counts,
-                          cudaStream_t s) {
+cudaError_t count_experts(const int32_t* topk_idx, int64_t num_pairs, int num_experts,
+                          int32_t* counts, cudaStream_t s) {
   if (num_pairs == 0) return cudaSuccess;
   count_kernel<<<grid_for(num_pairs, 256), 256, 0, s>>>(topk_idx, num_pairs, num_experts, counts);
   return cudaGetLastError();
 }
 
-cudaError_t send_offsets(const int32_t* counts, const int32_t* order, int num_experts, int32_t* offsets,
-                         cudaStream_t s) {
+cudaError_t send_offsets(const int32_t* counts, const int32_t* order, int num_experts,
+                         int32_t* offsets, cudaStream_t s) {
   offsets_kernel<<<1, 1024, 0, s>>>(counts, order, num_experts, offsets);
   return cudaGetLastError();
 }
 
 cudaError_t scatter_rows(const bf16* hidden, const int32_t* topk_idx, int64_t num_tokens, int top_k,
-                         int num_experts, int64_t hidden_dim, const int32_t* offsets, int32_t* cursor,
-                         bf16* send, int32_t* pair_pos, cudaStream_t s) {
+                         int num_experts, int64_t hidden_dim, const int32_t* offsets,
+                         int32_t* cursor, bf16* send, int32_t* pair_pos, cudaStream_t s) {
   const int64_t pairs = num_tokens * top_k;
   if (pairs == 0) return cudaSuccess;
   scatter_kernel<<<grid_for(pairs * 32, 256), 256, 0, s>>>(
-      reinterpret_cast<const uint4*>(hidden), topk_idx, pairs, top_k, num_experts, hidden_dim / 8, offsets, cursor,
-      reinterpret_cast<uint4*>(send), pair_pos);
+      reinterpret_cast<const uint4*>(hidden), topk_idx, pairs, top_k, num_experts, hidden_dim / 8,
+      offsets, cursor, reinterpret_cast<uint4*>(send), pair_pos);
   return cudaGetLastError();
 }
 

@@ -6,8 +6,8 @@ namespace {
 
 // 8 outputs per thread: gu row = [gate (F) | up (F)], act = silu(gate) * up.
 __global__ void swiglu_kernel(const uint4* __restrict__ gu,  // [rows, 2F/8]
-                              int64_t rows, int64_t words,     // words = F/8
-                              uint4* __restrict__ act) {       // [rows, F/8]
+                              int64_t rows, int64_t words,   // words = F/8
+                              uint4* __restrict__ act) {     // [rows, F/8]
   const int64_t n = rows * words;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -27,7 +27,7 @@ __global__ void swiglu_kernel(const uint4* __restrict__ gu,  // [rows, 2F/8]
 }
 
 // One block per token; each thread owns 8 consecutive hidden values.
-__global__ void combine_kernel(const uint4* __restrict__ y,          // [S*K, H/8]
+__global__ void combine_kernel(const uint4* __restrict__ y,           // [S*K, H/8]
                                const int32_t* __restrict__ pair_pos,  // [S*K]
                                const float* __restrict__ w,           // [S*K]
                                int top_k, int64_t words,              // words = H/8
@@ -61,13 +61,14 @@ cudaError_t swiglu(const bf16* gu, int64_t rows, int64_t ffn, bf16* act, cudaStr
   return cudaGetLastError();
 }
 
-cudaError_t combine(const bf16* y, const int32_t* pair_pos, const float* topk_weight, int64_t num_tokens,
-                    int top_k, int64_t hidden_dim, bf16* out, cudaStream_t s) {
+cudaError_t combine(const bf16* y, const int32_t* pair_pos, const float* topk_weight,
+                    int64_t num_tokens, int top_k, int64_t hidden_dim, bf16* out, cudaStream_t s) {
   if (num_tokens == 0) return cudaSuccess;
   const int64_t words = hidden_dim / 8;
   const int threads = static_cast<int>(words < 256 ? ((words + 31) / 32) * 32 : 256);
   combine_kernel<<<static_cast<unsigned>(num_tokens), threads, 0, s>>>(
-      reinterpret_cast<const uint4*>(y), pair_pos, topk_weight, top_k, words, reinterpret_cast<uint4*>(out));
+      reinterpret_cast<const uint4*>(y), pair_pos, topk_weight, top_k, words,
+      reinterpret_cast<uint4*>(out));
   return cudaGetLastError();
 }
 

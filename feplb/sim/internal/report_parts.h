@@ -1,6 +1,6 @@
 // Pieces the reports share inside feplb_sim: the balance report's steps per label, group summary
-// and cell JSON (also used by rack.cc), and the GPU class's JSON (report.cc, used by every report). Internal to feplb_sim (not installed: it includes
-// nlohmann-json's forward declarations).
+// and cell JSON (also used by rack.cc), and the GPU class's JSON (report.cc, used by every report).
+// Internal to feplb_sim (not installed: it includes nlohmann-json's forward declarations).
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
