@@ -1,4 +1,4 @@
-// ExpertSlotPool: the phase-2 memory one rank's MoE layers share (FEPLB.md §2 "Memory").
+// ExpertSlotPool: the phase-2 memory one rank's MoE layers share.
 //
 //   weight slots   [slots, 3HF] bf16   guest experts' weights, written by their owners
 //   grad slots     [slots, 3HF] fp32   (training) a guest expert's weight gradient, computed here

@@ -201,7 +201,8 @@ class InProcessTransport final : public Transport {
   }
 
  private:
-  // Same-device copies in one batch call: they run on copy engines (FEPLB.md §8).
+  // Same-device copies in one batch call: they run on copy engines (tests/gpu/sm_free_test.cc: a
+  // kernel using every SM is not slowed).
   void copy_batch(cudaStream_t stream) {
     if (sizes_.empty()) return;
     // The batch call refuses the legacy default stream (a framework's usual current stream):

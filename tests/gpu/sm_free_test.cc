@@ -1,4 +1,4 @@
-// The SM-hog test (FEPLB.md §8) of the exact calls the layer's phase 2 issues: while a kernel
+// The SM-hog test of the exact calls the layer's phase 2 issues: while a kernel
 // holds every SM, ce_copy_and_signal (cudaMemcpyAsync D2D + stream memory write), a stream
 // memory wait, and the in-process transport's cudaMemcpyBatchAsync must all complete. A copy
 // that needed an SM would finish only after the hog; the test fails loudly if a driver or code
