@@ -88,9 +88,13 @@ double TableCostModel::expert_ms(int64_t rows) const {
   if (rows <= rows_.front()) return ms_.front();  // the smallest GEMM's fixed cost
   size_t i =
       static_cast<size_t>(std::upper_bound(rows_.begin(), rows_.end(), rows) - rows_.begin());
-  if (i >= rows_.size()) i = rows_.size() - 1;  // extrapolate with the last segment
+  const bool beyond = i >= rows_.size();
+  if (beyond) i = rows_.size() - 1;  // extrapolate with the last segment
   const double x0 = static_cast<double>(rows_[i - 1]), x1 = static_cast<double>(rows_[i]);
-  return ms_[i - 1] + (ms_[i] - ms_[i - 1]) * (static_cast<double>(rows) - x0) / (x1 - x0);
+  const double ms =
+      ms_[i - 1] + (ms_[i] - ms_[i - 1]) * (static_cast<double>(rows) - x0) / (x1 - x0);
+  // A last segment that falls (measurement noise) must not extrapolate below the last point.
+  return beyond ? std::max(ms, ms_.back()) : ms;
 }
 
 namespace {
