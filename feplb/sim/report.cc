@@ -65,6 +65,14 @@ std::string format_placement_lines(const SimulationResult& r, double mean_rows) 
 
 }  // namespace
 
+nlohmann::ordered_json data_movement_json(const DataMovement& m) {
+  return {{"dispatch", m.dispatch},
+          {"dispatch_sms", m.dispatch_sms},
+          {"balance", m.balance},
+          {"balance_sms", m.balance_sms},
+          {"balance_every_micro_batch", m.balance_every_micro_batch}};
+}
+
 nlohmann::ordered_json gpu_json(const SimulationConfig& c) {
   const GpuClass& g = find_gpu_class(c.gpu);
   return {{"class", g.name},
@@ -236,12 +244,7 @@ std::string format_json(const SimulationResult& r) {
         {"dispatch_nvlink_bytes_per_step", s.dispatch_nvlink_bytes_per_step},
         {"dispatch_network_bytes_per_step", s.dispatch_network_bytes_per_step},
         {"guest_slots_max", s.guest_slots_max},
-        {"transport",
-         {{"dispatch", p.movement.dispatch},
-          {"dispatch_sms", p.movement.dispatch_sms},
-          {"balance", p.movement.balance},
-          {"balance_sms", p.movement.balance_sms},
-          {"balance_every_micro_batch", p.movement.balance_every_micro_batch}}},
+        {"transport", data_movement_json(p.movement)},
     };
   }
   doc["policies"] = policies;

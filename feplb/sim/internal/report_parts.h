@@ -34,4 +34,7 @@ nlohmann::ordered_json balance_cell_json(const BalanceCell& cell);
 // results file carries it under "gpu".
 nlohmann::ordered_json gpu_json(const SimulationConfig& config);
 
+// How a policy moves data (its "transport" object in every results file).
+nlohmann::ordered_json data_movement_json(const DataMovement& movement);
+
 }  // namespace feplb
