@@ -560,17 +560,20 @@ json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
 }
 
 // ---- the layer's paths on a many-donor trace ---------------------------------------------------
-// The two-phase default, rows in one hop, weights before routing, and both: four layers (one feplb
-// planner each, the mode's knobs) on one runtime per virtual rank, sharing its slot pool, over the
-// same routing. Interleaved: every step runs each mode once, in an order rotated every step; each
+// The two-phase default, rows in one hop, weights before routing, both, and both with late copies
+// (copy_timing = 3): five layers (one feplb planner each, the mode's knobs) on one runtime per
+// virtual rank, sharing its slot pool, over the same routing. Interleaved: every step runs each mode once, in an order rotated every step; each
 // forward comes after an emulated attention block (a GPU delay as long as the prefetch window, in
 // every mode) that the prefetch copies can hide behind, and prefetch() is called before it.
 struct PathMode {
   const char* name;
-  int64_t one_hop, prefetch;
+  int64_t one_hop, prefetch, copy_timing;
 };
-constexpr PathMode kPathModes[] = {
-    {"two_phase", 0, 0}, {"one_hop", 1, 0}, {"prefetch", 0, 1}, {"one_hop_prefetch", 1, 1}};
+constexpr PathMode kPathModes[] = {{"two_phase", 0, 0, 1},
+                                   {"one_hop", 1, 0, 1},
+                                   {"prefetch", 0, 1, 1},
+                                   {"one_hop_prefetch", 1, 1, 1},
+                                   {"one_hop_prefetch_late", 1, 1, 3}};
 
 json paths_bench(const ExpertShape& shape, const std::string& shape_name, const Knobs& knobs,
                  int steps, const std::string& data_dir, double timeout_s) {
@@ -614,6 +617,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
       Knobs k = knobs;
       k.one_hop = mode.one_hop;
       k.prefetch = mode.prefetch;
+      k.copy_timing = mode.copy_timing;
       k.prefetch_window_us = window_us;
       layers.push_back(std::make_unique<MoeLayer>(
           runtime, LayerConfig{static_cast<int>(K), mode.name},
@@ -689,6 +693,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
     const PathMode& mode = kPathModes[mi];
     modes[mode.name] = {{"one_hop", mode.one_hop},
                         {"prefetch", mode.prefetch},
+                        {"copy_timing", mode.copy_timing},
                         {"copy_wait_ms", spread(wait)},
                         {"forward_ms", spread(fwd)},
                         {"copy_wait_pct_of_forward", spread(wait_pct)},
@@ -730,9 +735,9 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
       {"prefetch_window_us", window_us},
       {"modes", modes},
       {"method",
-       "8 virtual ranks on this GPU, one runtime each with four feplb layers (two_phase, one_hop, "
-       "prefetch, "
-       "one_hop_prefetch) sharing its slot pool; per step each mode's forward once, order rotated "
+       "8 virtual ranks on this GPU, one runtime each with five feplb layers (two_phase, one_hop, "
+       "prefetch, one_hop_prefetch, one_hop_prefetch_late: copy_timing 3) sharing its slot pool; "
+       "per step each mode's forward once, order rotated "
        "per "
        "step, after a GPU delay of prefetch_window_us (the attention block; prefetch() is called "
        "before "

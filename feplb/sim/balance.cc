@@ -186,6 +186,18 @@ BalanceGroup summarise_group(int ranks, int domains, double skew, std::vector<Ba
   return g;
 }
 
+double gemm_plus_exposed(const BalanceCell& c) {
+  return c.summary.gemm_straggler_ms + c.summary.exposed_ms;
+}
+
+bool meets_anchor_target(const BalanceCell& feplb, const BalanceCell* llep,
+                         const BalanceCell* moonep, double min_fits) {
+  const double t = gemm_plus_exposed(feplb);
+  return feplb.summary.token_straggler_reduction >= kAnchorTargetReduction &&
+         feplb.summary.fits_static_window >= min_fits && (!llep || t <= gemm_plus_exposed(*llep)) &&
+         (!moonep || t <= gemm_plus_exposed(*moonep));
+}
+
 bool shows_many_donors(const Prior& prior, int ranks) {
   const int E = prior.num_experts();
   if (ranks < 2 || E % ranks != 0) return false;
@@ -205,7 +217,10 @@ bool shows_many_donors(const Prior& prior, int ranks) {
 std::vector<BalanceVariant> feplb_modes() {
   return {{"feplb prefetch", "feplb", {{"prefetch", 1}}},
           {"feplb one-hop", "feplb", {{"one_hop", 1}}},
-          {"feplb prefetch + one-hop", "feplb", {{"prefetch", 1}, {"one_hop", 1}}}};
+          {"feplb prefetch + one-hop", "feplb", {{"prefetch", 1}, {"one_hop", 1}}},
+          {"feplb prefetch + one-hop + late copies",
+           "feplb",
+           {{"prefetch", 1}, {"one_hop", 1}, {"copy_timing", 3}}}};
 }
 
 std::vector<BalanceVariant> default_balance_variants() {

@@ -85,6 +85,14 @@ struct BalanceCell {
   bool variant = false;          // a Pareto-study variant
 };
 
+// feplb's target against the 2026 anchors: at least kAnchorTargetReduction less token straggler
+// than static, copies fitting the window in at least `min_fits` of the steps, and GEMM straggler +
+// exposed time no higher than LLEP's and MoonEP's (those absent from the group are not compared).
+constexpr double kAnchorTargetReduction = 0.95;
+double gemm_plus_exposed(const BalanceCell& c);
+bool meets_anchor_target(const BalanceCell& feplb, const BalanceCell* llep,
+                         const BalanceCell* moonep, double min_fits);
+
 // Real priors pooled, or one lognormal skew level, at one EP size.
 struct BalanceGroup {
   std::string workload;  // many-donor groups: the workload, shape and cost model

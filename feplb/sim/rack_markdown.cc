@@ -10,16 +10,12 @@ namespace feplb {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-constexpr double kTargetReduction = 0.95;  // feplb's target: >= 95% token-straggler reduction
-constexpr double kH200SpecTflops = 989;    // H200 SXM dense BF16, NVIDIA's specification
+constexpr double kH200SpecTflops = 989;  // H200 SXM dense BF16, NVIDIA's specification
 
 std::string pct_of(double v, double mean) {
   return fmt::format("{:.2f}%", mean > 0 ? v / mean * 100 : 0.0);
 }
 std::string mib(double bytes) { return fmt::format("{:.0f}", bytes / kMiB); }
-double gemm_plus_exposed(const BalanceCell& c) {
-  return c.summary.gemm_straggler_ms + c.summary.exposed_ms;
-}
 
 std::string ep_title(const RackGroup& g) {
   return g.group.domains == 1
@@ -134,6 +130,19 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
       "slots = most non-home experts one GPU holds in a step; planner = in-process time of one "
       "plan() call (median and p99 over steps, each the median of planner_reps runs). Policies: "
       "docs/planners.md; metrics: docs/metrics.md.\n";
+  if (!c.modes.empty()) {
+    std::vector<std::string> modes;
+    for (const BalanceVariant& m : c.modes) {
+      std::string flags;
+      for (const KnobOverride& k : m.knobs) {
+        std::string flag = k.name;
+        std::replace(flag.begin(), flag.end(), '_', '-');
+        flags += fmt::format("{}--{} {:g}", flags.empty() ? "" : " ", flag, k.value);
+      }
+      modes.push_back(fmt::format("{} = `{} {}`", m.label, m.policy, flags));
+    }
+    out += fmt::format("\n**feplb modes.** {}.\n", fmt::join(modes, "; "));
+  }
 
   // 1. EP sweep.
   if (!ep.empty()) {
@@ -187,7 +196,7 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
         "+ exposed time no higher than LLEP's and MoonEP's. Each feplb setting: token straggler "
         "against static / GEMM straggler + exposed ms.\n\n"
         "| workload | EP | experts (per GPU) | busiest expert / mean | static max/mean |",
-        kTargetReduction * 100);
+        kAnchorTargetReduction * 100);
     for (const std::string& l : settings) out += fmt::format(" {} |", l);
     out += " llep | moonep | target met by |\n|---|---|---|---|---|";
     for (size_t i = 0; i < settings.size() + 3; ++i) out += "---|";
@@ -208,11 +217,7 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
       for (const std::string& l : settings) {
         const BalanceCell* fe = cell_of(g, l);
         out += fmt::format(" {} |", both(fe));
-        if (fe && fe->summary.token_straggler_reduction >= kTargetReduction &&
-            (!ll || gemm_plus_exposed(*fe) <= gemm_plus_exposed(*ll)) &&
-            (!mo || gemm_plus_exposed(*fe) <= gemm_plus_exposed(*mo))) {
-          met.push_back(l);
-        }
+        if (fe && meets_anchor_target(*fe, ll, mo, /*min_fits=*/0.0)) met.push_back(l);
       }
       out += fmt::format(
           " {} | {} | {} |\n", both(ll), both(mo),

@@ -684,15 +684,18 @@ TEST(Training, LossCurvesAgreeWithBalancingOnAndOff) {
 // The feplb planner in the layer's opt-in paths: rows in one hop; weights before routing
 // (prefetch() before every forward, after one warm-up forward that gives the planner its history);
 // both; and the prefetch knob without any prefetch() call (the plans list prefetched weights that
-// were never copied: the layer copies what it needs, as without prefetch).
+// were never copied: the layer copies what it needs, as without prefetch); and both with late
+// copies allowed (copy_timing = 3: a helper may wait for weights that land after its own work).
 struct PathMode {
   const char* name;
   bool one_hop, prefetch_knob, prefetch_call;
+  int64_t copy_timing = 1;
 };
 const PathMode kPathModes[] = {{"one_hop", true, false, false},
                                {"prefetch", false, true, true},
                                {"one_hop_prefetch", true, true, true},
-                               {"prefetch_knob_only", false, true, false}};
+                               {"prefetch_knob_only", false, true, false},
+                               {"one_hop_prefetch_late", true, true, true, 3}};
 
 testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_tokens,
                                 const PathMode& mode) {
@@ -700,6 +703,7 @@ testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_t
   Knobs& k = setup.runtime.knobs;
   k.one_hop = mode.one_hop ? 1 : 0;
   k.prefetch = mode.prefetch_knob ? 1 : 0;
+  k.copy_timing = mode.copy_timing;
   k.prefetch_window_us =
       1e6;  // tiny test experts: every predicted pair fits; the guest slots limit them
   setup.prefetch = mode.prefetch_call;
@@ -730,7 +734,7 @@ void expect_row_sources(const Plan& plan, const Topology& topo, const PathMode& 
 }
 
 auto RanksAndPaths() {
-  return ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Values(0, 1, 2, 3));
+  return ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Values(0, 1, 2, 3, 4));
 }
 std::string RankPathName(const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
   return "ep" + std::to_string(std::get<0>(info.param)) + "_" +
@@ -813,7 +817,7 @@ TEST(LayerPaths, EdgeCases) {
   const int ranks = 4, experts = 16;
   const ReferenceMoe m = experts_for(29, experts);
   for (const EdgeCase& k : kEdgeCases) {
-    for (int mi : {0, 1, 2}) {
+    for (int mi : {0, 1, 2, 4}) {
       const PathMode& mode = kPathModes[mi];
       const std::string what = std::string(k.name) + " / " + mode.name;
       const auto in = skewed_inputs(33, ranks, experts, k.top_k, k.tokens, k.skew, k.hot);
@@ -921,7 +925,7 @@ TEST(Training, LossCurvesAgreeWithOneHopAndPrefetch) {
   const auto off = run("static", nullptr);
   EXPECT_LT(off.loss.back(), 0.98 * off.loss.front())
       << "the loss did not fall: the gradients do not train";
-  for (int mi : {0, 1, 2}) {
+  for (int mi : {0, 1, 2, 4}) {
     const PathMode& mode = kPathModes[mi];
     const auto on = run("feplb", &mode);
     ASSERT_EQ(off.loss.size(), on.loss.size());

@@ -35,6 +35,8 @@
 // that a late copy does not strand the receiver's room. An expert gets
 // max_helpers_per_expert helpers, more when it alone holds more than its donor's excess can give to
 // them: up to 2 x min(rows, excess) / target, e.g. a hot expert of 5 GPUs' share over 10 helpers.
+// A helper that takes less than an even share of the donor's excess (its room or window was less)
+// does not count against the limit.
 // Deterministic; O(E log dyn + R + migrations x log R) per step with no allocation after the first
 // call.
 #include <algorithm>
@@ -535,6 +537,10 @@ class FeplbPlanner final : public Planner {
       const int num = static_cast<int>(std::min<size_t>(receivers_.size(), allowed));
       level = helper_level(e, d, num, target, rest_rows);
     }
+    // An even share of what d sheds over its allowed helpers: a helper with room for less (filled
+    // by earlier donors) does not count against the limit, like one whose window took less.
+    const int64_t share =
+        (std::min(remaining(e), load_[d] - target) + allowed - 1) / std::max(allowed, 1);
     int helpers = 0, misses = 0;
     for (size_t i = 0; helpers < allowed && misses < kMaxMisses; ++i) {
       if (load_[d] <= cap || remaining(e) == 0) break;
@@ -551,8 +557,9 @@ class FeplbPlanner final : public Planner {
         misses += i >= held ? 1 : 0;
         continue;
       }
-      // A helper whose window took only part of its slice does not count against the limit.
-      if (rows < wanted && allowed < ctx_.topo.domain_size() - 1) ++allowed;
+      // A helper whose window or room took only part of its share does not count against the
+      // limit.
+      if ((rows < wanted || rows < share) && allowed < ctx_.topo.domain_size() - 1) ++allowed;
       const double t = copy_ms(rows, !weights_there);
       if (k.copy_timing) {
         home_ms_[d] +=
