@@ -14,16 +14,14 @@
 #include "feplb/core/stats.h"
 #include "feplb/sim/gemm_tables.h"
 #include "feplb/sim/internal/report_parts.h"
+#include "feplb/sim/internal/report_util.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/report.h"
 
 namespace feplb {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
 constexpr const char* kPlaced = ", placed homes";
-
-std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
 
 // Simulates `trace` with each layer's homes placed once from the layer's warm-up micro-batches:
 // EPLB's hierarchical packing, no replicas (pack_homes in placer.h). Adds the experts re-homed
@@ -68,15 +66,15 @@ void run_many_donor(const BalanceConfig& config, BalanceResult& result) {
   std::map<std::string, std::string> prior_of;  // stem -> path
   if (!config.many_donor_priors.empty()) {
     for (const std::string& path : config.many_donor_priors) {
-      result.many_donor_priors.push_back(stem(path));
-      prior_of[stem(path)] = path;
+      result.many_donor_priors.push_back(file_stem(path));
+      prior_of[file_stem(path)] = path;
     }
   } else {
     for (const std::string& path : config.prior_paths) {
       const Prior p = expand_prior(read_prior(path), config.num_experts, config.workload.seed);
       if (!shows_many_donors(p, std::min(8, config.gpus_per_node))) continue;
-      result.many_donor_priors.push_back(stem(path));
-      prior_of[stem(path)] = path;
+      result.many_donor_priors.push_back(file_stem(path));
+      prior_of[file_stem(path)] = path;
     }
   }
   for (const BalanceConfig::Shape& sh : config.many_donor_shapes) {
@@ -281,7 +279,7 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
   };
   std::vector<Workload> workloads;
   for (const std::string& path : config.prior_paths) {
-    workloads.push_back({stem(path), 0.0,
+    workloads.push_back({file_stem(path), 0.0,
                          expand_prior(read_prior(path), config.num_experts, config.workload.seed)});
   }
   for (double skew : config.skews) {
@@ -390,7 +388,7 @@ std::string format_balance_json(const BalanceResult& r, const std::string& comma
   json doc;
   doc["command"] = command;
   json priors = json::array();
-  for (const std::string& p : c.prior_paths) priors.push_back(stem(p));
+  for (const std::string& p : c.prior_paths) priors.push_back(file_stem(p));
   json variants = json::array();
   for (const BalanceVariant& v : c.variants) {
     json knobs = json::object();

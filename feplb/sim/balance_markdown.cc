@@ -6,6 +6,7 @@
 #include "feplb/core/error.h"
 #include "feplb/core/text.h"
 #include "feplb/sim/balance.h"
+#include "feplb/sim/internal/report_util.h"
 #include "feplb/sim/markdown.h"
 
 namespace feplb {
@@ -14,7 +15,6 @@ namespace {
 using md::mib;
 using md::pct;
 
-constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kTargetShare = 0.02;  // "within 2% of the mean load"
 
 // What each policy moves and when (docs/planners.md has the algorithms).

@@ -9,13 +9,13 @@
 #include <limits>
 
 #include "feplb/sim/balance.h"
+#include "feplb/sim/internal/report_util.h"
 #include "feplb/sim/svg.h"
 #include "feplb/sim/svg_plot.h"
 
 namespace feplb {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
 using svg::color_of;
 using svg::legend;
 using svg::line_panel;

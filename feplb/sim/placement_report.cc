@@ -18,16 +18,13 @@
 #include "feplb/core/stats.h"
 #include "feplb/core/text.h"
 #include "feplb/sim/internal/report_parts.h"
+#include "feplb/sim/internal/report_util.h"
 #include "feplb/sim/markdown.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/report.h"
 
 namespace feplb {
 namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0;
-
-std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
 
 // "CPU model, N cores" from /proc/cpuinfo, or what is known.
 std::string describe_machine() {
@@ -135,7 +132,7 @@ SimulationResult simulate_setting(const Trace& trace, const PlacementReportConfi
 std::vector<PlacementTiming> time_placer(const PlacementReportConfig& c, std::string& source) {
   std::string path = c.prior_paths.front();
   for (const std::string& p : c.prior_paths) {
-    if (stem(p) == c.timing_prior) path = p;
+    if (file_stem(p) == c.timing_prior) path = p;
   }
   const Prior prior = expand_prior(read_prior(path), c.num_experts, c.workload.seed);
   const int history_ranks = *std::max_element(c.timing_ranks.begin(), c.timing_ranks.end());
@@ -149,7 +146,7 @@ std::vector<PlacementTiming> time_placer(const PlacementReportConfig& c, std::st
     const RoutingStep s = generate_step(prior.popularity.front(), spec, t, h.layer);
     h.rows.insert(h.rows.end(), s.expert_counts.begin(), s.expert_counts.end());
   }
-  source = fmt::format("{}, layer {}, {} micro-batches at EP={}", stem(path), h.layer,
+  source = fmt::format("{}, layer {}, {} micro-batches at EP={}", file_stem(path), h.layer,
                        c.timing_steps, history_ranks);
   std::vector<PlacementTiming> out;
   for (int ranks : c.timing_ranks) {
@@ -589,7 +586,7 @@ std::string format_placement_json(const PlacementReportResult& r, const std::str
   json doc;
   doc["command"] = command;
   json priors = json::array();
-  for (const std::string& p : c.prior_paths) priors.push_back(stem(p));
+  for (const std::string& p : c.prior_paths) priors.push_back(file_stem(p));
   doc["config"] = {{"priors", priors},
                    {"num_experts", c.num_experts},
                    {"top_k", c.top_k},

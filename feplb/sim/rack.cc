@@ -9,14 +9,13 @@
 #include "feplb/core/error.h"
 #include "feplb/core/stats.h"
 #include "feplb/sim/internal/report_parts.h"
+#include "feplb/sim/internal/report_util.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/report.h"
 #include "feplb/sim/svg_plot.h"
 
 namespace feplb {
 namespace {
-
-std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
 
 // Mean over the measured steps of a trace of (busiest expert's rows / mean expert rows).
 void add_busiest(const Trace& trace, int64_t warmup, double& sum, int64_t& n) {
@@ -145,7 +144,7 @@ RackResult run_rack(const RackConfig& config, const Progress& progress) {
     Prior p = read_prior(path);
     if (p.top_k != c.top_k) continue;
     real.push_back(std::move(p));
-    result.priors.push_back(stem(path));
+    result.priors.push_back(file_stem(path));
   }
   std::vector<std::string> models;  // the real priors' models, for the workload's label
   for (const Prior& p : real) {

@@ -4,12 +4,12 @@
 
 #include "feplb/core/error.h"
 #include "feplb/core/gpu_class.h"
+#include "feplb/sim/internal/report_util.h"
 #include "feplb/sim/rack.h"
 
 namespace feplb {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kH200SpecTflops = 989;  // H200 SXM dense BF16, NVIDIA's specification
 
 std::string pct_of(double v, double mean) {

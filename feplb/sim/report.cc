@@ -6,14 +6,13 @@
 #include "feplb/core/error.h"
 #include "feplb/core/text.h"
 #include "feplb/sim/internal/report_parts.h"
+#include "feplb/sim/internal/report_util.h"
 #include "feplb/sim/svg.h"
 
 namespace feplb {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
-
-std::string pct(double reduction) { return fmt::format("{:+.0f}%", -reduction * 100.0); }
+std::string change_pct(double reduction) { return fmt::format("{:+.0f}%", -reduction * 100.0); }
 
 // Lines about the homes, for the table's header: where they come from, the walk-forward replans
 // and what they moved, and the imbalance left between nodes. Empty: contiguous homes, one node.
@@ -136,11 +135,11 @@ std::string format_table(const SimulationResult& r) {
         "{:<12} {:>17} {:>9.3f} {:>7} {:>17} {:>7} {:>9.0f} {:>9.1f} {:>12} {:>6.0f}% {:>6.0f}% "
         "{:>8.3f} {:>13}\n",
         p.name, fmt::format("{:.0f} ({:.0f})", s.token_straggler, s.token_straggler_p95),
-        s.token_max_over_mean, p.name == "static" ? "" : pct(s.token_straggler_reduction),
+        s.token_max_over_mean, p.name == "static" ? "" : change_pct(s.token_straggler_reduction),
         fmt::format("{:.3f} ({:.3f})", s.gemm_straggler_ms, s.gemm_straggler_ms_p95),
-        p.name == "static" ? "" : pct(s.gemm_straggler_reduction), s.weight_bytes_per_step / kMiB,
-        s.token_bytes_per_step / kMiB, prefetch, s.fits_static_window * 100.0,
-        s.delayed_steps * 100.0, s.exposed_ms,
+        p.name == "static" ? "" : change_pct(s.gemm_straggler_reduction),
+        s.weight_bytes_per_step / kMiB, s.token_bytes_per_step / kMiB, prefetch,
+        s.fits_static_window * 100.0, s.delayed_steps * 100.0, s.exposed_ms,
         fmt::format("{:.1f} / {:.1f}", s.planner_us_median, s.planner_us_p99));
   }
   return out;

@@ -5,15 +5,12 @@
 
 #include "feplb/core/error.h"
 #include "feplb/sim/internal/report_parts.h"
+#include "feplb/sim/internal/report_util.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/report.h"
 
 namespace feplb {
 namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0;
-
-std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
 
 const PolicySummary* find(const std::vector<std::string>& names,
                           const std::vector<PolicySummary>& s, const std::string& name) {
@@ -23,7 +20,7 @@ const PolicySummary* find(const std::vector<std::string>& names,
   return nullptr;
 }
 
-std::string pct(double x) { return fmt::format("{:.1f}%", x * 100.0); }
+std::string share_pct(double x) { return fmt::format("{:.1f}%", x * 100.0); }
 
 }  // namespace
 
@@ -55,7 +52,7 @@ SweepResult run_sweep(const SweepConfig& config, const Progress& progress) {
       const SimulationResult r = simulate(trace, sim);
       SweepRun run;
       run.ranks = ranks;
-      run.prior = stem(config.prior_paths[i]);
+      run.prior = file_stem(config.prior_paths[i]);
       if (pooled.empty()) pooled.resize(r.policies.size());
       for (size_t p = 0; p < r.policies.size(); ++p) {
         run.policy_names.push_back(r.policies[p].name);
@@ -132,7 +129,8 @@ std::string format_sweep_markdown(const SweepResult& r, const std::string& comma
     const PolicySummary* fm = find(pool.policy_names, pool.summaries, "fastermoe");
     if (st && fe) {
       out += fmt::format("\nfeplb: token straggler {} lower than static, GEMM straggler {} lower",
-                         pct(fe->token_straggler_reduction), pct(fe->gemm_straggler_reduction));
+                         share_pct(fe->token_straggler_reduction),
+                         share_pct(fe->gemm_straggler_reduction));
       if (fm)
         out += fmt::format(", {:.1f}x lower token straggler than fastermoe",
                            fm->token_straggler / std::max(fe->token_straggler, 1e-9));
@@ -141,7 +139,7 @@ std::string format_sweep_markdown(const SweepResult& r, const std::string& comma
                            pa->token_straggler / std::max(fe->token_straggler, 1e-9));
       out += fmt::format(
           "; {:.2f}% of the mean load above the oracle; copies fit the window in {} of steps.\n",
-          fe->above_oracle_pct_of_mean, pct(fe->fits_static_window));
+          fe->above_oracle_pct_of_mean, share_pct(fe->fits_static_window));
     }
   }
   out += "\n## Per prior: token straggler, mean rows (change vs static)\n\n| EP | prior |";
@@ -185,7 +183,7 @@ std::string format_sweep_json(const SweepResult& r, const std::string& command) 
   const SweepConfig& c = r.config;
   json doc;
   json priors = json::array();
-  for (const std::string& p : c.prior_paths) priors.push_back(stem(p));
+  for (const std::string& p : c.prior_paths) priors.push_back(file_stem(p));
   doc["command"] = command;
   doc["config"] = {{"priors", priors},
                    {"ranks", c.ranks},
