@@ -562,9 +562,10 @@ json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
 // ---- the layer's paths on a many-donor trace ---------------------------------------------------
 // The two-phase default, rows in one hop, weights before routing, both, and both with late copies
 // (copy_timing = 3): five layers (one feplb planner each, the mode's knobs) on one runtime per
-// virtual rank, sharing its slot pool, over the same routing. Interleaved: every step runs each mode once, in an order rotated every step; each
-// forward comes after an emulated attention block (a GPU delay as long as the prefetch window, in
-// every mode) that the prefetch copies can hide behind, and prefetch() is called before it.
+// virtual rank, sharing its slot pool, over the same routing. Interleaved: every step runs each
+// mode once, in an order rotated every step; each forward comes after an emulated attention block
+// (a GPU delay as long as the prefetch window, in every mode) that the prefetch copies can hide
+// behind, and prefetch() is called before it.
 struct PathMode {
   const char* name;
   int64_t one_hop, prefetch, copy_timing;
