@@ -75,15 +75,18 @@ class ReceiverTree {
     double min_in_guest = std::numeric_limits<double>::infinity();
     double min_guest = std::numeric_limits<double>::infinity();
   };
+  void write_leaf(int pos, int gpu, bool eligible, const Leaf& leaf);
   void pull(size_t i);
-  int search(const Need& need, int from, bool late) const;
+  // kAny: no timing; kHidden: hidden copies only (positions from `from`); kLate: late copies too.
+  enum class Mode { kAny, kHidden, kLate };
+  template <Mode kMode>
+  int search(const Need& need, int from) const;
 
   int size_ = 1;  // leaves, a power of two >= n
   bool late_ok_ = false;
-  std::vector<Hot> hot_;                     // [2 * size_], root at 1, leaf i at size_ + i
-  std::vector<Late> late_;                   // [2 * size_]
-  std::vector<Leaf> leaves_;                 // [size_] each leaf's state
-  mutable std::vector<int> stack_, pieces_;  // search(): nodes to visit; subtrees covering it
+  std::vector<Hot> hot_;      // [2 * size_], root at 1, leaf i at size_ + i
+  std::vector<Late> late_;    // [2 * size_] (only with late copies)
+  std::vector<Leaf> leaves_;  // [size_] each leaf's state
 };
 
 }  // namespace feplb
