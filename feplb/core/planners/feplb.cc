@@ -311,7 +311,10 @@ class FeplbPlanner final : public Planner {
       } else {
         auto local = topo.local_experts(g);
         order_.assign(local.begin(), local.end());
-        std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), busier);
+        if (n == static_cast<int>(order_.size()))
+          std::sort(order_.begin(), order_.end(), busier);  // cheaper for few (a total order)
+        else
+          std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), busier);
       }
       for (int i = 0; i < n; ++i) {
         candidates_[static_cast<size_t>(next++)] = order_[i];

@@ -16,6 +16,7 @@ void ReceiverTree::reset(int n, bool late) {
   hot_.resize(static_cast<size_t>(2 * size_));
   leaves_.resize(static_cast<size_t>(size_));
   std::fill(hot_.begin() + size_ + n, hot_.end(), Hot{});
+  wait_.resize(static_cast<size_t>(2 * size_));  // a search offers each node at most once
   if (late) {
     late_.resize(static_cast<size_t>(2 * size_));
     std::fill(late_.begin() + size_ + n, late_.end(), Late{});
@@ -100,54 +101,43 @@ int ReceiverTree::search(const Need& need, int from) const {
     const double start = need.timing == 3 ? std::max(leaf.home_ms, lands) : lands;
     return start + leaf.guest_ms <= by;
   };
-  // At most two pieces per level, sorted by insertion (few).
-  int pieces[2 * (kGpuBits + 2)];
-  int num_pieces = 0;
-  for (int l = from + size_, r = 2 * size_; l < r; l /= 2, r /= 2) {
-    if (l & 1) pieces[num_pieces++] = l++;
-    if (r & 1) pieces[num_pieces++] = --r;
+  // Best first: from the waiting subtrees (at first, those covering the positions searched) the
+  // one with the least loaded GPU, then down its lighter child while that may hold the copy, the
+  // heavier one waiting. The first leaf that accepts the copy is the answer. The waiting list is
+  // short (one node per level descended, at most twice the depth to start with): a linear scan
+  // finds its least.
+  Entry* const wait = wait_.data();
+  size_t num_waiting = 0;
+  const auto offer = [&](size_t i) {
+    if (hot_[i].key != kNone && may_hold(i)) wait[num_waiting++] = {hot_[i].key, i};
+  };
+  for (size_t l = static_cast<size_t>(from + size_), r = static_cast<size_t>(2 * size_); l < r;
+       l /= 2, r /= 2) {
+    if (l & 1) offer(l++);
+    if (r & 1) offer(--r);
   }
-  for (int p = 1; p < num_pieces; ++p) {
-    const int piece = pieces[p];
-    const uint64_t key = hot_[static_cast<size_t>(piece)].key;
-    int q = p;
-    for (; q > 0 && key < hot_[static_cast<size_t>(pieces[q - 1])].key; --q)
-      pieces[q] = pieces[q - 1];
-    pieces[q] = piece;
-  }
-  // Depth first down the lighter child; the heavier one waits on the stack if it may still beat
-  // `best` and hold the copy (at most one node per level).
   const size_t first_leaf = static_cast<size_t>(size_);
-  size_t stack[kGpuBits + 2];
   uint64_t best = kNone;
-  for (int p = 0; p < num_pieces; ++p) {
-    const size_t piece = static_cast<size_t>(pieces[p]);
-    const uint64_t least = hot_[piece].key;
-    if (least >= best) break;  // this and the rest are heavier
-    if (!may_hold(piece)) continue;
-    int top = 0;
-    size_t i = piece;  // a node that may beat `best` and hold the copy
+  while (num_waiting > 0) {
+    size_t least = 0;
+    for (size_t w = 1; w < num_waiting; ++w) {
+      if (wait[w].key < wait[least].key) least = w;
+    }
+    size_t i = wait[least].node;
+    wait[least] = wait[--num_waiting];
     for (;;) {
       if (i >= first_leaf) {
-        if (accepts(i)) {
-          best = hot_[i].key;
-          if (best == least) break;  // the least loaded of this piece, so of all that are left
-        }
-      } else {
-        const size_t left = 2 * i, right = left + 1;
-        const bool left_first = hot_[left].key < hot_[right].key;
-        const size_t lighter = left_first ? left : right, heavier = left_first ? right : left;
-        if (hot_[heavier].key < best && may_hold(heavier)) stack[top++] = heavier;
-        if (hot_[lighter].key < best && may_hold(lighter)) {
-          i = lighter;
-          continue;
-        }
+        if (accepts(i)) best = hot_[i].key;
+        break;
       }
-      // Next: the deepest waiting node that may still beat `best`.
-      while (top > 0 && hot_[stack[top - 1]].key >= best) --top;
-      if (top == 0) break;
-      i = stack[--top];
+      const size_t left = 2 * i, right = left + 1;
+      const bool left_first = hot_[left].key < hot_[right].key;
+      const size_t lighter = left_first ? left : right, heavier = left_first ? right : left;
+      offer(heavier);
+      if (!may_hold(lighter)) break;  // its key is i's, the least: no need to check it
+      i = lighter;
     }
+    if (best != kNone) break;
   }
   return best == kNone ? -1 : static_cast<int>(best & ((uint64_t{1} << kGpuBits) - 1));
 }

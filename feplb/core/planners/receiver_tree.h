@@ -87,6 +87,11 @@ class ReceiverTree {
   std::vector<Hot> hot_;      // [2 * size_], root at 1, leaf i at size_ + i
   std::vector<Late> late_;    // [2 * size_] (only with late copies)
   std::vector<Leaf> leaves_;  // [size_] each leaf's state
+  struct Entry {
+    uint64_t key;
+    size_t node;
+  };
+  mutable std::vector<Entry> wait_;  // search(): the subtrees waiting to be searched
 };
 
 }  // namespace feplb
