@@ -41,6 +41,7 @@
 // call.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "feplb/core/error.h"
 #include "feplb/core/planners/policies.h"
@@ -118,19 +119,16 @@ class FeplbPlanner final : public Planner {
       const int64_t target = dom_target_[dom], cap = target + tol;
       cap_ = cap;
       // The receivers' tree lays the domain's GPUs out by their window (the GEMM time of their
-      // own work), shortest first; without copy timing, by load.
+      // own work), shortest first; without copy timing, by load (then GPU). Sorted as one
+      // 128-bit integer each (cheaper to compare than the three fields).
       by_window_.resize(static_cast<size_t>(n));
-      for (int i = 0; i < n; ++i)
-        by_window_[i] = {home_ms_[first + i], load_[first + i], first + i};
-      std::sort(by_window_.begin(), by_window_.end(), [](const WindowKey& a, const WindowKey& b) {
-        if (a.home_ms != b.home_ms) return a.home_ms < b.home_ms;
-        return a.load != b.load ? a.load < b.load : a.gpu < b.gpu;
-      });
+      for (int i = 0; i < n; ++i) by_window_[i] = window_key(first + i);
+      std::sort(by_window_.begin(), by_window_.end());
       window_at_.resize(static_cast<size_t>(n));
       donors_.clear();
       tree_.reset(n, k.copy_timing >= 2);
       for (int i = 0; i < n; ++i) {
-        const int g = by_window_[i].gpu;
+        const int g = static_cast<int>(by_window_[i] & kGpuMask);
         if (load_[g] > cap) donors_.push_back(g);
         leaf_of_[g] = i;
         window_at_[i] = home_ms_[g];
@@ -611,11 +609,19 @@ class FeplbPlanner final : public Planner {
   int64_t gather_rows_ = 0;
   std::vector<double> window_at_;  // the domain's home_ms_ by tree position, when it was built
   ReceiverTree tree_;              // the domain's receivers
-  struct WindowKey {
-    double home_ms;
-    int64_t load;
-    int gpu;
-  };
+  // (home_ms_, load_, GPU) of a GPU as one integer in the same order: the window's bits made
+  // order-preserving (non-negative doubles compare as their bits), the load, the GPU.
+  __extension__ typedef unsigned __int128 WindowKey;
+  static constexpr int kGpuBits = 24;
+  static constexpr WindowKey kGpuMask = (WindowKey{1} << kGpuBits) - 1;
+  WindowKey window_key(int g) const {
+    const double window = home_ms_[g] + 0.0;  // -0.0 as 0.0
+    uint64_t bits;
+    std::memcpy(&bits, &window, sizeof bits);
+    bits = bits >> 63 ? ~bits : bits | uint64_t{1} << 63;  // negative ones reversed, below
+    return WindowKey{bits} << 64 | static_cast<WindowKey>(load_[g]) << kGpuBits |
+           static_cast<WindowKey>(g);
+  }
   std::vector<WindowKey> by_window_;
   std::vector<int> leaf_of_;       // the domain's GPUs by load; [num_ranks] tree leaf
   std::vector<uint8_t> excluded_;  // [num_ranks] 1: passed over, 2: out of the tree

@@ -57,7 +57,24 @@ void ReceiverTree::build() {
 
 void ReceiverTree::set(int pos, int gpu, bool eligible, const Leaf& leaf) {
   write_leaf(pos, gpu, eligible, leaf);
-  for (size_t i = static_cast<size_t>(size_ + pos) / 2; i >= 1; i /= 2) pull(i);
+  // Up to the root, each node from the one below (kept in registers) and its sibling.
+  size_t i = static_cast<size_t>(size_ + pos);
+  Hot hot = hot_[i];
+  for (; i > 1; i /= 2) {
+    const Hot& sib = hot_[i ^ 1];
+    hot = {std::min(hot.key, sib.key), std::max(hot.max_slack, sib.max_slack),
+           std::max(hot.max_home, sib.max_home)};
+    hot_[i / 2] = hot;
+  }
+  if (!late_ok_) return;
+  i = static_cast<size_t>(size_ + pos);
+  Late late = late_[i];
+  for (; i > 1; i /= 2) {
+    const Late& sib = late_[i ^ 1];
+    late = {std::min(late.min_home_guest, sib.min_home_guest),
+            std::min(late.min_in_guest, sib.min_in_guest), std::min(late.min_guest, sib.min_guest)};
+    late_[i / 2] = late;
+  }
 }
 
 int ReceiverTree::find(const Need& need, int from) const {
@@ -80,18 +97,19 @@ int ReceiverTree::search(const Need& need, int from) const {
     return need.reserve_to - leaf.load - need.rows >= need.reserve_rows ? need.reserve_ms : 0.0;
   };
   const double by = need.finish_by_ms;
+  const Hot* const hot = hot_.data();
   const auto may_hold = [&](size_t i) {
     if constexpr (kMode == Mode::kAny) return true;
     // A hidden copy lands by home_ms after both the receiver's ingress (in_ms) and the donor's
     // egress (out_ms) are free.
-    if (hot_[i].max_slack >= t && hot_[i].max_home >= out_t) return true;  // maybe hidden
+    if (hot[i].max_slack >= t && hot[i].max_home >= out_t) return true;  // maybe hidden
     if constexpr (kMode == Mode::kHidden) return false;
     const Late& b = late_[i];
     if (need.timing == 3 && b.min_home_guest > by) return false;
     return b.min_in_guest + t <= by && out_t + b.min_guest <= by;
   };
   const auto accepts = [&](size_t i) {
-    const int gpu = static_cast<int>(hot_[i].key & ((uint64_t{1} << kGpuBits) - 1));
+    const int gpu = static_cast<int>(hot[i].key & ((uint64_t{1} << kGpuBits) - 1));
     if (need.skip != nullptr && need.skip[gpu]) return false;
     if constexpr (kMode == Mode::kAny) return true;
     const Leaf& leaf = leaves_[i - static_cast<size_t>(size_)];
@@ -109,7 +127,7 @@ int ReceiverTree::search(const Need& need, int from) const {
   Entry* const wait = wait_.data();
   size_t num_waiting = 0;
   const auto offer = [&](size_t i) {
-    if (hot_[i].key != kNone && may_hold(i)) wait[num_waiting++] = {hot_[i].key, i};
+    if (hot[i].key != kNone && may_hold(i)) wait[num_waiting++] = {hot[i].key, i};
   };
   for (size_t l = static_cast<size_t>(from + size_), r = static_cast<size_t>(2 * size_); l < r;
        l /= 2, r /= 2) {
@@ -127,11 +145,11 @@ int ReceiverTree::search(const Need& need, int from) const {
     wait[least] = wait[--num_waiting];
     for (;;) {
       if (i >= first_leaf) {
-        if (accepts(i)) best = hot_[i].key;
+        if (accepts(i)) best = hot[i].key;
         break;
       }
       const size_t left = 2 * i, right = left + 1;
-      const bool left_first = hot_[left].key < hot_[right].key;
+      const bool left_first = hot[left].key < hot[right].key;
       const size_t lighter = left_first ? left : right, heavier = left_first ? right : left;
       offer(heavier);
       if (!may_hold(lighter)) break;  // its key is i's, the least: no need to check it
