@@ -53,6 +53,8 @@ namespace {
 // Receivers from the tree that get no slice (their copy cannot land in time after all) before an
 // expert gives up on further helpers.
 constexpr int kMaxMisses = 8;
+// GPUs with at most this many local experts choose their candidates by insertion.
+constexpr size_t kFewLocalExperts = 32;
 
 class FeplbPlanner final : public Planner {
  public:
@@ -301,23 +303,31 @@ class FeplbPlanner final : public Planner {
     int next = 0;
     for (int g = 0; g < topo.num_ranks(); ++g) {
       candidate_begin_[g] = next;
+      int* const top = candidates_.data() + next;  // g's candidates, busiest first
       int n = per_gpu;
+      const auto local = topo.local_experts(g);
       if (from_placement && !ctx_.knobs.one_hop) {
         placement_dynamic_set(ctx_, g, order_);
         n = static_cast<int>(order_.size());
         std::sort(order_.begin(), order_.end(), busier);
+        std::copy(order_.begin(), order_.end(), top);
+      } else if (local.size() <= kFewLocalExperts) {
+        // The n busiest by insertion, straight into place (busier is a total order, so this is
+        // what any sort gives).
+        int kept = 0;
+        for (int e : local) {
+          if (n == 0 || (kept == n && !busier(e, top[n - 1]))) continue;
+          int q = kept < n ? kept++ : n - 1;
+          for (; q > 0 && busier(e, top[q - 1]); --q) top[q] = top[q - 1];
+          top[q] = e;
+        }
       } else {
-        auto local = topo.local_experts(g);
         order_.assign(local.begin(), local.end());
-        if (n == static_cast<int>(order_.size()))
-          std::sort(order_.begin(), order_.end(), busier);  // cheaper for few (a total order)
-        else
-          std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), busier);
+        std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), busier);
+        std::copy(order_.begin(), order_.begin() + n, top);
       }
-      for (int i = 0; i < n; ++i) {
-        candidates_[static_cast<size_t>(next++)] = order_[i];
-        dynamic[order_[i]] = 1;
-      }
+      for (int i = 0; i < n; ++i) dynamic[top[i]] = 1;
+      next += n;
     }
     candidate_begin_[topo.num_ranks()] = next;
   }
