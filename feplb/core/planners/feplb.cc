@@ -488,12 +488,7 @@ class FeplbPlanner final : public Planner {
       need.reserve_rows = std::max(k.min_slice_rows, need.rows);
       need.reserve_ms = copy_ms(k.min_slice_rows, true);
     }
-    int h = tree_.find(need, first_with_window(need));
-    need.reserve_to = 0;
-    if (h < 0 && need.per_row_ms > 0 && need.rows > k.min_slice_rows) {
-      need.rows = k.min_slice_rows;
-      h = tree_.find(need, first_with_window(need));
-    }
+    const int h = find_receiver(need, !gather && excluded_list_.empty());
     if (h < 0) return false;
     if (gather) {
       const int64_t rows = std::min(gather_rows_, std::max<int64_t>(0, target - load_[h]));
@@ -503,6 +498,32 @@ class FeplbPlanner final : public Planner {
     exclude(h, gather);
     receivers_.push_back(h);
     return true;
+  }
+
+  // The receiver next_receiver() takes for `need`: the least loaded whose copy lands in time, else
+  // (no reserve then) one whose copy of a minimum slice does; -1 if none. `reusable`: no GPU is
+  // set aside, so the answer depends on `need` and the tree only, and the last such answer is
+  // reused while neither changed (a donor often asks the same for its next candidate expert, e.g.
+  // when no receiver has room for a slice).
+  int find_receiver(ReceiverTree::Need need, bool reusable) {
+    const Knobs& k = ctx_.knobs;
+    if (reusable && last_find_.version == tree_.version() && same_need(last_find_.need, need))
+      return last_find_.gpu;
+    const ReceiverTree::Need asked = need;
+    int h = tree_.find(need, first_with_window(need));
+    need.reserve_to = 0;
+    if (h < 0 && need.per_row_ms > 0 && need.rows > k.min_slice_rows) {
+      need.rows = k.min_slice_rows;
+      h = tree_.find(need, first_with_window(need));
+    }
+    if (reusable) last_find_ = {tree_.version(), asked, h};
+    return h;
+  }
+  static bool same_need(const ReceiverTree::Need& a, const ReceiverTree::Need& b) {
+    return a.timing == b.timing && a.out_ms == b.out_ms && a.fixed_ms == b.fixed_ms &&
+           a.per_row_ms == b.per_row_ms && a.rows == b.rows && a.reserve_to == b.reserve_to &&
+           a.reserve_rows == b.reserve_rows && a.reserve_ms == b.reserve_ms &&
+           a.finish_by_ms == b.finish_by_ms && a.skip == b.skip;
   }
 
   // The first position in the receivers' tree whose window (at the start of the domain's plan)
@@ -619,6 +640,12 @@ class FeplbPlanner final : public Planner {
   int64_t gather_rows_ = 0;
   std::vector<double> window_at_;  // the domain's home_ms_ by tree position, when it was built
   ReceiverTree tree_;              // the domain's receivers
+  struct LastFind {
+    uint64_t version = 0;  // the tree's version when it was searched (0: none)
+    ReceiverTree::Need need;
+    int gpu = -1;
+  };
+  LastFind last_find_;  // find_receiver()'s last reusable answer
   // (home_ms_, load_, GPU) of a GPU as one integer in the same order: the window's bits made
   // order-preserving (non-negative doubles compare as their bits), the load, the GPU.
   __extension__ typedef unsigned __int128 WindowKey;

@@ -8,6 +8,7 @@ namespace feplb {
 
 void ReceiverTree::reset(int n, bool late) {
   FEPLB_CHECK(n <= (1 << kGpuBits), "receiver tree: {} leaves, at most {}", n, 1 << kGpuBits);
+  ++version_;
   late_ok_ = late;
   size_ = 1;
   while (size_ < n) size_ *= 2;
@@ -48,6 +49,7 @@ inline void ReceiverTree::pull(size_t i) {
 }
 
 void ReceiverTree::put(int pos, int gpu, bool eligible, const Leaf& leaf) {
+  ++version_;
   write_leaf(pos, gpu, eligible, leaf);
 }
 
@@ -56,6 +58,7 @@ void ReceiverTree::build() {
 }
 
 void ReceiverTree::set(int pos, int gpu, bool eligible, const Leaf& leaf) {
+  ++version_;
   write_leaf(pos, gpu, eligible, leaf);
   // Up to the root, each node from the one below (kept in registers) and its sibling.
   size_t i = static_cast<size_t>(size_ + pos);

@@ -57,6 +57,8 @@ class ReceiverTree {
   // before can hide it); with timing 2 or 3, a hidden or a late copy to one at any position (a late
   // one accepted here without the GEMM time of its own rows: the caller checks the exact rule).
   int find(const Need& need, int from) const;
+  // Changes with every reset(), put() and set() (never 0): equal versions, equal trees.
+  uint64_t version() const { return version_; }
 
  private:
   static constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
@@ -83,6 +85,7 @@ class ReceiverTree {
   int search(const Need& need, int from) const;
 
   int size_ = 1;  // leaves, a power of two >= n
+  uint64_t version_ = 1;
   bool late_ok_ = false;
   std::vector<Hot> hot_;      // [2 * size_], root at 1, leaf i at size_ + i
   std::vector<Late> late_;    // [2 * size_] (only with late copies)
