@@ -86,10 +86,10 @@ int ReceiverTree::find(const Need& need, int from) const {
   return search<Mode::kLate>(need, 0);
 }
 
-// Over positions [from, size_) (late: all of them): the O(log n) subtrees that cover them, lightest
-// first, each depth-first with the lighter child first; a subtree is skipped when it cannot beat
-// the best receiver found so far or no receiver in it can accept the copy (bounds from its
-// aggregates: the largest slack; the least queued work).
+// Over positions [from, size_) (late: all of them), best first from the O(log n) subtrees that
+// cover them: a subtree is searched in the order of its least loaded GPU and skipped when no
+// receiver in it can accept the copy (bounds from its aggregates: the largest slack and window;
+// the least queued work), so the first leaf that accepts is the answer.
 template <ReceiverTree::Mode kMode>
 int ReceiverTree::search(const Need& need, int from) const {
   const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(need.rows);
