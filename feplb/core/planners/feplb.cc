@@ -41,6 +41,7 @@
 // call.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "feplb/core/error.h"
 #include "feplb/core/planners/policies.h"
@@ -52,6 +53,8 @@ namespace {
 // Receivers from the tree that get no slice (their copy cannot land in time after all) before an
 // expert gives up on further helpers.
 constexpr int kMaxMisses = 8;
+// GPUs with at most this many local experts choose their candidates by insertion.
+constexpr size_t kFewLocalExperts = 32;
 
 class FeplbPlanner final : public Planner {
  public:
@@ -118,19 +121,16 @@ class FeplbPlanner final : public Planner {
       const int64_t target = dom_target_[dom], cap = target + tol;
       cap_ = cap;
       // The receivers' tree lays the domain's GPUs out by their window (the GEMM time of their
-      // own work), shortest first; without copy timing, by load.
+      // own work), shortest first; without copy timing, by load (then GPU). Sorted as one
+      // 128-bit integer each (cheaper to compare than the three fields).
       by_window_.resize(static_cast<size_t>(n));
-      for (int i = 0; i < n; ++i)
-        by_window_[i] = {home_ms_[first + i], load_[first + i], first + i};
-      std::sort(by_window_.begin(), by_window_.end(), [](const WindowKey& a, const WindowKey& b) {
-        if (a.home_ms != b.home_ms) return a.home_ms < b.home_ms;
-        return a.load != b.load ? a.load < b.load : a.gpu < b.gpu;
-      });
+      for (int i = 0; i < n; ++i) by_window_[i] = window_key(first + i);
+      std::sort(by_window_.begin(), by_window_.end());
       window_at_.resize(static_cast<size_t>(n));
       donors_.clear();
       tree_.reset(n, k.copy_timing >= 2);
       for (int i = 0; i < n; ++i) {
-        const int g = by_window_[i].gpu;
+        const int g = static_cast<int>(by_window_[i] & kGpuMask);
         if (load_[g] > cap) donors_.push_back(g);
         leaf_of_[g] = i;
         window_at_[i] = home_ms_[g];
@@ -303,20 +303,31 @@ class FeplbPlanner final : public Planner {
     int next = 0;
     for (int g = 0; g < topo.num_ranks(); ++g) {
       candidate_begin_[g] = next;
+      int* const top = candidates_.data() + next;  // g's candidates, busiest first
       int n = per_gpu;
+      const auto local = topo.local_experts(g);
       if (from_placement && !ctx_.knobs.one_hop) {
         placement_dynamic_set(ctx_, g, order_);
         n = static_cast<int>(order_.size());
         std::sort(order_.begin(), order_.end(), busier);
+        std::copy(order_.begin(), order_.end(), top);
+      } else if (local.size() <= kFewLocalExperts) {
+        // The n busiest by insertion, straight into place (busier is a total order, so this is
+        // what any sort gives).
+        int kept = 0;
+        for (int e : local) {
+          if (n == 0 || (kept == n && !busier(e, top[n - 1]))) continue;
+          int q = kept < n ? kept++ : n - 1;
+          for (; q > 0 && busier(e, top[q - 1]); --q) top[q] = top[q - 1];
+          top[q] = e;
+        }
       } else {
-        auto local = topo.local_experts(g);
         order_.assign(local.begin(), local.end());
         std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), busier);
+        std::copy(order_.begin(), order_.begin() + n, top);
       }
-      for (int i = 0; i < n; ++i) {
-        candidates_[static_cast<size_t>(next++)] = order_[i];
-        dynamic[order_[i]] = 1;
-      }
+      for (int i = 0; i < n; ++i) dynamic[top[i]] = 1;
+      next += n;
     }
     candidate_begin_[topo.num_ranks()] = next;
   }
@@ -477,12 +488,7 @@ class FeplbPlanner final : public Planner {
       need.reserve_rows = std::max(k.min_slice_rows, need.rows);
       need.reserve_ms = copy_ms(k.min_slice_rows, true);
     }
-    int h = tree_.find(need, first_with_window(need));
-    need.reserve_to = 0;
-    if (h < 0 && need.per_row_ms > 0 && need.rows > k.min_slice_rows) {
-      need.rows = k.min_slice_rows;
-      h = tree_.find(need, first_with_window(need));
-    }
+    const int h = find_receiver(need, !gather && excluded_list_.empty());
     if (h < 0) return false;
     if (gather) {
       const int64_t rows = std::min(gather_rows_, std::max<int64_t>(0, target - load_[h]));
@@ -492,6 +498,32 @@ class FeplbPlanner final : public Planner {
     exclude(h, gather);
     receivers_.push_back(h);
     return true;
+  }
+
+  // The receiver next_receiver() takes for `need`: the least loaded whose copy lands in time, else
+  // (no reserve then) one whose copy of a minimum slice does; -1 if none. `reusable`: no GPU is
+  // set aside, so the answer depends on `need` and the tree only, and the last such answer is
+  // reused while neither changed (a donor often asks the same for its next candidate expert, e.g.
+  // when no receiver has room for a slice).
+  int find_receiver(ReceiverTree::Need need, bool reusable) {
+    const Knobs& k = ctx_.knobs;
+    if (reusable && last_find_.version == tree_.version() && same_need(last_find_.need, need))
+      return last_find_.gpu;
+    const ReceiverTree::Need asked = need;
+    int h = tree_.find(need, first_with_window(need));
+    need.reserve_to = 0;
+    if (h < 0 && need.per_row_ms > 0 && need.rows > k.min_slice_rows) {
+      need.rows = k.min_slice_rows;
+      h = tree_.find(need, first_with_window(need));
+    }
+    if (reusable) last_find_ = {tree_.version(), asked, h};
+    return h;
+  }
+  static bool same_need(const ReceiverTree::Need& a, const ReceiverTree::Need& b) {
+    return a.timing == b.timing && a.out_ms == b.out_ms && a.fixed_ms == b.fixed_ms &&
+           a.per_row_ms == b.per_row_ms && a.rows == b.rows && a.reserve_to == b.reserve_to &&
+           a.reserve_rows == b.reserve_rows && a.reserve_ms == b.reserve_ms &&
+           a.finish_by_ms == b.finish_by_ms && a.skip == b.skip;
   }
 
   // The first position in the receivers' tree whose window (at the start of the domain's plan)
@@ -608,11 +640,25 @@ class FeplbPlanner final : public Planner {
   int64_t gather_rows_ = 0;
   std::vector<double> window_at_;  // the domain's home_ms_ by tree position, when it was built
   ReceiverTree tree_;              // the domain's receivers
-  struct WindowKey {
-    double home_ms;
-    int64_t load;
-    int gpu;
+  struct LastFind {
+    uint64_t version = 0;  // the tree's version when it was searched (0: none)
+    ReceiverTree::Need need;
+    int gpu = -1;
   };
+  LastFind last_find_;  // find_receiver()'s last reusable answer
+  // (home_ms_, load_, GPU) of a GPU as one integer in the same order: the window's bits made
+  // order-preserving (non-negative doubles compare as their bits), the load, the GPU.
+  __extension__ typedef unsigned __int128 WindowKey;
+  static constexpr int kGpuBits = 24;
+  static constexpr WindowKey kGpuMask = (WindowKey{1} << kGpuBits) - 1;
+  WindowKey window_key(int g) const {
+    const double window = home_ms_[g] + 0.0;  // -0.0 as 0.0
+    uint64_t bits;
+    std::memcpy(&bits, &window, sizeof bits);
+    bits = bits >> 63 ? ~bits : bits | uint64_t{1} << 63;  // negative ones reversed, below
+    return WindowKey{bits} << 64 | static_cast<WindowKey>(load_[g]) << kGpuBits |
+           static_cast<WindowKey>(g);
+  }
   std::vector<WindowKey> by_window_;
   std::vector<int> leaf_of_;       // the domain's GPUs by load; [num_ranks] tree leaf
   std::vector<uint8_t> excluded_;  // [num_ranks] 1: passed over, 2: out of the tree

@@ -2,24 +2,29 @@
 
 #include <algorithm>
 
+#include "feplb/core/error.h"
+
 namespace feplb {
 
 void ReceiverTree::reset(int n, bool late) {
+  FEPLB_CHECK(n <= (1 << kGpuBits), "receiver tree: {} leaves, at most {}", n, 1 << kGpuBits);
+  ++version_;
   late_ok_ = late;
   size_ = 1;
-  int depth = 0;
-  while (size_ < n) {
-    size_ *= 2;
-    ++depth;
+  while (size_ < n) size_ *= 2;
+  // put() writes leaves [0, n) and build() every inner node: only the padding leaves need
+  // clearing (no leaf beyond them is ever read).
+  hot_.resize(static_cast<size_t>(2 * size_));
+  leaves_.resize(static_cast<size_t>(size_));
+  std::fill(hot_.begin() + size_ + n, hot_.end(), Hot{});
+  wait_.resize(static_cast<size_t>(2 * size_));  // a search offers each node at most once
+  if (late) {
+    late_.resize(static_cast<size_t>(2 * size_));
+    std::fill(late_.begin() + size_ + n, late_.end(), Late{});
   }
-  hot_.assign(static_cast<size_t>(2 * size_), Hot{});
-  late_.assign(static_cast<size_t>(2 * size_), Late{});
-  leaves_.assign(static_cast<size_t>(size_), Leaf{});
-  stack_.reserve(static_cast<size_t>(depth + 2));  // a search holds one sibling per level
-  pieces_.reserve(static_cast<size_t>(2 * depth + 2));
 }
 
-void ReceiverTree::put(int pos, int gpu, bool eligible, const Leaf& leaf) {
+inline void ReceiverTree::write_leaf(int pos, int gpu, bool eligible, const Leaf& leaf) {
   const size_t i = static_cast<size_t>(size_ + pos);
   leaves_[static_cast<size_t>(pos)] = leaf;
   if (!eligible) {
@@ -33,7 +38,7 @@ void ReceiverTree::put(int pos, int gpu, bool eligible, const Leaf& leaf) {
     late_[i] = {leaf.home_ms + leaf.guest_ms, leaf.in_ms + leaf.guest_ms, leaf.guest_ms};
 }
 
-void ReceiverTree::pull(size_t i) {
+inline void ReceiverTree::pull(size_t i) {
   const Hot &a = hot_[2 * i], &b = hot_[2 * i + 1];
   hot_[i] = {std::min(a.key, b.key), std::max(a.max_slack, b.max_slack),
              std::max(a.max_home, b.max_home)};
@@ -43,82 +48,117 @@ void ReceiverTree::pull(size_t i) {
               std::min(x.min_in_guest, y.min_in_guest), std::min(x.min_guest, y.min_guest)};
 }
 
+void ReceiverTree::put(int pos, int gpu, bool eligible, const Leaf& leaf) {
+  ++version_;
+  write_leaf(pos, gpu, eligible, leaf);
+}
+
 void ReceiverTree::build() {
   for (size_t i = static_cast<size_t>(size_) - 1; i >= 1; --i) pull(i);
 }
 
 void ReceiverTree::set(int pos, int gpu, bool eligible, const Leaf& leaf) {
-  put(pos, gpu, eligible, leaf);
-  for (size_t i = static_cast<size_t>(size_ + pos) / 2; i >= 1; i /= 2) pull(i);
+  ++version_;
+  write_leaf(pos, gpu, eligible, leaf);
+  // Up to the root, each node from the one below (kept in registers) and its sibling.
+  size_t i = static_cast<size_t>(size_ + pos);
+  Hot hot = hot_[i];
+  for (; i > 1; i /= 2) {
+    const Hot& sib = hot_[i ^ 1];
+    hot = {std::min(hot.key, sib.key), std::max(hot.max_slack, sib.max_slack),
+           std::max(hot.max_home, sib.max_home)};
+    hot_[i / 2] = hot;
+  }
+  if (!late_ok_) return;
+  i = static_cast<size_t>(size_ + pos);
+  Late late = late_[i];
+  for (; i > 1; i /= 2) {
+    const Late& sib = late_[i ^ 1];
+    late = {std::min(late.min_home_guest, sib.min_home_guest),
+            std::min(late.min_in_guest, sib.min_in_guest), std::min(late.min_guest, sib.min_guest)};
+    late_[i / 2] = late;
+  }
 }
 
 int ReceiverTree::find(const Need& need, int from) const {
-  if (need.timing < 2 || !late_ok_) return search(need, need.timing == 0 ? 0 : from, false);
-  return search(need, 0, true);
+  if (need.timing == 0) return search<Mode::kAny>(need, 0);
+  if (need.timing < 2 || !late_ok_) return search<Mode::kHidden>(need, from);
+  return search<Mode::kLate>(need, 0);
 }
 
-// Over positions [from, size_) (late: all of them): the O(log n) subtrees that cover them, lightest
-// first, each depth-first with the lighter child first; a subtree is skipped when it cannot beat
-// the best receiver found so far or no receiver in it can accept the copy (bounds from its
-// aggregates: the largest slack; the least queued work).
-int ReceiverTree::search(const Need& need, int from, bool late) const {
+// Over positions [from, size_) (late: all of them), best first from the O(log n) subtrees that
+// cover them: a subtree is searched in the order of its least loaded GPU and skipped when no
+// receiver in it can accept the copy (bounds from its aggregates: the largest slack and window;
+// the least queued work), so the first leaf that accepts is the answer.
+template <ReceiverTree::Mode kMode>
+int ReceiverTree::search(const Need& need, int from) const {
   const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(need.rows);
+  const double out_t = need.out_ms + t;  // a hidden copy's receiver has at least this window
   // The window a hidden copy must leave its receiver: reserve_ms if it leaves the receiver room
   // for reserve_rows rows below reserve_to.
   const auto reserve_ms = [&](const Leaf& leaf) {
     return need.reserve_to - leaf.load - need.rows >= need.reserve_rows ? need.reserve_ms : 0.0;
   };
   const double by = need.finish_by_ms;
-  // A hidden copy lands by home_ms after both the receiver's ingress (in_ms) and the donor's
-  // egress (out_ms) are free.
-  const auto may_hide = [&](size_t i) {
-    return hot_[i].max_slack >= t && hot_[i].max_home >= need.out_ms + t;
-  };
+  const Hot* const hot = hot_.data();
   const auto may_hold = [&](size_t i) {
-    if (need.timing == 0 || may_hide(i)) return true;  // maybe hidden
-    if (!late) return false;
+    if constexpr (kMode == Mode::kAny) return true;
+    // A hidden copy lands by home_ms after both the receiver's ingress (in_ms) and the donor's
+    // egress (out_ms) are free.
+    if (hot[i].max_slack >= t && hot[i].max_home >= out_t) return true;  // maybe hidden
+    if constexpr (kMode == Mode::kHidden) return false;
     const Late& b = late_[i];
     if (need.timing == 3 && b.min_home_guest > by) return false;
-    return b.min_in_guest + t <= by && need.out_ms + t + b.min_guest <= by;
+    return b.min_in_guest + t <= by && out_t + b.min_guest <= by;
   };
   const auto accepts = [&](size_t i) {
-    const int gpu = static_cast<int>(hot_[i].key & ((uint64_t{1} << kGpuBits) - 1));
+    const int gpu = static_cast<int>(hot[i].key & ((uint64_t{1} << kGpuBits) - 1));
     if (need.skip != nullptr && need.skip[gpu]) return false;
-    if (need.timing == 0) return true;
+    if constexpr (kMode == Mode::kAny) return true;
     const Leaf& leaf = leaves_[i - static_cast<size_t>(size_)];
     const double lands = std::max(leaf.in_ms, need.out_ms) + t;
     if (lands + reserve_ms(leaf) <= leaf.home_ms) return true;
-    if (!late) return false;
+    if constexpr (kMode == Mode::kHidden) return false;
     const double start = need.timing == 3 ? std::max(leaf.home_ms, lands) : lands;
     return start + leaf.guest_ms <= by;
   };
-  pieces_.clear();
-  for (int l = from + size_, r = 2 * size_; l < r; l /= 2, r /= 2) {
-    if (l & 1) pieces_.push_back(l++);
-    if (r & 1) pieces_.push_back(--r);
+  // Best first: from the waiting subtrees (at first, those covering the positions searched) the
+  // one with the least loaded GPU, then down its lighter child while that may hold the copy, the
+  // heavier one waiting. The first leaf that accepts the copy is the answer. The waiting list is
+  // short (one node per level descended, at most twice the depth to start with): a linear scan
+  // finds its least.
+  Entry* const wait = wait_.data();
+  size_t num_waiting = 0;
+  const auto offer = [&](size_t i) {
+    if (hot[i].key != kNone && may_hold(i)) wait[num_waiting++] = {hot[i].key, i};
+  };
+  for (size_t l = static_cast<size_t>(from + size_), r = static_cast<size_t>(2 * size_); l < r;
+       l /= 2, r /= 2) {
+    if (l & 1) offer(l++);
+    if (r & 1) offer(--r);
   }
-  std::sort(pieces_.begin(), pieces_.end(), [&](int a, int b) {
-    return hot_[static_cast<size_t>(a)].key < hot_[static_cast<size_t>(b)].key;
-  });
+  const size_t first_leaf = static_cast<size_t>(size_);
   uint64_t best = kNone;
-  for (int piece : pieces_) {
-    const uint64_t least = hot_[static_cast<size_t>(piece)].key;
-    if (least >= best) break;  // this and the rest are heavier
-    stack_.clear();
-    stack_.push_back(piece);
-    while (!stack_.empty()) {
-      const size_t i = static_cast<size_t>(stack_.back());
-      stack_.pop_back();
-      if (hot_[i].key >= best || !may_hold(i)) continue;
-      if (i >= static_cast<size_t>(size_)) {
-        if (accepts(i)) best = hot_[i].key;
-        if (best == least) break;  // the least loaded of this piece, so of all that are left
-        continue;
-      }
-      const bool left_first = hot_[2 * i].key < hot_[2 * i + 1].key;
-      stack_.push_back(static_cast<int>(left_first ? 2 * i + 1 : 2 * i));  // searched second
-      stack_.push_back(static_cast<int>(left_first ? 2 * i : 2 * i + 1));
+  while (num_waiting > 0) {
+    size_t least = 0;
+    for (size_t w = 1; w < num_waiting; ++w) {
+      if (wait[w].key < wait[least].key) least = w;
     }
+    size_t i = wait[least].node;
+    wait[least] = wait[--num_waiting];
+    for (;;) {
+      if (i >= first_leaf) {
+        if (accepts(i)) best = hot[i].key;
+        break;
+      }
+      const size_t left = 2 * i, right = left + 1;
+      const bool left_first = hot[left].key < hot[right].key;
+      const size_t lighter = left_first ? left : right, heavier = left_first ? right : left;
+      offer(heavier);
+      if (!may_hold(lighter)) break;  // its key is i's, the least: no need to check it
+      i = lighter;
+    }
+    if (best != kNone) break;
   }
   return best == kNone ? -1 : static_cast<int>(best & ((uint64_t{1} << kGpuBits) - 1));
 }

@@ -57,6 +57,8 @@ class ReceiverTree {
   // before can hide it); with timing 2 or 3, a hidden or a late copy to one at any position (a late
   // one accepted here without the GEMM time of its own rows: the caller checks the exact rule).
   int find(const Need& need, int from) const;
+  // Changes with every reset(), put() and set() (never 0): equal versions, equal trees.
+  uint64_t version() const { return version_; }
 
  private:
   static constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
@@ -75,15 +77,24 @@ class ReceiverTree {
     double min_in_guest = std::numeric_limits<double>::infinity();
     double min_guest = std::numeric_limits<double>::infinity();
   };
+  void write_leaf(int pos, int gpu, bool eligible, const Leaf& leaf);
   void pull(size_t i);
-  int search(const Need& need, int from, bool late) const;
+  // kAny: no timing; kHidden: hidden copies only (positions from `from`); kLate: late copies too.
+  enum class Mode { kAny, kHidden, kLate };
+  template <Mode kMode>
+  int search(const Need& need, int from) const;
 
   int size_ = 1;  // leaves, a power of two >= n
+  uint64_t version_ = 1;
   bool late_ok_ = false;
-  std::vector<Hot> hot_;                     // [2 * size_], root at 1, leaf i at size_ + i
-  std::vector<Late> late_;                   // [2 * size_]
-  std::vector<Leaf> leaves_;                 // [size_] each leaf's state
-  mutable std::vector<int> stack_, pieces_;  // search(): nodes to visit; subtrees covering it
+  std::vector<Hot> hot_;      // [2 * size_], root at 1, leaf i at size_ + i
+  std::vector<Late> late_;    // [2 * size_] (only with late copies)
+  std::vector<Leaf> leaves_;  // [size_] each leaf's state
+  struct Entry {
+    uint64_t key;
+    size_t node;
+  };
+  mutable std::vector<Entry> wait_;  // search(): the subtrees waiting to be searched
 };
 
 }  // namespace feplb
