@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "feplb/core/cost_model.h"
@@ -85,31 +86,26 @@ std::vector<KnobCase> knob_cases() {
       }
     }
   }
-  Knobs k;
-  k.balance_tolerance = 0;
-  out.push_back({"tol0", k, false});
-  k = Knobs{};
-  k.max_helpers_per_expert = 1;
-  k.max_num_dyn = 2;
-  out.push_back({"help1_dyn2", k, false});
-  k = Knobs{};
-  k.min_slice_rows = 128;
-  k.slice_align_rows = 64;
-  k.copy_timing = 2;
-  k.prefetch = 1;
-  k.prefetch_history = 3;
-  out.push_back({"slice128_t2_p1_hist3", k, false});
-  k = Knobs{};
-  k.copy_gbps = 50;
-  k.copy_timing = 3;
-  out.push_back({"slow_t3", k, false});
-  k = Knobs{};
-  k.dyn = 1;
-  k.max_helpers_per_expert = 8;
-  out.push_back({"dyn1_help8", k, false});
-  k = Knobs{};
-  k.feplb_dyn_set = 1;  // no placement: the lowest-numbered local experts
-  out.push_back({"d1_noplacement", k, false});
+  // Settings off the grid, each a list of knob overrides on the defaults.
+  const std::vector<std::pair<std::string, std::vector<KnobOverride>>> extra = {
+      {"tol0", {{"balance_tolerance", 0}}},
+      {"help1_dyn2", {{"max_helpers_per_expert", 1}, {"max_num_dyn", 2}}},
+      {"slice128_t2_p1_hist3",
+       {{"min_slice_rows", 128},
+        {"slice_align_rows", 64},
+        {"copy_timing", 2},
+        {"prefetch", 1},
+        {"prefetch_history", 3}}},
+      {"slow_t3", {{"copy_gbps", 50}, {"copy_timing", 3}}},
+      {"dyn1_help8", {{"dyn", 1}, {"max_helpers_per_expert", 8}}},
+      // No placement: the lowest-numbered local experts.
+      {"d1_noplacement", {{"feplb_dyn_set", 1}}},
+  };
+  for (const auto& [label, overrides] : extra) {
+    Knobs k;
+    apply_knobs(k, overrides);
+    out.push_back({label, k, false});
+  }
   return out;
 }
 

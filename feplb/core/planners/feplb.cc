@@ -40,8 +40,8 @@
 // Deterministic; O(E log dyn + R + migrations x log R) per step with no allocation after the first
 // call.
 #include <algorithm>
+#include <bit>
 #include <cmath>
-#include <cstring>
 
 #include "feplb/core/error.h"
 #include "feplb/core/planners/policies.h"
@@ -652,10 +652,8 @@ class FeplbPlanner final : public Planner {
   static constexpr int kGpuBits = 24;
   static constexpr WindowKey kGpuMask = (WindowKey{1} << kGpuBits) - 1;
   WindowKey window_key(int g) const {
-    const double window = home_ms_[g] + 0.0;  // -0.0 as 0.0
-    uint64_t bits;
-    std::memcpy(&bits, &window, sizeof bits);
-    bits = bits >> 63 ? ~bits : bits | uint64_t{1} << 63;  // negative ones reversed, below
+    uint64_t bits = std::bit_cast<uint64_t>(home_ms_[g] + 0.0);  // -0.0 as 0.0
+    bits = bits >> 63 ? ~bits : bits | uint64_t{1} << 63;        // negative ones reversed, below
     return WindowKey{bits} << 64 | static_cast<WindowKey>(load_[g]) << kGpuBits |
            static_cast<WindowKey>(g);
   }
