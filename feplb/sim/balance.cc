@@ -221,6 +221,15 @@ std::vector<BalanceVariant> feplb_modes() {
            {{"prefetch", 1}, {"one_hop", 1}, {"copy_timing", 3}}}};
 }
 
+std::vector<BalanceVariant> many_donor_modes() {
+  std::vector<BalanceVariant> v = feplb_modes();
+  v.push_back({"feplb prefetch + time", "feplb", {{"prefetch", 1}, {"time_balance_budget", 0.05}}});
+  v.push_back({"feplb prefetch + one-hop + time",
+               "feplb",
+               {{"prefetch", 1}, {"one_hop", 1}, {"time_balance_budget", 0.05}}});
+  return v;
+}
+
 std::vector<BalanceVariant> default_balance_variants() {
   std::vector<BalanceVariant> v;
   for (bool placed : {false, true}) {

@@ -29,6 +29,9 @@ std::vector<BalanceVariant> default_balance_variants();
 
 // feplb's modes beyond its default: weights prefetched before routing, rows in one hop, both.
 std::vector<BalanceVariant> feplb_modes();
+// The many-donor section's: feplb_modes() and, with prefetch (and one-hop), GEMM time balanced
+// within a token-straggler budget of 5% of the unbalanced one (time_balance_budget).
+std::vector<BalanceVariant> many_donor_modes();
 
 struct BalanceConfig {
   std::vector<std::string> prior_paths;               // real-model priors (data/priors)
@@ -66,7 +69,7 @@ struct BalanceConfig {
   double many_donor_expert_skew = 2.0;  // max/mean over a GPU's experts
   // Real priors that show it (paths); empty: those of prior_paths that do (shows_many_donors).
   std::vector<std::string> many_donor_priors;
-  std::vector<BalanceVariant> many_donor_modes = feplb_modes();
+  std::vector<BalanceVariant> many_donor_modes = feplb::many_donor_modes();
   std::string cost_dir;  // measured GEMM tables (data/cost); empty: the roofline
 };
 

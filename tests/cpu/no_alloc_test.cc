@@ -115,18 +115,21 @@ TEST(NoAlloc, PlacementDynamicSetsDoNotAllocateOnceWarm) {
   }
 }
 
-// feplb with prefetch and one-hop (plans list the predicted copies), and in one NVLink domain of
-// 256 GPUs (the receivers' heap).
+// feplb with prefetch and one-hop (plans list the predicted copies), balancing time within a token
+// budget (its kept plan), and in one NVLink domain of 256 GPUs (the receivers' heap).
 TEST(NoAlloc, FeplbModesAndLargeDomainsDoNotAllocateOnceWarm) {
   struct Case {
     int ranks, gpus_per_node, experts;
     int64_t prefetch, one_hop;
+    double time_budget = 0;
   };
-  for (const Case& c : {Case{16, 8, 128, 1, 0}, Case{16, 8, 128, 1, 1}, Case{16, 8, 128, 0, 1},
-                        Case{256, 256, 1024, 1, 1}}) {
+  for (const Case& c :
+       {Case{16, 8, 128, 1, 0}, Case{16, 8, 128, 1, 1}, Case{16, 8, 128, 0, 1},
+        Case{256, 256, 1024, 1, 1}, Case{16, 8, 128, 1, 0, 0.05}, Case{16, 8, 128, 1, 1, 0.05}}) {
     Knobs k;
     k.prefetch = c.prefetch;
     k.one_hop = c.one_hop;
+    k.time_balance_budget = c.time_budget;
     k.prefetch_window_us = 500;
     testing::Bench b(c.ranks, c.gpus_per_node, c.experts, k);
     std::vector<RoutingStep> steps;
@@ -145,7 +148,8 @@ TEST(NoAlloc, FeplbModesAndLargeDomainsDoNotAllocateOnceWarm) {
     for (const RoutingStep& s : steps) {
       const int64_t before = g_news.load();
       planner->plan(s, plan);
-      EXPECT_EQ(g_news.load() - before, 0) << c.ranks << " " << c.prefetch << c.one_hop;
+      EXPECT_EQ(g_news.load() - before, 0)
+          << c.ranks << " " << c.prefetch << c.one_hop << " " << c.time_budget;
     }
   }
 }

@@ -42,6 +42,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <iterator>
+#include <numeric>
 
 #include "feplb/core/error.h"
 #include "feplb/core/planners/policies.h"
@@ -50,6 +52,8 @@
 namespace feplb {
 namespace {
 
+// time_balance_budget > 0: the blends of GEMM time and rows tried, most time first.
+constexpr double kTimeWeights[] = {1.0, 0.5, 0.25, 0.1};
 // Receivers from the tree that get no slice (their copy cannot land in time after all) before an
 // expert gives up on further helpers.
 constexpr int kMaxMisses = 8;
@@ -63,7 +67,8 @@ class FeplbPlanner final : public Planner {
         weight_ms_(static_cast<double>(ctx.shape.weight_bytes()) / (ctx.knobs.copy_gbps * 1e9) *
                    1e3),
         row_ms_(static_cast<double>(ctx.shape.row_bytes()) / (ctx.knobs.copy_gbps * 1e9) * 1e3),
-        setup_ms_(ctx.knobs.copy_setup_us * 1e-3) {}
+        setup_ms_(ctx.knobs.copy_setup_us * 1e-3),
+        unit_ms_(row_unit_ms(*ctx.cost)) {}
   std::string_view name() const override { return "feplb"; }
   // One hop (one_hop = 1) dispatches migrated rows straight to their helpers.
   PlanLimits limits() const override {
@@ -73,6 +78,38 @@ class FeplbPlanner final : public Planner {
   }
 
   void plan(const RoutingStep& routing, Plan& out) override {
+    const Knobs& k = ctx_.knobs;
+    if (k.time_balance_budget <= 0) {
+      plan_weighted(routing, out, k.balance_time_weight);
+      return;
+    }
+    // The most time-balanced plan whose token straggler stays within the budget (a fraction of
+    // the unbalanced one): the blends from time towards rows are bisected (a blend nearer rows
+    // leaves fewer rows on the busiest GPU), rows when none keeps within it.
+    home_loads(ctx_.topo, routing, rows_at_);
+    const double budget = k.time_balance_budget * row_straggler();
+    constexpr int kBlends = static_cast<int>(std::size(kTimeWeights));
+    int lo = 0, hi = kBlends;  // hi: the best blend that kept within it so far (kBlends: none)
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      plan_weighted(routing, out, kTimeWeights[mid]);
+      if (row_straggler() <= budget) {
+        hi = mid;
+        std::swap(out, kept_);
+      } else {
+        lo = mid + 1;
+      }
+    }
+    if (hi < kBlends)
+      std::swap(out, kept_);
+    else
+      plan_weighted(routing, out, 0.0);
+  }
+
+  // The plan with loads blending rows and GEMM time by `time_weight` (units()).
+  void plan_weighted(const RoutingStep& routing, Plan& out, double time_weight) {
+    time_weight_ = time_weight;
+    by_time_ = time_weight > 0;
     const Topology& topo = ctx_.topo;
     const Knobs& k = ctx_.knobs;
     const int E = topo.num_experts(), R = topo.num_ranks();
@@ -80,7 +117,13 @@ class FeplbPlanner final : public Planner {
     rows_ = &c;
     out.clear(E);
     out.planned_before_dispatch = k.one_hop != 0;
-    home_loads(topo, routing, load_);
+    home_loads(topo, routing, rows_at_);
+    if (by_time_) {
+      load_.assign(static_cast<size_t>(R), 0);
+      for (int e = 0; e < E; ++e) load_[topo.home(e)] += units(c[e]);
+    } else {
+      home_loads(topo, routing, load_);
+    }
     moved_.assign(static_cast<size_t>(E), 0);
     guests_.assign(static_cast<size_t>(R), 0);
     excluded_.assign(static_cast<size_t>(R), 0);
@@ -142,11 +185,11 @@ class FeplbPlanner final : public Planner {
         const int* cand = &candidates_[candidate_begin_[d]];
         const int num_candidates = candidate_begin_[d + 1] - candidate_begin_[d];
         late_finish_ms_ = 0.0;
-        int64_t rest_rows = 0;  // rows of d's candidates not offered yet
-        for (int i = 0; i < num_candidates; ++i) rest_rows += c[cand[i]];
+        int64_t rest = 0;  // load of d's candidates not offered yet
+        for (int i = 0; i < num_candidates; ++i) rest += units(c[cand[i]]);
         for (int i = 0; i < num_candidates && load_[d] > cap; ++i) {
-          rest_rows -= c[cand[i]];
-          spill_expert(cand[i], d, target, cap, tol, rest_rows, out);
+          rest -= units(c[cand[i]]);
+          spill_expert(cand[i], d, target, cap, tol, rest, out);
         }
         if (eligible(d)) refresh(d);  // a donor brought below the cap may receive from later ones
       }
@@ -342,7 +385,7 @@ class FeplbPlanner final : public Planner {
     guest_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
     if (!ctx_.knobs.copy_timing) return;
     for (int g = 0; g < topo.num_ranks(); ++g) {
-      for (int e : topo.local_experts(g)) home_ms_[g] += ctx_.cost->expert_ms(c[e]);
+      for (int e : topo.local_experts(g)) home_ms_[g] += gemm_ms(c[e]);
     }
   }
 
@@ -355,16 +398,14 @@ class FeplbPlanner final : public Planner {
   bool copy_fits(int e, int d, int h, int64_t rows, double t) const {
     const double lands_ms = std::max(in_ms_[h], out_ms_[d]) + t;
     if (lands_ms <= home_ms_[h]) return true;
-    const GemmCostModel& cost = *ctx_.cost;
     if (ctx_.knobs.copy_timing == 3) {
-      return std::max(home_ms_[h], lands_ms) + guest_ms_[h] + cost.expert_ms(rows) <= finish_by_ms_;
+      return std::max(home_ms_[h], lands_ms) + guest_ms_[h] + gemm_ms(rows) <= finish_by_ms_;
     }
     if (ctx_.knobs.copy_timing < 2) return false;
     // d after giving the rows must still finish last among its late receivers, this one included.
     const double donor_after_ms =
-        home_ms_[d] - cost.expert_ms(remaining(e)) + cost.expert_ms(remaining(e) - rows);
-    return std::max(late_finish_ms_, lands_ms + guest_ms_[h] + cost.expert_ms(rows)) <=
-           donor_after_ms;
+        home_ms_[d] - gemm_ms(remaining(e)) + gemm_ms(remaining(e) - rows);
+    return std::max(late_finish_ms_, lands_ms + guest_ms_[h] + gemm_ms(rows)) <= donor_after_ms;
   }
 
   // Time the phase-2 copies of one migration take on the links (0: none needed).
@@ -375,6 +416,84 @@ class FeplbPlanner final : public Planner {
   }
 
   int64_t remaining(int e) const { return (*rows_)[e] - moved_[e]; }
+
+  // Loads are in units: rows, or (balance_time_weight = 1) modelled GEMM time in row equivalents,
+  // the cost of an expert GEMM over `rows` rows divided by unit_ms_ (the cost of one more row at
+  // large row counts): the same as rows where the GEMM is linear, more where a fixed cost
+  // dominates; in between, that blend of the two.
+  int64_t units(int64_t rows) const {
+    if (!by_time_) return rows;
+    if (rows >= static_cast<int64_t>(time_units_.size())) grow_units(rows);
+    // Non-negative: rounds half up without libm's llround (this is the planner's inner loop).
+    return static_cast<int64_t>((1.0 - time_weight_) * static_cast<double>(rows) +
+                                time_weight_ * time_units_[static_cast<size_t>(rows)] + 0.5);
+  }
+  // Extends the units() table to cover `rows` (doubling: it grows only while the steps' largest
+  // expert count does).
+  void grow_units(int64_t rows) const {
+    const size_t old = time_units_.size();
+    time_units_.resize(std::max<size_t>(static_cast<size_t>(rows) + 1, 2 * old));
+    gemm_ms_.resize(time_units_.size());
+    for (size_t r = old; r < time_units_.size(); ++r) {
+      gemm_ms_[r] = r == 0 ? 0.0 : ctx_.cost->expert_ms(static_cast<int64_t>(r));
+      time_units_[r] = gemm_ms_[r] / unit_ms_;
+    }
+  }
+  // The cost model's time for one expert GEMM over `rows` rows; balancing time, from the table
+  // units() keeps (the same values, looked up).
+  double gemm_ms(int64_t rows) const {
+    if (!by_time_) return ctx_.cost->expert_ms(rows);
+    if (rows >= static_cast<int64_t>(gemm_ms_.size())) grow_units(rows);
+    return gemm_ms_[static_cast<size_t>(rows)];
+  }
+  // The load d sheds by giving `rows` more of e away.
+  int64_t give_units(int e, int64_t rows) const {
+    return by_time_ ? units(remaining(e)) - units(remaining(e) - rows) : rows;
+  }
+  // The fewest rows of e whose giving sheds at least `u` units (all of e's if none do).
+  int64_t rows_shedding(int e, int64_t u) const {
+    if (!by_time_) return u;
+    int64_t lo = 0, hi = remaining(e);
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (give_units(e, mid) >= u)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
+  }
+  // The most rows (at most `limit`) a receiver takes as a new slice within `u` units.
+  int64_t rows_within(int64_t u, int64_t limit) const {
+    if (!by_time_) return u;
+    if (u <= 0) return 0;
+    int64_t lo = 0, hi = limit;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (units(mid) <= u)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo;
+  }
+  // The token straggler of rows_at_ within the NVLink domains (what balancing can remove): the
+  // largest of a GPU's rows above its domain's mean.
+  double row_straggler() const {
+    const int n = ctx_.topo.domain_size();
+    double worst = 0;
+    for (int dom = 0; dom < ctx_.topo.num_domains(); ++dom) {
+      const auto first = rows_at_.begin() + ctx_.topo.first_gpu_of_domain(dom);
+      const int64_t total = std::accumulate(first, first + n, int64_t{0});
+      const int64_t most = *std::max_element(first, first + n);
+      worst = std::max(worst, static_cast<double>(most) - static_cast<double>(total) / n);
+    }
+    return worst;
+  }
+  static double row_unit_ms(const GemmCostModel& cost) {
+    const double slope = (cost.expert_ms(16384) - cost.expert_ms(8192)) / 8192.0;
+    return slope > 0 ? slope : cost.expert_ms(8192) / 8192.0;
+  }
 
   // Whether g may receive: below the cap with a free guest slot and, when copies must be hidden,
   // a window that still fits the shortest copy (a weight copy).
@@ -406,9 +525,10 @@ class FeplbPlanner final : public Planner {
   // with e's helpers filled to it plus all `rest_rows` of its later candidates, and e alone can
   // bring d down to a common level, d and e's helpers are levelled instead (water-filling): e.g.
   // one hot expert split evenly over 1 + num GPUs.
-  int64_t helper_level(int e, int d, int num, int64_t target, int64_t rest_rows) const {
-    const int64_t at_target = std::min(fill(target, num), remaining(e));
-    if (at_target + rest_rows >= load_[d] - target) return target;
+  int64_t helper_level(int e, int d, int num, int64_t target, int64_t rest) const {
+    const int64_t whole = units(remaining(e));
+    const int64_t at_target = std::min(fill(target, num), whole);
+    if (at_target + rest >= load_[d] - target) return target;
     int64_t lo = 0, hi = load_[d];  // the smallest level at which the helpers take what d sheds
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
@@ -417,7 +537,7 @@ class FeplbPlanner final : public Planner {
       else
         lo = mid + 1;
     }
-    if (lo <= target || load_[d] - lo > remaining(e)) return target;
+    if (lo <= target || load_[d] - lo > whole) return target;
     return lo;
   }
 
@@ -427,17 +547,19 @@ class FeplbPlanner final : public Planner {
                     int64_t tol) const {
     const Knobs& k = ctx_.knobs;
     const int64_t avail = remaining(e), room = cap - load_[h];
-    if (avail <= load_[d] - target + tol && avail <= room) return avail;  // the whole rest of e
-    int64_t rows = std::min({avail, want, load_[d] - target});
+    const bool whole_fits = units(avail) <= room;  // the whole rest of e as a new slice on h
+    if (give_units(e, avail) <= load_[d] - target + tol && whole_fits) return avail;
+    int64_t rows = std::min({avail, rows_within(want, avail), rows_shedding(e, load_[d] - target)});
     if (rows < avail) {
       const int64_t aligned = rows - rows % k.slice_align_rows;
-      if (aligned >= k.min_slice_rows &&
-          load_[d] - aligned <= std::max(cap, load_[d] - rows + tol)) {
+      if (aligned >= k.min_slice_rows && load_[d] - give_units(e, aligned) <=
+                                             std::max(cap, load_[d] - give_units(e, rows) + tol)) {
         rows = aligned;
       }
     }
-    if (rows < k.min_slice_rows) rows = std::min({k.min_slice_rows, avail, room});
-    if (avail - rows < k.min_slice_rows && avail <= room) rows = avail;  // no sliver left at home
+    if (rows < k.min_slice_rows)
+      rows = std::min({k.min_slice_rows, avail, rows_within(room, avail)});
+    if (avail - rows < k.min_slice_rows && whole_fits) rows = avail;  // no sliver left at home
     return rows >= k.min_slice_rows || rows == avail ? rows : 0;
   }
 
@@ -475,7 +597,7 @@ class FeplbPlanner final : public Planner {
     need.out_ms = gather ? gather_out_ms_ : out_ms_[d];
     need.fixed_ms = copy_ms(0, true);
     need.per_row_ms = k.one_hop ? 0.0 : row_ms_;
-    need.rows = std::min(remaining(e), load_[d] - target + tol);
+    need.rows = std::min(remaining(e), rows_shedding(e, load_[d] - target + tol));
     need.finish_by_ms = k.copy_timing == 3 ? finish_by_ms_ : home_ms_[d];
     need.skip = excluded_.data();
     // The least loaded receiver whose copy of the excess lands in time, else one whose copy of a
@@ -491,7 +613,8 @@ class FeplbPlanner final : public Planner {
     const int h = find_receiver(need, !gather && excluded_list_.empty());
     if (h < 0) return false;
     if (gather) {
-      const int64_t rows = std::min(gather_rows_, std::max<int64_t>(0, target - load_[h]));
+      const int64_t rows = std::min(
+          gather_rows_, std::max<int64_t>(0, rows_within(target - load_[h], gather_rows_)));
       gather_rows_ -= rows;
       gather_out_ms_ = std::max(gather_out_ms_, in_ms_[h]) + copy_ms(rows, !prefetched(e, h));
     }
@@ -538,13 +661,14 @@ class FeplbPlanner final : public Planner {
   // Helpers expert e may have: max_helpers_per_expert, or 2 x min(rows, d's excess) / target when
   // that is more (a hot expert), at most the domain's other GPUs.
   int helpers_allowed(int e, int d, int64_t target) const {
-    const int64_t excess = std::min(remaining(e), load_[d] - target);
+    const int64_t excess = std::min(units(remaining(e)), load_[d] - target);
     const int64_t hot = target > 0 ? (2 * excess + target - 1) / target : 0;
     return static_cast<int>(std::min<int64_t>(ctx_.topo.domain_size() - 1,
                                               std::max(ctx_.knobs.max_helpers_per_expert, hot)));
   }
 
-  void spill_expert(int e, int d, int64_t target, int64_t cap, int64_t tol, int64_t rest_rows,
+  // Spills donor d's expert e to helpers; `rest`: the load of d's candidates after e.
+  void spill_expert(int e, int d, int64_t target, int64_t cap, int64_t tol, int64_t rest,
                     Plan& out) {
     const Knobs& k = ctx_.knobs;
     // The GPUs holding e's prefetched weights first, least loaded first; they are not offered
@@ -559,20 +683,21 @@ class FeplbPlanner final : public Planner {
     for (size_t i = 0; i < held; ++i) exclude(receivers_[i], false);
     int allowed = helpers_allowed(e, d, target);
     int64_t level = target;
-    if (remaining(e) + rest_rows < load_[d] - target) {
+    if (units(remaining(e)) + rest < load_[d] - target) {
       // d cannot reach the target: level it with e's helpers, gathered first.
       gather_out_ms_ = out_ms_[d];
-      gather_rows_ = std::min(remaining(e), load_[d] - target);
+      gather_rows_ = std::min(remaining(e), rows_shedding(e, load_[d] - target));
       while (static_cast<int>(receivers_.size()) < allowed &&
              next_receiver(e, d, target, tol, true)) {
       }
       const int num = static_cast<int>(std::min<size_t>(receivers_.size(), allowed));
-      level = helper_level(e, d, num, target, rest_rows);
+      level = helper_level(e, d, num, target, rest);
     }
     // An even share of what d sheds over its allowed helpers: a helper with room for less (filled
     // by earlier donors) does not count against the limit, like one whose window took less.
     const int64_t share =
-        (std::min(remaining(e), load_[d] - target) + allowed - 1) / std::max(allowed, 1);
+        (std::min(remaining(e), rows_shedding(e, load_[d] - target)) + allowed - 1) /
+        std::max(allowed, 1);
     int helpers = 0, misses = 0;
     for (size_t i = 0; helpers < allowed && misses < kMaxMisses; ++i) {
       if (load_[d] <= cap || remaining(e) == 0) break;
@@ -594,9 +719,8 @@ class FeplbPlanner final : public Planner {
       if ((rows < wanted || rows < share) && allowed < ctx_.topo.domain_size() - 1) ++allowed;
       const double t = copy_ms(rows, !weights_there);
       if (k.copy_timing) {
-        home_ms_[d] +=
-            ctx_.cost->expert_ms(remaining(e) - rows) - ctx_.cost->expert_ms(remaining(e));
-        (t > 0 ? guest_ms_ : home_ms_)[h] += ctx_.cost->expert_ms(rows);
+        home_ms_[d] += gemm_ms(remaining(e) - rows) - gemm_ms(remaining(e));
+        (t > 0 ? guest_ms_ : home_ms_)[h] += gemm_ms(rows);
       }
       if (t > 0) {
         in_ms_[h] = std::max(in_ms_[h], out_ms_[d]) + t;
@@ -604,8 +728,10 @@ class FeplbPlanner final : public Planner {
         if (k.copy_timing == 2 && in_ms_[h] > home_ms_[h])
           late_finish_ms_ = std::max(late_finish_ms_, in_ms_[h] + guest_ms_[h]);
       }
-      load_[d] -= rows;
-      load_[h] += rows;
+      load_[d] -= give_units(e, rows);
+      load_[h] += units(rows);
+      rows_at_[d] -= rows;
+      rows_at_[h] += rows;
       moved_[e] += rows;
       if (!weights_there) ++guests_[h];
       ++helpers;
@@ -622,6 +748,12 @@ class FeplbPlanner final : public Planner {
 
  private:
   const double weight_ms_, row_ms_, setup_ms_;  // copy times: one expert's weights, one row, setup
+  double time_weight_ = 0;  // this plan's blend of rows and GEMM time in loads (units())
+  bool by_time_ = false;    // time_weight_ > 0
+  const double unit_ms_;    // by time: the GEMM time of one row, at large row counts
+  mutable std::vector<double> time_units_;  // GEMM time by rows in row equivalents, grown on demand
+  mutable std::vector<double> gemm_ms_;     // GEMM time by rows (ms), alongside
+  std::vector<int64_t> rows_at_;            // [num_ranks] rows each GPU computes, as planned
   const std::vector<int64_t>* rows_ = nullptr;  // this step's expert_counts
   std::vector<int64_t> load_, moved_;
   std::vector<int64_t> guests_;
@@ -669,6 +801,7 @@ class FeplbPlanner final : public Planner {
   std::vector<int64_t> pre_slots_;
   std::vector<int> pre_begin_, pre_gpu_, fill_;
   Plan scratch_;
+  Plan kept_;  // time_balance_budget: the best plan kept within the budget so far
 };
 
 }  // namespace
