@@ -686,17 +686,20 @@ TEST(Training, LossCurvesAgreeWithBalancingOnAndOff) {
 // both; and the prefetch knob without any prefetch() call (the plans list prefetched weights that
 // were never copied: the layer copies what it needs, as without prefetch); and both with late
 // copies allowed (copy_timing = 3: a helper may wait for weights that land after its own work;
-// the others keep config_for's 0: copy time ignored, so that the tiny test experts migrate).
+// the others keep config_for's 0: copy time ignored, so that the tiny test experts migrate); and
+// both balancing modelled GEMM time within a 5% token-straggler budget (time_balance_budget).
 struct PathMode {
   const char* name;
   bool one_hop, prefetch_knob, prefetch_call;
   int64_t copy_timing = 0;
+  double time_budget = 0;  // time_balance_budget
 };
 const PathMode kPathModes[] = {{"one_hop", true, false, false},
                                {"prefetch", false, true, true},
                                {"one_hop_prefetch", true, true, true},
                                {"prefetch_knob_only", false, true, false},
-                               {"one_hop_prefetch_late", true, true, true, 3}};
+                               {"one_hop_prefetch_late", true, true, true, 3},
+                               {"one_hop_prefetch_time", true, true, true, 0, 0.05}};
 
 testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_tokens,
                                 const PathMode& mode) {
@@ -705,6 +708,7 @@ testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_t
   k.one_hop = mode.one_hop ? 1 : 0;
   k.prefetch = mode.prefetch_knob ? 1 : 0;
   k.copy_timing = mode.copy_timing;
+  k.time_balance_budget = mode.time_budget;
   k.prefetch_window_us =
       1e6;  // tiny test experts: every predicted pair fits; the guest slots limit them
   setup.prefetch = mode.prefetch_call;
@@ -735,7 +739,7 @@ void expect_row_sources(const Plan& plan, const Topology& topo, const PathMode& 
 }
 
 auto RanksAndPaths() {
-  return ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Values(0, 1, 2, 3, 4));
+  return ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Values(0, 1, 2, 3, 4, 5));
 }
 std::string RankPathName(const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
   return "ep" + std::to_string(std::get<0>(info.param)) + "_" +
@@ -818,7 +822,7 @@ TEST(LayerPaths, EdgeCases) {
   const int ranks = 4, experts = 16;
   const ReferenceMoe m = experts_for(29, experts);
   for (const EdgeCase& k : kEdgeCases) {
-    for (int mi : {0, 1, 2, 4}) {
+    for (int mi : {0, 1, 2, 4, 5}) {
       const PathMode& mode = kPathModes[mi];
       const std::string what = std::string(k.name) + " / " + mode.name;
       const auto in = skewed_inputs(33, ranks, experts, k.top_k, k.tokens, k.skew, k.hot);
@@ -926,7 +930,7 @@ TEST(Training, LossCurvesAgreeWithOneHopAndPrefetch) {
   const auto off = run("static", nullptr);
   EXPECT_LT(off.loss.back(), 0.98 * off.loss.front())
       << "the loss did not fall: the gradients do not train";
-  for (int mi : {0, 1, 2, 4}) {
+  for (int mi : {0, 1, 2, 4, 5}) {
     const PathMode& mode = kPathModes[mi];
     const auto on = run("feplb", &mode);
     ASSERT_EQ(off.loss.size(), on.loss.size());
