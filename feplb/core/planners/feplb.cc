@@ -57,6 +57,9 @@ constexpr double kTimeWeights[] = {1.0, 0.5, 0.25, 0.1};
 // Receivers from the tree that get no slice (their copy cannot land in time after all) before an
 // expert gives up on further helpers.
 constexpr int kMaxMisses = 8;
+// Balancing time: row counts below this have their GEMM time tabled (2 x 8 bytes each); larger
+// ones ask the cost model.
+constexpr int64_t kUnitsTableRows = 1 << 18;
 // GPUs with at most this many local experts choose their candidates by insertion.
 constexpr size_t kFewLocalExperts = 32;
 
@@ -451,16 +454,22 @@ class FeplbPlanner final : public Planner {
   // dominates; in between, that blend of the two.
   int64_t units(int64_t rows) const {
     if (!by_time_) return rows;
-    if (rows >= static_cast<int64_t>(time_units_.size())) grow_units(rows);
+    const double time =
+        rows < kUnitsTableRows ? time_table(rows) : ctx_.cost->expert_ms(rows) / unit_ms_;
     // Non-negative: rounds half up without libm's llround (this is the planner's inner loop).
     return static_cast<int64_t>((1.0 - time_weight_) * static_cast<double>(rows) +
-                                time_weight_ * time_units_[static_cast<size_t>(rows)] + 0.5);
+                                time_weight_ * time + 0.5);
   }
-  // Extends the units() table to cover `rows` (doubling: it grows only while the steps' largest
-  // expert count does).
+  double time_table(int64_t rows) const {
+    if (rows >= static_cast<int64_t>(time_units_.size())) grow_units(rows);
+    return time_units_[static_cast<size_t>(rows)];
+  }
+  // Extends the units() table to cover `rows` (doubling, at most kUnitsTableRows: it grows only
+  // while the steps' largest expert count does).
   void grow_units(int64_t rows) const {
     const size_t old = time_units_.size();
-    time_units_.resize(std::max<size_t>(static_cast<size_t>(rows) + 1, 2 * old));
+    time_units_.resize(std::min<size_t>(std::max<size_t>(static_cast<size_t>(rows) + 1, 2 * old),
+                                        kUnitsTableRows));
     gemm_ms_.resize(time_units_.size());
     for (size_t r = old; r < time_units_.size(); ++r) {
       gemm_ms_[r] = r == 0 ? 0.0 : ctx_.cost->expert_ms(static_cast<int64_t>(r));
@@ -470,7 +479,7 @@ class FeplbPlanner final : public Planner {
   // The cost model's time for one expert GEMM over `rows` rows; balancing time, from the table
   // units() keeps (the same values, looked up).
   double gemm_ms(int64_t rows) const {
-    if (!by_time_) return ctx_.cost->expert_ms(rows);
+    if (!by_time_ || rows >= kUnitsTableRows) return ctx_.cost->expert_ms(rows);
     if (rows >= static_cast<int64_t>(gemm_ms_.size())) grow_units(rows);
     return gemm_ms_[static_cast<size_t>(rows)];
   }
