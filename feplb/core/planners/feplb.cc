@@ -63,6 +63,33 @@ constexpr int64_t kUnitsTableRows = 1 << 18;
 // GPUs with at most this many local experts choose their candidates by insertion.
 constexpr size_t kFewLocalExperts = 32;
 
+// Bisection over [lo, hi] for a predicate false then true: the first x where it holds (hi if none
+// before it).
+template <typename Pred>
+int64_t first_true(int64_t lo, int64_t hi, Pred pred) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (pred(mid))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+// Bisection over [lo, hi] for a predicate true then false: the last x where it holds (lo if none
+// after it).
+template <typename Pred>
+int64_t last_true(int64_t lo, int64_t hi, Pred pred) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (pred(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 class FeplbPlanner final : public Planner {
  public:
   explicit FeplbPlanner(const PlannerContext& ctx)
@@ -150,7 +177,7 @@ class FeplbPlanner final : public Planner {
       load_.assign(static_cast<size_t>(R), 0);
       for (int e = 0; e < E; ++e) load_[topo.home(e)] += units(c[e]);
     } else {
-      home_loads(topo, routing, load_);
+      load_.assign(rows_at_.begin(), rows_at_.end());
     }
     moved_.assign(static_cast<size_t>(E), 0);
     guests_.assign(static_cast<size_t>(R), 0);
@@ -490,29 +517,13 @@ class FeplbPlanner final : public Planner {
   // The fewest rows of e whose giving sheds at least `u` units (all of e's if none do).
   int64_t rows_shedding(int e, int64_t u) const {
     if (!by_time_) return u;
-    int64_t lo = 0, hi = remaining(e);
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (give_units(e, mid) >= u)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    return lo;
+    return first_true(0, remaining(e), [&](int64_t s) { return give_units(e, s) >= u; });
   }
   // The most rows (at most `limit`) a receiver takes as a new slice within `u` units.
   int64_t rows_within(int64_t u, int64_t limit) const {
     if (!by_time_) return u;
     if (u <= 0) return 0;
-    int64_t lo = 0, hi = limit;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (units(mid) <= u)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    return lo;
+    return last_true(0, limit, [&](int64_t s) { return units(s) <= u; });
   }
   // The token straggler of rows_at_ within the NVLink domains (what balancing can remove): the
   // largest of a GPU's rows above its domain's mean.
@@ -559,21 +570,16 @@ class FeplbPlanner final : public Planner {
 
   // The load the first `num` receivers are filled up to with rows of expert e from donor d.
   // Normally the domain target (greedy: fewest helpers). When d cannot reach the target even
-  // with e's helpers filled to it plus all `rest_rows` of its later candidates, and e alone can
+  // with e's helpers filled to it plus the load `rest` of its later candidates, and e alone can
   // bring d down to a common level, d and e's helpers are levelled instead (water-filling): e.g.
   // one hot expert split evenly over 1 + num GPUs.
   int64_t helper_level(int e, int d, int num, int64_t target, int64_t rest) const {
     const int64_t whole = units(remaining(e));
     const int64_t at_target = std::min(fill(target, num), whole);
     if (at_target + rest >= load_[d] - target) return target;
-    int64_t lo = 0, hi = load_[d];  // the smallest level at which the helpers take what d sheds
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (fill(mid, num) >= load_[d] - mid)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
+    // The smallest level at which the helpers take what d sheds.
+    const int64_t lo = first_true(
+        0, load_[d], [&](int64_t level) { return fill(level, num) >= load_[d] - level; });
     if (lo <= target || load_[d] - lo > whole) return target;
     return lo;
   }
@@ -610,17 +616,11 @@ class FeplbPlanner final : public Planner {
     };
     if (fits(rows)) return rows;
     const int64_t top = std::min(rows - 1, remaining(e) - k.min_slice_rows);
-    int64_t lo = (k.min_slice_rows + k.slice_align_rows - 1) / k.slice_align_rows;
-    int64_t hi = top / k.slice_align_rows;  // the largest multiple that fits, in [lo, hi]
+    const int64_t lo = (k.min_slice_rows + k.slice_align_rows - 1) / k.slice_align_rows;
+    const int64_t hi = top / k.slice_align_rows;  // the largest multiple that fits, in [lo, hi]
     if (hi < lo || !fits(lo * k.slice_align_rows)) return 0;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (fits(mid * k.slice_align_rows))
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    return lo * k.slice_align_rows;
+    return last_true(lo, hi, [&](int64_t m) { return fits(m * k.slice_align_rows); }) *
+           k.slice_align_rows;
   }
 
   // The next receiver for e from d: the least loaded GPU in the tree whose copy of the slice it
