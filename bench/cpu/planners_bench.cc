@@ -2,12 +2,14 @@
 // routing from the project's workload generator (scripts/bench-cpu): EP=8/E=128 and EP=64/E=256
 // in NVLink domains of 8 GPUs, and rack-scale NVLink domains of 64 to 256 GPUs (the ep*_nvl*
 // cases: lognormal skew with 4 experts per GPU, and 2 experts per GPU with hot experts ~10x the
-// mean).
+// mean); and feplb's time-balancing modes on the EP=8 workloads (kFeplbModes).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <new>
@@ -146,9 +148,25 @@ const Workload& workload_for(const BenchConfig& cfg) {
   return *w;
 }
 
-void BM_Plan(benchmark::State& state, const std::string& planner_name, const BenchConfig& cfg) {
+// feplb's opt-in modes timed on the EP=8 workloads: GEMM time balanced within a 5% token-straggler
+// budget with weights prefetched, without and with rows in one hop (the many-donor report's time
+// modes, docs/results/balance.md section 8).
+struct FeplbMode {
+  std::string_view label;  // the planner part of the benchmark name
+  std::vector<KnobOverride> knobs;
+};
+const FeplbMode kFeplbModes[] = {
+    {"feplb+prefetch+time", {{"prefetch", 1}, {"time_balance_budget", 0.05}}},
+    {"feplb+prefetch+one-hop+time",
+     {{"prefetch", 1}, {"one_hop", 1}, {"time_balance_budget", 0.05}}},
+};
+constexpr std::string_view kModeConfigs[] = {"ep8_e128", "ep8_e128_skew5"};
+
+void BM_Plan(benchmark::State& state, const std::string& planner_name, const BenchConfig& cfg,
+             const std::vector<KnobOverride>& overrides) {
   const Workload* w = nullptr;
-  const Knobs knobs;
+  Knobs knobs;
+  apply_knobs(knobs, overrides);
   std::unique_ptr<RooflineCostModel> cost;
   std::unique_ptr<Planner> planner;
   Plan plan;
@@ -157,7 +175,8 @@ void BM_Plan(benchmark::State& state, const std::string& planner_name, const Ben
     cost = std::make_unique<RooflineCostModel>(kGlm5Shape, knobs);
     planner = make_planner(planner_name, PlannerContext{w->topo, kGlm5Shape, knobs, cost.get()});
     // History-based planners (feplb-paper) see the warm-up micro-batches first, as in simulation,
-    // so that their dynamic sets come from observed counts; for the others observe() is a no-op.
+    // so that their dynamic sets come from observed counts, and feplb with prefetch its
+    // prediction; for the others observe() is a no-op.
     for (const RoutingStep& s : w->warmup) planner->observe(s);
     // One untimed pass: the planners' "first call" (buffers sized, cost-model cache filled), and
     // every plan is checked, so a broken planner fails here instead of being timed.
@@ -195,7 +214,19 @@ int register_benchmarks() {
   for (const BenchConfig& cfg : kConfigs) {
     for (const std::string& name : planner_names()) {
       const std::string bench_name = "plan/" + name + "/" + std::string(cfg.label);
-      benchmark::RegisterBenchmark(bench_name.c_str(), BM_Plan, name, cfg)
+      benchmark::RegisterBenchmark(bench_name.c_str(), BM_Plan, name, cfg,
+                                   std::vector<KnobOverride>{})
+          ->Unit(benchmark::kMicrosecond)
+          ->Repetitions(kRepetitions)
+          ->ReportAggregatesOnly(true);
+    }
+    if (std::find(std::begin(kModeConfigs), std::end(kModeConfigs), cfg.label) ==
+        std::end(kModeConfigs))
+      continue;
+    for (const FeplbMode& mode : kFeplbModes) {
+      const std::string bench_name =
+          "plan/" + std::string(mode.label) + "/" + std::string(cfg.label);
+      benchmark::RegisterBenchmark(bench_name.c_str(), BM_Plan, "feplb", cfg, mode.knobs)
           ->Unit(benchmark::kMicrosecond)
           ->Repetitions(kRepetitions)
           ->ReportAggregatesOnly(true);

@@ -76,6 +76,26 @@ int64_t first_true(int64_t lo, int64_t hi, Pred pred) {
   }
   return lo;
 }
+// first_true() starting from a guess: steps of 1, 2, 4, ... away from it until the answer is
+// bracketed, then bisection (O(log distance) calls, a few when the guess is close).
+template <typename Pred>
+int64_t first_true_near(int64_t lo, int64_t hi, int64_t guess, Pred pred) {
+  guess = std::clamp(guess, lo, hi);
+  if (pred(guess)) {
+    for (int64_t step = 1;; step *= 2) {
+      const int64_t probe = guess - step;
+      if (probe < lo) return first_true(lo, guess, pred);
+      if (!pred(probe)) return first_true(probe + 1, guess, pred);
+      guess = probe;
+    }
+  }
+  for (int64_t step = 1;; step *= 2) {
+    const int64_t probe = guess + step;
+    if (probe >= hi) return first_true(guess + 1, hi, pred);
+    if (pred(probe)) return first_true(guess + 1, probe, pred);
+    guess = probe;
+  }
+}
 // Bisection over [lo, hi] for a predicate true then false: the last x where it holds (lo if none
 // after it).
 template <typename Pred>
@@ -125,12 +145,15 @@ class FeplbPlanner final : public Planner {
     const double budget = k.time_balance_budget * row_straggler();
     constexpr int kBlends = static_cast<int>(std::size(kTimeWeights));
     int lo = 0, hi = kBlends;  // hi: the best blend that kept within it so far (kBlends: none)
+    bool last_kept = false;    // `out` holds that plan
     while (lo < hi) {
       const int mid = lo + (hi - lo) / 2;
       plan_weighted(routing, out, kTimeWeights[mid]);
-      if (row_straggler() <= budget) {
+      last_kept = row_straggler() <= budget;
+      if (last_kept) {
         hi = mid;
-        std::swap(out, kept_);
+        kept_ = out;  // copied, not swapped: each buffer keeps its role, so warm plans never
+                      // allocate
       } else {
         lo = mid + 1;
       }
@@ -138,10 +161,10 @@ class FeplbPlanner final : public Planner {
     // (Aiming the chosen blend again with its slices' added cost, as a fixed blend does, was
     // measured: it moved the GEMM straggler by at most 0.004 ms on balance.md §8's workloads for
     // one more plan per step.)
-    if (hi < kBlends)
-      std::swap(out, kept_);
-    else
+    if (hi == kBlends)
       plan_weighted(routing, out, 0.0);
+    else if (!last_kept)
+      out = kept_;
   }
 
   // Balancing time, every slice adds its GEMM's fixed cost, so a plan aimed at the domain's load
@@ -165,6 +188,7 @@ class FeplbPlanner final : public Planner {
   void plan_weighted(const RoutingStep& routing, Plan& out, double time_weight) {
     time_weight_ = time_weight;
     by_time_ = time_weight > 0;
+    fixed_units_ = by_time_ ? units(8192) - 8192 : 0;
     const Topology& topo = ctx_.topo;
     const Knobs& k = ctx_.knobs;
     const int E = topo.num_experts(), R = topo.num_ranks();
@@ -517,13 +541,17 @@ class FeplbPlanner final : public Planner {
   // The fewest rows of e whose giving sheds at least `u` units (all of e's if none do).
   int64_t rows_shedding(int e, int64_t u) const {
     if (!by_time_) return u;
-    return first_true(0, remaining(e), [&](int64_t s) { return give_units(e, s) >= u; });
+    // Where the GEMM is linear, giving u rows sheds u units: the search starts there.
+    return first_true_near(0, remaining(e), u, [&](int64_t s) { return give_units(e, s) >= u; });
   }
   // The most rows (at most `limit`) a receiver takes as a new slice within `u` units.
   int64_t rows_within(int64_t u, int64_t limit) const {
     if (!by_time_) return u;
-    if (u <= 0) return 0;
-    return last_true(0, limit, [&](int64_t s) { return units(s) <= u; });
+    if (u <= 0 || limit <= 0) return 0;
+    // Where the GEMM is linear, s rows cost s plus the fixed cost: the search starts there.
+    return first_true_near(0, limit + 1, u - fixed_units_,
+                           [&](int64_t s) { return s > limit || units(s) > u; }) -
+           1;
   }
   // The token straggler of rows_at_ within the NVLink domains (what balancing can remove): the
   // largest of a GPU's rows above its domain's mean.
@@ -785,9 +813,10 @@ class FeplbPlanner final : public Planner {
 
  private:
   const double weight_ms_, row_ms_, setup_ms_;  // copy times: one expert's weights, one row, setup
-  double time_weight_ = 0;  // this plan's blend of rows and GEMM time in loads (units())
-  bool by_time_ = false;    // time_weight_ > 0
-  const double unit_ms_;    // by time: the GEMM time of one row, at large row counts
+  double time_weight_ = 0;   // this plan's blend of rows and GEMM time in loads (units())
+  bool by_time_ = false;     // time_weight_ > 0
+  int64_t fixed_units_ = 0;  // by time: a GEMM's fixed cost where it is linear (units(s) - s)
+  const double unit_ms_;     // by time: the GEMM time of one row, at large row counts
   mutable std::vector<double> time_units_;  // GEMM time by rows in row equivalents, grown on demand
   mutable std::vector<double> gemm_ms_;     // GEMM time by rows (ms), alongside
   std::vector<int64_t> rows_at_;            // [num_ranks] rows each GPU computes, as planned
