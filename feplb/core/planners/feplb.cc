@@ -77,10 +77,12 @@ int64_t first_true(int64_t lo, int64_t hi, Pred pred) {
   return lo;
 }
 // first_true() starting from a guess: steps of 1, 2, 4, ... away from it until the answer is
-// bracketed, then bisection (O(log distance) calls, a few when the guess is close).
+// bracketed, then bisection (O(log distance) calls, a few when the guess is close). Like
+// first_true(), it never asks pred(hi).
 template <typename Pred>
 int64_t first_true_near(int64_t lo, int64_t hi, int64_t guess, Pred pred) {
-  guess = std::clamp(guess, lo, hi);
+  if (lo >= hi) return lo;
+  guess = std::clamp(guess, lo, hi - 1);
   if (pred(guess)) {
     for (int64_t step = 1;; step *= 2) {
       const int64_t probe = guess - step;
