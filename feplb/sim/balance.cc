@@ -223,6 +223,7 @@ std::vector<BalanceVariant> feplb_modes() {
 
 std::vector<BalanceVariant> many_donor_modes() {
   std::vector<BalanceVariant> v = feplb_modes();
+  v.push_back({"feplb time, no budget", "feplb", {{"balance_time_weight", 1}}});
   v.push_back({"feplb prefetch + time", "feplb", {{"prefetch", 1}, {"time_balance_budget", 0.05}}});
   v.push_back({"feplb prefetch + one-hop + time",
                "feplb",

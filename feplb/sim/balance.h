@@ -29,8 +29,9 @@ std::vector<BalanceVariant> default_balance_variants();
 
 // feplb's modes beyond its default: weights prefetched before routing, rows in one hop, both.
 std::vector<BalanceVariant> feplb_modes();
-// The many-donor section's: feplb_modes() and, with prefetch (and one-hop), GEMM time balanced
-// within a token-straggler budget of 5% of the unbalanced one (time_balance_budget).
+// The many-donor section's: feplb_modes(), GEMM time balanced alone (balance_time_weight 1) and,
+// with prefetch (and one-hop), within a token-straggler budget of 5% of the unbalanced one
+// (time_balance_budget).
 std::vector<BalanceVariant> many_donor_modes();
 
 struct BalanceConfig {

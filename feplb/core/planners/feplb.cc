@@ -57,9 +57,9 @@ constexpr double kTimeWeights[] = {1.0, 0.5, 0.25, 0.1};
 // Receivers from the tree that get no slice (their copy cannot land in time after all) before an
 // expert gives up on further helpers.
 constexpr int kMaxMisses = 8;
-// Balancing time: row counts below this have their GEMM time tabled (2 x 8 bytes each); larger
+// Balancing time: row counts below this have their GEMM time tabled (8 bytes each); larger
 // ones ask the cost model.
-constexpr int64_t kUnitsTableRows = 1 << 18;
+constexpr int64_t kGemmTableRows = 1 << 18;
 // GPUs with at most this many local experts choose their candidates by insertion.
 constexpr size_t kFewLocalExperts = 32;
 
@@ -507,34 +507,27 @@ class FeplbPlanner final : public Planner {
   // dominates; in between, that blend of the two.
   int64_t units(int64_t rows) const {
     if (!by_time_) return rows;
-    const double time =
-        rows < kUnitsTableRows ? time_table(rows) : ctx_.cost->expert_ms(rows) / unit_ms_;
+    const double time = gemm_ms(rows) / unit_ms_;
     // Non-negative: rounds half up without libm's llround (this is the planner's inner loop).
     return static_cast<int64_t>((1.0 - time_weight_) * static_cast<double>(rows) +
                                 time_weight_ * time + 0.5);
   }
-  double time_table(int64_t rows) const {
-    if (rows >= static_cast<int64_t>(time_units_.size())) grow_units(rows);
-    return time_units_[static_cast<size_t>(rows)];
-  }
-  // Extends the units() table to cover `rows` (doubling, at most kUnitsTableRows: it grows only
-  // while the steps' largest expert count does).
-  void grow_units(int64_t rows) const {
-    const size_t old = time_units_.size();
-    time_units_.resize(std::min<size_t>(std::max<size_t>(static_cast<size_t>(rows) + 1, 2 * old),
-                                        kUnitsTableRows));
-    gemm_ms_.resize(time_units_.size());
-    for (size_t r = old; r < time_units_.size(); ++r) {
-      gemm_ms_[r] = r == 0 ? 0.0 : ctx_.cost->expert_ms(static_cast<int64_t>(r));
-      time_units_[r] = gemm_ms_[r] / unit_ms_;
-    }
-  }
-  // The cost model's time for one expert GEMM over `rows` rows; balancing time, from the table
-  // units() keeps (the same values, looked up).
+  // The cost model's time for one expert GEMM over `rows` rows; balancing time, looked up in a
+  // table (units() asks it in the planner's inner loop).
   double gemm_ms(int64_t rows) const {
-    if (!by_time_ || rows >= kUnitsTableRows) return ctx_.cost->expert_ms(rows);
-    if (rows >= static_cast<int64_t>(gemm_ms_.size())) grow_units(rows);
+    if (!by_time_ || rows >= kGemmTableRows) return ctx_.cost->expert_ms(rows);
+    if (rows >= static_cast<int64_t>(gemm_ms_.size())) grow_gemm_table(rows);
     return gemm_ms_[static_cast<size_t>(rows)];
+  }
+  // Extends gemm_ms_ to cover `rows` (doubling, at most kGemmTableRows: it grows only while the
+  // steps' largest expert count does).
+  void grow_gemm_table(int64_t rows) const {
+    const size_t old = gemm_ms_.size();
+    gemm_ms_.resize(
+        std::min<size_t>(std::max<size_t>(static_cast<size_t>(rows) + 1, 2 * old), kGemmTableRows));
+    for (size_t r = old; r < gemm_ms_.size(); ++r) {
+      gemm_ms_[r] = r == 0 ? 0.0 : ctx_.cost->expert_ms(static_cast<int64_t>(r));
+    }
   }
   // The load d sheds by giving `rows` more of e away.
   int64_t give_units(int e, int64_t rows) const {
@@ -819,9 +812,8 @@ class FeplbPlanner final : public Planner {
   bool by_time_ = false;     // time_weight_ > 0
   int64_t fixed_units_ = 0;  // by time: a GEMM's fixed cost where it is linear (units(s) - s)
   const double unit_ms_;     // by time: the GEMM time of one row, at large row counts
-  mutable std::vector<double> time_units_;  // GEMM time by rows in row equivalents, grown on demand
-  mutable std::vector<double> gemm_ms_;     // GEMM time by rows (ms), alongside
-  std::vector<int64_t> rows_at_;            // [num_ranks] rows each GPU computes, as planned
+  mutable std::vector<double> gemm_ms_;         // by time: GEMM time by rows (ms), grown on demand
+  std::vector<int64_t> rows_at_;                // [num_ranks] rows each GPU computes, as planned
   const std::vector<int64_t>* rows_ = nullptr;  // this step's expert_counts
   std::vector<int64_t> load_, moved_;
   std::vector<int64_t> guests_;
