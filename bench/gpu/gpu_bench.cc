@@ -560,21 +560,24 @@ json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
 }
 
 // ---- the layer's paths on a many-donor trace ---------------------------------------------------
-// The two-phase default, rows in one hop, weights before routing, both, and both with late copies
-// (copy_timing = 3): five layers (one feplb planner each, the mode's knobs) on one runtime per
-// virtual rank, sharing its slot pool, over the same routing. Interleaved: every step runs each
-// mode once, in an order rotated every step; each forward comes after an emulated attention block
-// (a GPU delay as long as the prefetch window, in every mode) that the prefetch copies can hide
-// behind, and prefetch() is called before it.
+// The two-phase default, rows in one hop, weights before routing, both, both with late copies
+// (copy_timing = 3), and both planning GEMM time within a 5% token-straggler budget: six layers
+// (one feplb planner each, the mode's knobs) on one runtime per virtual rank, sharing its slot
+// pool, over the same routing. Interleaved: every step runs each mode once, in an order rotated
+// every step; each forward comes after an emulated attention block (a GPU delay as long as the
+// prefetch window, in every mode) that the prefetch copies can hide behind, and prefetch() is
+// called before it.
 struct PathMode {
   const char* name;
   int64_t one_hop, prefetch, copy_timing;
+  double time_balance_budget;
 };
-constexpr PathMode kPathModes[] = {{"two_phase", 0, 0, 1},
-                                   {"one_hop", 1, 0, 1},
-                                   {"prefetch", 0, 1, 1},
-                                   {"one_hop_prefetch", 1, 1, 1},
-                                   {"one_hop_prefetch_late", 1, 1, 3}};
+constexpr PathMode kPathModes[] = {{"two_phase", 0, 0, 1, 0},
+                                   {"one_hop", 1, 0, 1, 0},
+                                   {"prefetch", 0, 1, 1, 0},
+                                   {"one_hop_prefetch", 1, 1, 1, 0},
+                                   {"one_hop_prefetch_late", 1, 1, 3, 0},
+                                   {"one_hop_prefetch_time", 1, 1, 1, 0.05}};
 
 json paths_bench(const ExpertShape& shape, const std::string& shape_name, const Knobs& knobs,
                  int steps, const std::string& data_dir, double timeout_s) {
@@ -619,6 +622,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
       k.one_hop = mode.one_hop;
       k.prefetch = mode.prefetch;
       k.copy_timing = mode.copy_timing;
+      k.time_balance_budget = mode.time_balance_budget;
       k.prefetch_window_us = window_us;
       layers.push_back(std::make_unique<MoeLayer>(
           runtime, LayerConfig{static_cast<int>(K), mode.name},
@@ -695,6 +699,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
     modes[mode.name] = {{"one_hop", mode.one_hop},
                         {"prefetch", mode.prefetch},
                         {"copy_timing", mode.copy_timing},
+                        {"time_balance_budget", mode.time_balance_budget},
                         {"copy_wait_ms", spread(wait)},
                         {"forward_ms", spread(fwd)},
                         {"copy_wait_pct_of_forward", spread(wait_pct)},
@@ -736,8 +741,9 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
       {"prefetch_window_us", window_us},
       {"modes", modes},
       {"method",
-       "8 virtual ranks on this GPU, one runtime each with five feplb layers (two_phase, one_hop, "
-       "prefetch, one_hop_prefetch, one_hop_prefetch_late: copy_timing 3) sharing its slot pool; "
+       "8 virtual ranks on this GPU, one runtime each with six feplb layers (two_phase, one_hop, "
+       "prefetch, one_hop_prefetch, one_hop_prefetch_late: copy_timing 3, one_hop_prefetch_time: "
+       "time_balance_budget 0.05) sharing its slot pool; "
        "per step each mode's forward once, order rotated "
        "per "
        "step, after a GPU delay of prefetch_window_us (the attention block; prefetch() is called "
@@ -788,9 +794,11 @@ int main(int argc, char** argv) {
                  "NAME=VALUE: a knob for the planners (repeatable; feplb knobs lists them)");
   app.add_option("--deadline", deadline_s,
                  "write what is measured and exit after this many seconds");
-  app.add_option("--paths-shape", paths_shape,
-                 "section paths: expert shape, qwen3-235b (H=4096 F=1536) or glm5")
-      ->check(CLI::IsMember({"qwen3-235b", "glm5"}));
+  app.add_option(
+         "--paths-shape", paths_shape,
+         "section paths: expert shape, qwen3-235b (H=4096 F=1536), qwen3-30b (H=2048 F=768) "
+         "or glm5")
+      ->check(CLI::IsMember({"qwen3-235b", "qwen3-30b", "glm5"}));
   app.add_option("--paths-steps", paths_steps, "section paths: measured steps per mode")
       ->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
@@ -1052,8 +1060,10 @@ int main(int argc, char** argv) {
       save();
     }
     if (want("paths")) {
-      const ExpertShape shape =
-          paths_shape == "glm5" ? kGlm5 : ExpertShape{4096, 1536, Dtype::kBf16};
+      const ExpertShape shape = paths_shape == "glm5" ? kGlm5
+                                : paths_shape == "qwen3-30b"
+                                    ? ExpertShape{2048, 768, Dtype::kBf16}
+                                    : ExpertShape{4096, 1536, Dtype::kBf16};
       log("layer paths on a many-donor trace ({} experts, EP=8, virtual ranks):", paths_shape);
       doc["paths"] = paths_bench(shape, paths_shape, knobs, quick ? 3 : paths_steps, "data", 120);
       save();
