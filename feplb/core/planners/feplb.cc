@@ -43,6 +43,7 @@
 #include <bit>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <numeric>
 
 #include "feplb/core/error.h"
@@ -52,7 +53,8 @@
 namespace feplb {
 namespace {
 
-// time_balance_budget > 0: the blends of GEMM time and rows tried, most time first.
+// time_balance_budget > 0: the blends of GEMM time and rows tried, most time first; the first, all
+// time, is balanced within the budget's row cap (plan_capped).
 constexpr double kTimeWeights[] = {1.0, 0.5, 0.25, 0.1};
 // Receivers from the tree that get no slice (their copy cannot land in time after all) before an
 // expert gives up on further helpers.
@@ -150,7 +152,10 @@ class FeplbPlanner final : public Planner {
     bool last_kept = false;    // `out` holds that plan
     while (lo < hi) {
       const int mid = lo + (hi - lo) / 2;
-      plan_weighted(routing, out, kTimeWeights[mid]);
+      if (mid == 0)
+        plan_capped(routing, out, budget);
+      else
+        plan_weighted(routing, out, kTimeWeights[mid]);
       last_kept = row_straggler() <= budget;
       if (last_kept) {
         hi = mid;
@@ -167,6 +172,19 @@ class FeplbPlanner final : public Planner {
       plan_weighted(routing, out, 0.0);
     else if (!last_kept)
       out = kept_;
+  }
+
+  // GEMM time balanced within a row cap: no GPU ends more than `budget` rows above its domain's
+  // mean (a donor above it gives rows even beyond its receivers' time room once its own load is
+  // within the cap), aimed a second time with the slices' added fixed cost.
+  void plan_capped(const RoutingStep& routing, Plan& out, double budget) {
+    row_budget_ = static_cast<int64_t>(std::floor(budget));
+    plan_weighted(routing, out, 1.0);
+    if (added_load(added_)) {
+      aim_added_ = true;
+      plan_weighted(routing, out, 1.0);
+    }
+    row_budget_ = -1;
   }
 
   // Balancing time, every slice adds its GEMM's fixed cost, so a plan aimed at the domain's load
@@ -246,6 +264,12 @@ class FeplbPlanner final : public Planner {
       const int first = topo.first_gpu_of_domain(dom);
       const int64_t target = dom_target_[dom], cap = target + tol;
       cap_ = cap;
+      row_cap_ = std::numeric_limits<int64_t>::max();
+      if (row_budget_ >= 0) {
+        int64_t dom_rows = 0;
+        for (int g = first; g < first + n; ++g) dom_rows += rows_at_[g];
+        row_cap_ = dom_rows / n + row_budget_;
+      }
       // The receivers' tree lays the domain's GPUs out by their window (the GEMM time of their
       // own work), shortest first; without copy timing, by load (then GPU). Sorted as one
       // 128-bit integer each (cheaper to compare than the three fields).
@@ -257,7 +281,7 @@ class FeplbPlanner final : public Planner {
       tree_.reset(n, k.copy_timing >= 2);
       for (int i = 0; i < n; ++i) {
         const int g = static_cast<int>(by_window_[i] & kGpuMask);
-        if (load_[g] > cap) donors_.push_back(g);
+        if (over(g)) donors_.push_back(g);
         leaf_of_[g] = i;
         window_at_[i] = home_ms_[g];
         tree_.put(i, g, eligible(g), leaf(g));
@@ -270,7 +294,7 @@ class FeplbPlanner final : public Planner {
         late_finish_ms_ = 0.0;
         int64_t rest = 0;  // load of d's candidates not offered yet
         for (int i = 0; i < num_candidates; ++i) rest += units(c[cand[i]]);
-        for (int i = 0; i < num_candidates && load_[d] > cap; ++i) {
+        for (int i = 0; i < num_candidates && over(d); ++i) {
           rest -= units(c[cand[i]]);
           spill_expert(cand[i], d, target, cap, tol, rest, out);
         }
@@ -500,6 +524,12 @@ class FeplbPlanner final : public Planner {
   }
 
   int64_t remaining(int e) const { return (*rows_)[e] - moved_[e]; }
+  // Whether d must give more away: above the cap, or above the row cap.
+  bool over(int d) const { return load_[d] > cap_ || rows_at_[d] > row_cap_; }
+  // The rows of e that bring d down to `level` units and below the row cap.
+  int64_t shed_rows(int e, int d, int64_t level) const {
+    return std::max(rows_shedding(e, load_[d] - level), rows_at_[d] - row_cap_);
+  }
 
   // Loads are in units: rows, or (balance_time_weight = 1) modelled GEMM time in row equivalents,
   // the cost of an expert GEMM over `rows` rows divided by unit_ms_ (the cost of one more row at
@@ -569,7 +599,8 @@ class FeplbPlanner final : public Planner {
   // Whether g may receive: below the cap with a free guest slot and, when copies must be hidden,
   // a window that still fits the shortest copy (a weight copy).
   bool eligible(int g) const {
-    return load_[g] < cap_ && guests_[g] < ctx_.knobs.max_num_dyn &&
+    return (load_[g] < cap_ || row_budget_ >= 0) && rows_at_[g] < row_cap_ &&
+           guests_[g] < ctx_.knobs.max_num_dyn &&
            (ctx_.knobs.copy_timing != 1 || home_ms_[g] - in_ms_[g] >= copy_ms(0, true));
   }
   ReceiverTree::Leaf leaf(int g) const { return {load_[g], home_ms_[g], in_ms_[g], guest_ms_[g]}; }
@@ -612,10 +643,12 @@ class FeplbPlanner final : public Planner {
   int64_t slice_for(int e, int d, int h, int64_t want, int64_t target, int64_t cap,
                     int64_t tol) const {
     const Knobs& k = ctx_.knobs;
-    const int64_t avail = remaining(e), room = cap - load_[h];
-    const bool whole_fits = units(avail) <= room;  // the whole rest of e as a new slice on h
+    const int64_t avail = remaining(e), room = cap - load_[h], row_room = row_cap_ - rows_at_[h];
+    // the whole rest of e as a new slice on h
+    const bool whole_fits = units(avail) <= room && avail <= row_room;
     if (give_units(e, avail) <= load_[d] - target + tol && whole_fits) return avail;
-    int64_t rows = std::min({avail, rows_within(want, avail), rows_shedding(e, load_[d] - target)});
+    int64_t rows =
+        std::min({avail, rows_within(want, avail), shed_rows(e, d, target), row_room});
     if (rows < avail) {
       const int64_t aligned = rows - rows % k.slice_align_rows;
       if (aligned >= k.min_slice_rows && load_[d] - give_units(e, aligned) <=
@@ -624,7 +657,9 @@ class FeplbPlanner final : public Planner {
       }
     }
     if (rows < k.min_slice_rows)
-      rows = std::min({k.min_slice_rows, avail, rows_within(room, avail)});
+      rows = std::min({k.min_slice_rows, avail, rows_within(room, avail), row_room});
+    // Within its load cap but above the row cap, d gives what it must even beyond h's room.
+    if (load_[d] <= cap) rows = std::max(rows, std::min({avail, rows_at_[d] - row_cap_, row_room}));
     if (avail - rows < k.min_slice_rows && whole_fits) rows = avail;  // no sliver left at home
     return rows >= k.min_slice_rows || rows == avail ? rows : 0;
   }
@@ -657,7 +692,7 @@ class FeplbPlanner final : public Planner {
     need.out_ms = gather ? gather_out_ms_ : out_ms_[d];
     need.fixed_ms = copy_ms(0, true);
     need.per_row_ms = k.one_hop ? 0.0 : row_ms_;
-    need.rows = std::min(remaining(e), rows_shedding(e, load_[d] - target + tol));
+    need.rows = std::min(remaining(e), shed_rows(e, d, target - tol));
     need.finish_by_ms = k.copy_timing == 3 ? finish_by_ms_ : home_ms_[d];
     need.skip = excluded_.data();
     // The least loaded receiver whose copy of the excess lands in time, else one whose copy of a
@@ -736,7 +771,9 @@ class FeplbPlanner final : public Planner {
     receivers_.clear();
     for (int i = pre_begin_[e]; i < pre_begin_[e + 1]; ++i) {
       const int h = pre_gpu_[i];
-      if (h != d && load_[h] < cap && ctx_.topo.same_domain(h, d)) receivers_.push_back(h);
+      if (h != d && (load_[h] < cap || row_budget_ >= 0) && rows_at_[h] < row_cap_ &&
+          ctx_.topo.same_domain(h, d))
+        receivers_.push_back(h);
     }
     sort_ids_ascending(receivers_, [&](int g) { return load_[g]; });
     const size_t held = receivers_.size();
@@ -746,7 +783,7 @@ class FeplbPlanner final : public Planner {
     if (units(remaining(e)) + rest < load_[d] - target) {
       // d cannot reach the target: level it with e's helpers, gathered first.
       gather_out_ms_ = out_ms_[d];
-      gather_rows_ = std::min(remaining(e), rows_shedding(e, load_[d] - target));
+      gather_rows_ = std::min(remaining(e), shed_rows(e, d, target));
       while (static_cast<int>(receivers_.size()) < allowed &&
              next_receiver(e, d, target, tol, true)) {
       }
@@ -756,11 +793,11 @@ class FeplbPlanner final : public Planner {
     // An even share of what d sheds over its allowed helpers: a helper with room for less (filled
     // by earlier donors) does not count against the limit, like one whose window took less.
     const int64_t share =
-        (std::min(remaining(e), rows_shedding(e, load_[d] - target)) + allowed - 1) /
+        (std::min(remaining(e), shed_rows(e, d, target)) + allowed - 1) /
         std::max(allowed, 1);
     int helpers = 0, misses = 0;
     for (size_t i = 0; helpers < allowed && misses < kMaxMisses; ++i) {
-      if (load_[d] <= cap || remaining(e) == 0) break;
+      if (!over(d) || remaining(e) == 0) break;
       if (i == receivers_.size() && !next_receiver(e, d, target, tol, false)) break;
       const int h = receivers_[i];
       int64_t rows = slice_for(e, d, h, level - load_[h], target, cap, tol);
@@ -827,6 +864,8 @@ class FeplbPlanner final : public Planner {
   std::vector<int64_t> added_;
   bool aim_added_ = false;
   int64_t cap_ = 0;
+  int64_t row_budget_ = -1;  // >= 0: a GPU may end at most this many rows above its domain's mean
+  int64_t row_cap_ = std::numeric_limits<int64_t>::max();  // the domain's row cap
   double late_finish_ms_ = 0;  // copy_timing 2: when the donor's late receivers finish, at most //
                                // the domain being balanced
   double finish_by_ms_ = 0;    // copy_timing = 3: late receivers finish by this
