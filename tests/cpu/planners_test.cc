@@ -481,8 +481,8 @@ struct TimeBalanceRun {
 constexpr ExpertShape kQwen3_30b{2048, 768, Dtype::kBf16};
 TimeBalanceRun run_time_balance(const Knobs& k, double budget_check = 0,
                                 const ExpertShape& shape = kQwen3_30b,
-                                const std::vector<RoutingStep>& steps = many_donor_steps(8, 128,
-                                                                                         24, 5)) {
+                                const std::vector<RoutingStep>& steps = many_donor_steps(8, 128, 24,
+                                                                                         5)) {
   const CostModelChoice table = find_gemm_table(FEPLB_DATA_DIR "/cost", "data/cost", shape, k);
   EXPECT_NE(table.model, nullptr) << "the measured H200 table for " << shape.describe();
   if (!table.model) return {};

@@ -647,8 +647,7 @@ class FeplbPlanner final : public Planner {
     // the whole rest of e as a new slice on h
     const bool whole_fits = units(avail) <= room && avail <= row_room;
     if (give_units(e, avail) <= load_[d] - target + tol && whole_fits) return avail;
-    int64_t rows =
-        std::min({avail, rows_within(want, avail), shed_rows(e, d, target), row_room});
+    int64_t rows = std::min({avail, rows_within(want, avail), shed_rows(e, d, target), row_room});
     if (rows < avail) {
       const int64_t aligned = rows - rows % k.slice_align_rows;
       if (aligned >= k.min_slice_rows && load_[d] - give_units(e, aligned) <=
@@ -793,8 +792,7 @@ class FeplbPlanner final : public Planner {
     // An even share of what d sheds over its allowed helpers: a helper with room for less (filled
     // by earlier donors) does not count against the limit, like one whose window took less.
     const int64_t share =
-        (std::min(remaining(e), shed_rows(e, d, target)) + allowed - 1) /
-        std::max(allowed, 1);
+        (std::min(remaining(e), shed_rows(e, d, target)) + allowed - 1) / std::max(allowed, 1);
     int helpers = 0, misses = 0;
     for (size_t i = 0; helpers < allowed && misses < kMaxMisses; ++i) {
       if (!over(d) || remaining(e) == 0) break;
