@@ -596,11 +596,15 @@ class FeplbPlanner final : public Planner {
     return slope > 0 ? slope : cost.expert_ms(8192) / 8192.0;
   }
 
-  // Whether g may receive: below the cap with a free guest slot and, when copies must be hidden,
-  // a window that still fits the shortest copy (a weight copy).
+  // Whether g has room: below the cap (under a row cap, time room is not required: a donor above
+  // the row cap may have to give beyond it) and below the row cap.
+  bool has_room(int g) const {
+    return (load_[g] < cap_ || row_budget_ >= 0) && rows_at_[g] < row_cap_;
+  }
+  // Whether g may receive: room, a free guest slot and, when copies must be hidden, a window that
+  // still fits the shortest copy (a weight copy).
   bool eligible(int g) const {
-    return (load_[g] < cap_ || row_budget_ >= 0) && rows_at_[g] < row_cap_ &&
-           guests_[g] < ctx_.knobs.max_num_dyn &&
+    return has_room(g) && guests_[g] < ctx_.knobs.max_num_dyn &&
            (ctx_.knobs.copy_timing != 1 || home_ms_[g] - in_ms_[g] >= copy_ms(0, true));
   }
   ReceiverTree::Leaf leaf(int g) const { return {load_[g], home_ms_[g], in_ms_[g], guest_ms_[g]}; }
@@ -770,9 +774,7 @@ class FeplbPlanner final : public Planner {
     receivers_.clear();
     for (int i = pre_begin_[e]; i < pre_begin_[e + 1]; ++i) {
       const int h = pre_gpu_[i];
-      if (h != d && (load_[h] < cap || row_budget_ >= 0) && rows_at_[h] < row_cap_ &&
-          ctx_.topo.same_domain(h, d))
-        receivers_.push_back(h);
+      if (h != d && has_room(h) && ctx_.topo.same_domain(h, d)) receivers_.push_back(h);
     }
     sort_ids_ascending(receivers_, [&](int g) { return load_[g]; });
     const size_t held = receivers_.size();
