@@ -40,6 +40,8 @@ using json = nlohmann::ordered_json;
 using bf16 = __nv_bfloat16;
 
 const ExpertShape kGlm5{6144, 2048, Dtype::kBf16};
+// The Qwen3 expert shapes (H, F): sections shape_tables, paths and training use them.
+const ExpertShape kQwen3_235b{4096, 1536, Dtype::kBf16}, kQwen3_30b{2048, 768, Dtype::kBf16};
 double flops_of(const ExpertShape& s, int64_t rows) {
   return s.flops_per_row() * static_cast<double>(rows);
 }
@@ -505,8 +507,7 @@ json layer_times(ExpertBench& eb, const Trace& t, const Knobs& knobs, const Gemm
 // policies is the cost of balancing (copies, planner), not its gain (layer_times shows that).
 json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
   json out = json::object();
-  const ExpertShape shape{2048, 768,
-                          Dtype::kBf16};  // Qwen3-30B-A3B-like experts: 8 ranks x layers fit
+  const ExpertShape shape = kQwen3_30b;  // 8 ranks x layers of these experts fit
   for (const std::string& policy : {"static", "feplb"}) {
     TrainConfig c;
     c.runtime.topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
@@ -873,9 +874,8 @@ int main(int argc, char** argv) {
     }
     if (want("shape_tables")) {
       // Per-expert FFN time tables of other expert shapes, for the simulator's cost model.
-      const std::vector<std::pair<std::string, ExpertShape>> shapes = {
-          {"qwen3-235b", ExpertShape{4096, 1536, Dtype::kBf16}},
-          {"qwen3-30b", ExpertShape{2048, 768, Dtype::kBf16}}};
+      const std::vector<std::pair<std::string, ExpertShape>> shapes = {{"qwen3-235b", kQwen3_235b},
+                                                                       {"qwen3-30b", kQwen3_30b}};
       json files = json::object();
       for (const auto& [name, shape] : shapes) {
         ExpertBench sb(shape, 16 * 4096 + 8192, 16, 1);
@@ -1060,10 +1060,9 @@ int main(int argc, char** argv) {
       save();
     }
     if (want("paths")) {
-      const ExpertShape shape = paths_shape == "glm5" ? kGlm5
-                                : paths_shape == "qwen3-30b"
-                                    ? ExpertShape{2048, 768, Dtype::kBf16}
-                                    : ExpertShape{4096, 1536, Dtype::kBf16};
+      const ExpertShape shape = paths_shape == "glm5"        ? kGlm5
+                                : paths_shape == "qwen3-30b" ? kQwen3_30b
+                                                             : kQwen3_235b;
       log("layer paths on a many-donor trace ({} experts, EP=8, virtual ranks):", paths_shape);
       doc["paths"] = paths_bench(shape, paths_shape, knobs, quick ? 3 : paths_steps, "data", 120);
       save();
