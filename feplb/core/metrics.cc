@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "feplb/core/copy_links.h"
+
 namespace feplb {
 
 double oracle_token_straggler(const Topology& topo, const std::vector<int64_t>& expert_counts) {
@@ -39,69 +41,50 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   std::vector<int64_t> rows_at(static_cast<size_t>(R) * E, 0);
   for (const Slice& s : plan.slices) rows_at[key(s.gpu, s.expert)] += s.rows;
 
-  // Copy timing, t = 0 when the GPUs start their expert GEMMs. A copy occupies the sender's egress
-  // and the receiver's ingress from when both are free until it is done (first in, first out).
-  // Prefetches go first, from -prefetch_window; phase-2 copies, in plan order, once the plan
-  // exists: after the counts round trip and the planner (two-phase), or at once (a plan made
-  // before the dispatch, whose latency delays every GPU instead).
+  // Copy timing (time_copies), t = 0 when the GPUs start their expert GEMMs. Prefetches go first,
+  // from -prefetch_window; phase-2 copies once the plan exists: after the counts round trip and
+  // the planner (two-phase), or at once (a plan made before the dispatch, whose latency delays
+  // every GPU instead).
   const double plan_ms = (knobs.counts_to_host_us + planner_us) * 1e-3;
   m.plan_exposed_ms = plan.planned_before_dispatch ? plan_ms : 0.0;
   const double start_ms = plan.planned_before_dispatch ? 0.0 : plan_ms;
   // ready[gpu, owner]: when the copies from `owner` into `gpu` that its slices need have landed.
   std::vector<double> ready(static_cast<size_t>(R) * R, -std::numeric_limits<double>::infinity());
   std::vector<uint8_t> needs_copy(static_cast<size_t>(R) * E, 0);
-  std::vector<double> in_ms(R, 0.0), out_ms(R, 0.0);
-  const double prefetch_start = -knobs.prefetch_window_us * 1e-3;
-  for (int pass = 0; pass < 2; ++pass) {
-    if (pass == 0) {
-      std::fill(in_ms.begin(), in_ms.end(), prefetch_start);
-      std::fill(out_ms.begin(), out_ms.end(), prefetch_start);
-    } else {
-      for (int g = 0; g < R; ++g) {
-        in_ms[g] = std::max(in_ms[g], start_ms);
-        out_ms[g] = std::max(out_ms[g], start_ms);
-      }
-    }
-    for (const Copy& c : plan.copies) {
-      if ((c.kind == CopyKind::kPrefetchWeights) != (pass == 0)) continue;
-      if (pass == 1) {
-        if (is_weight_copy(c.kind)) {
-          m.weight_bytes += c.bytes;
-        } else {
-          m.token_bytes += c.bytes;
-        }
-        if (c.kind == CopyKind::kWeights) {
-          ++m.guest_experts;
-          ++guest_slots[c.dst_gpu];
-          ++m.guest_weights_needed;
-        }
+  CopyTimer timer;
+  const std::span<const CopyTime> times = timer.time(plan, topo, knobs, start_ms);
+  for (size_t i = 0; i < plan.copies.size(); ++i) {
+    const Copy& c = plan.copies[i];
+    if (c.kind == CopyKind::kPrefetchWeights) {
+      m.weight_bytes += c.bytes;
+      ++m.prefetch_copies;
+      m.prefetch_bytes += c.bytes;
+      ++guest_slots[c.dst_gpu];
+      if (rows_at[key(c.dst_gpu, c.expert)] > 0) {
+        ++m.prefetch_hits;
+        ++m.guest_weights_needed;
       } else {
-        m.weight_bytes += c.bytes;
-        ++m.prefetch_copies;
-        m.prefetch_bytes += c.bytes;
-        ++guest_slots[c.dst_gpu];
-        if (rows_at[key(c.dst_gpu, c.expert)] > 0) {
-          ++m.prefetch_hits;
-          ++m.guest_weights_needed;
-        } else {
-          m.prefetch_wasted_bytes += c.bytes;
-        }
+        m.prefetch_wasted_bytes += c.bytes;
       }
-      (topo.same_domain(c.src_gpu, c.dst_gpu) ? m.nvlink_bytes : m.network_bytes) += c.bytes;
-      // Outputs go back after the GEMM; replicas are installed between micro-batches: neither is
-      // waited for inside the window.
-      if (c.kind == CopyKind::kOutputRows || c.kind == CopyKind::kReplicaWeights) continue;
-      const double gbps =
-          topo.same_domain(c.src_gpu, c.dst_gpu) ? knobs.copy_gbps : knobs.internode_gbps;
-      const double t =
-          static_cast<double>(c.bytes) / (gbps * 1e9) * 1e3 + knobs.copy_setup_us * 1e-3;
-      const double end = std::max(in_ms[c.dst_gpu], out_ms[c.src_gpu]) + t;
-      in_ms[c.dst_gpu] = out_ms[c.src_gpu] = end;
-      if (rows_at[key(c.dst_gpu, c.expert)] == 0) continue;  // an unused prefetch
-      double& r = ready[static_cast<size_t>(c.dst_gpu) * R + c.src_gpu];
-      r = std::max(r, end);
-      needs_copy[key(c.dst_gpu, c.expert)] = 1;
+    } else {
+      if (is_weight_copy(c.kind)) {
+        m.weight_bytes += c.bytes;
+      } else {
+        m.token_bytes += c.bytes;
+      }
+      if (c.kind == CopyKind::kWeights) {
+        ++m.guest_experts;
+        ++guest_slots[c.dst_gpu];
+        ++m.guest_weights_needed;
+      }
     }
+    (topo.same_domain(c.src_gpu, c.dst_gpu) ? m.nvlink_bytes : m.network_bytes) += c.bytes;
+    // Outputs go back after the GEMM; replicas are installed between micro-batches: neither is
+    // waited for inside the window. Nor is an unused prefetch.
+    if (!times[i].timed || rows_at[key(c.dst_gpu, c.expert)] == 0) continue;
+    double& r = ready[static_cast<size_t>(c.dst_gpu) * R + c.src_gpu];
+    r = std::max(r, times[i].end_ms);
+    needs_copy[key(c.dst_gpu, c.expert)] = 1;
   }
 
   // Per GPU: own work (no copy needed) first, then guests by when their owner's copies land.

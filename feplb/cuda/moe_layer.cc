@@ -4,6 +4,7 @@
 #include <chrono>
 #include <vector>
 
+#include "feplb/core/copy_links.h"
 #include "feplb/cuda/ce_copy.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
@@ -128,6 +129,9 @@ struct MoeLayer::Impl {
   int bad_rank = 0;
   uint32_t job_seq = 0;
   std::vector<uint8_t> recopy;  // [plan slices] backward: the helper's slot needs the weights again
+  // The copies' modelled start (the planner's link model), which orders this rank's exports.
+  Knobs copy_knobs;
+  CopyTimer copy_timer;
   bool job_planned =
       false;  // forward: the planner planned this step (it observes it once the copies are out)
   bool job_prefetched =
@@ -316,7 +320,14 @@ void MoeLayer::Impl::plan_job() {
   planner->plan(h.routing, h.plan);
   const auto t1 = Clock::now();
   job_planned = true;  // observed after the copies are issued (with prefetch, observe plans again)
-  h.layout.build(r.cfg.topo, h.routing, h.plan, r.rank, capacity);
+  // Copies start once the plan exists (two-phase: after the counts round trip and the planner's
+  // budget), or with the GEMMs (a plan made before the dispatch): the planner's assumption.
+  const double copies_start_ms =
+      h.plan.planned_before_dispatch
+          ? 0.0
+          : (copy_knobs.counts_to_host_us + copy_knobs.planner_budget_us) * 1e-3;
+  h.layout.build(r.cfg.topo, h.routing, h.plan, r.rank, capacity,
+                 copy_timer.time(h.plan, r.cfg.topo, copy_knobs, copies_start_ms));
   // Weights prefetched for this forward: the plan must list exactly what was copied, in order (the
   // layout then gives each pair the slot it was copied into).
   job_error.clear();
@@ -747,6 +758,8 @@ MoeLayer::MoeLayer(EpRuntime& runtime, const LayerConfig& config, std::unique_pt
   m.capacity.guest_rows = r.guest_cap;
   m.capacity.guest_slots = r.pool->slots();
   m.capacity.staging_slots = r.cfg.training ? r.pool->staging_slots() : -1;
+  m.copy_knobs = r.cfg.knobs;
+  m.copy_knobs.prefetch_window_us = prefetch_window_us(r.cfg.shape, r.cfg.max_tokens, m.copy_knobs);
 }
 
 MoeLayer::~MoeLayer() = default;

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "feplb/core/copy_links.h"
 #include "feplb/core/error.h"
 #include "test_util.h"
 
@@ -257,6 +258,50 @@ TEST(Metrics, OracleFloorPerDomain) {
   std::vector<int64_t> counts = {101, 0, 0, 0};
   // Domain 0: ceil(101 / 2) = 51; mean over 4 GPUs = 25.25.
   EXPECT_DOUBLE_EQ(oracle_token_straggler(topo, counts), 51 - 25.25);
+}
+
+// The copy links on a hand example (1 GB/s, no setup: 1e6 bytes take 1 ms). GPU 2's first copy
+// waits for GPU 1's ingress (busy with GPU 0's copy until 3 ms); its next copy, to a free GPU 3,
+// runs in that gap instead of queueing behind it; one that does not fit the gap queues after
+// (first in, first out); a migration's weights and rows are one copy.
+TEST(CopyTimer, ADonorSendsIntoTheGapABusyReceiverLeaves) {
+  const Topology topo = Topology::contiguous(4, 8, 4);
+  Knobs k;
+  k.copy_gbps = 1.0;
+  k.copy_setup_us = 0.0;
+  k.prefetch_window_us = 0.0;
+  Plan plan;
+  plan.clear(4);
+  const auto rows = [&](int src, int dst, int64_t bytes) {
+    plan.copies.push_back({CopyKind::kTokenRows, src, src, dst, 1, bytes});
+  };
+  rows(0, 1, 3'000'000);  // [0, 3]
+  rows(2, 1, 1'000'000);  // waits for GPU 1: [3, 4], GPU 2's egress idle in [0, 3]
+  rows(2, 3, 2'000'000);  // in the gap: [0, 2]
+  rows(2, 0, 2'000'000);  // the gap's rest [2, 3] is too short: after GPU 2's queue, [4, 6]
+  plan.copies.push_back({CopyKind::kWeights, 3, 3, 0, 0, 1'000'000});  // GPU 0 busy until 6
+  rows(3, 0, 1'000'000);                                               // with its weights
+  plan.copies.push_back({CopyKind::kWeights, 3, 3, 2, 0, 1'000'000});  // in GPU 3's gap [0, 6]
+  rows(3, 2, 1'000'000);
+  plan.copies.push_back({CopyKind::kOutputRows, 3, 2, 3, 1, 1'000'000});  // not waited for
+  CopyTimer timer;
+  const auto t = timer.time(plan, topo, k, 0.0);
+  ASSERT_EQ(t.size(), plan.copies.size());
+  const double want[][2] = {{0, 3}, {3, 4}, {0, 2}, {4, 6}, {6, 7}, {7, 8}, {0, 1}, {1, 2}};
+  for (size_t i = 0; i < std::size(want); ++i) {
+    EXPECT_TRUE(t[i].timed) << i;
+    EXPECT_NEAR(t[i].start_ms, want[i][0], 1e-9) << i;
+    EXPECT_NEAR(t[i].end_ms, want[i][1], 1e-9) << i;
+  }
+  EXPECT_FALSE(t.back().timed);
+  // A receiver still busy when the gap begins does not use it: GPU 1 until 4 ms here.
+  CopyLinks links;
+  links.reset(4, 0.0);
+  links.add(0, 1, 3.0);                           // GPU 1 busy until 3
+  EXPECT_DOUBLE_EQ(links.add(2, 1, 1.0), 4.0);    // GPU 2 idle in [0, 3]
+  links.add(0, 3, 1.0);                           // GPU 3 busy in [3, 4]
+  EXPECT_DOUBLE_EQ(links.start(2, 3, 1.0), 4.0);  // GPU 3 not free at 0 when the gap begins
+  EXPECT_DOUBLE_EQ(links.start(2, 0, 1.0), 0.0);  // GPU 0 is
 }
 
 }  // namespace

@@ -505,6 +505,46 @@ TEST(StepLayout, MixedTwoPhaseAndOneHopSlicesLandOnce) {
   }
 }
 
+// Exports go helper by helper in the order the copy timer says this rank's first copy to each
+// starts (the order the planner modelled), ascending helper without times.
+TEST(StepLayout, ExportsFollowTheModelledCopyOrder) {
+  const int R = 4, E = 8;
+  const Topology topo = Topology::contiguous(R, 8, E);
+  const RoutingStep routing = testing::step_from({{90, 80, 1, 1, 1, 1, 1, 1},
+                                                  {9, 9, 1, 1, 1, 1, 1, 1},
+                                                  {9, 9, 1, 1, 1, 1, 1, 1},
+                                                  {9, 9, 1, 1, 1, 1, 1, 1}});
+  Plan plan;
+  plan.clear(E);
+  plan.dynamic[0] = plan.dynamic[1] = 1;
+  plan.add_migration(0, 0, 3, 40, testing::glm5());
+  plan.add_migration(1, 0, 1, 30, testing::glm5());
+  plan.add_home_slices(topo, routing, std::vector<int64_t>{40, 30, 0, 0, 0, 0, 0, 0});
+  std::vector<CopyTime> times(plan.copies.size());
+  for (size_t i = 0; i < times.size(); ++i) {
+    const Copy& c = plan.copies[i];
+    // The copy to GPU 1 runs first (it went into a gap), then GPU 3's.
+    times[i] = {c.dst_gpu == 1 ? 0.0 : 1.0, c.dst_gpu == 1 ? 1.0 : 2.0,
+                c.kind != CopyKind::kOutputRows};
+  }
+  StepLayout l;
+  l.build(topo, routing, plan, 0, roomy(), times);
+  ASSERT_TRUE(l.fits()) << l.error();
+  ASSERT_EQ(l.exports().size(), 2u);
+  EXPECT_EQ(l.exports()[0].helper, 1);
+  EXPECT_EQ(l.exports()[1].helper, 3);
+  l.build(topo, routing, plan, 0, roomy());
+  ASSERT_EQ(l.exports().size(), 2u);
+  EXPECT_EQ(l.exports()[0].helper, 1);  // ascending
+  EXPECT_EQ(l.exports()[1].helper, 3);
+  for (CopyTime& t : times) t.start_ms = 1.0 - t.start_ms;  // now GPU 3's first
+  l.build(topo, routing, plan, 0, roomy(), times);
+  EXPECT_EQ(l.exports()[0].helper, 3);
+  EXPECT_EQ(l.exports()[1].helper, 1);
+  times.pop_back();
+  EXPECT_THROW(l.build(topo, routing, plan, 0, roomy(), times), InputError);
+}
+
 TEST(JobThread, RunsJobsInOrder) {
   cuda::JobThread t;
   std::vector<int> seen;

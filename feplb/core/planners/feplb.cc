@@ -8,8 +8,9 @@
 //     experts to the GPU with the most room, whole experts when they fit, otherwise a slice
 //     (at least min_slice_rows, split points rounded to slice_align_rows, at most
 //     max_helpers_per_expert helpers per expert).
-//  3. Copies are timed (copy-engine bandwidth, first in first out on the sender's egress and the
-//     receiver's ingress, after the counts round trip and the planner's budget). A copy must land
+//  3. Copies are timed (copy-engine bandwidth on CopyLinks: first in, first out on the receiver's
+//     ingress, a sender's later copy in its egress's idle gap where it fits; after the counts
+//     round trip and the planner's budget). A copy must land
 //     while the receiver still runs its own experts (hidden: copy_timing = 1, the default), or
 //     (copy_timing = 2) be one after which the receiver, idle until it lands, finishes before the
 //     donor: an exposed copy that rarely makes the layer slower (a little better balance on the
@@ -46,6 +47,7 @@
 #include <limits>
 #include <numeric>
 
+#include "feplb/core/copy_links.h"
 #include "feplb/core/error.h"
 #include "feplb/core/planners/policies.h"
 #include "feplb/core/planners/receiver_tree.h"
@@ -233,8 +235,7 @@ class FeplbPlanner final : public Planner {
     // (two-phase), or when the GEMMs start (one-hop: planned before the dispatch).
     const double start_ms = k.one_hop ? 0.0 : (k.counts_to_host_us + k.planner_budget_us) * 1e-3;
     start_ms_ = start_ms;
-    in_ms_.assign(static_cast<size_t>(R), start_ms);
-    out_ms_.assign(static_cast<size_t>(R), start_ms);
+    links_.reset(R, start_ms);
     add_prefetches(routing.layer, out);
 
     int64_t total = 0;
@@ -420,10 +421,7 @@ class FeplbPlanner final : public Planner {
       const double end = std::max(pre_in_[g], pre_out_[home]) + t;
       pre_in_[g] = pre_out_[home] = end;
     }
-    for (int g = 0; g < R; ++g) {
-      in_ms_[g] = std::max(in_ms_[g], pre_in_[g]);
-      out_ms_[g] = std::max(out_ms_[g], pre_out_[g]);
-    }
+    for (int g = 0; g < R; ++g) links_.start_at(g, pre_in_[g], pre_out_[g]);
     for (int e = 0; e < E; ++e) pre_begin_[e + 1] += pre_begin_[e];
     pre_gpu_.resize(pairs.size());
     fill_.assign(pre_begin_.begin(), pre_begin_.end() - 1);
@@ -504,7 +502,7 @@ class FeplbPlanner final : public Planner {
   // if h, its own work, the wait and its guests included, finishes by finish_by_ms_ (no later than
   // the slowest GPU's GEMMs, so the layer is not delayed).
   bool copy_fits(int e, int d, int h, int64_t rows, double t) const {
-    const double lands_ms = std::max(in_ms_[h], out_ms_[d]) + t;
+    const double lands_ms = links_.start(d, h, t) + t;
     if (lands_ms <= home_ms_[h]) return true;
     if (ctx_.knobs.copy_timing == 3) {
       return std::max(home_ms_[h], lands_ms) + guest_ms_[h] + gemm_ms(rows) <= finish_by_ms_;
@@ -605,9 +603,11 @@ class FeplbPlanner final : public Planner {
   // still fits the shortest copy (a weight copy).
   bool eligible(int g) const {
     return has_room(g) && guests_[g] < ctx_.knobs.max_num_dyn &&
-           (ctx_.knobs.copy_timing != 1 || home_ms_[g] - in_ms_[g] >= copy_ms(0, true));
+           (ctx_.knobs.copy_timing != 1 || home_ms_[g] - links_.in_ms(g) >= copy_ms(0, true));
   }
-  ReceiverTree::Leaf leaf(int g) const { return {load_[g], home_ms_[g], in_ms_[g], guest_ms_[g]}; }
+  ReceiverTree::Leaf leaf(int g) const {
+    return {load_[g], home_ms_[g], links_.in_ms(g), guest_ms_[g]};
+  }
   void refresh(int g) { tree_.set(leaf_of_[g], g, eligible(g), leaf(g)); }
 
   // Sets g aside while the current expert is spilled (one slice per GPU and expert): `in_tree`
@@ -692,7 +692,7 @@ class FeplbPlanner final : public Planner {
     ReceiverTree::Need need;
     need.timing = static_cast<int>(k.copy_timing);
     // Gathering, the copies to the receivers found so far are queued on d's egress first.
-    need.out_ms = gather ? gather_out_ms_ : out_ms_[d];
+    need.out_ms = gather ? gather_out_ms_ : links_.out_ms(d);
     need.fixed_ms = copy_ms(0, true);
     need.per_row_ms = k.one_hop ? 0.0 : row_ms_;
     need.rows = std::min(remaining(e), shed_rows(e, d, target - tol));
@@ -714,7 +714,7 @@ class FeplbPlanner final : public Planner {
       const int64_t rows = std::min(
           gather_rows_, std::max<int64_t>(0, rows_within(target - load_[h], gather_rows_)));
       gather_rows_ -= rows;
-      gather_out_ms_ = std::max(gather_out_ms_, in_ms_[h]) + copy_ms(rows, !prefetched(e, h));
+      gather_out_ms_ = std::max(gather_out_ms_, links_.in_ms(h)) + copy_ms(rows, !prefetched(e, h));
     }
     exclude(h, gather);
     receivers_.push_back(h);
@@ -783,7 +783,7 @@ class FeplbPlanner final : public Planner {
     int64_t level = target;
     if (units(remaining(e)) + rest < load_[d] - target) {
       // d cannot reach the target: level it with e's helpers, gathered first.
-      gather_out_ms_ = out_ms_[d];
+      gather_out_ms_ = links_.out_ms(d);
       gather_rows_ = std::min(remaining(e), shed_rows(e, d, target));
       while (static_cast<int>(receivers_.size()) < allowed &&
              next_receiver(e, d, target, tol, true)) {
@@ -820,10 +820,9 @@ class FeplbPlanner final : public Planner {
         (t > 0 ? guest_ms_ : home_ms_)[h] += gemm_ms(rows);
       }
       if (t > 0) {
-        in_ms_[h] = std::max(in_ms_[h], out_ms_[d]) + t;
-        out_ms_[d] = in_ms_[h];
-        if (k.copy_timing == 2 && in_ms_[h] > home_ms_[h])
-          late_finish_ms_ = std::max(late_finish_ms_, in_ms_[h] + guest_ms_[h]);
+        const double lands_ms = links_.add(d, h, t);
+        if (k.copy_timing == 2 && lands_ms > home_ms_[h])
+          late_finish_ms_ = std::max(late_finish_ms_, lands_ms + guest_ms_[h]);
       }
       load_[d] -= give_units(e, rows);
       load_[h] += units(rows);
@@ -854,7 +853,7 @@ class FeplbPlanner final : public Planner {
   const std::vector<int64_t>* rows_ = nullptr;  // this step's expert_counts
   std::vector<int64_t> load_, moved_;
   std::vector<int64_t> guests_;
-  std::vector<double> in_ms_, out_ms_;      // [num_ranks] when the links' queued copies end
+  CopyLinks links_;                         // when the queued copies run
   std::vector<double> home_ms_, guest_ms_;  // [num_ranks] modelled GEMM time, own and guest
   std::vector<int> candidates_, candidate_begin_, order_, donors_, receivers_;
   std::vector<int64_t> dom_target_;  // [num_domains]

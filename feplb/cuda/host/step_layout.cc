@@ -1,6 +1,8 @@
 #include "feplb/cuda/host/step_layout.h"
 
 #include <algorithm>
+#include <limits>
+#include <numeric>
 
 #include "feplb/core/error.h"
 
@@ -27,7 +29,7 @@ void prefetch_slots(std::span<const Copy> copies, int num_ranks, std::vector<int
 }
 
 void StepLayout::build(const Topology& topo, const RoutingStep& routing, const Plan& plan, int rank,
-                       const LayoutCapacity& capacity) {
+                       const LayoutCapacity& capacity, std::span<const CopyTime> copy_times) {
   const int R = topo.num_ranks();
   const int E = topo.num_experts();
   FEPLB_REQUIRE_INPUT(routing.num_ranks == R && routing.num_experts == E,
@@ -213,28 +215,49 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
     }
   }
   guests_.clear();
-  exports_.clear();
   for (int peer = 0; peer < R; ++peer) {
     for (size_t i = 0; i < n; ++i) {
       const Slice& s = plan.slices[i];
-      if (slice_slot_[i] < 0) continue;
-      const int home = topo.home(s.expert);
+      if (slice_slot_[i] < 0 || s.gpu != rank || topo.home(s.expert) != peer) continue;
       const bool dispatched = s.source == RowSource::kDispatched;
-      const bool prefetched = slice_prefetched_[i] != 0;
       const int64_t home_row = dispatched ? -1 : expert_base_[s.expert] + slice_offset_[i];
-      if (s.gpu == rank && home == peer) {
-        guests_.push_back({static_cast<int>(i), s.expert, home, slice_slot_[i], slice_staging_[i],
-                           slice_guest_row_[i], home_row, s.rows, dispatched, prefetched});
-        guests_from_[peer] = 1;
-        if (!dispatched) rows_from_[peer] = 1;
-      }
-      if (home == rank && s.gpu == peer) {
-        exports_.push_back({static_cast<int>(i), s.expert, local_index_[s.expert], s.gpu,
-                            slice_slot_[i], slice_staging_[i], home_row, slice_guest_row_[i],
-                            s.rows, dispatched, prefetched});
-        exports_to_[peer] = 1;
-        if (!dispatched) rows_to_[peer] = 1;
-      }
+      guests_.push_back({static_cast<int>(i), s.expert, peer, slice_slot_[i], slice_staging_[i],
+                         slice_guest_row_[i], home_row, s.rows, dispatched,
+                         slice_prefetched_[i] != 0});
+      guests_from_[peer] = 1;
+      if (!dispatched) rows_from_[peer] = 1;
+    }
+  }
+  // Helpers in issue order: by when this rank's first copy to each starts (modelled), then index.
+  FEPLB_REQUIRE_INPUT(copy_times.empty() || copy_times.size() == plan.copies.size(),
+                      "step layout: {} copy times for {} copies", copy_times.size(),
+                      plan.copies.size());
+  fill(first_copy_ms_, static_cast<size_t>(R), std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < copy_times.size(); ++i) {
+    const Copy& c = plan.copies[i];
+    if (!copy_times[i].timed || c.src_gpu != rank || c.kind == CopyKind::kPrefetchWeights) continue;
+    double& first = first_copy_ms_[static_cast<size_t>(c.dst_gpu)];
+    first = std::min(first, copy_times[i].start_ms);
+  }
+  helper_order_.resize(static_cast<size_t>(R));
+  std::iota(helper_order_.begin(), helper_order_.end(), 0);
+  std::sort(helper_order_.begin(), helper_order_.end(), [&](int a, int b) {
+    const double ta = first_copy_ms_[static_cast<size_t>(a)];
+    const double tb = first_copy_ms_[static_cast<size_t>(b)];
+    return ta != tb ? ta < tb : a < b;
+  });
+  exports_.clear();
+  for (int peer : helper_order_) {
+    for (size_t i = 0; i < n; ++i) {
+      const Slice& s = plan.slices[i];
+      if (slice_slot_[i] < 0 || topo.home(s.expert) != rank || s.gpu != peer) continue;
+      const bool dispatched = s.source == RowSource::kDispatched;
+      const int64_t home_row = dispatched ? -1 : expert_base_[s.expert] + slice_offset_[i];
+      exports_.push_back({static_cast<int>(i), s.expert, local_index_[s.expert], s.gpu,
+                          slice_slot_[i], slice_staging_[i], home_row, slice_guest_row_[i], s.rows,
+                          dispatched, slice_prefetched_[i] != 0});
+      exports_to_[peer] = 1;
+      if (!dispatched) rows_to_[peer] = 1;
     }
   }
 }

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "feplb/core/copy_links.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
@@ -118,9 +119,12 @@ class StepLayout {
   // Derives the layout of `plan` (for `routing`) as rank `rank` sees it. Never throws for a plan
   // that does not fit: error() says why (the same text on every rank), and the work lists are
   // then incomplete and must not be used. Throws InputError for inputs that disagree (routing or
-  // plan shapes against the topology).
+  // plan shapes against the topology). `copy_times` (CopyTimer's times of the plan, or empty)
+  // orders the exports: helper by helper, in order of when this rank's first copy to the helper
+  // starts (ties and without times: ascending helper), so the layer issues them as the planner
+  // modelled.
   void build(const Topology& topo, const RoutingStep& routing, const Plan& plan, int rank,
-             const LayoutCapacity& capacity);
+             const LayoutCapacity& capacity, std::span<const CopyTime> copy_times = {});
 
   // Empty when the plan fits every rank's buffers; otherwise one line naming the capacity.
   const std::string& error() const { return error_; }
@@ -146,7 +150,7 @@ class StepLayout {
   std::span<const RowChunk> recvs() const { return recvs_; }
   // This rank's work: its experts' rows that stay here (static experts first, then the dynamic
   // ones' rows that were not moved), the guest slices it computes (grouped by owner, ascending),
-  // and its slices computed elsewhere (grouped by helper, ascending).
+  // and its slices computed elsewhere (grouped by helper, in build()'s issue order).
   std::span<const HomeWork> home_work() const { return home_; }
   std::span<const GuestWork> guest_work() const { return guests_; }
   std::span<const Export> exports() const { return exports_; }
@@ -188,6 +192,8 @@ class StepLayout {
   std::vector<int64_t> slice_guest_row_;            // [slices]
   std::vector<uint8_t> slice_prefetched_;           // [slices]
   std::vector<int> prefetch_slot_, prefetch_next_;  // [copies], [R]
+  std::vector<int> helper_order_;                   // [R] the order exports are issued in
+  std::vector<double> first_copy_ms_;               // [R] when this rank's first copy to it starts
   std::vector<int64_t> run_;                        // [receivers] rows received so far per receiver
   std::vector<RowChunk> sends_, recvs_;
   std::vector<HomeWork> home_;

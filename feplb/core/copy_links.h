@@ -1,0 +1,91 @@
+// CopyLinks: when phase-2 copies run, as the planners and the metrics model them. Every GPU has an
+// egress and an ingress link; a copy holds the sender's egress and the receiver's ingress for its
+// whole time (one copy-engine copy fills a link: 380 GB/s of the H200's NVLink). The receiver's
+// ingress serves copies first in, first out. The sender's egress runs its copies in order of
+// start: when a copy had to wait for its busy receiver, the egress idled meanwhile, and a copy
+// planned later runs in that gap (the largest still open) if its receiver is free when
+// the gap begins and it fits there. So a donor whose first receiver is still busy sends to a free
+// one meanwhile instead of queueing every later copy behind it. Times in ms.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "feplb/core/knobs.h"
+#include "feplb/core/plan.h"
+#include "feplb/core/topology.h"
+
+namespace feplb {
+
+class CopyLinks {
+ public:
+  // Every link free from `start_ms`, no gaps. Allocates only when num_gpus grows.
+  void reset(int num_gpus, double start_ms) {
+    const auto n = static_cast<size_t>(num_gpus);
+    in_.assign(n, start_ms);
+    out_.assign(n, start_ms);
+    gap_begin_.assign(n, start_ms);
+    gap_end_.assign(n, start_ms);
+  }
+  // Links free no earlier than `ms` (copies queued before: prefetches); gaps before it are gone.
+  void start_at(int gpu, double in_ms, double out_ms) {
+    const auto g = static_cast<size_t>(gpu);
+    in_[g] = std::max(in_[g], in_ms);
+    out_[g] = std::max(out_[g], out_ms);
+    gap_begin_[g] = gap_end_[g] = out_[g];
+  }
+
+  // When a copy of `ms` from src to dst would start.
+  double start(int src, int dst, double ms) const {
+    const auto s = static_cast<size_t>(src), d = static_cast<size_t>(dst);
+    if (in_[d] <= gap_begin_[s] && gap_begin_[s] + ms <= gap_end_[s]) return gap_begin_[s];
+    return std::max(in_[d], out_[s]);
+  }
+  // Queues that copy; returns when it lands.
+  double add(int src, int dst, double ms) {
+    const auto s = static_cast<size_t>(src), d = static_cast<size_t>(dst);
+    const double at = start(src, dst, ms), end = at + ms;
+    if (at < out_[s]) {
+      gap_begin_[s] = end;  // in the gap: what is left of it after the copy
+    } else if (at - out_[s] >= gap_end_[s] - gap_begin_[s]) {
+      gap_begin_[s] = out_[s];  // the egress idles until the receiver is free: the larger gap
+      gap_end_[s] = at;
+    }
+    if (at >= out_[s]) out_[s] = end;
+    in_[d] = end;
+    return end;
+  }
+
+  double in_ms(int gpu) const { return in_[static_cast<size_t>(gpu)]; }
+  double out_ms(int gpu) const { return out_[static_cast<size_t>(gpu)]; }
+
+ private:
+  std::vector<double> in_, out_;             // [GPU] when the ingress / egress is free
+  std::vector<double> gap_begin_, gap_end_;  // [GPU] the egress's idle gap (empty: begin = end)
+};
+
+// When one of a plan's copies runs, in ms from when the GPUs start their expert GEMMs.
+struct CopyTime {
+  double start_ms = 0, end_ms = 0;
+  bool timed = false;  // false: not waited for inside the window (outputs back, replicas)
+};
+// Times every copy of a plan (time(plan, ...)[i] for plan.copies[i]): prefetches first, first in,
+// first out on both links from -knobs.prefetch_window_us; then the phase-2 copies in plan order on
+// CopyLinks from `start_ms` (or when the prefetches are done), a migration's weights and then its
+// rows (two adjacent copies of one expert, sender and receiver) as one copy. The GPU layer issues
+// each GPU's copies helper by helper in this order of start. No allocation once its buffers have
+// grown to the largest plan seen.
+class CopyTimer {
+ public:
+  std::span<const CopyTime> time(const Plan& plan, const Topology& topo, const Knobs& knobs,
+                                 double start_ms);
+
+ private:
+  CopyLinks links_;
+  std::vector<double> in_ms_, out_ms_;  // [GPU] prefetches: when the links are free
+  std::vector<CopyTime> times_;
+};
+
+}  // namespace feplb
