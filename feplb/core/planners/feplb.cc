@@ -64,6 +64,8 @@ constexpr int kMaxMisses = 8;
 // Balancing time: row counts below this have their GEMM time tabled (8 bytes each); larger
 // ones ask the cost model.
 constexpr int64_t kGemmTableRows = 1 << 18;
+// Time levelling (level_time): the most hand-backs per domain and plan.
+constexpr int kMaxLevelMoves = 64;
 // GPUs with at most this many local experts choose their candidates by insertion.
 constexpr size_t kFewLocalExperts = 32;
 
@@ -146,7 +148,8 @@ class FeplbPlanner final : public Planner {
     }
     // The most time-balanced plan whose token straggler stays within the budget (a fraction of
     // the unbalanced one): the blends from time towards rows are bisected (a blend nearer rows
-    // leaves fewer rows on the busiest GPU), rows when none keeps within it.
+    // leaves fewer rows on the busiest GPU), rows when none keeps within it; then its time is
+    // levelled within the budget's row cap (level_time).
     home_loads(ctx_.topo, routing, rows_at_);
     const double budget = k.time_balance_budget * row_straggler();
     constexpr int kBlends = static_cast<int>(std::size(kTimeWeights));
@@ -174,6 +177,177 @@ class FeplbPlanner final : public Planner {
       plan_weighted(routing, out, 0.0);
     else if (!last_kept)
       out = kept_;
+    level_time(out, static_cast<int64_t>(std::floor(budget)));
+  }
+
+  // Levels GEMM time along the plan's own slices. Per domain, the GPU with the largest modelled
+  // GEMM time moves rows from one of its slices to another slice of the same expert, the move
+  // that lowers the domain's largest time most, until none does: a guest slice's rows back to the
+  // expert's slice at its home, or, rows in one hop, its own rows on to the expert's helpers and a
+  // guest slice's rows on to the expert's other helpers. A guest slice may go whole (its GEMM's
+  // fixed cost leaves the GPU, and its weights copy the plan; a prefetch stays, issued before
+  // routing); otherwise a slice keeps min_slice_rows and moves are multiples of slice_align_rows.
+  // The receiving GPU stays within `row_budget` rows of the domain's mean. No slice is added (no
+  // GEMM's fixed cost), and no copy grows: a rows copy only shrinks (it lands earlier), rows in one
+  // hop travel in the dispatch. O(kMaxLevelMoves x (domain size + a GPU's slices' moves)) per
+  // domain, no allocation once warm.
+  void level_time(Plan& out, int64_t row_budget) {
+    const Topology& topo = ctx_.topo;
+    const Knobs& k = ctx_.knobs;
+    const int E = topo.num_experts(), R = topo.num_ranks(), n = topo.domain_size();
+    std::vector<Slice>& slices = out.slices;
+    // Each GPU's time and rows; each expert's slice at its home; each GPU's guest slices that
+    // have one there (counting sort).
+    level_ms_.assign(static_cast<size_t>(R), 0.0);
+    level_rows_.assign(static_cast<size_t>(R), 0);
+    home_slice_.assign(static_cast<size_t>(E), -1);
+    level_begin_.assign(static_cast<size_t>(R) + 1, 0);
+    for (size_t i = 0; i < slices.size(); ++i) {
+      const Slice& sl = slices[i];
+      level_ms_[sl.gpu] += gemm_ms(sl.rows);
+      level_rows_[sl.gpu] += sl.rows;
+      if (topo.home(sl.expert) == sl.gpu) home_slice_[sl.expert] = static_cast<int>(i);
+    }
+    const auto guest = [&](const Slice& sl) {
+      return topo.home(sl.expert) != sl.gpu && home_slice_[sl.expert] >= 0;
+    };
+    for (const Slice& sl : slices) level_begin_[sl.gpu + 1] += guest(sl) ? 1 : 0;
+    for (int g = 0; g < R; ++g) level_begin_[g + 1] += level_begin_[g];
+    level_slice_.resize(static_cast<size_t>(level_begin_[R]));
+    fill_.assign(level_begin_.begin(), level_begin_.end() - 1);
+    for (size_t i = 0; i < slices.size(); ++i) {
+      if (guest(slices[i]))
+        level_slice_[static_cast<size_t>(fill_[slices[i].gpu]++)] = static_cast<int>(i);
+    }
+    guest_begin_.assign(static_cast<size_t>(E) + 1, 0);
+    for (const Slice& sl : slices) guest_begin_[sl.expert + 1] += guest(sl) ? 1 : 0;
+    for (int e = 0; e < E; ++e) guest_begin_[e + 1] += guest_begin_[e];
+    guest_slice_.resize(static_cast<size_t>(guest_begin_[E]));
+    fill_.assign(guest_begin_.begin(), guest_begin_.end() - 1);
+    for (size_t i = 0; i < slices.size(); ++i) {
+      if (guest(slices[i]))
+        guest_slice_[static_cast<size_t>(fill_[slices[i].expert]++)] = static_cast<int>(i);
+    }
+    const int64_t a = k.slice_align_rows;
+    bool moved = false;
+    for (int dom = 0; dom < topo.num_domains(); ++dom) {
+      const int first = topo.first_gpu_of_domain(dom);
+      int64_t dom_rows = 0;
+      for (int g = first; g < first + n; ++g) dom_rows += level_rows_[g];
+      const int64_t row_cap = dom_rows / n + row_budget;
+      for (int iter = 0; iter < std::min(4 * n, kMaxLevelMoves); ++iter) {
+        // The domain's three largest times (GPU M the largest).
+        int top[3] = {-1, -1, -1};
+        for (int g = first; g < first + n; ++g) {
+          for (int t = 0; t < 3; ++t) {
+            if (top[t] < 0 || level_ms_[g] > level_ms_[top[t]]) {
+              for (int u = 2; u > t; --u) top[u] = top[u - 1];
+              top[t] = g;
+              break;
+            }
+          }
+        }
+        const int M = top[0];
+        // The best move from M: the new largest time, the slices from and to, the rows.
+        double best_ms = level_ms_[M];
+        int best_from = -1, best_to = -1;
+        int64_t best_r = 0;
+        const auto consider = [&](int from, int to) {
+          const Slice& fs = slices[static_cast<size_t>(from)];
+          const Slice& ts = slices[static_cast<size_t>(to)];
+          const int g = ts.gpu;
+          if (fs.rows == 0 || ts.rows == 0) return;  // a slice given up
+          const int64_t room = row_cap - level_rows_[g];
+          double other = 0;  // the largest time but M's and g's
+          for (const int t : top) {
+            if (t >= 0 && t != M && t != g) {
+              other = level_ms_[t];
+              break;
+            }
+          }
+          const auto m_ms = [&](int64_t r) {
+            return level_ms_[M] - gemm_ms(fs.rows) + gemm_ms(fs.rows - r);
+          };
+          const auto g_ms = [&](int64_t r) {
+            return level_ms_[g] - gemm_ms(ts.rows) + gemm_ms(ts.rows + r);
+          };
+          const auto offer = [&](int64_t r) {
+            const double top_ms = std::max({m_ms(r), g_ms(r), other});
+            if (top_ms < best_ms - 1e-9) {
+              best_ms = top_ms;
+              best_from = from;
+              best_to = to;
+              best_r = r;
+            }
+          };
+          // A guest slice may go whole (its GEMM, fixed cost included, leaves M).
+          if (topo.home(fs.expert) != M && fs.rows <= room) offer(fs.rows);
+          const int64_t most = std::min(fs.rows - k.min_slice_rows, room) / a;
+          if (most <= 0) return;
+          // Where g's time passes M's: the best part is there or one step before.
+          const int64_t cross =
+              first_true(1, most + 1, [&](int64_t q) { return g_ms(q * a) >= m_ms(q * a); });
+          if (cross > 1) offer((cross - 1) * a);
+          if (cross <= most) offer(cross * a);
+        };
+        // M's guest slices back to their homes, or (rows in one hop) on to the expert's other
+        // helpers.
+        for (int i = level_begin_[M]; i < level_begin_[M + 1]; ++i) {
+          const int gs = level_slice_[static_cast<size_t>(i)];
+          const Slice& sl = slices[static_cast<size_t>(gs)];
+          consider(gs, home_slice_[sl.expert]);
+          if (sl.source != RowSource::kDispatched) continue;
+          for (int j = guest_begin_[sl.expert]; j < guest_begin_[sl.expert + 1]; ++j) {
+            const int os = guest_slice_[static_cast<size_t>(j)];
+            const Slice& o = slices[static_cast<size_t>(os)];
+            if (o.gpu != M && o.source == RowSource::kDispatched) consider(gs, os);
+          }
+        }
+        // M's own rows on to the helpers its experts' rows reach in one hop (no copy grows).
+        for (const int e : topo.local_experts(M)) {
+          if (home_slice_[e] < 0) continue;
+          for (int i = guest_begin_[e]; i < guest_begin_[e + 1]; ++i) {
+            const int gs = guest_slice_[static_cast<size_t>(i)];
+            if (slices[static_cast<size_t>(gs)].source == RowSource::kDispatched)
+              consider(home_slice_[e], gs);
+          }
+        }
+        if (best_from < 0) break;
+        Slice& fs = slices[static_cast<size_t>(best_from)];
+        Slice& ts = slices[static_cast<size_t>(best_to)];
+        level_ms_[M] += gemm_ms(fs.rows - best_r) - gemm_ms(fs.rows);
+        level_ms_[ts.gpu] += gemm_ms(ts.rows + best_r) - gemm_ms(ts.rows);
+        level_rows_[M] -= best_r;
+        level_rows_[ts.gpu] += best_r;
+        fs.rows -= best_r;
+        ts.rows += best_r;
+        moved = true;
+      }
+    }
+    if (!moved) return;
+    // The moved slices' copies follow them: rows (home -> helper) and outputs (back) shrink, and a
+    // slice given up whole takes its weights copy with it (a prefetch stays: it was issued before
+    // routing).
+    size_t w = 0;
+    for (size_t c = 0; c < out.copies.size(); ++c) {
+      Copy& cp = out.copies[c];
+      const bool rows = cp.kind == CopyKind::kTokenRows || cp.kind == CopyKind::kOutputRows;
+      if (rows || cp.kind == CopyKind::kWeights) {
+        const int helper = cp.kind == CopyKind::kOutputRows ? cp.src_gpu : cp.dst_gpu;
+        for (int i = level_begin_[helper]; i < level_begin_[helper + 1]; ++i) {
+          const Slice& sl = slices[static_cast<size_t>(level_slice_[i])];
+          if (sl.expert != cp.expert) continue;
+          if (sl.rows == 0) cp.bytes = -1;  // dropped below
+          if (rows && sl.rows > 0) {
+            cp.rows = sl.rows;
+            cp.bytes = sl.rows * ctx_.shape.row_bytes();
+          }
+        }
+      }
+      if (cp.bytes >= 0) out.copies[w++] = cp;
+    }
+    out.copies.resize(w);
+    std::erase_if(slices, [](const Slice& sl) { return sl.rows == 0; });
   }
 
   // GEMM time balanced within a row cap: no GPU ends more than `budget` rows above its domain's
@@ -903,6 +1077,12 @@ class FeplbPlanner final : public Planner {
   std::vector<double> pre_in_, pre_out_;
   std::vector<int64_t> pre_slots_;
   std::vector<int> pre_begin_, pre_gpu_, fill_;
+  // level_time(): each GPU's guest slices (by index, [level_begin_[g], level_begin_[g + 1])), each
+  // expert's slice at its home, each GPU's modelled GEMM time and rows.
+  std::vector<int> level_begin_, level_slice_, home_slice_;
+  std::vector<int> guest_begin_, guest_slice_;  // the guest slices by expert
+  std::vector<double> level_ms_;
+  std::vector<int64_t> level_rows_;
   Plan scratch_;
   Plan kept_;  // time_balance_budget: the best plan kept within the budget so far
 };
