@@ -313,6 +313,7 @@ class FeplbPlanner final : public Planner {
           }
         }
         if (best_from < 0) break;
+        if (!moved) level_before_ = out;  // copied, not swapped: no allocation once warm
         Slice& fs = slices[static_cast<size_t>(best_from)];
         Slice& ts = slices[static_cast<size_t>(best_to)];
         level_ms_[M] += gemm_ms(fs.rows - best_r) - gemm_ms(fs.rows);
@@ -348,6 +349,34 @@ class FeplbPlanner final : public Planner {
     }
     out.copies.resize(w);
     std::erase_if(slices, [](const Slice& sl) { return sl.rows == 0; });
+    // A shrunk or dropped copy can still delay a later one: the idle gap a busy receiver left in
+    // a sender's egress (CopyLinks) may close before the copy that ran in it. The levelling stays
+    // only if no copy lands later than it did.
+    if (!no_copy_lands_later(level_before_, out)) out = level_before_;
+  }
+
+  // Whether every copy of `after` (the copies of `before`, in order, some shrunk, some gone) lands
+  // no later than it did in `before`.
+  bool no_copy_lands_later(const Plan& before, const Plan& after) {
+    const Knobs& k = ctx_.knobs;
+    const double start_ms =
+        before.planned_before_dispatch ? 0.0 : (k.counts_to_host_us + k.planner_budget_us) * 1e-3;
+    const auto was = copy_timer_.time(before, ctx_.topo, k, start_ms);
+    level_end_.resize(was.size());
+    for (size_t i = 0; i < was.size(); ++i) level_end_[i] = was[i].timed ? was[i].end_ms : 0.0;
+    const auto now = copy_timer_.time(after, ctx_.topo, k, start_ms);
+    size_t j = 0;
+    for (size_t i = 0; i < now.size(); ++i, ++j) {
+      const Copy& c = after.copies[i];
+      const auto same = [&](const Copy& b) {
+        return b.kind == c.kind && b.expert == c.expert && b.src_gpu == c.src_gpu &&
+               b.dst_gpu == c.dst_gpu;
+      };
+      while (j < before.copies.size() && !same(before.copies[j])) ++j;
+      if (j == before.copies.size()) return false;  // not a subsequence: keep the plan as it was
+      if (now[i].timed && now[i].end_ms > level_end_[j] + 1e-12) return false;
+    }
+    return true;
   }
 
   // GEMM time balanced within a row cap: no GPU ends more than `budget` rows above its domain's
@@ -1081,6 +1110,9 @@ class FeplbPlanner final : public Planner {
   // expert's slice at its home, each GPU's modelled GEMM time and rows.
   std::vector<int> level_begin_, level_slice_, home_slice_;
   std::vector<int> guest_begin_, guest_slice_;  // the guest slices by expert
+  Plan level_before_;                           // the plan before levelling
+  CopyTimer copy_timer_;
+  std::vector<double> level_end_;  // when level_before_'s copies land
   std::vector<double> level_ms_;
   std::vector<int64_t> level_rows_;
   Plan scratch_;
