@@ -155,12 +155,14 @@ std::string many_donor_section(const BalanceResult& r) {
       "busiest non-donating GPU's GEMM time (`--copy-timing 3`); `time` balances the modelled "
       "GEMM time instead of rows, as far as the plan's token straggler stays within 5% of the "
       "unbalanced one (`--time-balance-budget 0.05`: blends of time and rows bisected, the "
-      "all-time one planned under that row cap, rows when none keeps within it; `time, no "
+      "all-time one planned under that row cap, rows when none keeps within it, then time "
+      "levelled along the plan's own slices under that cap; `time, no "
       "budget`: time alone, `--balance-time-weight 1`), which matters where an expert GEMM has a "
       "fixed cost (small experts). "
       "**Columns:** "
       "S_G + exposed = the slowest GPU's GEMM time above the mean plus what the balancing adds "
-      "(late copies, a plan before the dispatch); the anchors' own planning is not charged; "
+      "(late copies, a plan before the dispatch); the anchors' own planning is not charged as "
+      "plan latency; "
       "prefetch = MiB per step copied before routing (share used); fits = steps in which no GPU "
       "waited for a copy; delays = steps the balancing made slower.\n",
       hot, c.many_donor_cold_min, c.many_donor_expert_skew, c.many_donor_hot.size(),
