@@ -71,6 +71,13 @@ struct CopyTime {
   double start_ms = 0, end_ms = 0;
   bool timed = false;  // false: not waited for inside the window (outputs back, replicas)
 };
+// When the planner assumes a plan's phase-2 copies start (ms from when the GEMMs start): after the
+// counts round trip and the planner's budget, or at once for a plan made before the dispatch.
+inline double planned_copy_start_ms(const Plan& plan, const Knobs& knobs) {
+  return plan.planned_before_dispatch ? 0.0
+                                      : (knobs.counts_to_host_us + knobs.planner_budget_us) * 1e-3;
+}
+
 // Times every copy of a plan (time(plan, ...)[i] for plan.copies[i]): prefetches first, first in,
 // first out on both links from -knobs.prefetch_window_us; then the phase-2 copies in plan order on
 // CopyLinks from `start_ms` (or when the prefetches are done), a migration's weights and then its

@@ -320,14 +320,9 @@ void MoeLayer::Impl::plan_job() {
   planner->plan(h.routing, h.plan);
   const auto t1 = Clock::now();
   job_planned = true;  // observed after the copies are issued (with prefetch, observe plans again)
-  // Copies start once the plan exists (two-phase: after the counts round trip and the planner's
-  // budget), or with the GEMMs (a plan made before the dispatch): the planner's assumption.
-  const double copies_start_ms =
-      h.plan.planned_before_dispatch
-          ? 0.0
-          : (copy_knobs.counts_to_host_us + copy_knobs.planner_budget_us) * 1e-3;
-  h.layout.build(r.cfg.topo, h.routing, h.plan, r.rank, capacity,
-                 copy_timer.time(h.plan, r.cfg.topo, copy_knobs, copies_start_ms));
+  h.layout.build(
+      r.cfg.topo, h.routing, h.plan, r.rank, capacity,
+      copy_timer.time(h.plan, r.cfg.topo, copy_knobs, planned_copy_start_ms(h.plan, copy_knobs)));
   // Weights prefetched for this forward: the plan must list exactly what was copied, in order (the
   // layout then gives each pair the slot it was copied into).
   job_error.clear();

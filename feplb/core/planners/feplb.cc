@@ -201,7 +201,6 @@ class FeplbPlanner final : public Planner {
     level_ms_.assign(static_cast<size_t>(R), 0.0);
     level_rows_.assign(static_cast<size_t>(R), 0);
     home_slice_.assign(static_cast<size_t>(E), -1);
-    level_begin_.assign(static_cast<size_t>(R) + 1, 0);
     for (size_t i = 0; i < slices.size(); ++i) {
       const Slice& sl = slices[i];
       level_ms_[sl.gpu] += gemm_ms(sl.rows);
@@ -211,23 +210,22 @@ class FeplbPlanner final : public Planner {
     const auto guest = [&](const Slice& sl) {
       return topo.home(sl.expert) != sl.gpu && home_slice_[sl.expert] >= 0;
     };
-    for (const Slice& sl : slices) level_begin_[sl.gpu + 1] += guest(sl) ? 1 : 0;
-    for (int g = 0; g < R; ++g) level_begin_[g + 1] += level_begin_[g];
-    level_slice_.resize(static_cast<size_t>(level_begin_[R]));
-    fill_.assign(level_begin_.begin(), level_begin_.end() - 1);
-    for (size_t i = 0; i < slices.size(); ++i) {
-      if (guest(slices[i]))
-        level_slice_[static_cast<size_t>(fill_[slices[i].gpu]++)] = static_cast<int>(i);
-    }
-    guest_begin_.assign(static_cast<size_t>(E) + 1, 0);
-    for (const Slice& sl : slices) guest_begin_[sl.expert + 1] += guest(sl) ? 1 : 0;
-    for (int e = 0; e < E; ++e) guest_begin_[e + 1] += guest_begin_[e];
-    guest_slice_.resize(static_cast<size_t>(guest_begin_[E]));
-    fill_.assign(guest_begin_.begin(), guest_begin_.end() - 1);
-    for (size_t i = 0; i < slices.size(); ++i) {
-      if (guest(slices[i]))
-        guest_slice_[static_cast<size_t>(fill_[slices[i].expert]++)] = static_cast<int>(i);
-    }
+    // The guest slices bucketed by `key` (a GPU or an expert, < num_keys): begin[key] .. begin[key
+    // + 1] in `index` (counting sort).
+    const auto bucket = [&](auto key, int num_keys, std::vector<int>& begin,
+                            std::vector<int>& index) {
+      begin.assign(static_cast<size_t>(num_keys) + 1, 0);
+      for (const Slice& sl : slices) begin[key(sl) + 1] += guest(sl) ? 1 : 0;
+      for (int i = 0; i < num_keys; ++i) begin[i + 1] += begin[i];
+      index.resize(static_cast<size_t>(begin[num_keys]));
+      fill_.assign(begin.begin(), begin.end() - 1);
+      for (size_t i = 0; i < slices.size(); ++i) {
+        if (guest(slices[i]))
+          index[static_cast<size_t>(fill_[key(slices[i])]++)] = static_cast<int>(i);
+      }
+    };
+    bucket([](const Slice& sl) { return sl.gpu; }, R, level_begin_, level_slice_);
+    bucket([](const Slice& sl) { return sl.expert; }, E, guest_begin_, guest_slice_);
     const int64_t a = k.slice_align_rows;
     bool moved = false;
     for (int dom = 0; dom < topo.num_domains(); ++dom) {
@@ -359,8 +357,7 @@ class FeplbPlanner final : public Planner {
   // no later than it did in `before`.
   bool no_copy_lands_later(const Plan& before, const Plan& after) {
     const Knobs& k = ctx_.knobs;
-    const double start_ms =
-        before.planned_before_dispatch ? 0.0 : (k.counts_to_host_us + k.planner_budget_us) * 1e-3;
+    const double start_ms = planned_copy_start_ms(before, k);
     const auto was = copy_timer_.time(before, ctx_.topo, k, start_ms);
     level_end_.resize(was.size());
     for (size_t i = 0; i < was.size(); ++i) level_end_[i] = was[i].timed ? was[i].end_ms : 0.0;
@@ -436,7 +433,7 @@ class FeplbPlanner final : public Planner {
     own_gemm_times(c);
     // Phase-2 copies start once the plan exists: after the counts round trip and the planner
     // (two-phase), or when the GEMMs start (one-hop: planned before the dispatch).
-    const double start_ms = k.one_hop ? 0.0 : (k.counts_to_host_us + k.planner_budget_us) * 1e-3;
+    const double start_ms = planned_copy_start_ms(out, k);
     start_ms_ = start_ms;
     links_.reset(R, start_ms);
     add_prefetches(routing.layer, out);
