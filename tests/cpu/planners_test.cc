@@ -549,12 +549,9 @@ TEST(Feplb, TimeBudgetKeepsTheTokenStragglerWithinItsShareOfTheUnbalanced) {
   }
 }
 
-// With GLM-5 experts (linear GEMMs above a few hundred rows) on a real prior's many-donor steps
-// (OLMoE on arxiv, widened to 128 experts), the budget mode keeps every step within it and more
-// than halves the GEMM straggler of balancing rows. Measured: 0.025 ms (two-phase) and 0.024 ms
-// (one hop) against 0.063 ms by rows; without the row cap of its first, all-time plan it was
-// 0.027 and 0.026 ms (docs/results/balance.md §8 shows the cap's effect over more steps).
-TEST(Feplb, TimeBudgetBalancesLargeExpertsTimeWithinTheRowCap) {
+// One layer's steps (the first, or the deepest) of the OLMoE arxiv prior widened to 128 experts:
+// EP=8, 24 micro-batches.
+std::vector<RoutingStep> arxiv_prior_layer(bool deepest) {
   WorkloadSpec spec;
   spec.num_ranks = 8;
   spec.num_steps = 24;
@@ -562,10 +559,22 @@ TEST(Feplb, TimeBudgetBalancesLargeExpertsTimeWithinTheRowCap) {
       expand_prior(read_prior(FEPLB_DATA_DIR "/priors/olmoe-1b-7b__olmoe-repo__arxiv.json"), 128,
                    spec.seed),
       spec);
-  std::vector<RoutingStep> steps;  // the first layer's
+  int64_t layer = 0;
+  for (const RoutingStep& s : trace.steps) layer = deepest ? std::max(layer, s.layer) : 0;
+  std::vector<RoutingStep> steps;
   for (const RoutingStep& s : trace.steps) {
-    if (s.layer == 0) steps.push_back(s);
+    if (s.layer == layer) steps.push_back(s);
   }
+  return steps;
+}
+
+// With GLM-5 experts (linear GEMMs above a few hundred rows) on a real prior's many-donor steps
+// (OLMoE on arxiv, widened to 128 experts), the budget mode keeps every step within it and more
+// than halves the GEMM straggler of balancing rows. Measured: 0.025 ms (two-phase) and 0.024 ms
+// (one hop) against 0.063 ms by rows; without the row cap of its first, all-time plan it was
+// 0.027 and 0.026 ms (docs/results/balance.md §8 shows the cap's effect over more steps).
+TEST(Feplb, TimeBudgetBalancesLargeExpertsTimeWithinTheRowCap) {
+  const std::vector<RoutingStep> steps = arxiv_prior_layer(false);
   for (int64_t one_hop : {0, 1}) {
     Knobs k;
     k.time_balance_budget = 0.05;
@@ -590,19 +599,7 @@ TEST(Feplb, TimeBudgetBalancesLargeExpertsTimeWithinTheRowCap) {
 // 0.044 ms (one hop) against MoonEP's 0.062 ms; without the levelling 0.072 and 0.078 ms, and by
 // rows 0.078 and 0.080 ms.
 TEST(Feplb, TimeBudgetLevelsSmallExpertsBelowMoonEp) {
-  WorkloadSpec spec;
-  spec.num_ranks = 8;
-  spec.num_steps = 24;
-  const Trace trace = generate_trace(
-      expand_prior(read_prior(FEPLB_DATA_DIR "/priors/olmoe-1b-7b__olmoe-repo__arxiv.json"), 128,
-                   spec.seed),
-      spec);
-  int64_t last = 0;
-  for (const RoutingStep& s : trace.steps) last = std::max(last, s.layer);
-  std::vector<RoutingStep> steps;  // the prior's deepest layer's
-  for (const RoutingStep& s : trace.steps) {
-    if (s.layer == last) steps.push_back(s);
-  }
+  const std::vector<RoutingStep> steps = arxiv_prior_layer(true);
   Knobs k;
   const CostModelChoice table = find_gemm_table(FEPLB_DATA_DIR "/cost", "data/cost", kQwen3_30b, k);
   ASSERT_NE(table.model, nullptr);
