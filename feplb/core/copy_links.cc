@@ -41,8 +41,7 @@ std::span<const CopyTime> CopyTimer::time(const Plan& plan, const Topology& topo
                            copies[i + 1].expert == c.expert && copies[i + 1].src_gpu == c.src_gpu &&
                            copies[i + 1].dst_gpu == c.dst_gpu;
     const double rows_t = with_rows ? copy_ms(copies[i + 1]) : 0.0;
-    const double at = links.start(c.src_gpu, c.dst_gpu, t + rows_t);
-    links.add(c.src_gpu, c.dst_gpu, t + rows_t);
+    const double at = links.add(c.src_gpu, c.dst_gpu, t + rows_t) - (t + rows_t);
     out[i] = {at, at + t, true};
     if (with_rows) out[++i] = {at + t, at + t + rows_t, true};
   }

@@ -41,7 +41,7 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   std::vector<int64_t> rows_at(static_cast<size_t>(R) * E, 0);
   for (const Slice& s : plan.slices) rows_at[key(s.gpu, s.expert)] += s.rows;
 
-  // Copy timing (time_copies), t = 0 when the GPUs start their expert GEMMs. Prefetches go first,
+  // Copy timing (CopyTimer), t = 0 when the GPUs start their expert GEMMs. Prefetches go first,
   // from -prefetch_window; phase-2 copies once the plan exists: after the counts round trip and
   // the planner (two-phase), or at once (a plan made before the dispatch, whose latency delays
   // every GPU instead).
