@@ -1,11 +1,18 @@
 // CopyLinks: when phase-2 copies run, as the planners and the metrics model them. Every GPU has an
 // egress and an ingress link; a copy holds the sender's egress and the receiver's ingress for its
-// whole time (one copy-engine copy fills a link: 380 GB/s of the H200's NVLink). The receiver's
-// ingress serves copies first in, first out. The sender's egress runs its copies in order of
-// start: when a copy had to wait for its busy receiver, the egress idled meanwhile, and a copy
-// planned later runs in that gap (the largest still open) if its receiver is free when
-// the gap begins and it fits there. So a donor whose first receiver is still busy sends to a free
-// one meanwhile instead of queueing every later copy behind it. Times in ms.
+// whole time (one copy-engine copy fills a link: 380 GB/s of the H200's NVLink), and no link runs
+// two copies at once. Copies are placed in plan order, each at the earliest of:
+//  - the sender's idle gap: when a copy had to wait for its busy receiver, the egress idled
+//    meanwhile; a later copy runs in that gap (the largest still open) if its receiver is free
+//    when the gap begins and it fits there. So a donor whose first receiver is still busy sends to
+//    a free one meanwhile instead of queueing every later copy behind it;
+//  - the receiver's idle gap: when a copy had to wait for its busy sender, the ingress idled
+//    meanwhile; a later copy from another sender runs in that gap (the largest still open) from
+//    when its sender is free, if it fits there. So a second donor's copy goes before a hot donor's
+//    late one instead of after it;
+//  - otherwise when both links are free after their last copies.
+// A sender issues its copies in order of start (the GPU layer does); receivers order nothing.
+// Times in ms.
 #pragma once
 
 #include <algorithm>
@@ -28,6 +35,8 @@ class CopyLinks {
     out_.assign(n, start_ms);
     gap_begin_.assign(n, start_ms);
     gap_end_.assign(n, start_ms);
+    in_gap_begin_.assign(n, start_ms);
+    in_gap_end_.assign(n, start_ms);
   }
   // Links free no earlier than `ms` (copies queued before: prefetches); gaps before it are gone.
   void start_at(int gpu, double in_ms, double out_ms) {
@@ -35,12 +44,17 @@ class CopyLinks {
     in_[g] = std::max(in_[g], in_ms);
     out_[g] = std::max(out_[g], out_ms);
     gap_begin_[g] = gap_end_[g] = out_[g];
+    in_gap_begin_[g] = in_gap_end_[g] = in_[g];
   }
 
   // When a copy of `ms` from src to dst would start.
   double start(int src, int dst, double ms) const {
     const auto s = static_cast<size_t>(src), d = static_cast<size_t>(dst);
+    // The sender's gap, if the receiver is free when it begins.
     if (in_[d] <= gap_begin_[s] && gap_begin_[s] + ms <= gap_end_[s]) return gap_begin_[s];
+    // The receiver's gap, from when the sender is free.
+    const double in_gap_at = std::max(in_gap_begin_[d], out_[s]);
+    if (in_gap_at < in_gap_end_[d] && in_gap_at + ms <= in_gap_end_[d]) return in_gap_at;
     return std::max(in_[d], out_[s]);
   }
   // Queues that copy; returns when it lands.
@@ -48,13 +62,27 @@ class CopyLinks {
     const auto s = static_cast<size_t>(src), d = static_cast<size_t>(dst);
     const double at = start(src, dst, ms), end = at + ms;
     if (at < out_[s]) {
-      gap_begin_[s] = end;  // in the gap: what is left of it after the copy
-    } else if (at - out_[s] >= gap_end_[s] - gap_begin_[s]) {
-      gap_begin_[s] = out_[s];  // the egress idles until the receiver is free: the larger gap
-      gap_end_[s] = at;
+      gap_begin_[s] = end;  // in the sender's gap: what is left of it after the copy
+    } else {
+      if (at - out_[s] >= gap_end_[s] - gap_begin_[s]) {
+        gap_begin_[s] = out_[s];  // the egress idles until the receiver is free: the larger gap
+        gap_end_[s] = at;
+      }
+      out_[s] = end;
     }
-    if (at >= out_[s]) out_[s] = end;
-    in_[d] = end;
+    if (at < in_[d]) {  // in the receiver's gap: the larger part left of it
+      if (at - in_gap_begin_[d] >= in_gap_end_[d] - end) {
+        in_gap_end_[d] = at;
+      } else {
+        in_gap_begin_[d] = end;
+      }
+    } else {
+      if (at - in_[d] >= in_gap_end_[d] - in_gap_begin_[d]) {
+        in_gap_begin_[d] = in_[d];  // the ingress idles until the sender is free: the larger gap
+        in_gap_end_[d] = at;
+      }
+      in_[d] = end;
+    }
     return end;
   }
 
@@ -64,6 +92,7 @@ class CopyLinks {
  private:
   std::vector<double> in_, out_;             // [GPU] when the ingress / egress is free
   std::vector<double> gap_begin_, gap_end_;  // [GPU] the egress's idle gap (empty: begin = end)
+  std::vector<double> in_gap_begin_, in_gap_end_;  // [GPU] the ingress's idle gap
 };
 
 // When one of a plan's copies runs, in ms from when the GPUs start their expert GEMMs.

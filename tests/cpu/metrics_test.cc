@@ -264,7 +264,7 @@ TEST(Metrics, OracleFloorPerDomain) {
 // waits for GPU 1's ingress (busy with GPU 0's copy until 3 ms); its next copy, to a free GPU 3,
 // runs in that gap instead of queueing behind it; one that does not fit the gap queues after
 // (first in, first out); a migration's weights and rows are one copy.
-TEST(CopyTimer, ADonorSendsIntoTheGapABusyReceiverLeaves) {
+TEST(CopyTimer, CopiesRunInTheGapsABusyLinkLeaves) {
   const Topology topo = Topology::contiguous(4, 8, 4);
   Knobs k;
   k.copy_gbps = 1.0;
@@ -278,16 +278,17 @@ TEST(CopyTimer, ADonorSendsIntoTheGapABusyReceiverLeaves) {
   rows(0, 1, 3'000'000);  // [0, 3]
   rows(2, 1, 1'000'000);  // waits for GPU 1: [3, 4], GPU 2's egress idle in [0, 3]
   rows(2, 3, 2'000'000);  // in the gap: [0, 2]
-  rows(2, 0, 2'000'000);  // the gap's rest [2, 3] is too short: after GPU 2's queue, [4, 6]
-  plan.copies.push_back({CopyKind::kWeights, 3, 3, 0, 0, 1'000'000});  // GPU 0 busy until 6
-  rows(3, 0, 1'000'000);                                               // with its weights
-  plan.copies.push_back({CopyKind::kWeights, 3, 3, 2, 0, 1'000'000});  // in GPU 3's gap [0, 6]
+  rows(2, 0, 2'000'000);  // the gap's rest [2, 3] is too short: after GPU 2's queue, [4, 6];
+                          // GPU 0's ingress idle in [0, 4]
+  plan.copies.push_back({CopyKind::kWeights, 3, 3, 0, 0, 1'000'000});  // in GPU 0's gap: [0, 1]
+  rows(3, 0, 1'000'000);                                               // with its weights: [1, 2]
+  plan.copies.push_back({CopyKind::kWeights, 3, 3, 2, 0, 1'000'000});  // after them: [2, 3]
   rows(3, 2, 1'000'000);
   plan.copies.push_back({CopyKind::kOutputRows, 3, 2, 3, 1, 1'000'000});  // not waited for
   CopyTimer timer;
   const auto t = timer.time(plan, topo, k, 0.0);
   ASSERT_EQ(t.size(), plan.copies.size());
-  const double want[][2] = {{0, 3}, {3, 4}, {0, 2}, {4, 6}, {6, 7}, {7, 8}, {0, 1}, {1, 2}};
+  const double want[][2] = {{0, 3}, {3, 4}, {0, 2}, {4, 6}, {0, 1}, {1, 2}, {2, 3}, {3, 4}};
   for (size_t i = 0; i < std::size(want); ++i) {
     EXPECT_TRUE(t[i].timed) << i;
     EXPECT_NEAR(t[i].start_ms, want[i][0], 1e-9) << i;
@@ -302,6 +303,22 @@ TEST(CopyTimer, ADonorSendsIntoTheGapABusyReceiverLeaves) {
   links.add(0, 3, 1.0);                           // GPU 3 busy in [3, 4]
   EXPECT_DOUBLE_EQ(links.start(2, 3, 1.0), 4.0);  // GPU 3 not free at 0 when the gap begins
   EXPECT_DOUBLE_EQ(links.start(2, 0, 1.0), 0.0);  // GPU 0 is
+}
+
+// A receiver's ingress idles while its first sender is busy elsewhere; a later copy from a free
+// sender runs in that gap if it fits, one from a sender busy past the gap's end does not.
+TEST(CopyLinks, ASecondSenderUsesTheReceiversIdleGap) {
+  CopyLinks links;
+  links.reset(4, 0.0);
+  links.add(0, 1, 3.0);                           // GPU 0 busy until 3
+  EXPECT_DOUBLE_EQ(links.add(0, 2, 1.0), 4.0);    // GPU 2's ingress idle in [0, 3]
+  EXPECT_DOUBLE_EQ(links.add(1, 2, 2.0), 2.0);    // in it: [0, 2]
+  EXPECT_DOUBLE_EQ(links.start(3, 2, 1.5), 4.0);  // the rest [2, 3] is too short
+  EXPECT_DOUBLE_EQ(links.add(3, 2, 1.0), 3.0);    // but holds this one: [2, 3]
+  links.add(0, 3, 2.0);                           // GPU 3's ingress: [4, 6], idle in [0, 4]
+  EXPECT_DOUBLE_EQ(links.add(1, 2, 1.0), 5.0);    // GPU 2 after its last copy: [4, 5]
+  EXPECT_DOUBLE_EQ(links.start(1, 3, 1.0), 6.0);  // GPU 1, busy until 5, misses GPU 3's gap
+  EXPECT_DOUBLE_EQ(links.start(2, 3, 1.0), 0.0);  // GPU 2 is free in it
 }
 
 }  // namespace

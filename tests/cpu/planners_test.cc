@@ -279,9 +279,56 @@ TEST(Feplb, BalancesWithinToleranceUsingBoundedSlices) {
                 (moved[e] + b.knobs.max_helpers_per_expert - 1) / b.knobs.max_helpers_per_expert)
           << "expert " << e << ": " << helpers[e] << " helpers, each with a full share";
     }
-    EXPECT_EQ(std::accumulate(plan.dynamic.begin(), plan.dynamic.end(), 0), 8 * b.knobs.dyn);
+    // Each GPU's candidates are its busiest experts: at least dyn, more only while they hold
+    // less than dyn_cover x its rows above the mean.
+    for (int g = 0; g < 8; ++g) {
+      std::vector<int> local(b.topo.local_experts(g).begin(), b.topo.local_experts(g).end());
+      std::sort(local.begin(), local.end(), [&](int x, int y) {
+        return s.expert_counts[x] != s.expert_counts[y] ? s.expert_counts[x] > s.expert_counts[y]
+                                                        : x < y;
+      });
+      int n = 0;
+      while (n < static_cast<int>(local.size()) && plan.dynamic[local[n]]) ++n;
+      for (int i = n; i < static_cast<int>(local.size()); ++i) EXPECT_FALSE(plan.dynamic[local[i]]);
+      EXPECT_GE(n, b.knobs.dyn);
+      if (n > b.knobs.dyn) {
+        int64_t held = 0, own = 0;
+        for (int i = 0; i < n - 1; ++i) held += s.expert_counts[local[i]];
+        for (int e : local) own += s.expert_counts[e];
+        EXPECT_LT(static_cast<double>(held), b.knobs.dyn_cover * (static_cast<double>(own) - mean))
+            << "GPU " << g;
+        EXPECT_LT(n, static_cast<int>(local.size())) << "one expert starts at once";
+      }
+    }
   }
   EXPECT_GE(balanced, total * 9 / 10) << "feplb should reach the tolerance on most steps";
+}
+
+// A GPU whose dyn busiest experts cannot hold its excess takes more candidates (dyn_cover): here
+// GPU 0 has 16 experts of 3000 rows, the others 16 of 1000 (mean 20000); its 4 busiest hold 12000
+// of its 28000 excess, so it reaches the mean only with 14 candidates (1.5 x 28000 / 3000).
+TEST(Feplb, ADonorTakesCandidatesToCoverItsExcess) {
+  std::vector<std::vector<int64_t>> counts(8, std::vector<int64_t>(128, 0));
+  for (int e = 0; e < 128; ++e) counts[e % 8][e] = e < 16 ? 3000 : 1000;
+  const RoutingStep s = step_from(counts);
+  Knobs k;
+  k.copy_timing = 0;  // the candidate set alone decides how far GPU 0 gets
+  for (const double cover : {0.0, 1.5}) {
+    k.dyn_cover = cover;
+    Bench b(8, 8, 128, k);
+    Plan plan;
+    b.make("feplb")->plan(s, plan);
+    validate(plan, b.topo, s, b.shape, b.make("feplb")->limits());
+    const int dynamic = std::accumulate(plan.dynamic.begin(), plan.dynamic.begin() + 16, 0);
+    const auto rows = rows_per_gpu(plan, 8);
+    if (cover == 0.0) {
+      EXPECT_EQ(dynamic, k.dyn);
+      EXPECT_EQ(rows[0], 48000 - 4 * 3000) << "only its 4 busiest move";
+    } else {
+      EXPECT_EQ(dynamic, 14);
+      EXPECT_LE(rows[0], 20000 + k.balance_tolerance * 20000 + 1);
+    }
+  }
 }
 
 TEST(Feplb, NeverMovesAcrossNodes) {

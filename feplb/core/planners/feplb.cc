@@ -7,7 +7,9 @@
 //     target is ceil(T / GPUs); a GPU above target + tolerance hands rows of its busiest dynamic
 //     experts to the GPU with the most room, whole experts when they fit, otherwise a slice
 //     (at least min_slice_rows, split points rounded to slice_align_rows, at most
-//     max_helpers_per_expert helpers per expert).
+//     max_helpers_per_expert helpers per expert). Donors take turns, one expert each, the most
+//     loaded first, so that several hot GPUs share the receivers' links (rather than the hottest
+//     filling them all and the next finding every window closed).
 //  3. Copies are timed (copy-engine bandwidth on CopyLinks: first in, first out on the receiver's
 //     ingress, a sender's later copy in its egress's idle gap where it fits; after the counts
 //     round trip and the planner's budget). A copy must land
@@ -428,6 +430,9 @@ class FeplbPlanner final : public Planner {
     moved_.assign(static_cast<size_t>(E), 0);
     guests_.assign(static_cast<size_t>(R), 0);
     excluded_.assign(static_cast<size_t>(R), 0);
+    late_finish_ms_.assign(static_cast<size_t>(R), 0.0);
+    next_candidate_.resize(static_cast<size_t>(R));
+    rest_.resize(static_cast<size_t>(R));
     leaf_of_.resize(static_cast<size_t>(R));
     choose_candidates(c, out.dynamic);
     own_gemm_times(c);
@@ -488,18 +493,32 @@ class FeplbPlanner final : public Planner {
         tree_.put(i, g, eligible(g), leaf(g));
       }
       tree_.build();
-      sort_ids_descending(donors_, [&](int g) { return load_[g]; });
+      // Donors take turns, one candidate each, the most loaded first: several hot GPUs then share
+      // the receivers' ingress links instead of the first one filling them all.
       for (int d : donors_) {
-        const int* cand = &candidates_[candidate_begin_[d]];
-        const int num_candidates = candidate_begin_[d + 1] - candidate_begin_[d];
-        late_finish_ms_ = 0.0;
-        int64_t rest = 0;  // load of d's candidates not offered yet
-        for (int i = 0; i < num_candidates; ++i) rest += units(c[cand[i]]);
-        for (int i = 0; i < num_candidates && over(d); ++i) {
-          rest -= units(c[cand[i]]);
-          spill_expert(cand[i], d, target, cap, tol, rest, out);
+        next_candidate_[d] = candidate_begin_[d];
+        rest_[d] = 0;  // load of d's candidates not offered yet
+        for (int i = candidate_begin_[d]; i < candidate_begin_[d + 1]; ++i) {
+          rest_[d] += units(c[candidates_[i]]);
         }
-        if (eligible(d)) refresh(d);  // a donor brought below the cap may receive from later ones
+      }
+      const auto later = [&](int a, int b) {  // heap order: the most loaded, then the lowest GPU
+        return load_[a] != load_[b] ? load_[a] < load_[b] : a > b;
+      };
+      std::make_heap(donors_.begin(), donors_.end(), later);
+      while (!donors_.empty()) {
+        std::pop_heap(donors_.begin(), donors_.end(), later);
+        const int d = donors_.back();
+        donors_.pop_back();
+        if (!over(d) || next_candidate_[d] == candidate_begin_[d + 1]) {
+          if (eligible(d)) refresh(d);  // a donor brought below the cap may receive from others
+          continue;
+        }
+        const int e = candidates_[next_candidate_[d]++];
+        rest_[d] -= units(c[e]);
+        spill_expert(e, d, target, cap, tol, rest_[d], out);
+        donors_.push_back(d);
+        std::push_heap(donors_.begin(), donors_.end(), later);
       }
     }
     out.add_home_slices(topo, routing, moved_);
@@ -636,26 +655,44 @@ class FeplbPlanner final : public Planner {
   }
 
   // Each GPU's candidates, busiest first: candidates_[candidate_begin_[gpu] + i]. Its `dyn`
-  // busiest local experts, or (feplb_dyn_set = 1) its experts in the placement's dynamic set.
+  // busiest local experts, more (busiest first, one local expert left to start at once) while they
+  // hold fewer than dyn_cover x its rows above its domain's mean; or (feplb_dyn_set = 1) its
+  // experts in the placement's dynamic set. Expects rows_at_ = home_loads().
   void choose_candidates(const std::vector<int64_t>& c, std::vector<uint8_t>& dynamic) {
     const Topology& topo = ctx_.topo;
-    const bool from_placement = ctx_.knobs.feplb_dyn_set == 1;
+    const Knobs& k = ctx_.knobs;
+    const bool from_placement = k.feplb_dyn_set == 1;
     // One-hop plans before the dispatch, so no expert must start before the plan: every local
     // expert is a candidate. Two-phase: the `dyn` busiest (the others start at once).
+    const int local_n = topo.experts_per_rank();
     const int per_gpu =
-        from_placement || ctx_.knobs.one_hop
-            ? topo.experts_per_rank()
-            : static_cast<int>(std::min<int64_t>(ctx_.knobs.dyn, topo.experts_per_rank()));
-    candidates_.resize(static_cast<size_t>(topo.num_ranks()) * per_gpu);
+        from_placement || k.one_hop ? local_n : static_cast<int>(std::min<int64_t>(k.dyn, local_n));
+    const bool cover =
+        !from_placement && !k.one_hop && k.dyn_cover > 0 && per_gpu > 0 && per_gpu < local_n;
+    candidates_.resize(static_cast<size_t>(topo.num_ranks()) * local_n);
     candidate_begin_.resize(static_cast<size_t>(topo.num_ranks()) + 1);
     const auto busier = [&](int a, int b) { return c[a] != c[b] ? c[a] > c[b] : a < b; };
+    const int n_dom = topo.domain_size();
     int next = 0;
     for (int g = 0; g < topo.num_ranks(); ++g) {
       candidate_begin_[g] = next;
       int* const top = candidates_.data() + next;  // g's candidates, busiest first
       int n = per_gpu;
       const auto local = topo.local_experts(g);
-      if (from_placement && !ctx_.knobs.one_hop) {
+      // The rows g's candidates should hold to bring it to its domain's mean.
+      double wanted = 0.0;
+      if (cover) {
+        const auto first = rows_at_.begin() + topo.first_gpu_of_domain(topo.domain_of(g));
+        const double mean =
+            static_cast<double>(std::accumulate(first, first + n_dom, int64_t{0})) / n_dom;
+        wanted = k.dyn_cover * (static_cast<double>(rows_at_[g]) - mean);
+      }
+      const auto held = [&](int num) {
+        int64_t rows = 0;
+        for (int i = 0; i < num; ++i) rows += c[top[i]];
+        return static_cast<double>(rows);
+      };
+      if (from_placement && !k.one_hop) {
         placement_dynamic_set(ctx_, g, order_);
         n = static_cast<int>(order_.size());
         std::sort(order_.begin(), order_.end(), busier);
@@ -663,17 +700,32 @@ class FeplbPlanner final : public Planner {
       } else if (local.size() <= kFewLocalExperts) {
         // The n busiest by insertion, straight into place (busier is a total order, so this is
         // what any sort gives).
-        int kept = 0;
-        for (int e : local) {
-          if (n == 0 || (kept == n && !busier(e, top[n - 1]))) continue;
-          int q = kept < n ? kept++ : n - 1;
-          for (; q > 0 && busier(e, top[q - 1]); --q) top[q] = top[q - 1];
-          top[q] = e;
-        }
+        const auto insert_busiest = [&](int num) {
+          int kept = 0;
+          for (int e : local) {
+            if (num == 0 || (kept == num && !busier(e, top[num - 1]))) continue;
+            int q = kept < num ? kept++ : num - 1;
+            for (; q > 0 && busier(e, top[q - 1]); --q) top[q] = top[q - 1];
+            top[q] = e;
+          }
+        };
+        insert_busiest(n);
+        if (wanted > 0 && held(n) < wanted) insert_busiest(local_n - 1);
       } else {
         order_.assign(local.begin(), local.end());
         std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), busier);
         std::copy(order_.begin(), order_.begin() + n, top);
+        if (wanted > 0 && held(n) < wanted) {
+          std::sort(order_.begin(), order_.end(), busier);
+          std::copy(order_.begin(), order_.end() - 1, top);
+        }
+      }
+      if (wanted > 0) {  // the fewest busiest (at least n) that hold the rows wanted
+        int64_t rows = 0;
+        int num = 0;
+        for (; num < local_n - 1 && (num < n || static_cast<double>(rows) < wanted); ++num)
+          rows += c[top[num]];
+        n = std::max(n, num);
       }
       for (int i = 0; i < n; ++i) dynamic[top[i]] = 1;
       next += n;
@@ -711,7 +763,7 @@ class FeplbPlanner final : public Planner {
     // d after giving the rows must still finish last among its late receivers, this one included.
     const double donor_after_ms =
         home_ms_[d] - gemm_ms(remaining(e)) + gemm_ms(remaining(e) - rows);
-    return std::max(late_finish_ms_, lands_ms + guest_ms_[h] + gemm_ms(rows)) <= donor_after_ms;
+    return std::max(late_finish_ms_[d], lands_ms + guest_ms_[h] + gemm_ms(rows)) <= donor_after_ms;
   }
 
   // Time the phase-2 copies of one migration take on the links (0: none needed).
@@ -1022,7 +1074,7 @@ class FeplbPlanner final : public Planner {
       if (t > 0) {
         const double lands_ms = links_.add(d, h, t);
         if (k.copy_timing == 2 && lands_ms > home_ms_[h])
-          late_finish_ms_ = std::max(late_finish_ms_, lands_ms + guest_ms_[h]);
+          late_finish_ms_[d] = std::max(late_finish_ms_[d], lands_ms + guest_ms_[h]);
       }
       load_[d] -= give_units(e, rows);
       load_[h] += units(rows);
@@ -1065,9 +1117,11 @@ class FeplbPlanner final : public Planner {
   int64_t cap_ = 0;
   int64_t row_budget_ = -1;  // >= 0: a GPU may end at most this many rows above its domain's mean
   int64_t row_cap_ = std::numeric_limits<int64_t>::max();  // the domain's row cap
-  double late_finish_ms_ = 0;  // copy_timing 2: when the donor's late receivers finish, at most //
-                               // the domain being balanced
-  double finish_by_ms_ = 0;    // copy_timing = 3: late receivers finish by this
+  std::vector<double> late_finish_ms_;  // [num_ranks] copy_timing 2: when a donor's late receivers
+                                        // finish, at most
+  std::vector<int> next_candidate_;     // [num_ranks] a donor's next candidate (candidates_ index)
+  std::vector<int64_t> rest_;           // [num_ranks] load of a donor's candidates not offered yet
+  double finish_by_ms_ = 0;             // copy_timing = 3: late receivers finish by this
   // Gathering helpers for a hot expert: when d's egress is free after the copies to those found so
   // far, and the rows not yet assigned to them.
   double gather_out_ms_ = 0;
