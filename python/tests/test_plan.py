@@ -155,7 +155,11 @@ def test_shape_sets_the_bytes(skewed):
 def test_dynamic_sets(skewed):
     dynamic = np.zeros(64, dtype=np.int64)
     dynamic[::8] = 1  # one dynamic expert per GPU
-    p = feplb.plan(skewed, "feplb", shape=SHAPE, dynamic=dynamic, feplb_dyn_set=1)
+    # dyn_cover=0: the set alone (by default a GPU whose set holds too few rows takes more).
+    p = feplb.plan(skewed, "feplb", shape=SHAPE, dynamic=dynamic, feplb_dyn_set=1, dyn_cover=0)
     check_invariants(p, skewed, feplb.Topology(8, 64))
     moved = set(p.slices.expert[p.slices.gpu != p.slices.home].tolist())
     assert moved <= set(np.flatnonzero(dynamic).tolist())
+    widened = feplb.plan(skewed, "feplb", shape=SHAPE, dynamic=dynamic, feplb_dyn_set=1)
+    check_invariants(widened, skewed, feplb.Topology(8, 64))
+    assert widened.metrics["token_straggler"] < p.metrics["token_straggler"]

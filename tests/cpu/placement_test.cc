@@ -319,6 +319,7 @@ TEST(PlacementPlanners, FeplbUsesThePlacementsDynamicSets) {
   Knobs k = b.knobs;
   k.feplb_dyn_set = 1;
   k.copy_timing = 0;
+  k.dyn_cover = 0;  // the set alone
   for (bool hot_dynamic : {false, true}) {
     std::vector<uint8_t> dynamic(16, 0);
     for (int e = 0; e < 16; e += 4) dynamic[e] = 1;  // each GPU's first expert
@@ -336,6 +337,22 @@ TEST(PlacementPlanners, FeplbUsesThePlacementsDynamicSets) {
     }
     EXPECT_EQ(moved > 0, hot_dynamic);
     EXPECT_EQ(plan.dynamic, dynamic);
+  }
+  // With dyn_cover, GPU 0's set (expert 0: 40 rows against an excess of 1170) takes its busiest
+  // others, expert 3 first, and the hot expert moves.
+  k.dyn_cover = 1.5;
+  std::vector<uint8_t> set_only(16, 0);
+  for (int e = 0; e < 16; e += 4) set_only[e] = 1;
+  {
+    auto planner =
+        make_planner("feplb", PlannerContext{b.topo, b.shape, k, b.cost.get(), set_only});
+    Plan plan;
+    planner->plan(s, plan);
+    validate(plan, b.topo, s, b.shape, planner->limits());
+    EXPECT_EQ(plan.dynamic[3], 1);
+    int64_t moved = 0;
+    for (const Slice& sl : plan.slices) moved += sl.expert == 3 && sl.gpu != 0 ? sl.rows : 0;
+    EXPECT_GT(moved, 0);
   }
   // feplb-paper with paper_dyn_set = 2 marks exactly the placement's set dynamic.
   Knobs kp = b.knobs;

@@ -655,9 +655,9 @@ class FeplbPlanner final : public Planner {
   }
 
   // Each GPU's candidates, busiest first: candidates_[candidate_begin_[gpu] + i]. Its `dyn`
-  // busiest local experts, more (busiest first, one local expert left to start at once) while they
-  // hold fewer than dyn_cover x its rows above its domain's mean; or (feplb_dyn_set = 1) its
-  // experts in the placement's dynamic set. Expects rows_at_ = home_loads().
+  // busiest local experts, or (feplb_dyn_set = 1) its experts in the placement's dynamic set;
+  // then more (its busiest others, one local expert left to start at once) while they hold fewer
+  // than dyn_cover x its rows above its domain's mean. Expects rows_at_ = home_loads().
   void choose_candidates(const std::vector<int64_t>& c, std::vector<uint8_t>& dynamic) {
     const Topology& topo = ctx_.topo;
     const Knobs& k = ctx_.knobs;
@@ -668,8 +668,9 @@ class FeplbPlanner final : public Planner {
     const int per_gpu =
         from_placement || k.one_hop ? local_n : static_cast<int>(std::min<int64_t>(k.dyn, local_n));
     const bool cover =
-        !from_placement && !k.one_hop && k.dyn_cover > 0 && per_gpu > 0 && per_gpu < local_n;
+        !k.one_hop && k.dyn_cover > 0 && (from_placement || (per_gpu > 0 && per_gpu < local_n));
     candidates_.resize(static_cast<size_t>(topo.num_ranks()) * local_n);
+    in_set_.resize(static_cast<size_t>(topo.num_experts()), 0);
     candidate_begin_.resize(static_cast<size_t>(topo.num_ranks()) + 1);
     const auto busier = [&](int a, int b) { return c[a] != c[b] ? c[a] > c[b] : a < b; };
     const int n_dom = topo.domain_size();
@@ -697,6 +698,16 @@ class FeplbPlanner final : public Planner {
         n = static_cast<int>(order_.size());
         std::sort(order_.begin(), order_.end(), busier);
         std::copy(order_.begin(), order_.end(), top);
+        if (n == 0) wanted = 0.0;              // an empty set stays empty
+        if (wanted > 0 && held(n) < wanted) {  // the other local experts after it, busiest first
+          for (int e : order_) in_set_[e] = 1;
+          int m = n;
+          for (int e : local) {
+            if (!in_set_[e]) top[m++] = e;
+          }
+          for (int e : order_) in_set_[e] = 0;
+          std::sort(top + n, top + m, busier);
+        }
       } else if (local.size() <= kFewLocalExperts) {
         // The n busiest by insertion, straight into place (busier is a total order, so this is
         // what any sort gives).
@@ -1119,6 +1130,7 @@ class FeplbPlanner final : public Planner {
   int64_t row_cap_ = std::numeric_limits<int64_t>::max();  // the domain's row cap
   std::vector<double> late_finish_ms_;  // [num_ranks] copy_timing 2: when a donor's late receivers
                                         // finish, at most
+  std::vector<uint8_t> in_set_;         // [num_experts] choose_candidates(): in the placement's set
   std::vector<int> next_candidate_;     // [num_ranks] a donor's next candidate (candidates_ index)
   std::vector<int64_t> rest_;           // [num_ranks] load of a donor's candidates not offered yet
   double finish_by_ms_ = 0;             // copy_timing = 3: late receivers finish by this
