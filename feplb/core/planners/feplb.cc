@@ -10,9 +10,9 @@
 //     max_helpers_per_expert helpers per expert). Donors take turns, one expert each, the most
 //     loaded first, so that several hot GPUs share the receivers' links (rather than the hottest
 //     filling them all and the next finding every window closed).
-//  3. Copies are timed (copy-engine bandwidth on CopyLinks: first in, first out on the receiver's
-//     ingress, a sender's later copy in its egress's idle gap where it fits; after the counts
-//     round trip and the planner's budget). A copy must land
+//  3. Copies are timed (copy-engine bandwidth on CopyLinks: one copy per link at a time, a later
+//     copy in the sender's or the receiver's idle gap where it fits; after the counts round trip
+//     and the planner's budget). A copy must land
 //     while the receiver still runs its own experts (hidden: copy_timing = 1, the default), or
 //     (copy_timing = 2) be one after which the receiver, idle until it lands, finishes before the
 //     donor: an exposed copy that rarely makes the layer slower (a little better balance on the
@@ -40,7 +40,7 @@
 // them: up to 2 x min(rows, excess) / target, e.g. a hot expert of 5 GPUs' share over 10 helpers.
 // A helper that takes less than an even share of the donor's excess (its room or window was less)
 // does not count against the limit.
-// Deterministic; O(E log dyn + R + migrations x log R) per step with no allocation after the first
+// Deterministic; O(E log E + R + migrations x log R) per step with no allocation after the first
 // call.
 #include <algorithm>
 #include <bit>
