@@ -674,6 +674,7 @@ class FeplbPlanner final : public Planner {
     candidate_begin_.resize(static_cast<size_t>(topo.num_ranks()) + 1);
     const auto busier = [&](int a, int b) { return c[a] != c[b] ? c[a] > c[b] : a < b; };
     const int n_dom = topo.domain_size();
+    double dom_mean = 0.0;  // rows per GPU in g's domain
     int next = 0;
     for (int g = 0; g < topo.num_ranks(); ++g) {
       candidate_begin_[g] = next;
@@ -681,13 +682,11 @@ class FeplbPlanner final : public Planner {
       int n = per_gpu;
       const auto local = topo.local_experts(g);
       // The rows g's candidates should hold to bring it to its domain's mean.
-      double wanted = 0.0;
-      if (cover) {
-        const auto first = rows_at_.begin() + topo.first_gpu_of_domain(topo.domain_of(g));
-        const double mean =
-            static_cast<double>(std::accumulate(first, first + n_dom, int64_t{0})) / n_dom;
-        wanted = k.dyn_cover * (static_cast<double>(rows_at_[g]) - mean);
+      if (cover && g % n_dom == 0) {  // a domain's first GPU (domains are contiguous)
+        const auto first = rows_at_.begin() + g;
+        dom_mean = static_cast<double>(std::accumulate(first, first + n_dom, int64_t{0})) / n_dom;
       }
+      double wanted = cover ? k.dyn_cover * (static_cast<double>(rows_at_[g]) - dom_mean) : 0.0;
       const auto held = [&](int num) {
         int64_t rows = 0;
         for (int i = 0; i < num; ++i) rows += c[top[i]];
@@ -1128,8 +1127,8 @@ class FeplbPlanner final : public Planner {
   int64_t cap_ = 0;
   int64_t row_budget_ = -1;  // >= 0: a GPU may end at most this many rows above its domain's mean
   int64_t row_cap_ = std::numeric_limits<int64_t>::max();  // the domain's row cap
-  std::vector<double> late_finish_ms_;  // [num_ranks] copy_timing 2: when a donor's late receivers
-                                        // finish, at most
+  std::vector<double> late_finish_ms_;  // [num_ranks] copy_timing 2: when each donor's late
+                                        // receivers finish
   std::vector<uint8_t> in_set_;         // [num_experts] choose_candidates(): in the placement's set
   std::vector<int> next_candidate_;     // [num_ranks] a donor's next candidate (candidates_ index)
   std::vector<int64_t> rest_;           // [num_ranks] load of a donor's candidates not offered yet
