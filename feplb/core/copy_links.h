@@ -30,69 +30,66 @@ class CopyLinks {
  public:
   // Every link free from `start_ms`, no gaps. Allocates only when num_gpus grows.
   void reset(int num_gpus, double start_ms) {
-    const auto n = static_cast<size_t>(num_gpus);
-    in_.assign(n, start_ms);
-    out_.assign(n, start_ms);
-    gap_begin_.assign(n, start_ms);
-    gap_end_.assign(n, start_ms);
-    in_gap_begin_.assign(n, start_ms);
-    in_gap_end_.assign(n, start_ms);
+    in_.assign(static_cast<size_t>(num_gpus), Link{start_ms, start_ms, start_ms});
+    out_.assign(static_cast<size_t>(num_gpus), Link{start_ms, start_ms, start_ms});
   }
   // Links free no earlier than `ms` (copies queued before: prefetches); gaps before it are gone.
   void start_at(int gpu, double in_ms, double out_ms) {
-    const auto g = static_cast<size_t>(gpu);
-    in_[g] = std::max(in_[g], in_ms);
-    out_[g] = std::max(out_[g], out_ms);
-    gap_begin_[g] = gap_end_[g] = out_[g];
-    in_gap_begin_[g] = in_gap_end_[g] = in_[g];
+    in_[static_cast<size_t>(gpu)].free_from(in_ms);
+    out_[static_cast<size_t>(gpu)].free_from(out_ms);
   }
 
   // When a copy of `ms` from src to dst would start.
   double start(int src, int dst, double ms) const {
-    const auto s = static_cast<size_t>(src), d = static_cast<size_t>(dst);
+    const Link& out = out_[static_cast<size_t>(src)];
+    const Link& in = in_[static_cast<size_t>(dst)];
     // The sender's gap, if the receiver is free when it begins.
-    if (in_[d] <= gap_begin_[s] && gap_begin_[s] + ms <= gap_end_[s]) return gap_begin_[s];
+    if (in.free <= out.gap_begin && out.gap_begin + ms <= out.gap_end) return out.gap_begin;
     // The receiver's gap, from when the sender is free.
-    const double in_gap_at = std::max(in_gap_begin_[d], out_[s]);
-    if (in_gap_at < in_gap_end_[d] && in_gap_at + ms <= in_gap_end_[d]) return in_gap_at;
-    return std::max(in_[d], out_[s]);
+    const double in_gap_at = std::max(in.gap_begin, out.free);
+    if (in_gap_at < in.gap_end && in_gap_at + ms <= in.gap_end) return in_gap_at;
+    return std::max(in.free, out.free);
   }
   // Queues that copy; returns when it lands.
   double add(int src, int dst, double ms) {
-    const auto s = static_cast<size_t>(src), d = static_cast<size_t>(dst);
     const double at = start(src, dst, ms), end = at + ms;
-    if (at < out_[s]) {
-      gap_begin_[s] = end;  // in the sender's gap: what is left of it after the copy
-    } else {
-      if (at - out_[s] >= gap_end_[s] - gap_begin_[s]) {
-        gap_begin_[s] = out_[s];  // the egress idles until the receiver is free: the larger gap
-        gap_end_[s] = at;
-      }
-      out_[s] = end;
-    }
-    if (at < in_[d]) {  // in the receiver's gap: the larger part left of it
-      if (at - in_gap_begin_[d] >= in_gap_end_[d] - end) {
-        in_gap_end_[d] = at;
-      } else {
-        in_gap_begin_[d] = end;
-      }
-    } else {
-      if (at - in_[d] >= in_gap_end_[d] - in_gap_begin_[d]) {
-        in_gap_begin_[d] = in_[d];  // the ingress idles until the sender is free: the larger gap
-        in_gap_end_[d] = at;
-      }
-      in_[d] = end;
-    }
+    out_[static_cast<size_t>(src)].hold(at, end);
+    in_[static_cast<size_t>(dst)].hold(at, end);
     return end;
   }
 
-  double in_ms(int gpu) const { return in_[static_cast<size_t>(gpu)]; }
-  double out_ms(int gpu) const { return out_[static_cast<size_t>(gpu)]; }
+  double in_ms(int gpu) const { return in_[static_cast<size_t>(gpu)].free; }
+  double out_ms(int gpu) const { return out_[static_cast<size_t>(gpu)].free; }
 
  private:
-  std::vector<double> in_, out_;             // [GPU] when the ingress / egress is free
-  std::vector<double> gap_begin_, gap_end_;  // [GPU] the egress's idle gap (empty: begin = end)
-  std::vector<double> in_gap_begin_, in_gap_end_;  // [GPU] the ingress's idle gap
+  // One direction of a GPU's NVLink: free after its last copy, and its largest idle gap before
+  // that (empty: begin = end).
+  struct Link {
+    double free, gap_begin, gap_end;
+    void free_from(double ms) {
+      free = std::max(free, ms);
+      gap_begin = gap_end = free;
+    }
+    // Holds the link over [at, end): inside its gap (the larger part left of the gap is kept, the
+    // earlier one on a tie), or after its last copy (the idle time before it becomes the gap if it
+    // is at least as large).
+    void hold(double at, double end) {
+      if (at < free) {
+        if (at - gap_begin >= gap_end - end) {
+          gap_end = at;
+        } else {
+          gap_begin = end;
+        }
+        return;
+      }
+      if (at - free >= gap_end - gap_begin) {
+        gap_begin = free;
+        gap_end = at;
+      }
+      free = end;
+    }
+  };
+  std::vector<Link> in_, out_;  // [GPU] ingress, egress
 };
 
 // When one of a plan's copies runs, in ms from when the GPUs start their expert GEMMs.
