@@ -154,6 +154,10 @@ struct MoeLayer::Impl {
   Event t_counts{true}, t_first_copy{true};  // counts all-gather done; first phase-2 copy starts
   Event tb_start{true}, tb_dispatched{true}, tb_static{true}, tb_waited{true}, tb_guest{true},
       tb_results{true}, tb_end{true};
+  // Timing: the guests' stream before and after each donor's wait (wait_donor()), forward and
+  // backward, and how many donors the last call waited for.
+  std::vector<Event> t_donor_wait, t_donor_ready, tb_donor_wait, tb_donor_ready;
+  int donors_waited = 0, donors_waited_b = 0;
 
   void wait_seq(const std::atomic<uint32_t>& seq, uint32_t target, const char* what) const;
   void validate_experts(std::span<const ExpertParams> w, int64_t num_tokens, const char* who) const;
@@ -194,6 +198,10 @@ struct MoeLayer::Impl {
   void reverse_exchange(const MicroBatchState& h, bf16* send_base, cudaStream_t s);
   void finish_call(uint32_t seq, cudaStream_t s, bool settled = false);
   void wait_prefetch_landed(cudaStream_t s);
+  void wait_donor(int owner, uint32_t seq, int index, std::vector<Event>& before,
+                  std::vector<Event>& after, cudaStream_t s);
+  float donor_waits_ms(const std::vector<Event>& before, const std::vector<Event>& after,
+                       int count) const;
   void slots_quiet(const StepLayout* layout, bool settled, cudaStream_t s);
 };
 
@@ -772,8 +780,9 @@ const ForwardStats& MoeLayer::last_forward_stats() const {
     m.fstats.forward_ms = elapsed_ms(m.t_start, m.t_end);
     m.fstats.dispatch_ms = elapsed_ms(m.t_start, m.t_dispatched);
     m.fstats.static_ms = elapsed_ms(m.t_dispatched, m.t_static);
-    m.fstats.wait_ms = elapsed_ms(m.t_static, m.t_waited);
-    m.fstats.guest_ms = elapsed_ms(m.t_waited, m.t_guest);
+    const float between = m.donor_waits_ms(m.t_donor_wait, m.t_donor_ready, m.donors_waited);
+    m.fstats.wait_ms = elapsed_ms(m.t_static, m.t_waited) + between;
+    m.fstats.guest_ms = elapsed_ms(m.t_waited, m.t_guest) - between;
     m.fstats.return_ms = elapsed_ms(m.t_guest, m.t_returned);
     m.fstats.combine_ms = elapsed_ms(m.t_returned, m.t_end);
     m.fstats.gpu_counts_to_first_copy_ms =
@@ -789,8 +798,9 @@ const BackwardStats& MoeLayer::last_backward_stats() const {
     m.bstats.dispatch_ms = elapsed_ms(m.tb_start, m.tb_dispatched);
     m.bstats.combine_ms = elapsed_ms(m.tb_results, m.tb_end);
     m.bstats.static_ms = elapsed_ms(m.tb_dispatched, m.tb_static);
-    m.bstats.wait_ms = elapsed_ms(m.tb_static, m.tb_waited);
-    m.bstats.guest_ms = elapsed_ms(m.tb_waited, m.tb_guest);
+    const float between = m.donor_waits_ms(m.tb_donor_wait, m.tb_donor_ready, m.donors_waited_b);
+    m.bstats.wait_ms = elapsed_ms(m.tb_static, m.tb_waited) + between;
+    m.bstats.guest_ms = elapsed_ms(m.tb_waited, m.tb_guest) - between;
     m.bstats.results_wait_ms = elapsed_ms(m.tb_guest, m.tb_results);
   }
   return m.bstats;
@@ -1051,30 +1061,65 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
 // Guests and exported slices' results, for both paths (the layer's own dispatch, and rows a
 // framework dispatched itself).
 
-// Guests of a forward: wait (no SM) for each owner's signal (and for weights prefetched for this
-// forward), then compute (one-hop rows from `guest_x`, where phase 1 put them; forward_dispatched
-// has none, every guest's rows are copied into the guest arena). Then this rank's guest slots are
-// quiet. On the copy stream: the copied guests' rows kept for the backward (training; the arena is
-// reused by the next call; one-hop rows landed there already), then their outputs back to their
-// owners' yrecv rows, owner by owner, each ended by a signal.
+// Waits (no SM) on `s` for `owner`'s signal of call `seq`: its copies to this rank have landed.
+// With timing, the stream is marked before and after (the `index`-th donor of the call).
+void MoeLayer::Impl::wait_donor(int owner, uint32_t seq, int index, std::vector<Event>& before,
+                                std::vector<Event>& after, cudaStream_t s) {
+  RuntimeState& r = *rt;
+  const bool timed = r.cfg.timing;
+  if (timed) {
+    while (before.size() <= static_cast<size_t>(index)) {
+      before.emplace_back(true);
+      after.emplace_back(true);
+    }
+    before[static_cast<size_t>(index)].record(s);
+  }
+  r.signals->wait(owner, seq, s);
+  if (timed) after[static_cast<size_t>(index)].record(s);
+}
+
+// The time the guests' stream idled in the last call's first `count` donor waits.
+float MoeLayer::Impl::donor_waits_ms(const std::vector<Event>& before,
+                                     const std::vector<Event>& after, int count) const {
+  float ms = 0;
+  for (int i = 0; i < count; ++i)
+    ms += elapsed_ms(before[static_cast<size_t>(i)], after[static_cast<size_t>(i)]);
+  return ms;
+}
+
+// Guests of a forward: wait (no SM) for weights prefetched for this forward, then, owner by owner
+// in the layout's order (when their copies land, modelled), wait for the owner's signal and
+// compute its guests (one-hop rows from `guest_x`, where phase 1 put them; forward_dispatched has
+// none, every guest's rows are copied into the guest arena): one owner's guests run while the
+// next owner's copies still land. Then this rank's guest slots are quiet. On the copy stream: the
+// copied guests' rows kept for the backward (training; the arena is reused by the next call;
+// one-hop rows landed there already), then their outputs back to their owners' yrecv rows, owner by
+// owner, each ended by a signal.
 void MoeLayer::Impl::guests_forward(MicroBatchState& h, const bf16* guest_x, uint32_t seq,
                                     bool settled, cudaStream_t s) {
   RuntimeState& r = *rt;
   const int64_t H = r.H, F = r.F;
-  for (int d = 0; d < r.world; ++d) {
-    if (h.layout.guests_from(d)) r.signals->wait(d, seq, s);
-  }
   if (job_prefetched) wait_prefetch_landed(s);
   if (r.cfg.timing) t_waited.record(s);
-  r.ev_guest_ready.record(s);
   bool copied_guests = false, dispatched_guests = false;
-  for (const GuestWork& g : h.layout.guest_work()) {
-    const bf16* w = r.pool->slot(g.slot);
-    const bf16* x = (g.dispatched ? guest_x : r.guest_in.get()) + g.row * H;
-    expert_ffn(r.gemm, s, x, g.rows, w, w + 2 * H * F, h.gu_guest + g.row * 2 * F,
-               h.act_guest + g.row * F, r.guest_out.get() + g.row * H, H, F);
-    (g.dispatched ? dispatched_guests : copied_guests) = true;
+  const auto guests = h.layout.guest_work();
+  donors_waited = 0;
+  for (size_t i = 0; i < guests.size();) {
+    const int owner = guests[i].owner;
+    wait_donor(owner, seq, donors_waited++, t_donor_wait, t_donor_ready, s);
+    size_t end = i;
+    while (end < guests.size() && guests[end].owner == owner) ++end;
+    if (end == guests.size()) r.ev_guest_ready.record(s);  // every guest's rows have landed
+    for (; i < end; ++i) {
+      const GuestWork& g = guests[i];
+      const bf16* w = r.pool->slot(g.slot);
+      const bf16* x = (g.dispatched ? guest_x : r.guest_in.get()) + g.row * H;
+      expert_ffn(r.gemm, s, x, g.rows, w, w + 2 * H * F, h.gu_guest + g.row * 2 * F,
+                 h.act_guest + g.row * F, r.guest_out.get() + g.row * H, H, F);
+      (g.dispatched ? dispatched_guests : copied_guests) = true;
+    }
   }
+  if (guests.empty()) r.ev_guest_ready.record(s);
   slots_quiet(&h.layout, settled, s);
   if (r.cfg.timing) t_guest.record(s);
   r.ev_guest_done.record(s);
@@ -1107,20 +1152,25 @@ int64_t MoeLayer::Impl::guests_backward(MicroBatchState& h, uint32_t seq, bool s
                                         cudaStream_t s) {
   RuntimeState& r = *rt;
   const int64_t H = r.H, F = r.F;
-  for (int d = 0; d < r.world; ++d) {
-    if (h.layout.guests_from(d)) r.signals->wait(d, seq, s);
-  }
-  if (r.cfg.timing) tb_waited.record(s);
   FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, r.pool->grads_free(), 0));
-  for (const GuestWork& g : h.layout.guest_work()) {
-    const bf16* w = r.pool->slot(g.slot);
-    float* gw = r.pool->grad_slot(g.slot);
-    bf16* gu = h.gu_guest + g.row * 2 * F;
-    bf16* act = h.act_guest + g.row * F;
-    expert_ffn_backward(r.gemm, s, h.x_guest + g.row * H, g.rows, w, w + 2 * H * F, gu, act,
-                        r.guest_in.get() + g.row * H, gw, gw + 2 * H * F, 0.0f,
-                        r.guest_out.get() + g.row * H, gu, act, H, F);
-    bstats.guest_rows += g.rows;
+  if (r.cfg.timing) tb_waited.record(s);
+  // Owner by owner, as the forward: each owner's guests once its dY rows have landed.
+  const auto guests = h.layout.guest_work();
+  donors_waited_b = 0;
+  for (size_t i = 0; i < guests.size();) {
+    const int owner = guests[i].owner;
+    wait_donor(owner, seq, donors_waited_b++, tb_donor_wait, tb_donor_ready, s);
+    for (; i < guests.size() && guests[i].owner == owner; ++i) {
+      const GuestWork& g = guests[i];
+      const bf16* w = r.pool->slot(g.slot);
+      float* gw = r.pool->grad_slot(g.slot);
+      bf16* gu = h.gu_guest + g.row * 2 * F;
+      bf16* act = h.act_guest + g.row * F;
+      expert_ffn_backward(r.gemm, s, h.x_guest + g.row * H, g.rows, w, w + 2 * H * F, gu, act,
+                          r.guest_in.get() + g.row * H, gw, gw + 2 * H * F, 0.0f,
+                          r.guest_out.get() + g.row * H, gu, act, H, F);
+      bstats.guest_rows += g.rows;
+    }
   }
   slots_quiet(&h.layout, settled, s);
   if (r.cfg.timing) tb_guest.record(s);
@@ -1129,7 +1179,6 @@ int64_t MoeLayer::Impl::guests_backward(MicroBatchState& h, uint32_t seq, bool s
   FEPLB_CUDA_CHECK(cudaStreamWaitEvent(co, r.ev_guest_done.get(), 0));
   int64_t copies = send_rows_back(co, seq);
   const int64_t w_elems = expert_weight_elems(H, F);
-  const auto guests = h.layout.guest_work();
   for (size_t i = 0; i < guests.size();) {
     const int owner = guests[i].owner;
     out_batch.clear();

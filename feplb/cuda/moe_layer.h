@@ -93,10 +93,13 @@ struct ForwardStats {
   // = forward_ms.
   float forward_ms = 0;  // the whole forward
   float dispatch_ms =
-      0;                 // start -> phase 1 landed (permute, counts all-gather, plan, all-to-all-v)
-  float static_ms = 0;   // -> own experts' GEMMs done
-  float wait_ms = 0;     // -> phase-2 inputs here: idle time waiting for them (exposed copy time)
-  float guest_ms = 0;    // -> guest experts' GEMMs done
+      0;                // start -> phase 1 landed (permute, counts all-gather, plan, all-to-all-v)
+  float static_ms = 0;  // -> own experts' GEMMs done
+  // -> guest experts' GEMMs done, split into the idle time waiting for their phase-2 inputs
+  // (exposed copy time: before the first donor's guests and between donors, as each donor's
+  // guests run once its copies landed) and the rest.
+  float wait_ms = 0;
+  float guest_ms = 0;
   float return_ms = 0;   // -> this rank's exported rows' outputs back from their helpers
   float combine_ms = 0;  // -> reverse all-to-all-v and weighted combine done
 };

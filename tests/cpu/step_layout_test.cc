@@ -545,6 +545,55 @@ TEST(StepLayout, ExportsFollowTheModelledCopyOrder) {
   EXPECT_THROW(l.build(topo, routing, plan, 0, roomy(), times), InputError);
 }
 
+// A helper lists its guests owner by owner in the order the copy timer says each owner's last
+// copy to it lands (the order the layer runs them in, each once its owner's copies landed),
+// ascending owner without times; every rank's view stays consistent either way.
+TEST(StepLayout, GuestsFollowTheModelledLandingOrder) {
+  const int R = 4, E = 8;
+  const Topology topo = Topology::contiguous(R, 8, E);
+  const RoutingStep routing = testing::step_from({{90, 1, 80, 1, 70, 1, 1, 1},
+                                                  {9, 1, 9, 1, 9, 1, 1, 1},
+                                                  {9, 1, 9, 1, 9, 1, 1, 1},
+                                                  {9, 1, 9, 1, 9, 1, 1, 1}});
+  Plan plan;
+  plan.clear(E);
+  plan.dynamic[0] = plan.dynamic[2] = plan.dynamic[4] = 1;
+  // Experts 0, 2 and 4 (homes 0, 1, 2) each send rows to GPU 3.
+  plan.add_migration(0, 0, 3, 40, testing::glm5());
+  plan.add_migration(2, 1, 3, 30, testing::glm5());
+  plan.add_migration(4, 2, 3, 20, testing::glm5());
+  plan.add_home_slices(topo, routing, std::vector<int64_t>{40, 0, 30, 0, 20, 0, 0, 0});
+  const auto owners = [](const StepLayout& l) {
+    std::vector<int> v;
+    for (const cuda::GuestWork& g : l.guest_work()) v.push_back(g.owner);
+    return v;
+  };
+  // GPU 1's copies land first, then GPU 2's, then GPU 0's (its weights copy lands last).
+  const auto lands = [](const Copy& c) {
+    const double base = c.src_gpu == 1 ? 1.0 : c.src_gpu == 2 ? 2.0 : 3.0;
+    return c.kind == CopyKind::kWeights && c.src_gpu == 0 ? 5.0 : base;
+  };
+  std::vector<CopyTime> times(plan.copies.size());
+  for (size_t i = 0; i < times.size(); ++i) {
+    const Copy& c = plan.copies[i];
+    times[i] = {0.0, lands(c), c.kind != CopyKind::kOutputRows};
+  }
+  StepLayout l;
+  l.build(topo, routing, plan, 3, roomy(), times);
+  ASSERT_TRUE(l.fits()) << l.error();
+  EXPECT_EQ(owners(l), (std::vector<int>{1, 2, 0}));
+  l.build(topo, routing, plan, 3, roomy());
+  EXPECT_EQ(owners(l), (std::vector<int>{0, 1, 2}));  // ascending without times
+  // An output copy (helper -> owner) does not order the guests: GPU 2's outputs landing late
+  // change nothing.
+  for (size_t i = 0; i < times.size(); ++i) {
+    if (plan.copies[i].kind == CopyKind::kOutputRows && plan.copies[i].dst_gpu == 2)
+      times[i] = {9.0, 10.0, true};
+  }
+  l.build(topo, routing, plan, 3, roomy(), times);
+  EXPECT_EQ(owners(l), (std::vector<int>{1, 2, 0}));
+}
+
 TEST(JobThread, RunsJobsInOrder) {
   cuda::JobThread t;
   std::vector<int> seen;

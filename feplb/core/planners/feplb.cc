@@ -43,7 +43,6 @@
 // Deterministic; O(E log E + R + migrations x log R) per step with no allocation after the first
 // call.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <iterator>
 #include <limits>
@@ -57,9 +56,9 @@
 namespace feplb {
 namespace {
 
-// time_balance_budget > 0: the blends of GEMM time and rows tried, most time first; the first, all
-// time, is balanced within the budget's row cap (plan_capped).
-constexpr double kTimeWeights[] = {1.0, 0.5, 0.25, 0.1};
+// time_balance_budget > 0: the blends of GEMM time and rows bisected, most time first (all time is
+// tried apart, balanced within the budget's row cap: plan_capped).
+constexpr double kTimeWeights[] = {0.5, 0.25, 0.1};
 // Receivers from the tree that get no slice (their copy cannot land in time after all) before an
 // expert gives up on further helpers.
 constexpr int kMaxMisses = 8;
@@ -149,20 +148,22 @@ class FeplbPlanner final : public Planner {
       return;
     }
     // The most time-balanced plan whose token straggler stays within the budget (a fraction of
-    // the unbalanced one): the blends from time towards rows are bisected (a blend nearer rows
-    // leaves fewer rows on the busiest GPU), rows when none keeps within it; then its time is
-    // levelled within the budget's row cap (level_time).
+    // the unbalanced one). Two tries, each levelled within the budget's row cap (level_time):
+    // the blends from time towards rows bisected (a blend nearer rows leaves fewer rows on the
+    // busiest GPU), rows when none keeps within it; and time balanced under the row cap
+    // (plan_capped), kept instead when it keeps within the budget with a lower GEMM straggler.
+    // Neither wins everywhere: on the many-donor workloads of balance.md, the capped plan is the
+    // better one with small experts (whose GEMMs' fixed costs make rows and time differ most),
+    // a blend often the better one with large ones.
     home_loads(ctx_.topo, routing, rows_at_);
     const double budget = k.time_balance_budget * row_straggler();
+    const auto row_budget = static_cast<int64_t>(std::floor(budget));
     constexpr int kBlends = static_cast<int>(std::size(kTimeWeights));
     int lo = 0, hi = kBlends;  // hi: the best blend that kept within it so far (kBlends: none)
     bool last_kept = false;    // `out` holds that plan
     while (lo < hi) {
       const int mid = lo + (hi - lo) / 2;
-      if (mid == 0)
-        plan_capped(routing, out, budget);
-      else
-        plan_weighted(routing, out, kTimeWeights[mid]);
+      plan_weighted(routing, out, kTimeWeights[mid]);
       last_kept = row_straggler() <= budget;
       if (last_kept) {
         hi = mid;
@@ -179,7 +180,28 @@ class FeplbPlanner final : public Planner {
       plan_weighted(routing, out, 0.0);
     else if (!last_kept)
       out = kept_;
-    level_time(out, static_cast<int64_t>(std::floor(budget)));
+    level_time(out, row_budget);
+    const double blend_ms = gemm_straggler_ms(out);
+    kept_ = out;
+    plan_capped(routing, out, budget);
+    if (row_straggler() <= budget) {
+      level_time(out, row_budget);
+      if (gemm_straggler_ms(out) < blend_ms) return;
+    }
+    out = kept_;
+  }
+
+  // The plan's modelled GEMM straggler: the largest GPU's GEMM time above the mean.
+  double gemm_straggler_ms(const Plan& plan) {
+    const int R = ctx_.topo.num_ranks();
+    straggler_ms_.assign(static_cast<size_t>(R), 0.0);
+    for (const Slice& sl : plan.slices) straggler_ms_[sl.gpu] += gemm_ms(sl.rows);
+    double most = 0.0, sum = 0.0;
+    for (const double ms : straggler_ms_) {
+      most = std::max(most, ms);
+      sum += ms;
+    }
+    return most - sum / R;
   }
 
   // Levels GEMM time along the plan's own slices. Per domain, the GPU with the largest modelled
@@ -431,6 +453,8 @@ class FeplbPlanner final : public Planner {
     guests_.assign(static_cast<size_t>(R), 0);
     excluded_.assign(static_cast<size_t>(R), 0);
     late_finish_ms_.assign(static_cast<size_t>(R), 0.0);
+    arrivals_.resize(static_cast<size_t>(R));
+    for (auto& a : arrivals_) a.clear();
     next_candidate_.resize(static_cast<size_t>(R));
     rest_.resize(static_cast<size_t>(R));
     leaf_of_.resize(static_cast<size_t>(R));
@@ -476,20 +500,12 @@ class FeplbPlanner final : public Planner {
         for (int g = first; g < first + n; ++g) dom_rows += rows_at_[g];
         row_cap_ = dom_rows / n + row_budget_;
       }
-      // The receivers' tree lays the domain's GPUs out by their window (the GEMM time of their
-      // own work), shortest first; without copy timing, by load (then GPU). Sorted as one
-      // 128-bit integer each (cheaper to compare than the three fields).
-      by_window_.resize(static_cast<size_t>(n));
-      for (int i = 0; i < n; ++i) by_window_[i] = window_key(first + i);
-      std::sort(by_window_.begin(), by_window_.end());
-      window_at_.resize(static_cast<size_t>(n));
       donors_.clear();
       tree_.reset(n, k.copy_timing >= 2);
       for (int i = 0; i < n; ++i) {
-        const int g = static_cast<int>(by_window_[i] & kGpuMask);
+        const int g = first + i;
         if (over(g)) donors_.push_back(g);
         leaf_of_[g] = i;
-        window_at_[i] = home_ms_[g];
         tree_.put(i, g, eligible(g), leaf(g));
       }
       tree_.build();
@@ -766,6 +782,9 @@ class FeplbPlanner final : public Planner {
   bool copy_fits(int e, int d, int h, int64_t rows, double t) const {
     const double lands_ms = links_.start(d, h, t) + t;
     if (lands_ms <= home_ms_[h]) return true;
+    if (ctx_.knobs.copy_timing == 1) {
+      return lands_ms <= window_ms(h) && guests_in_time(h, d, lands_ms, gemm_ms(rows));
+    }
     if (ctx_.knobs.copy_timing == 3) {
       return std::max(home_ms_[h], lands_ms) + guest_ms_[h] + gemm_ms(rows) <= finish_by_ms_;
     }
@@ -865,10 +884,43 @@ class FeplbPlanner final : public Planner {
   // still fits the shortest copy (a weight copy).
   bool eligible(int g) const {
     return has_room(g) && guests_[g] < ctx_.knobs.max_num_dyn &&
-           (ctx_.knobs.copy_timing != 1 || home_ms_[g] - links_.in_ms(g) >= copy_ms(0, true));
+           (ctx_.knobs.copy_timing != 1 || window_ms(g) - links_.in_ms(g) >= copy_ms(0, true));
   }
   ReceiverTree::Leaf leaf(int g) const {
-    return {load_[g], home_ms_[g], links_.in_ms(g), guest_ms_[g]};
+    return {load_[g], window_ms(g), links_.in_ms(g), guest_ms_[g]};
+  }
+  // By when a hidden copy into g must land at the latest. A receiver runs its own work, then each
+  // donor's guests once all that donor's copies to it have landed, donors in the order their last
+  // copies land (the GPU layer waits per donor). A copy that lands while g still has work whose
+  // copies have landed is hidden, so with copy_timing = 1 the bound is its own work plus all its
+  // guests' (guests_in_time() checks the order); otherwise its own work.
+  double window_ms(int g) const {
+    return home_ms_[g] + (ctx_.knobs.copy_timing == 1 ? guest_ms_[g] : 0.0);
+  }
+  // Whether h, given a copy from d that lands at `lands_ms` and `gemm` ms more of d's guests,
+  // still never waits: each donor's guests (their last copy's landing, their GEMM time), in
+  // landing order, land by the time h has run its own work and the guests before them.
+  // O(donors to h x log) with no allocation once warm.
+  bool guests_in_time(int h, int d, double lands_ms, double gemm) const {
+    std::vector<Arrival>& a = arrival_scratch_;
+    a.assign(arrivals_[h].begin(), arrivals_[h].end());
+    const auto it =
+        std::find_if(a.begin(), a.end(), [d](const Arrival& x) { return x.donor == d; });
+    if (it == a.end()) {
+      a.push_back({d, lands_ms, gemm});
+    } else {
+      it->lands_ms = std::max(it->lands_ms, lands_ms);
+      it->gemm_ms += gemm;
+    }
+    std::sort(a.begin(), a.end(), [](const Arrival& x, const Arrival& y) {
+      return x.lands_ms != y.lands_ms ? x.lands_ms < y.lands_ms : x.donor < y.donor;
+    });
+    double ready_ms = home_ms_[h];  // when h has run all the work whose copies landed before
+    for (const Arrival& x : a) {
+      if (x.lands_ms > ready_ms) return false;
+      ready_ms += x.gemm_ms;
+    }
+    return true;
   }
   void refresh(int g) { tree_.set(leaf_of_[g], g, eligible(g), leaf(g)); }
 
@@ -923,8 +975,8 @@ class FeplbPlanner final : public Planner {
     }
     if (rows < k.min_slice_rows)
       rows = std::min({k.min_slice_rows, avail, rows_within(room, avail), row_room});
-    // Within its load cap but above the row cap, d gives what it must even beyond h's room.
-    if (load_[d] <= cap) rows = std::max(rows, std::min({avail, rows_at_[d] - row_cap_, row_room}));
+    // Above the row cap, d gives what it must even beyond h's room (within h's row room).
+    rows = std::max(rows, std::min({avail, rows_at_[d] - row_cap_, row_room}));
     if (avail - rows < k.min_slice_rows && whole_fits) rows = avail;  // no sliver left at home
     return rows >= k.min_slice_rows || rows == avail ? rows : 0;
   }
@@ -993,11 +1045,11 @@ class FeplbPlanner final : public Planner {
     if (reusable && last_find_.version == tree_.version() && same_need(last_find_.need, need))
       return last_find_.gpu;
     const ReceiverTree::Need asked = need;
-    int h = tree_.find(need, first_with_window(need));
+    int h = tree_.find(need);
     need.reserve_to = 0;
     if (h < 0 && need.per_row_ms > 0 && need.rows > k.min_slice_rows) {
       need.rows = k.min_slice_rows;
-      h = tree_.find(need, first_with_window(need));
+      h = tree_.find(need);
     }
     if (reusable) last_find_ = {tree_.version(), asked, h};
     return h;
@@ -1007,15 +1059,6 @@ class FeplbPlanner final : public Planner {
            a.per_row_ms == b.per_row_ms && a.rows == b.rows && a.reserve_to == b.reserve_to &&
            a.reserve_rows == b.reserve_rows && a.reserve_ms == b.reserve_ms &&
            a.finish_by_ms == b.finish_by_ms && a.skip == b.skip;
-  }
-
-  // The first position in the receivers' tree whose window (at the start of the domain's plan)
-  // could hide the copy `need` describes: no receiver before it can.
-  int first_with_window(const ReceiverTree::Need& need) const {
-    const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(need.rows);
-    return static_cast<int>(
-        std::lower_bound(window_at_.begin(), window_at_.end(), need.out_ms + t) -
-        window_at_.begin());
   }
 
   // Helpers expert e may have: max_helpers_per_expert, or 2 x min(rows, d's excess) / target when
@@ -1083,6 +1126,15 @@ class FeplbPlanner final : public Planner {
       }
       if (t > 0) {
         const double lands_ms = links_.add(d, h, t);
+        auto& a = arrivals_[h];
+        const auto it =
+            std::find_if(a.begin(), a.end(), [d](const Arrival& x) { return x.donor == d; });
+        if (it == a.end()) {
+          a.push_back({d, lands_ms, gemm_ms(rows)});
+        } else {
+          it->lands_ms = std::max(it->lands_ms, lands_ms);
+          it->gemm_ms += gemm_ms(rows);
+        }
         if (k.copy_timing == 2 && lands_ms > home_ms_[h])
           late_finish_ms_[d] = std::max(late_finish_ms_[d], lands_ms + guest_ms_[h]);
       }
@@ -1127,6 +1179,14 @@ class FeplbPlanner final : public Planner {
   int64_t cap_ = 0;
   int64_t row_budget_ = -1;  // >= 0: a GPU may end at most this many rows above its domain's mean
   int64_t row_cap_ = std::numeric_limits<int64_t>::max();  // the domain's row cap
+  // Per receiver, the donors whose guests wait for copies: when their last copy lands and the
+  // GEMM time of their guests there (window_ms()).
+  struct Arrival {
+    int donor;
+    double lands_ms, gemm_ms;
+  };
+  std::vector<std::vector<Arrival>> arrivals_;    // [num_ranks]
+  mutable std::vector<Arrival> arrival_scratch_;  // guests_in_time()
   std::vector<double> late_finish_ms_;  // [num_ranks] copy_timing 2: when each donor's late
                                         // receivers finish
   std::vector<uint8_t> in_set_;         // [num_experts] choose_candidates(): in the placement's set
@@ -1138,27 +1198,14 @@ class FeplbPlanner final : public Planner {
   double gather_out_ms_ = 0;
   double start_ms_ = 0;
   int64_t gather_rows_ = 0;
-  std::vector<double> window_at_;  // the domain's home_ms_ by tree position, when it was built
-  ReceiverTree tree_;              // the domain's receivers
+  ReceiverTree tree_;  // the domain's receivers
   struct LastFind {
     uint64_t version = 0;  // the tree's version when it was searched (0: none)
     ReceiverTree::Need need;
     int gpu = -1;
   };
-  LastFind last_find_;  // find_receiver()'s last reusable answer
-  // (home_ms_, load_, GPU) of a GPU as one integer in the same order: the window's bits made
-  // order-preserving (non-negative doubles compare as their bits), the load, the GPU.
-  __extension__ typedef unsigned __int128 WindowKey;
-  static constexpr int kGpuBits = 24;
-  static constexpr WindowKey kGpuMask = (WindowKey{1} << kGpuBits) - 1;
-  WindowKey window_key(int g) const {
-    uint64_t bits = std::bit_cast<uint64_t>(home_ms_[g] + 0.0);  // -0.0 as 0.0
-    bits = bits >> 63 ? ~bits : bits | uint64_t{1} << 63;        // negative ones reversed, below
-    return WindowKey{bits} << 64 | static_cast<WindowKey>(load_[g]) << kGpuBits |
-           static_cast<WindowKey>(g);
-  }
-  std::vector<WindowKey> by_window_;
-  std::vector<int> leaf_of_;       // the domain's GPUs by load; [num_ranks] tree leaf
+  LastFind last_find_;             // find_receiver()'s last reusable answer
+  std::vector<int> leaf_of_;       // [num_ranks] tree leaf
   std::vector<uint8_t> excluded_;  // [num_ranks] 1: passed over, 2: out of the tree
                                    // [num_ranks] set aside for the expert being spilled
   std::vector<int> excluded_list_;
@@ -1178,6 +1225,7 @@ class FeplbPlanner final : public Planner {
   std::vector<double> level_ms_;
   std::vector<int64_t> level_rows_;
   Plan scratch_;
+  std::vector<double> straggler_ms_;  // [num_ranks] gemm_straggler_ms()
   Plan kept_;  // time_balance_budget: the best plan kept within the budget so far
 };
 

@@ -33,18 +33,18 @@ inline void ReceiverTree::write_leaf(int pos, int gpu, bool eligible, const Leaf
     return;
   }
   hot_[i] = {static_cast<uint64_t>(leaf.load) << kGpuBits | static_cast<uint64_t>(gpu),
-             leaf.home_ms - leaf.in_ms, leaf.home_ms};
+             leaf.window_ms - leaf.in_ms, leaf.window_ms};
   if (late_ok_)
-    late_[i] = {leaf.home_ms + leaf.guest_ms, leaf.in_ms + leaf.guest_ms, leaf.guest_ms};
+    late_[i] = {leaf.window_ms + leaf.guest_ms, leaf.in_ms + leaf.guest_ms, leaf.guest_ms};
 }
 
 inline void ReceiverTree::pull(size_t i) {
   const Hot &a = hot_[2 * i], &b = hot_[2 * i + 1];
   hot_[i] = {std::min(a.key, b.key), std::max(a.max_slack, b.max_slack),
-             std::max(a.max_home, b.max_home)};
+             std::max(a.max_window, b.max_window)};
   if (!late_ok_) return;
   const Late &x = late_[2 * i], &y = late_[2 * i + 1];
-  late_[i] = {std::min(x.min_home_guest, y.min_home_guest),
+  late_[i] = {std::min(x.min_window_guest, y.min_window_guest),
               std::min(x.min_in_guest, y.min_in_guest), std::min(x.min_guest, y.min_guest)};
 }
 
@@ -66,7 +66,7 @@ void ReceiverTree::set(int pos, int gpu, bool eligible, const Leaf& leaf) {
   for (; i > 1; i /= 2) {
     const Hot& sib = hot_[i ^ 1];
     hot = {std::min(hot.key, sib.key), std::max(hot.max_slack, sib.max_slack),
-           std::max(hot.max_home, sib.max_home)};
+           std::max(hot.max_window, sib.max_window)};
     hot_[i / 2] = hot;
   }
   if (!late_ok_) return;
@@ -74,24 +74,23 @@ void ReceiverTree::set(int pos, int gpu, bool eligible, const Leaf& leaf) {
   Late late = late_[i];
   for (; i > 1; i /= 2) {
     const Late& sib = late_[i ^ 1];
-    late = {std::min(late.min_home_guest, sib.min_home_guest),
+    late = {std::min(late.min_window_guest, sib.min_window_guest),
             std::min(late.min_in_guest, sib.min_in_guest), std::min(late.min_guest, sib.min_guest)};
     late_[i / 2] = late;
   }
 }
 
-int ReceiverTree::find(const Need& need, int from) const {
-  if (need.timing == 0) return search<Mode::kAny>(need, 0);
-  if (need.timing < 2 || !late_ok_) return search<Mode::kHidden>(need, from);
-  return search<Mode::kLate>(need, 0);
+int ReceiverTree::find(const Need& need) const {
+  if (need.timing == 0) return search<Mode::kAny>(need);
+  if (need.timing < 2 || !late_ok_) return search<Mode::kHidden>(need);
+  return search<Mode::kLate>(need);
 }
 
-// Over positions [from, size_) (late: all of them), best first from the O(log n) subtrees that
-// cover them: a subtree is searched in the order of its least loaded GPU and skipped when no
-// receiver in it can accept the copy (bounds from its aggregates: the largest slack and window;
-// the least queued work), so the first leaf that accepts is the answer.
+// Best first from the root: a subtree is searched in the order of its least loaded GPU and
+// skipped when no receiver in it can accept the copy (bounds from its aggregates: the largest
+// slack and window; the least queued work), so the first leaf that accepts is the answer.
 template <ReceiverTree::Mode kMode>
-int ReceiverTree::search(const Need& need, int from) const {
+int ReceiverTree::search(const Need& need) const {
   const double t = need.fixed_ms + need.per_row_ms * static_cast<double>(need.rows);
   const double out_t = need.out_ms + t;  // a hidden copy's receiver has at least this window
   // The window a hidden copy must leave its receiver: reserve_ms if it leaves the receiver room
@@ -103,12 +102,12 @@ int ReceiverTree::search(const Need& need, int from) const {
   const Hot* const hot = hot_.data();
   const auto may_hold = [&](size_t i) {
     if constexpr (kMode == Mode::kAny) return true;
-    // A hidden copy lands by home_ms after both the receiver's ingress (in_ms) and the donor's
+    // A hidden copy lands by window_ms after both the receiver's ingress (in_ms) and the donor's
     // egress (out_ms) are free.
-    if (hot[i].max_slack >= t && hot[i].max_home >= out_t) return true;  // maybe hidden
+    if (hot[i].max_slack >= t && hot[i].max_window >= out_t) return true;  // maybe hidden
     if constexpr (kMode == Mode::kHidden) return false;
     const Late& b = late_[i];
-    if (need.timing == 3 && b.min_home_guest > by) return false;
+    if (need.timing == 3 && b.min_window_guest > by) return false;
     return b.min_in_guest + t <= by && out_t + b.min_guest <= by;
   };
   const auto accepts = [&](size_t i) {
@@ -117,26 +116,21 @@ int ReceiverTree::search(const Need& need, int from) const {
     if constexpr (kMode == Mode::kAny) return true;
     const Leaf& leaf = leaves_[i - static_cast<size_t>(size_)];
     const double lands = std::max(leaf.in_ms, need.out_ms) + t;
-    if (lands + reserve_ms(leaf) <= leaf.home_ms) return true;
+    if (lands + reserve_ms(leaf) <= leaf.window_ms) return true;
     if constexpr (kMode == Mode::kHidden) return false;
-    const double start = need.timing == 3 ? std::max(leaf.home_ms, lands) : lands;
+    const double start = need.timing == 3 ? std::max(leaf.window_ms, lands) : lands;
     return start + leaf.guest_ms <= by;
   };
-  // Best first: from the waiting subtrees (at first, those covering the positions searched) the
-  // one with the least loaded GPU, then down its lighter child while that may hold the copy, the
-  // heavier one waiting. The first leaf that accepts the copy is the answer. The waiting list is
-  // short (one node per level descended, at most twice the depth to start with): a linear scan
-  // finds its least.
+  // Best first: from the waiting subtrees (at first, the root) the one with the least loaded GPU,
+  // then down its lighter child while that may hold the copy, the heavier one waiting. The first
+  // leaf that accepts the copy is the answer. The waiting list is short (one node per level
+  // descended): a linear scan finds its least.
   Entry* const wait = wait_.data();
   size_t num_waiting = 0;
   const auto offer = [&](size_t i) {
     if (hot[i].key != kNone && may_hold(i)) wait[num_waiting++] = {hot[i].key, i};
   };
-  for (size_t l = static_cast<size_t>(from + size_), r = static_cast<size_t>(2 * size_); l < r;
-       l /= 2, r /= 2) {
-    if (l & 1) offer(l++);
-    if (r & 1) offer(--r);
-  }
+  offer(1);
   const size_t first_leaf = static_cast<size_t>(size_);
   uint64_t best = kNone;
   while (num_waiting > 0) {

@@ -214,8 +214,30 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
                        expert_base_[s.expert] + slice_offset_[i], s.rows});
     }
   }
+  // Owners in the order the receiver runs their guests: by when their last copy to this rank
+  // lands (modelled; a guest whose owner copies nothing here, first), then index. Prefetched
+  // weights are waited for before any guest.
+  FEPLB_REQUIRE_INPUT(copy_times.empty() || copy_times.size() == plan.copies.size(),
+                      "step layout: {} copy times for {} copies", copy_times.size(),
+                      plan.copies.size());
+  fill(last_land_ms_, static_cast<size_t>(R), -std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < copy_times.size(); ++i) {
+    const Copy& c = plan.copies[i];
+    if (!copy_times[i].timed || c.dst_gpu != rank || c.kind == CopyKind::kPrefetchWeights ||
+        c.kind == CopyKind::kOutputRows)
+      continue;
+    double& last = last_land_ms_[static_cast<size_t>(c.src_gpu)];
+    last = std::max(last, copy_times[i].end_ms);
+  }
+  owner_order_.resize(static_cast<size_t>(R));
+  std::iota(owner_order_.begin(), owner_order_.end(), 0);
+  std::sort(owner_order_.begin(), owner_order_.end(), [&](int a, int b) {
+    const double ta = last_land_ms_[static_cast<size_t>(a)];
+    const double tb = last_land_ms_[static_cast<size_t>(b)];
+    return ta != tb ? ta < tb : a < b;
+  });
   guests_.clear();
-  for (int peer = 0; peer < R; ++peer) {
+  for (int peer : owner_order_) {
     for (size_t i = 0; i < n; ++i) {
       const Slice& s = plan.slices[i];
       if (slice_slot_[i] < 0 || s.gpu != rank || topo.home(s.expert) != peer) continue;
@@ -229,9 +251,6 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
     }
   }
   // Helpers in issue order: by when this rank's first copy to each starts (modelled), then index.
-  FEPLB_REQUIRE_INPUT(copy_times.empty() || copy_times.size() == plan.copies.size(),
-                      "step layout: {} copy times for {} copies", copy_times.size(),
-                      plan.copies.size());
   fill(first_copy_ms_, static_cast<size_t>(R), std::numeric_limits<double>::infinity());
   for (size_t i = 0; i < copy_times.size(); ++i) {
     const Copy& c = plan.copies[i];

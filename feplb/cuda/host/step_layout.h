@@ -122,7 +122,8 @@ class StepLayout {
   // plan shapes against the topology). `copy_times` (CopyTimer's times of the plan, or empty)
   // orders the exports: helper by helper, in order of when this rank's first copy to the helper
   // starts (ties and without times: ascending helper), so the layer issues them as the planner
-  // modelled.
+  // modelled; and the guests: owner by owner, in order of when the owner's last copy to this rank
+  // lands, so the layer runs them as the planner modelled.
   void build(const Topology& topo, const RoutingStep& routing, const Plan& plan, int rank,
              const LayoutCapacity& capacity, std::span<const CopyTime> copy_times = {});
 
@@ -149,8 +150,10 @@ class StepLayout {
   std::span<const RowChunk> sends() const { return sends_; }
   std::span<const RowChunk> recvs() const { return recvs_; }
   // This rank's work: its experts' rows that stay here (static experts first, then the dynamic
-  // ones' rows that were not moved), the guest slices it computes (grouped by owner, ascending),
-  // and its slices computed elsewhere (grouped by helper, in build()'s issue order).
+  // ones' rows that were not moved), the guest slices it computes (grouped by owner, owners in
+  // the order their last copy to this rank lands, modelled: the order the layer runs them in,
+  // each once its owner's copies landed), and its slices computed elsewhere (grouped by helper,
+  // in build()'s issue order).
   std::span<const HomeWork> home_work() const { return home_; }
   std::span<const GuestWork> guest_work() const { return guests_; }
   std::span<const Export> exports() const { return exports_; }
@@ -194,6 +197,8 @@ class StepLayout {
   std::vector<int> prefetch_slot_, prefetch_next_;  // [copies], [R]
   std::vector<int> helper_order_;                   // [R] the order exports are issued in
   std::vector<double> first_copy_ms_;               // [R] when this rank's first copy to it starts
+  std::vector<double> last_land_ms_;                // [R] when its last copy to this rank lands
+  std::vector<int> owner_order_;                    // [R] the order guests are listed in
   std::vector<int64_t> run_;                        // [receivers] rows received so far per receiver
   std::vector<RowChunk> sends_, recvs_;
   std::vector<HomeWork> home_;
