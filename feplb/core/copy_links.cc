@@ -11,7 +11,7 @@ std::span<const CopyTime> CopyTimer::time(const Plan& plan, const Topology& topo
   const auto copy_ms = [&](const Copy& c) {
     const double gbps =
         topo.same_domain(c.src_gpu, c.dst_gpu) ? knobs.copy_gbps : knobs.internode_gbps;
-    return static_cast<double>(c.bytes) / (gbps * 1e9) * 1e3 + knobs.copy_setup_us * 1e-3;
+    return link_ms(c.bytes, gbps, knobs.copy_setup_us);
   };
   const auto waited_for = [](CopyKind k) {
     return k != CopyKind::kOutputRows && k != CopyKind::kReplicaWeights;
@@ -41,9 +41,10 @@ std::span<const CopyTime> CopyTimer::time(const Plan& plan, const Topology& topo
                            copies[i + 1].expert == c.expert && copies[i + 1].src_gpu == c.src_gpu &&
                            copies[i + 1].dst_gpu == c.dst_gpu;
     const double rows_t = with_rows ? copy_ms(copies[i + 1]) : 0.0;
-    const double at = links.add(c.src_gpu, c.dst_gpu, t + rows_t) - (t + rows_t);
-    out[i] = {at, at + t, true};
-    if (with_rows) out[++i] = {at + t, at + t + rows_t, true};
+    const double at = links.start(c.src_gpu, c.dst_gpu, t + rows_t);
+    const double end = links.add(c.src_gpu, c.dst_gpu, t + rows_t);  // at + (t + rows_t)
+    out[i] = {at, with_rows ? at + t : end, true};
+    if (with_rows) out[++i] = {at + t, end, true};
   }
   return out;
 }

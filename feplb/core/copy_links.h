@@ -92,6 +92,13 @@ class CopyLinks {
   std::vector<Link> in_, out_;  // [GPU] ingress, egress
 };
 
+// The link time of one copy of `bytes` at `gbps`, its setup included. The planner and the copy
+// timer both use it, adding a migration's weights and rows in that order, so that both compute
+// the same times bit for bit (a copy exactly filling a gap fits in both or in neither).
+inline double link_ms(int64_t bytes, double gbps, double setup_us) {
+  return static_cast<double>(bytes) / (gbps * 1e9) * 1e3 + setup_us * 1e-3;
+}
+
 // When one of a plan's copies runs, in ms from when the GPUs start their expert GEMMs.
 struct CopyTime {
   double start_ms = 0, end_ms = 0;

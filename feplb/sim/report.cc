@@ -104,7 +104,7 @@ std::string format_table(const SimulationResult& r) {
       "{} | {} steps | {} | {} | top-{} x {} tokens/GPU = {:.0f} rows/GPU on average\n"
       "{}; GEMM model: {}\n"
       "fits window: steps in which no GPU waited for a copy (each landed before its receiver ran "
-      "out of work that needed none);\n"
+      "out of work whose copies had landed);\n"
       "delays: steps the balancing made slower: a late copy held up the slowest GPU, or (one-hop) "
       "the plan ran before the dispatch;\n"
       "exposed: how much slower (mean ms); a GPU that waits for a copy but still finishes before "

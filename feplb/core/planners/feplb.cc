@@ -123,10 +123,8 @@ class FeplbPlanner final : public Planner {
  public:
   explicit FeplbPlanner(const PlannerContext& ctx)
       : Planner(ctx),
-        weight_ms_(static_cast<double>(ctx.shape.weight_bytes()) / (ctx.knobs.copy_gbps * 1e9) *
-                   1e3),
+        weight_ms_(link_ms(ctx.shape.weight_bytes(), ctx.knobs.copy_gbps, ctx.knobs.copy_setup_us)),
         row_ms_(static_cast<double>(ctx.shape.row_bytes()) / (ctx.knobs.copy_gbps * 1e9) * 1e3),
-        setup_ms_(ctx.knobs.copy_setup_us * 1e-3),
         unit_ms_(ctx.cost ? row_unit_ms(*ctx.cost) : 0.0) {}
   std::string_view name() const override { return "feplb"; }
   // One hop (one_hop = 1) dispatches migrated rows straight to their helpers.
@@ -795,11 +793,13 @@ class FeplbPlanner final : public Planner {
     return std::max(late_finish_ms_[d], lands_ms + guest_ms_[h] + gemm_ms(rows)) <= donor_after_ms;
   }
 
-  // Time the phase-2 copies of one migration take on the links (0: none needed).
+  // Time the phase-2 copies of one migration take on the links (0: none needed), computed as the
+  // copy timer does (link_ms()).
   double copy_ms(int64_t rows, bool weights) const {
-    const bool row_copy = !ctx_.knobs.one_hop;
-    return (weights ? weight_ms_ + setup_ms_ : 0.0) +
-           (row_copy ? static_cast<double>(rows) * row_ms_ + setup_ms_ : 0.0);
+    const Knobs& k = ctx_.knobs;
+    const bool row_copy = !k.one_hop;
+    return (weights ? weight_ms_ : 0.0) +
+           (row_copy ? link_ms(rows * ctx_.shape.row_bytes(), k.copy_gbps, k.copy_setup_us) : 0.0);
   }
 
   int64_t remaining(int e) const { return (*rows_)[e] - moved_[e]; }
@@ -1157,7 +1157,9 @@ class FeplbPlanner final : public Planner {
   }
 
  private:
-  const double weight_ms_, row_ms_, setup_ms_;  // copy times: one expert's weights, one row, setup
+  // Copy times: one expert's weights (setup included); one more row (the receivers' tree's
+  // estimate).
+  const double weight_ms_, row_ms_;
   double time_weight_ = 0;   // this plan's blend of rows and GEMM time in loads (units())
   bool by_time_ = false;     // time_weight_ > 0
   int64_t fixed_units_ = 0;  // by time: a GEMM's fixed cost where it is linear (units(s) - s)
