@@ -904,14 +904,7 @@ class FeplbPlanner final : public Planner {
   bool guests_in_time(int h, int d, double lands_ms, double gemm) const {
     std::vector<Arrival>& a = arrival_scratch_;
     a.assign(arrivals_[h].begin(), arrivals_[h].end());
-    const auto it =
-        std::find_if(a.begin(), a.end(), [d](const Arrival& x) { return x.donor == d; });
-    if (it == a.end()) {
-      a.push_back({d, lands_ms, gemm});
-    } else {
-      it->lands_ms = std::max(it->lands_ms, lands_ms);
-      it->gemm_ms += gemm;
-    }
+    arrive(a, d, lands_ms, gemm);
     std::sort(a.begin(), a.end(), [](const Arrival& x, const Arrival& y) {
       return x.lands_ms != y.lands_ms ? x.lands_ms < y.lands_ms : x.donor < y.donor;
     });
@@ -1126,15 +1119,7 @@ class FeplbPlanner final : public Planner {
       }
       if (t > 0) {
         const double lands_ms = links_.add(d, h, t);
-        auto& a = arrivals_[h];
-        const auto it =
-            std::find_if(a.begin(), a.end(), [d](const Arrival& x) { return x.donor == d; });
-        if (it == a.end()) {
-          a.push_back({d, lands_ms, gemm_ms(rows)});
-        } else {
-          it->lands_ms = std::max(it->lands_ms, lands_ms);
-          it->gemm_ms += gemm_ms(rows);
-        }
+        arrive(arrivals_[h], d, lands_ms, gemm_ms(rows));
         if (k.copy_timing == 2 && lands_ms > home_ms_[h])
           late_finish_ms_[d] = std::max(late_finish_ms_[d], lands_ms + guest_ms_[h]);
       }
@@ -1187,6 +1172,18 @@ class FeplbPlanner final : public Planner {
     int donor;
     double lands_ms, gemm_ms;
   };
+  // Into a receiver's donors: a copy from d that lands at `lands_ms`, with `gemm_ms` more of d's
+  // guests.
+  static void arrive(std::vector<Arrival>& a, int d, double lands_ms, double gemm_ms) {
+    const auto it =
+        std::find_if(a.begin(), a.end(), [d](const Arrival& x) { return x.donor == d; });
+    if (it == a.end()) {
+      a.push_back({d, lands_ms, gemm_ms});
+    } else {
+      it->lands_ms = std::max(it->lands_ms, lands_ms);
+      it->gemm_ms += gemm_ms;
+    }
+  }
   std::vector<std::vector<Arrival>> arrivals_;    // [num_ranks]
   mutable std::vector<Arrival> arrival_scratch_;  // guests_in_time()
   std::vector<double> late_finish_ms_;  // [num_ranks] copy_timing 2: when each donor's late
