@@ -463,9 +463,9 @@ TEST(Feplb, CopiesHideBehindGuestsWhoseCopiesLandedEarlier) {
 
 // The planner and the copy timer compute a copy's time the same way (link_ms()), so a copy that
 // exactly fills an idle gap of a link fits in both or in neither. Here (EP=64, one GLM-5 expert
-// per GPU, OLMoE on wikipedia; 4 steps of 3 layers) some copies fill a gap exactly: when the planner summed
-// the times in another order, one step's copy fitted for the planner and not for the timer, and a
-// receiver waited 0.32 ms for it.
+// per GPU, OLMoE on wikipedia; 4 steps of 3 layers) some copies fill a gap exactly: when the
+// planner summed the times in another order, one step's copy fitted for the planner and not for the
+// timer, and a receiver waited 0.32 ms for it.
 TEST(Feplb, EveryCopyLandsWhenThePlannerSaid) {
   const Topology topo = Topology::contiguous(64, 72, 64);
   WorkloadSpec spec;
