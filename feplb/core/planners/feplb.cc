@@ -13,7 +13,9 @@
 //  3. Copies are timed (copy-engine bandwidth on CopyLinks: one copy per link at a time, a later
 //     copy in the sender's or the receiver's idle gap where it fits; after the counts round trip
 //     and the planner's budget). A copy must land
-//     while the receiver still runs its own experts (hidden: copy_timing = 1, the default), or
+//     while the receiver still has work whose copies landed: its own experts, then each donor's
+//     guests once that donor's copies landed, in landing order (hidden: copy_timing = 1, the
+//     default; guests_in_time()), or
 //     (copy_timing = 2) be one after which the receiver, idle until it lands, finishes before the
 //     donor: an exposed copy that rarely makes the layer slower (a little better balance on the
 //     most skewed priors, at a small exposure; docs/planners.md), or (copy_timing = 3) be one after
