@@ -11,6 +11,7 @@ set(feplb_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/feplb)
 # (tests/consumer compiles each alone and checks).
 set(feplb_public_headers
   feplb/planning.h
+  feplb/core/copy_links.h
   feplb/core/cost_model.h
   feplb/core/errors.h
   feplb/core/expert_shape.h
@@ -25,6 +26,7 @@ set(feplb_public_headers
   feplb/core/plan.h
   feplb/core/planners/planner.h
   feplb/core/routing.h
+  feplb/core/schedule.h
   feplb/core/topology.h
   feplb/core/trace_io.h
   feplb/dist/launch.h

@@ -1,5 +1,7 @@
 #include "feplb/core/copy_links.h"
 
+#include <algorithm>
+
 namespace feplb {
 
 std::span<const CopyTime> CopyTimer::time(const Plan& plan, const Topology& topo,
@@ -47,6 +49,129 @@ std::span<const CopyTime> CopyTimer::time(const Plan& plan, const Topology& topo
     if (with_rows) out[++i] = {at + t, end, true};
   }
   return out;
+}
+
+}  // namespace feplb
+
+namespace feplb {
+
+void ScheduleWriter::write(Plan& plan, const Topology& topo, const Knobs& knobs,
+                           const GemmCostModel& cost) {
+  const int R = topo.num_ranks();
+  const int64_t E = topo.num_experts();
+  const auto rank = [](int g) { return static_cast<size_t>(g); };
+  const auto key = [E](int gpu, int expert) { return static_cast<int64_t>(gpu) * E + expert; };
+  Schedule& s = plan.schedule;
+  s.copy_start_ms = planned_copy_start_ms(plan, knobs);
+  const std::span<const CopyTime> times = timer_.time(plan, topo, knobs, s.copy_start_ms);
+  s.copies.assign(times.begin(), times.end());
+  s.own_ms.assign(rank(R), 0.0);
+  s.ready_ms.assign(rank(R), 0.0);
+  s.prefetch_ms.assign(rank(R), Schedule::kNever);
+
+  // The phase-2 copies a GPU waits for (weights, token rows) by (receiver, expert), and when each
+  // owner's last one into each receiver lands; the prefetches into each GPU.
+  copied_.clear();
+  held_.clear();
+  pairs_.clear();
+  for (size_t i = 0; i < plan.copies.size(); ++i) {
+    const Copy& c = plan.copies[i];
+    if (!times[i].timed) continue;
+    if (c.kind == CopyKind::kPrefetchWeights) {
+      s.prefetch_ms[rank(c.dst_gpu)] = std::max(s.prefetch_ms[rank(c.dst_gpu)], times[i].end_ms);
+      continue;
+    }
+    copied_.push_back(key(c.dst_gpu, c.expert));
+    pairs_.push_back({c.dst_gpu, c.src_gpu, times[i].end_ms, 0.0, false});
+  }
+  std::sort(copied_.begin(), copied_.end());
+  for (const ResidentReplica& r : plan.resident) held_.push_back(key(r.gpu, r.expert));
+  std::sort(held_.begin(), held_.end());
+
+  // Each slice's GEMM: own work (its home, a replica held there), a guest waiting for its
+  // owner's copies (a turn), or a guest whose inputs need no phase-2 copy (ready).
+  for (const Slice& sl : plan.slices) {
+    const double ms = cost.expert_ms(sl.rows);
+    const int home = topo.home(sl.expert);
+    const int64_t k = key(sl.gpu, sl.expert);
+    if (home == sl.gpu || std::binary_search(held_.begin(), held_.end(), k)) {
+      s.own_ms[rank(sl.gpu)] += ms;
+    } else if (std::binary_search(copied_.begin(), copied_.end(), k)) {
+      pairs_.push_back({sl.gpu, home, Schedule::kNever, ms, true});
+    } else {
+      s.ready_ms[rank(sl.gpu)] += ms;
+    }
+  }
+
+  // Turns: per receiver, its owners (last landing, guests' time), in landing order, with the
+  // waits the timeline gives them.
+  std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
+    return a.gpu != b.gpu ? a.gpu < b.gpu : a.other < b.other;
+  });
+  size_t w = 0;
+  for (size_t i = 0; i < pairs_.size(); ++i) {
+    if (w > 0 && pairs_[w - 1].gpu == pairs_[i].gpu && pairs_[w - 1].other == pairs_[i].other) {
+      PairTime& t = pairs_[w - 1];
+      t.ms = std::max(t.ms, pairs_[i].ms);
+      t.gemm_ms += pairs_[i].gemm_ms;
+      t.guests = t.guests || pairs_[i].guests;
+    } else {
+      pairs_[w++] = pairs_[i];
+    }
+  }
+  pairs_.resize(w);
+  std::erase_if(pairs_, [](const PairTime& t) { return !t.guests; });  // copies no slice uses
+  std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
+    if (a.gpu != b.gpu) return a.gpu < b.gpu;
+    return a.ms != b.ms ? a.ms < b.ms : a.other < b.other;
+  });
+  s.turn_begin.assign(rank(R) + 1, 0);
+  s.turns.clear();
+  for (const PairTime& t : pairs_) {
+    ++s.turn_begin[rank(t.gpu) + 1];
+    s.turns.push_back({t.other, t.ms, t.gemm_ms, 0.0});
+  }
+  for (int g = 0; g < R; ++g) s.turn_begin[rank(g) + 1] += s.turn_begin[rank(g)];
+  for (int g = 0; g < R; ++g) {
+    const int begin = s.turn_begin[rank(g)], end = s.turn_begin[rank(g) + 1];
+    if (begin == end) continue;
+    // The timeline's steps 1 and 2, then each turn's wait (Schedule::timeline without slack).
+    double t = std::max(s.own_ms[rank(g)], s.prefetch_ms[rank(g)]) + s.ready_ms[rank(g)];
+    for (int i = begin; i < end; ++i) {
+      OwnerTurn& turn = s.turns[static_cast<size_t>(i)];
+      turn.wait_ms = std::max(0.0, turn.lands_ms - t);
+      t = std::max(t, turn.lands_ms) + turn.gemm_ms;
+    }
+  }
+
+  // Helpers: per sender, the GPUs it sends phase-2 copies to, by when the first one starts.
+  pairs_.clear();
+  for (size_t i = 0; i < plan.copies.size(); ++i) {
+    const Copy& c = plan.copies[i];
+    if (!times[i].timed || c.kind == CopyKind::kPrefetchWeights) continue;
+    pairs_.push_back({c.src_gpu, c.dst_gpu, times[i].start_ms, 0.0, true});
+  }
+  std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
+    if (a.gpu != b.gpu) return a.gpu < b.gpu;
+    return a.other != b.other ? a.other < b.other : a.ms < b.ms;
+  });
+  w = 0;  // each pair's first copy
+  for (size_t i = 0; i < pairs_.size(); ++i) {
+    if (w == 0 || pairs_[w - 1].gpu != pairs_[i].gpu || pairs_[w - 1].other != pairs_[i].other)
+      pairs_[w++] = pairs_[i];
+  }
+  pairs_.resize(w);
+  std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
+    if (a.gpu != b.gpu) return a.gpu < b.gpu;
+    return a.ms != b.ms ? a.ms < b.ms : a.other < b.other;
+  });
+  s.helper_begin.assign(rank(R) + 1, 0);
+  s.helpers.clear();
+  for (const PairTime& t : pairs_) {
+    ++s.helper_begin[rank(t.gpu) + 1];
+    s.helpers.push_back(t.other);
+  }
+  for (int g = 0; g < R; ++g) s.helper_begin[rank(g) + 1] += s.helper_begin[rank(g)];
 }
 
 }  // namespace feplb

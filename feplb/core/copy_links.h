@@ -17,9 +17,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
+#include "feplb/core/cost_model.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/topology.h"
@@ -99,11 +101,6 @@ inline double link_ms(int64_t bytes, double gbps, double setup_us) {
   return static_cast<double>(bytes) / (gbps * 1e9) * 1e3 + setup_us * 1e-3;
 }
 
-// When one of a plan's copies runs, in ms from when the GPUs start their expert GEMMs.
-struct CopyTime {
-  double start_ms = 0, end_ms = 0;
-  bool timed = false;  // false: not waited for inside the window (outputs back, replicas)
-};
 // When the planner assumes a plan's phase-2 copies start (ms from when the GEMMs start): after the
 // counts round trip and the planner's budget, or at once for a plan made before the dispatch.
 inline double planned_copy_start_ms(const Plan& plan, const Knobs& knobs) {
@@ -126,6 +123,29 @@ class CopyTimer {
   CopyLinks links_;
   std::vector<double> in_ms_, out_ms_;  // [GPU] prefetches: when the links are free
   std::vector<CopyTime> times_;
+};
+
+// Writes plan.schedule (schedule.h): every copy timed by a CopyTimer from planned_copy_start_ms,
+// each GPU's own work, ready guests and turns with their modelled GEMM times (`cost`) and waits,
+// each GPU's helpers in issue order. Every planner's plan() ends with it (Planner::plan), so the
+// metrics and the GPU layer read what the planner modelled. O((slices + copies) log) per plan,
+// no allocation once its buffers have grown to the largest plan seen.
+class ScheduleWriter {
+ public:
+  void write(Plan& plan, const Topology& topo, const Knobs& knobs, const GemmCostModel& cost);
+
+ private:
+  // A (GPU, other GPU) pair: a receiver and an owner (ms: when its last phase-2 copy in lands,
+  // gemm: its guests' time), or a sender and a helper (ms: when its first copy starts).
+  struct PairTime {
+    int gpu, other;
+    double ms, gemm_ms;
+    bool guests;  // a receiver and an owner: some guest slice waits for these copies
+  };
+  CopyTimer timer_;
+  std::vector<int64_t> copied_;  // gpu * E + expert of every phase-2 copy waited for, sorted
+  std::vector<int64_t> held_;    // gpu * E + expert of every resident replica, sorted
+  std::vector<PairTime> pairs_;
 };
 
 }  // namespace feplb

@@ -86,6 +86,16 @@ TableCostModel::TableCostModel(std::vector<int64_t> rows, std::vector<double> ms
 double TableCostModel::expert_ms(int64_t rows) const {
   if (rows <= 0) return 0.0;
   if (rows <= rows_.front()) return ms_.front();  // the smallest GEMM's fixed cost
+  if (rows < kCachedRows) {
+    if (cache_.empty()) cache_.assign(kCachedRows, -1.0);
+    double& cached = cache_[static_cast<size_t>(rows)];
+    if (cached < 0) cached = interpolate(rows);
+    return cached;
+  }
+  return interpolate(rows);
+}
+
+double TableCostModel::interpolate(int64_t rows) const {
   size_t i =
       static_cast<size_t>(std::upper_bound(rows_.begin(), rows_.end(), rows) - rows_.begin());
   const bool beyond = i >= rows_.size();

@@ -55,6 +55,8 @@ class TableCostModel final : public GemmCostModel {
   std::vector<double> ms_;
   ExpertShape shape_;
   std::string device_;
+  mutable std::vector<double> cache_;  // expert_ms by rows, filled on demand (< 0: not yet)
+  double interpolate(int64_t rows) const;
 };
 
 // The earlier work weight prefetches hide behind when the prefetch_window_us knob is 0: the

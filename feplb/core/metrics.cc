@@ -28,33 +28,32 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   m.planner_us = planner_us;
   const auto key = [E](int gpu, int expert) { return static_cast<size_t>(gpu) * E + expert; };
   std::vector<int64_t> home_rows(R, 0), guest_rows(R, 0);
-  std::vector<double> gemm(R, 0.0), window(R, 0.0);
+  std::vector<double> gemm(R, 0.0);
   std::vector<int64_t> expert_counts(static_cast<size_t>(E), 0);
   // Non-home weights per GPU: resident replicas (held before the micro-batch) and copies.
-  std::vector<uint8_t> held(static_cast<size_t>(R) * E, 0);
   std::vector<int64_t> guest_slots(R, 0);
-  for (const ResidentReplica& r : plan.resident) {
-    held[key(r.gpu, r.expert)] = 1;
-    ++guest_slots[r.gpu];
-  }
+  for (const ResidentReplica& r : plan.resident) ++guest_slots[r.gpu];
   // rows_at[gpu, expert]: rows computed there (to tell used prefetches from wasted ones).
   std::vector<int64_t> rows_at(static_cast<size_t>(R) * E, 0);
   for (const Slice& s : plan.slices) rows_at[key(s.gpu, s.expert)] += s.rows;
 
-  // Copy timing (CopyTimer), t = 0 when the GPUs start their expert GEMMs. Prefetches go first,
-  // from -prefetch_window; phase-2 copies once the plan exists: after the counts round trip and
-  // the planner (two-phase), or at once (a plan made before the dispatch, whose latency delays
-  // every GPU instead).
+  // The plan's schedule, t = 0 when the GPUs start their expert GEMMs (a plan made without one,
+  // by hand: written here the same way). Phase-2 copies start once the plan exists: after the
+  // counts round trip and the planner (two-phase), or at once (a plan made before the dispatch,
+  // whose latency delays every GPU instead). The schedule assumed the planner's budget; the copies
+  // of a plan ready later (earlier) land that much later (earlier).
   const double plan_ms = (knobs.counts_to_host_us + planner_us) * 1e-3;
   m.plan_exposed_ms = plan.planned_before_dispatch ? plan_ms : 0.0;
-  const double start_ms = plan.planned_before_dispatch ? 0.0 : plan_ms;
-  // ready[gpu, owner]: when the copies from `owner` into `gpu` that its slices need have landed.
-  std::vector<double> ready(static_cast<size_t>(R) * R, -std::numeric_limits<double>::infinity());
-  std::vector<uint8_t> needs_copy(static_cast<size_t>(R) * E, 0);
-  CopyTimer timer;
-  const std::span<const CopyTime> times = timer.time(plan, topo, knobs, start_ms);
-  for (size_t i = 0; i < plan.copies.size(); ++i) {
-    const Copy& c = plan.copies[i];
+  const Plan* scheduled = &plan;
+  Plan written;
+  if (!plan.schedule.written(plan.copies.size(), R)) {
+    written = plan;
+    ScheduleWriter().write(written, topo, knobs, cost);
+    scheduled = &written;
+  }
+  const Schedule& schedule = scheduled->schedule;
+  const double delay_ms = (plan.planned_before_dispatch ? 0.0 : plan_ms) - schedule.copy_start_ms;
+  for (const Copy& c : plan.copies) {
     if (c.kind == CopyKind::kPrefetchWeights) {
       m.weight_bytes += c.bytes;
       ++m.prefetch_copies;
@@ -79,33 +78,12 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
       }
     }
     (topo.same_domain(c.src_gpu, c.dst_gpu) ? m.nvlink_bytes : m.network_bytes) += c.bytes;
-    // Outputs go back after the GEMM; replicas are installed between micro-batches: neither is
-    // waited for inside the window. Nor is an unused prefetch.
-    if (!times[i].timed || rows_at[key(c.dst_gpu, c.expert)] == 0) continue;
-    double& r = ready[static_cast<size_t>(c.dst_gpu) * R + c.src_gpu];
-    r = std::max(r, times[i].end_ms);
-    needs_copy[key(c.dst_gpu, c.expert)] = 1;
   }
 
-  // Per GPU: own work (no copy needed) first, then guests by when their owner's copies land.
-  struct Guest {
-    double ready_ms, gemm_ms;
-  };
-  std::vector<std::vector<Guest>> guests(static_cast<size_t>(R));
   for (const Slice& s : plan.slices) {
-    const double ms = cost.expert_ms(s.rows);
-    gemm[s.gpu] += ms;
+    gemm[s.gpu] += cost.expert_ms(s.rows);
     expert_counts[s.expert] += s.rows;
-    const int home = topo.home(s.expert);
-    (home == s.gpu ? home_rows : guest_rows)[s.gpu] += s.rows;
-    const bool own =
-        home == s.gpu || held[key(s.gpu, s.expert)] || !needs_copy[key(s.gpu, s.expert)];
-    // A guest slice computed at its source (FasterMoE) waits for the weights from the home.
-    if (own) {
-      window[s.gpu] += ms;
-    } else {
-      guests[s.gpu].push_back({ready[static_cast<size_t>(s.gpu) * R + home], ms});
-    }
+    (topo.home(s.expert) == s.gpu ? home_rows : guest_rows)[s.gpu] += s.rows;
   }
   int64_t total = 0, max_rows = 0;
   for (int g = 0; g < R; ++g) {
@@ -124,18 +102,14 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   }
   m.gemm_straggler_ms = m.gemm_max_ms - gemm_sum / R;
 
+  // Each GPU runs its own work, its ready guests, then its owners' guests turn by turn, as the
+  // schedule orders them.
   double slack = std::numeric_limits<double>::infinity();
   double finish_max = 0.0;
   for (int g = 0; g < R; ++g) {
-    auto& list = guests[g];
-    std::sort(list.begin(), list.end(),
-              [](const Guest& a, const Guest& b) { return a.ready_ms < b.ready_ms; });
-    double finish = window[g];
-    for (const Guest& x : list) {
-      slack = std::min(slack, finish - x.ready_ms);
-      finish = std::max(finish, x.ready_ms) + x.gemm_ms;
-    }
-    finish_max = std::max(finish_max, finish);
+    const Schedule::Timeline t = schedule.timeline(g, delay_ms);
+    slack = std::min(slack, t.slack_ms);
+    finish_max = std::max(finish_max, t.finish_ms);
   }
   m.window_slack_ms = std::isinf(slack) ? 0.0 : slack;
   m.copy_exposed_ms = std::max(0.0, finish_max - m.gemm_max_ms);

@@ -42,8 +42,9 @@ struct StepMetrics {
   int64_t prefetch_wasted_bytes = 0;
   int64_t guest_weights_needed = 0;
   // The window. A GPU runs the work that needs no copy first (its own experts' rows that stay on
-  // it, resident replicas, guests whose prefetched weights and dispatched rows are there), then
-  // each owner's guests once that owner's copies into it have landed (a signal per owner).
+  // it, resident replicas, then guests whose prefetched weights and dispatched rows are there),
+  // then each owner's guests once that owner's copies into it have landed (a signal per owner), in
+  // the order of the plan's schedule (schedule.h).
   // fits_static_window: no GPU waited for a copy (every copy landed before its receiver ran out
   // of work). window_slack_ms: min over receivers and owners of (when the receiver would reach
   // that owner's guests without waiting) - (when their copies land); < 0: it waited.

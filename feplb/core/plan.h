@@ -11,6 +11,7 @@
 
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/routing.h"
+#include "feplb/core/schedule.h"
 #include "feplb/core/topology.h"
 
 namespace feplb {
@@ -78,6 +79,9 @@ struct Plan {
   // are on every GPU's critical path. False: planned while the GPUs run their static experts
   // (the paper's two-phase path), or on the GPU (the anchors; their planning is not charged).
   bool planned_before_dispatch = false;
+  // When its copies run and the order each GPU runs its guests in, as the planner modelled it:
+  // written once by the planner (Planner::plan ends with ScheduleWriter). Not part of serialize().
+  Schedule schedule;
 
   // Empties the plan for `num_experts` experts, keeping allocated capacity.
   void clear(int num_experts);

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <vector>
 
-#include "feplb/core/copy_links.h"
 #include "feplb/cuda/ce_copy.h"
 #include "feplb/cuda/check.h"
 #include "feplb/cuda/expert_ffn.h"
@@ -44,24 +43,6 @@ class Carver {
   size_t off_ = 0;
 };
 
-// A planner that owns the cost model it was built with.
-class PlannerWithCost final : public Planner {
- public:
-  PlannerWithCost(const PlannerContext& ctx, std::unique_ptr<GemmCostModel> cost,
-                  std::unique_ptr<Planner> inner)
-      : Planner(ctx), cost_(std::move(cost)), inner_(std::move(inner)) {}
-  std::string_view name() const override { return inner_->name(); }
-  PlanLimits limits() const override { return inner_->limits(); }
-  DataMovement data_movement() const override { return inner_->data_movement(); }
-  void plan(const RoutingStep& routing, Plan& out) override { inner_->plan(routing, out); }
-  void observe(const RoutingStep& routing) override { inner_->observe(routing); }
-  std::span<const Copy> prefetch(int64_t layer) const override { return inner_->prefetch(layer); }
-
- private:
-  std::unique_ptr<GemmCostModel> cost_;
-  std::unique_ptr<Planner> inner_;
-};
-
 // One call of a runtime at a time: marks it busy, and idle again when the call leaves (also by
 // an exception).
 class CallGuard {
@@ -94,20 +75,18 @@ std::unique_ptr<Planner> make_gpu_planner(const EpRuntime& runtime, std::string_
   const RuntimeConfig& c = runtime.config();
   Knobs knobs = c.knobs;
   knobs.prefetch_window_us = prefetch_window_us(c.shape, c.max_tokens, knobs);
-  std::unique_ptr<GemmCostModel> own;
+  PlannerContext ctx{c.topo, c.shape, knobs, cost};
   if (!cost) {
-    own = std::make_unique<RooflineCostModel>(c.shape, knobs);
-    cost = own.get();
+    ctx.cost_owner = std::make_shared<RooflineCostModel>(c.shape, knobs);
+    ctx.cost = ctx.cost_owner.get();
   }
-  const PlannerContext ctx{c.topo, c.shape, knobs, cost};
   std::unique_ptr<Planner> planner = make_planner(policy, ctx);
   FEPLB_REQUIRE_INPUT(gpu_runnable(*planner),
                       "layer: policy '{}' runs in simulation only (its plans keep rows at their "
                       "source or on resident "
                       "replicas; the GPU layer runs static, feplb-paper, feplb and oracle)",
                       policy);
-  if (!own) return planner;
-  return std::make_unique<PlannerWithCost>(ctx, std::move(own), std::move(planner));
+  return planner;
 }
 
 struct MoeLayer::Impl {
@@ -129,9 +108,6 @@ struct MoeLayer::Impl {
   int bad_rank = 0;
   uint32_t job_seq = 0;
   std::vector<uint8_t> recopy;  // [plan slices] backward: the helper's slot needs the weights again
-  // The copies' modelled start (the planner's link model), which orders this rank's exports.
-  Knobs copy_knobs;
-  CopyTimer copy_timer;
   bool job_planned =
       false;  // forward: the planner planned this step (it observes it once the copies are out)
   bool job_prefetched =
@@ -328,9 +304,7 @@ void MoeLayer::Impl::plan_job() {
   planner->plan(h.routing, h.plan);
   const auto t1 = Clock::now();
   job_planned = true;  // observed after the copies are issued (with prefetch, observe plans again)
-  h.layout.build(
-      r.cfg.topo, h.routing, h.plan, r.rank, capacity,
-      copy_timer.time(h.plan, r.cfg.topo, copy_knobs, planned_copy_start_ms(h.plan, copy_knobs)));
+  h.layout.build(r.cfg.topo, h.routing, h.plan, r.rank, capacity);
   // Weights prefetched for this forward: the plan must list exactly what was copied, in order (the
   // layout then gives each pair the slot it was copied into).
   job_error.clear();
@@ -761,8 +735,6 @@ MoeLayer::MoeLayer(EpRuntime& runtime, const LayerConfig& config, std::unique_pt
   m.capacity.guest_rows = r.guest_cap;
   m.capacity.guest_slots = r.pool->slots();
   m.capacity.staging_slots = r.cfg.training ? r.pool->staging_slots() : -1;
-  m.copy_knobs = r.cfg.knobs;
-  m.copy_knobs.prefetch_window_us = prefetch_window_us(r.cfg.shape, r.cfg.max_tokens, m.copy_knobs);
 }
 
 MoeLayer::~MoeLayer() = default;

@@ -505,50 +505,76 @@ TEST(StepLayout, MixedTwoPhaseAndOneHopSlicesLandOnce) {
   }
 }
 
-// Exports go helper by helper in the order the copy timer says this rank's first copy to each
-// starts (the order the planner modelled), ascending helper without times.
-TEST(StepLayout, ExportsFollowTheModelledCopyOrder) {
-  const int R = 4, E = 8;
-  const Topology topo = Topology::contiguous(R, 8, E);
-  const RoutingStep routing = testing::step_from({{90, 80, 1, 1, 1, 1, 1, 1},
-                                                  {9, 9, 1, 1, 1, 1, 1, 1},
-                                                  {9, 9, 1, 1, 1, 1, 1, 1},
-                                                  {9, 9, 1, 1, 1, 1, 1, 1}});
-  Plan plan;
-  plan.clear(E);
-  plan.dynamic[0] = plan.dynamic[1] = 1;
-  plan.add_migration(0, 0, 3, 40, testing::glm5());
-  plan.add_migration(1, 0, 1, 30, testing::glm5());
-  plan.add_home_slices(topo, routing, std::vector<int64_t>{40, 30, 0, 0, 0, 0, 0, 0});
-  std::vector<CopyTime> times(plan.copies.size());
-  for (size_t i = 0; i < times.size(); ++i) {
-    const Copy& c = plan.copies[i];
-    // The copy to GPU 1 runs first (it went into a gap), then GPU 3's.
-    times[i] = {c.dst_gpu == 1 ? 0.0 : 1.0, c.dst_gpu == 1 ? 1.0 : 2.0,
-                c.kind != CopyKind::kOutputRows};
+// A schedule holding only what StepLayout reads (Plan::schedule): GPU `gpu`'s helpers in issue
+// order and the owners of its turns in order.
+void set_orders(Plan& plan, int R, int gpu, const std::vector<int>& helpers,
+                const std::vector<int>& owners) {
+  Schedule& s = plan.schedule;
+  s.clear();
+  s.copies.resize(plan.copies.size());
+  s.helper_begin.assign(static_cast<size_t>(R) + 1, 0);
+  s.turn_begin.assign(static_cast<size_t>(R) + 1, 0);
+  for (int g = gpu + 1; g <= R; ++g) {
+    s.helper_begin[static_cast<size_t>(g)] = static_cast<int>(helpers.size());
+    s.turn_begin[static_cast<size_t>(g)] = static_cast<int>(owners.size());
   }
-  StepLayout l;
-  l.build(topo, routing, plan, 0, roomy(), times);
-  ASSERT_TRUE(l.fits()) << l.error();
-  ASSERT_EQ(l.exports().size(), 2u);
-  EXPECT_EQ(l.exports()[0].helper, 1);
-  EXPECT_EQ(l.exports()[1].helper, 3);
-  l.build(topo, routing, plan, 0, roomy());
-  ASSERT_EQ(l.exports().size(), 2u);
-  EXPECT_EQ(l.exports()[0].helper, 1);  // ascending
-  EXPECT_EQ(l.exports()[1].helper, 3);
-  for (CopyTime& t : times) t.start_ms = 1.0 - t.start_ms;  // now GPU 3's first
-  l.build(topo, routing, plan, 0, roomy(), times);
-  EXPECT_EQ(l.exports()[0].helper, 3);
-  EXPECT_EQ(l.exports()[1].helper, 1);
-  times.pop_back();
-  EXPECT_THROW(l.build(topo, routing, plan, 0, roomy(), times), InputError);
+  s.helpers = helpers;
+  for (int o : owners) s.turns.push_back({o, 0.0, 0.0, 0.0});
 }
 
-// A helper lists its guests owner by owner in the order the copy timer says each owner's last
-// copy to it lands (the order the layer runs them in, each once its owner's copies landed),
-// ascending owner without times; every rank's view stays consistent either way.
-TEST(StepLayout, GuestsFollowTheModelledLandingOrder) {
+// Exports go helper by helper in the schedule's issue order (the order the planner modelled), the
+// helpers it does not list after them ascending; ascending without a schedule.
+TEST(StepLayout, ExportsFollowTheScheduledIssueOrder) {
+  const int R = 4, E = 12;
+  const Topology topo = Topology::contiguous(R, 8, E);
+  const RoutingStep routing = testing::step_from({{3000, 2800, 2600, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                                                  {9, 9, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                                                  {9, 9, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                                                  {9, 9, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1}});
+  Plan plan;
+  plan.clear(E);
+  plan.dynamic[0] = plan.dynamic[1] = plan.dynamic[2] = 1;
+  plan.add_migration(0, 0, 3, 40, testing::glm5());
+  plan.add_migration(1, 0, 1, 30, testing::glm5());
+  plan.add_migration(2, 0, 2, 20, testing::glm5());
+  std::vector<int64_t> moved(E, 0);
+  moved[0] = 40;
+  moved[1] = 30;
+  moved[2] = 20;
+  plan.add_home_slices(topo, routing, moved);
+  const auto helpers = [](const StepLayout& l) {
+    std::vector<int> v;
+    for (const cuda::Export& x : l.exports()) v.push_back(x.helper);
+    return v;
+  };
+  StepLayout l;
+  l.build(topo, routing, plan, 0, roomy());  // no schedule
+  ASSERT_TRUE(l.fits()) << l.error();
+  EXPECT_EQ(helpers(l), (std::vector<int>{1, 2, 3}));
+  set_orders(plan, R, 0, {3, 1, 2}, {});
+  l.build(topo, routing, plan, 0, roomy());
+  EXPECT_EQ(helpers(l), (std::vector<int>{3, 1, 2}));
+  set_orders(plan, R, 0, {2}, {});  // helpers 1 and 3 get no phase-2 copy: ascending, after
+  l.build(topo, routing, plan, 0, roomy());
+  EXPECT_EQ(helpers(l), (std::vector<int>{2, 1, 3}));
+  // The planner's own schedule (copies not held to the receivers' short windows).
+  Knobs k;
+  k.copy_timing = 0;
+  const testing::Bench b(R, 8, E, k);
+  auto planner = b.make("feplb");
+  planner->plan(routing, plan);
+  ASSERT_TRUE(plan.schedule.written(plan.copies.size(), R));
+  l.build(topo, routing, plan, 0, roomy());
+  ASSERT_TRUE(l.fits()) << l.error();
+  const auto listed = plan.schedule.helpers_of(0);
+  ASSERT_FALSE(listed.empty());
+  EXPECT_EQ(helpers(l).front(), listed.front());
+}
+
+// A helper lists its guests owner by owner: the owners whose guests wait for no phase-2 copy first
+// (ascending), then the schedule's turns in order (when each owner's copies land: the order the
+// layer runs them in); every rank's view stays consistent either way.
+TEST(StepLayout, GuestsFollowTheScheduledTurns) {
   const int R = 4, E = 8;
   const Topology topo = Topology::contiguous(R, 8, E);
   const RoutingStep routing = testing::step_from({{90, 1, 80, 1, 70, 1, 1, 1},
@@ -568,30 +594,19 @@ TEST(StepLayout, GuestsFollowTheModelledLandingOrder) {
     for (const cuda::GuestWork& g : l.guest_work()) v.push_back(g.owner);
     return v;
   };
-  // GPU 1's copies land first, then GPU 2's, then GPU 0's (its weights copy lands last).
-  const auto lands = [](const Copy& c) {
-    const double base = c.src_gpu == 1 ? 1.0 : c.src_gpu == 2 ? 2.0 : 3.0;
-    return c.kind == CopyKind::kWeights && c.src_gpu == 0 ? 5.0 : base;
-  };
-  std::vector<CopyTime> times(plan.copies.size());
-  for (size_t i = 0; i < times.size(); ++i) {
-    const Copy& c = plan.copies[i];
-    times[i] = {0.0, lands(c), c.kind != CopyKind::kOutputRows};
-  }
   StepLayout l;
-  l.build(topo, routing, plan, 3, roomy(), times);
-  ASSERT_TRUE(l.fits()) << l.error();
-  EXPECT_EQ(owners(l), (std::vector<int>{1, 2, 0}));
   l.build(topo, routing, plan, 3, roomy());
-  EXPECT_EQ(owners(l), (std::vector<int>{0, 1, 2}));  // ascending without times
-  // An output copy (helper -> owner) does not order the guests: GPU 2's outputs landing late
-  // change nothing.
-  for (size_t i = 0; i < times.size(); ++i) {
-    if (plan.copies[i].kind == CopyKind::kOutputRows && plan.copies[i].dst_gpu == 2)
-      times[i] = {9.0, 10.0, true};
-  }
-  l.build(topo, routing, plan, 3, roomy(), times);
+  ASSERT_TRUE(l.fits()) << l.error();
+  EXPECT_EQ(owners(l), (std::vector<int>{0, 1, 2}));  // ascending without a schedule
+  set_orders(plan, R, 3, {}, {1, 2, 0});
+  l.build(topo, routing, plan, 3, roomy());
   EXPECT_EQ(owners(l), (std::vector<int>{1, 2, 0}));
+  set_orders(plan, R, 3, {}, {2, 1});  // owner 0's guests wait for no copy: first
+  l.build(topo, routing, plan, 3, roomy());
+  EXPECT_EQ(owners(l), (std::vector<int>{0, 2, 1}));
+  std::vector<StepLayout> all(R);
+  for (int r = 0; r < R; ++r) all[r].build(topo, routing, plan, r, roomy());
+  expect_rows_land_once(topo, routing, plan, all, "scheduled turns");
 }
 
 TEST(JobThread, RunsJobsInOrder) {

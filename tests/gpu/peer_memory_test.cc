@@ -618,7 +618,7 @@ class DieInPlan final : public Planner {
       : Planner(ctx), inner_(std::move(inner)), die_at_(die_at) {}
   std::string_view name() const override { return inner_->name(); }
   PlanLimits limits() const override { return inner_->limits(); }
-  void plan(const RoutingStep& routing, Plan& out) override {
+  void make_plan(const RoutingStep& routing, Plan& out) override {
     if (++plans_ == die_at_) {
       std::printf("killed while planning step %d\n", plans_);
       std::fflush(stdout);

@@ -61,7 +61,7 @@ class EplbPlanner final : public Planner {
     return {"DeepEP", ctx_.knobs.deepep_sms, "NCCL P2P at replans", ctx_.knobs.nccl_sms, false};
   }
 
-  void plan(const RoutingStep& routing, Plan& out) override {
+  void make_plan(const RoutingStep& routing, Plan& out) override {
     const Topology& topo = ctx_.topo;
     const int E = topo.num_experts(), R = topo.num_ranks();
     const auto& c = routing.expert_counts;

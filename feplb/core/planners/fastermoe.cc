@@ -28,7 +28,7 @@ class FasterMoePlanner final : public Planner {
     return {"NCCL all-to-all", ctx_.knobs.nccl_sms, "NCCL broadcast", ctx_.knobs.nccl_sms, true};
   }
 
-  void plan(const RoutingStep& routing, Plan& out) override {
+  void make_plan(const RoutingStep& routing, Plan& out) override {
     const Topology& topo = ctx_.topo;
     const int E = topo.num_experts(), R = topo.num_ranks();
     const auto& c = routing.expert_counts;

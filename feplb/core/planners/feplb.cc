@@ -136,7 +136,7 @@ class FeplbPlanner final : public Planner {
     return l;
   }
 
-  void plan(const RoutingStep& routing, Plan& out) override {
+  void make_plan(const RoutingStep& routing, Plan& out) override {
     const Knobs& k = ctx_.knobs;
     if (k.time_balance_budget <= 0) {
       plan_weighted(routing, out, k.balance_time_weight);
@@ -545,7 +545,7 @@ class FeplbPlanner final : public Planner {
   // layer's next micro-batch from them (the prediction plan() reads, before routing).
   void observe(const RoutingStep& routing) override {
     if (!ctx_.knobs.prefetch) return;
-    plan(routing, scratch_);  // the plan this step got: same counts, same prediction
+    make_plan(routing, scratch_);  // the plan this step got: same counts, same prediction
     LayerPrefetch& lp = layer_state(routing.layer);
     const int64_t H = ctx_.knobs.prefetch_history;
     if (static_cast<int64_t>(lp.history.size()) < H) lp.history.emplace_back();

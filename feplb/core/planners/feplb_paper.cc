@@ -32,7 +32,7 @@ class FeplbPaperPlanner final : public Planner {
     for (size_t e = 0; e < h.size(); ++e) h[e] += routing.expert_counts[e];
   }
 
-  void plan(const RoutingStep& routing, Plan& out) override {
+  void make_plan(const RoutingStep& routing, Plan& out) override {
     const Topology& topo = ctx_.topo;
     const int E = topo.num_experts(), R = topo.num_ranks();
     const auto& c = routing.expert_counts;

@@ -37,7 +37,7 @@ class MoonEpPlanner final : public Planner {
             ctx_.knobs.moonep_sms, true};
   }
 
-  void plan(const RoutingStep& routing, Plan& out) override {
+  void make_plan(const RoutingStep& routing, Plan& out) override {
     const Topology& topo = ctx_.topo;
     const int E = topo.num_experts(), R = topo.num_ranks(), epn = topo.experts_per_rank();
     const auto& c = routing.expert_counts;

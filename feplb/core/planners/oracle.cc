@@ -18,7 +18,7 @@ class OraclePlanner final : public Planner {
     return {true, static_cast<int64_t>(ctx_.topo.num_experts()), true};
   }
 
-  void plan(const RoutingStep& routing, Plan& out) override {
+  void make_plan(const RoutingStep& routing, Plan& out) override {
     const Topology& topo = ctx_.topo;
     const int E = topo.num_experts();
     const auto& c = routing.expert_counts;

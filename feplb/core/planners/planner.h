@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "feplb/core/copy_links.h"
 #include "feplb/core/cost_model.h"
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/knobs.h"
@@ -29,6 +30,8 @@ struct PlannerContext {
   // dynamic set; empty when there is no placement. Used by feplb (feplb_dyn_set = 1) and
   // feplb-paper (paper_dyn_set = 2).
   std::vector<uint8_t> dynamic = {};
+  // Keeps `cost` alive where the context owns it (a planner made for the GPU layer); else empty.
+  std::shared_ptr<const GemmCostModel> cost_owner = {};
 };
 
 // The data movement a policy relies on, and the SMs it holds while it moves data (the SMs the
@@ -51,9 +54,13 @@ class Planner {
   virtual PlanLimits limits() const;
   // The data movement its plans assume (default: DeepEP dispatch, copy-engine balancing).
   virtual DataMovement data_movement() const;
-  // Plans one step. `routing.expert_counts` must be filled. Overwrites `out`. Does not change the
-  // planner's state, so it may be called repeatedly (timing) with identical results.
-  virtual void plan(const RoutingStep& routing, Plan& out) = 0;
+  // Plans one step and writes the plan's schedule (Plan::schedule: when its copies run, the order
+  // each GPU runs its guests in). `routing.expert_counts` must be filled. Overwrites `out`. Does
+  // not change the planner's state, so it may be called repeatedly (timing) with identical results.
+  void plan(const RoutingStep& routing, Plan& out) {
+    make_plan(routing, out);
+    schedule_.write(out, ctx_.topo, ctx_.knobs, *ctx_.cost);
+  }
   // Called once per step after planning it, for planners that learn from history.
   virtual void observe(const RoutingStep& /*routing*/) {}
   // The weight copies to start before the next micro-batch of `layer` is routed
@@ -63,7 +70,13 @@ class Planner {
   virtual std::span<const Copy> prefetch(int64_t /*layer*/) const { return {}; }
 
  protected:
+  // The policy's plan of one step, as plan() says, without the schedule.
+  virtual void make_plan(const RoutingStep& routing, Plan& out) = 0;
+
   const PlannerContext ctx_;
+
+ private:
+  ScheduleWriter schedule_;
 };
 
 // Names of every planner, in the order `feplb simulate` lists them by default.

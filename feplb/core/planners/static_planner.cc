@@ -12,7 +12,7 @@ class StaticPlanner final : public Planner {
   DataMovement data_movement() const override {
     return {"DeepEP", ctx_.knobs.deepep_sms, "none", 0, true};
   }
-  void plan(const RoutingStep& routing, Plan& out) override {
+  void make_plan(const RoutingStep& routing, Plan& out) override {
     out.clear(ctx_.topo.num_experts());
     moved_.assign(static_cast<size_t>(ctx_.topo.num_experts()), 0);
     out.add_home_slices(ctx_.topo, routing, moved_);

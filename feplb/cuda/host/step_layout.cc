@@ -29,7 +29,7 @@ void prefetch_slots(std::span<const Copy> copies, int num_ranks, std::vector<int
 }
 
 void StepLayout::build(const Topology& topo, const RoutingStep& routing, const Plan& plan, int rank,
-                       const LayoutCapacity& capacity, std::span<const CopyTime> copy_times) {
+                       const LayoutCapacity& capacity) {
   const int R = topo.num_ranks();
   const int E = topo.num_experts();
   FEPLB_REQUIRE_INPUT(routing.num_ranks == R && routing.num_experts == E,
@@ -214,28 +214,26 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
                        expert_base_[s.expert] + slice_offset_[i], s.rows});
     }
   }
-  // Owners in the order the receiver runs their guests: by when their last copy to this rank
-  // lands (modelled; a guest whose owner copies nothing here, first), then index. Prefetched
-  // weights are waited for before any guest.
-  FEPLB_REQUIRE_INPUT(copy_times.empty() || copy_times.size() == plan.copies.size(),
-                      "step layout: {} copy times for {} copies", copy_times.size(),
-                      plan.copies.size());
-  fill(last_land_ms_, static_cast<size_t>(R), -std::numeric_limits<double>::infinity());
-  for (size_t i = 0; i < copy_times.size(); ++i) {
-    const Copy& c = plan.copies[i];
-    if (!copy_times[i].timed || c.dst_gpu != rank || c.kind == CopyKind::kPrefetchWeights ||
-        c.kind == CopyKind::kOutputRows)
-      continue;
-    double& last = last_land_ms_[static_cast<size_t>(c.src_gpu)];
-    last = std::max(last, copy_times[i].end_ms);
+  // Every rank once: the `listed` ones in their order and the others ascending, the listed ones
+  // first or last.
+  const auto order = [&](std::span<const int> listed, bool listed_first, std::vector<int>& out) {
+    listed_.assign(static_cast<size_t>(R), 0);
+    for (int g : listed) listed_[static_cast<size_t>(g)] = 1;
+    out.clear();
+    if (listed_first) out.assign(listed.begin(), listed.end());
+    for (int g = 0; g < R; ++g) {
+      if (!listed_[static_cast<size_t>(g)]) out.push_back(g);
+    }
+    if (!listed_first) out.insert(out.end(), listed.begin(), listed.end());
+  };
+  const bool scheduled = plan.schedule.written(plan.copies.size(), R);
+  // Owners in the order the receiver runs their guests: those whose guests here wait for no
+  // phase-2 copy first, then the schedule's turns (by when the owner's copies land).
+  turn_owners_.clear();
+  if (scheduled) {
+    for (const OwnerTurn& t : plan.schedule.turns_of(rank)) turn_owners_.push_back(t.owner);
   }
-  owner_order_.resize(static_cast<size_t>(R));
-  std::iota(owner_order_.begin(), owner_order_.end(), 0);
-  std::sort(owner_order_.begin(), owner_order_.end(), [&](int a, int b) {
-    const double ta = last_land_ms_[static_cast<size_t>(a)];
-    const double tb = last_land_ms_[static_cast<size_t>(b)];
-    return ta != tb ? ta < tb : a < b;
-  });
+  order(turn_owners_, /*listed_first=*/false, owner_order_);
   guests_.clear();
   for (int peer : owner_order_) {
     for (size_t i = 0; i < n; ++i) {
@@ -250,21 +248,10 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
       if (!dispatched) rows_from_[peer] = 1;
     }
   }
-  // Helpers in issue order: by when this rank's first copy to each starts (modelled), then index.
-  fill(first_copy_ms_, static_cast<size_t>(R), std::numeric_limits<double>::infinity());
-  for (size_t i = 0; i < copy_times.size(); ++i) {
-    const Copy& c = plan.copies[i];
-    if (!copy_times[i].timed || c.src_gpu != rank || c.kind == CopyKind::kPrefetchWeights) continue;
-    double& first = first_copy_ms_[static_cast<size_t>(c.dst_gpu)];
-    first = std::min(first, copy_times[i].start_ms);
-  }
-  helper_order_.resize(static_cast<size_t>(R));
-  std::iota(helper_order_.begin(), helper_order_.end(), 0);
-  std::sort(helper_order_.begin(), helper_order_.end(), [&](int a, int b) {
-    const double ta = first_copy_ms_[static_cast<size_t>(a)];
-    const double tb = first_copy_ms_[static_cast<size_t>(b)];
-    return ta != tb ? ta < tb : a < b;
-  });
+  // Helpers in issue order: those the schedule lists (this rank's phase-2 copies, by when the
+  // first one to each starts), then the others ascending.
+  order(scheduled ? plan.schedule.helpers_of(rank) : std::span<const int>{}, /*listed_first=*/true,
+        helper_order_);
   exports_.clear();
   for (int peer : helper_order_) {
     for (size_t i = 0; i < n; ++i) {

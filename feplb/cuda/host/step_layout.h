@@ -29,7 +29,6 @@
 #include <string>
 #include <vector>
 
-#include "feplb/core/copy_links.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
@@ -119,13 +118,14 @@ class StepLayout {
   // Derives the layout of `plan` (for `routing`) as rank `rank` sees it. Never throws for a plan
   // that does not fit: error() says why (the same text on every rank), and the work lists are
   // then incomplete and must not be used. Throws InputError for inputs that disagree (routing or
-  // plan shapes against the topology). `copy_times` (CopyTimer's times of the plan, or empty)
-  // orders the exports: helper by helper, in order of when this rank's first copy to the helper
-  // starts (ties and without times: ascending helper), so the layer issues them as the planner
-  // modelled; and the guests: owner by owner, in order of when the owner's last copy to this rank
-  // lands, so the layer runs them as the planner modelled.
+  // plan shapes against the topology). The plan's schedule (Plan::schedule, written by its
+  // planner; a plan without one is taken as unordered) orders the exports: helper by helper, the
+  // helpers this rank sends phase-2 copies to in the schedule's issue order, then the others
+  // ascending; and the guests: owner by owner, first the owners whose guests here wait for no
+  // phase-2 copy (ascending), then the schedule's turns (when the owner's copies land), so the
+  // layer issues and runs them as the planner modelled.
   void build(const Topology& topo, const RoutingStep& routing, const Plan& plan, int rank,
-             const LayoutCapacity& capacity, std::span<const CopyTime> copy_times = {});
+             const LayoutCapacity& capacity);
 
   // Empty when the plan fits every rank's buffers; otherwise one line naming the capacity.
   const std::string& error() const { return error_; }
@@ -196,9 +196,9 @@ class StepLayout {
   std::vector<uint8_t> slice_prefetched_;           // [slices]
   std::vector<int> prefetch_slot_, prefetch_next_;  // [copies], [R]
   std::vector<int> helper_order_;                   // [R] the order exports are issued in
-  std::vector<double> first_copy_ms_;               // [R] when this rank's first copy to it starts
-  std::vector<double> last_land_ms_;                // [R] when its last copy to this rank lands
   std::vector<int> owner_order_;                    // [R] the order guests are listed in
+  std::vector<int> turn_owners_;                    // the schedule's turns here, by owner
+  std::vector<uint8_t> listed_;                     // [R] already in the order being built
   std::vector<int64_t> run_;                        // [receivers] rows received so far per receiver
   std::vector<RowChunk> sends_, recvs_;
   std::vector<HomeWork> home_;
