@@ -142,9 +142,8 @@ def compare_layers(ref, ours):
 
 def test_weights_copy_both_ways(world):
     ref, ours = build_pair(make_config(), fm.experts_builder(make_runtime()))
-    H2 = ours.experts.gate_up[0]
-    assert tuple(H2.shape) == (H, 2 * F_) and tuple(ours.experts.down[0].shape) == (F_, H)
-    w1 = ref.experts.local_experts[3].linear_fc1.weight
+    assert tuple(ours.experts.gate_up[0].shape) == (H, 2 * F_) and tuple(ours.experts.down[0].shape) == (F_, H)
+    w1 = ref.experts.local_experts[3].linear_fc1.weight.detach().clone()
     # gate rows of linear_fc1 are gate_up's first F columns.
     assert torch.equal(ours.experts.gate_up[3][:, :F_], w1[:F_].t())
     assert torch.equal(ours.experts.gate_up[3][:, F_:], w1[F_:].t())
@@ -153,6 +152,7 @@ def test_weights_copy_both_ways(world):
             p.zero_()
     fm.copy_to_sequential_mlp(ours.experts, ref.experts)
     assert torch.equal(ref.experts.local_experts[3].linear_fc1.weight, w1)
+    assert torch.equal(ref.experts.local_experts[5].linear_fc2.weight, ours.experts.down[5].t())
 
 
 def test_moe_layer_with_feplb_experts_matches_sequential_mlp(world):
