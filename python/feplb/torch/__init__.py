@@ -11,6 +11,9 @@ The layer is the C++ runtime (libfeplb_c, loaded with ctypes: built with the pro
 never against torch's headers) behind torch.library custom ops with fake implementations
 (torch.compile keeps one graph) and autograd. Bad input raises ValueError naming the argument;
 a CUDA, NCCL or peer failure raises RuntimeError.
+
+Adapters (imported on their own): feplb.torch.megatron (the experts module of Megatron-Core's
+MoELayer) and feplb.torch.hf (swap the experts of Hugging Face transformers MoE models).
 """
 
 from ._modules import Balancer, MoE

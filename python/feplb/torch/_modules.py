@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from . import _ops
+from . import _checks, _ops
 from ._runtime import Runtime
 
 
@@ -128,25 +128,50 @@ class Balancer(_Experts):
     def forward(self, rows, tokens_per_expert, probs=None):
         rt = self.runtime
         R = rt.local_ranks
-        rows_list = list(rows) if R > 1 else [rows]
-        counts = tokens_per_expert.tolist() if isinstance(tokens_per_expert, torch.Tensor) else list(tokens_per_expert)
-        counts = [list(map(int, c)) for c in counts] if R > 1 else [list(map(int, counts))]
         dev = torch.device("cuda", rt.device)
-        if len(rows_list) != R or len(counts) != R:
-            raise ValueError(f"Balancer: {R} ranks, got {len(rows_list)} rows tensors and {len(counts)} counts")
-        for r, (x, c) in enumerate(zip(rows_list, counts)):
-            at = f"rows[{r}]" if R > 1 else "rows"
-            if not isinstance(x, torch.Tensor) or x.device != dev or x.dtype != torch.bfloat16:
-                raise ValueError(f"Balancer: {at} must be a bfloat16 tensor on {dev}")
+        if R > 1:
+            if not isinstance(rows, (list, tuple)) or len(rows) != R:
+                raise ValueError(f"Balancer: rows must be a list of {R} tensors (one per virtual rank)")
+            per_rank = tokens_per_expert.tolist() if isinstance(tokens_per_expert, torch.Tensor) \
+                else list(tokens_per_expert)
+            if len(per_rank) != R:
+                raise ValueError(f"Balancer: tokens_per_expert must have {R} rows (one per virtual rank), "
+                                 f"not {len(per_rank)}")
+            rows_list = list(rows)
+        else:
+            rows_list, per_rank = [rows], [tokens_per_expert]
+        counts = []
+        for r, (x, c) in enumerate(zip(rows_list, per_rank)):
+            sfx = f"[{r}]" if R > 1 else ""
+            at = "rows" + sfx
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"Balancer: {at} must be a tensor, not {type(x).__name__}")
+            if x.device != dev:
+                raise ValueError(f"Balancer: {at} is on {x.device}, the runtime on {dev}")
+            if x.dtype != torch.bfloat16:
+                raise ValueError(f"Balancer: {at} must be bfloat16, not {x.dtype}")
             if x.dim() != 2 or x.shape[1] != rt.hidden:
                 raise ValueError(f"Balancer: {at} has shape {tuple(x.shape)}, expected (N, {rt.hidden})")
-            if len(c) != rt.experts_per_rank or any(v < 0 for v in c) or sum(c) != x.shape[0]:
-                raise ValueError(f"Balancer: tokens_per_expert{f'[{r}]' if R > 1 else ''} = {c} must be "
-                                 f"{rt.experts_per_rank} non-negative counts summing to {x.shape[0]}")
+            counts.append(_checks.integer_counts("Balancer", "tokens_per_expert" + sfx, c, rt.experts_per_rank,
+                                                 x.shape[0]))
+        probs_list = None
+        if probs is not None:
+            probs_list = list(probs) if R > 1 else [probs]
+            if len(probs_list) != R:
+                raise ValueError(f"Balancer: probs must be a list of {R} tensors (one per virtual rank)")
+            for r, (p, x) in enumerate(zip(probs_list, rows_list)):
+                at = "probs" + (f"[{r}]" if R > 1 else "")
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError(f"Balancer: {at} must be a tensor, not {type(p).__name__}")
+                if p.device != dev:
+                    raise ValueError(f"Balancer: {at} is on {p.device}, the runtime on {dev}")
+                if not p.is_floating_point():
+                    raise ValueError(f"Balancer: {at} must be floating point, not {p.dtype}")
+                if tuple(p.shape) != (x.shape[0],):
+                    raise ValueError(f"Balancer: {at} has shape {tuple(p.shape)}, expected ({x.shape[0]},)")
         keep = self._keep(*rows_list)
         outs = _ops.apply_dispatched([x.contiguous() for x in rows_list], counts, list(self.gate_up), list(self.down),
                                      self._key, keep)
-        if probs is not None:
-            probs_list = list(probs) if R > 1 else [probs]
+        if probs_list is not None:
             outs = [o * p.to(o.dtype).unsqueeze(-1) for o, p in zip(outs, probs_list)]
         return outs if R > 1 else outs[0]

@@ -212,16 +212,37 @@ def _(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, grad_down, ke
 def _weight_grads(gate_up, down):
     """Where the weight gradients go: every parameter's fp32 `main_grad` (Megatron's convention,
     accumulated into), else new fp32 buffers (written, then handed to autograd in the parameters'
-    dtype)."""
-    if all(getattr(p, "main_grad", None) is not None for p in (*gate_up, *down)):
-        return [p.main_grad for p in gate_up], [p.main_grad for p in down], True
+    dtype; a bf16 main_grad, Megatron's DDP without grad_reduce_in_fp32, takes this path and its
+    hook adds the .grad in)."""
+    params = (*gate_up, *down)
+    if all(getattr(p, "main_grad", None) is not None for p in params):
+        for i, p in enumerate(params):
+            m = p.main_grad
+            what = f"gate_up[{i}]" if i < len(gate_up) else f"down[{i - len(gate_up)}]"
+            if not isinstance(m, torch.Tensor) or tuple(m.shape) != tuple(p.shape) or m.device != p.device \
+                    or not m.is_contiguous():
+                raise ValueError(f"feplb backward: main_grad of {what} must be a contiguous tensor of shape "
+                                 f"{tuple(p.shape)} on {p.device}")
+        if all(p.main_grad.dtype == torch.float32 for p in params):
+            return [p.main_grad for p in gate_up], [p.main_grad for p in down], True
     return ([torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in gate_up],
             [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in down], False)
 
 
+def _accumulated(p):
+    """The .grad autograd gets for a parameter whose gradient went into its main_grad: None, or,
+    where Megatron's DDP watches the parameter (it has `grad_added_to_main_grad`), a placeholder
+    with the flag set, as Megatron's own layers do: its grad hook fires (a bucket learns the
+    parameter is ready), skips the add and drops the placeholder."""
+    if hasattr(p, "grad_added_to_main_grad"):
+        p.grad_added_to_main_grad = True
+        return torch.empty(p.shape, dtype=p.dtype, device=p.device)
+    return None
+
+
 def _param_grads(g_gu, g_dn, gate_up, down, accumulated):
-    if accumulated:  # a list input takes a list of gradients, here all None
-        return [None] * len(gate_up), [None] * len(down)
+    if accumulated:  # a list input takes a list of gradients
+        return [_accumulated(p) for p in gate_up], [_accumulated(p) for p in down]
     return [g.to(p.dtype) for g, p in zip(g_gu, gate_up)], [g.to(p.dtype) for g, p in zip(g_dn, down)]
 
 

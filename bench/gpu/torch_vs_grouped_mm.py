@@ -1,0 +1,315 @@
+"""feplb.torch.MoE against the MoE layer a PyTorch user would otherwise write: the TorchTitan-style
+layer (argsort the (token, k) rows by expert, gather them, torch._grouped_mm for the SwiGLU experts
+-- gate|up in one grouped GEMM, SwiGLU, down in a second -- and a weighted index_add back).
+
+    PYTHONPATH=python FEPLB_LIBRARY=build/lib/libfeplb_c.so \
+        python3 bench/gpu/torch_vs_grouped_mm.py --out torch-vs-grouped-mm.json
+
+One rank (ft.Runtime(virtual_ranks=1)): nothing is balanced, so this is each layer's own cost.
+Same process, same bf16 weights and inputs, forward + backward (gradients of the hidden states,
+the routing weights and every expert weight). Before timing, each (shape, routing) checks that
+the two layers agree: relative L2 error <= 2e-2 for the output and every gradient (bf16 inputs,
+weights and outputs; both accumulate in fp32). Timing: warm-up, then every repetition runs each
+case once, in rotated order (interleaved A/B), between CUDA events on the current stream after a
+synchronize; median, p10/p90, min/max.
+
+Cases per (shape, routing):
+  grouped_mm           the layer above, every expert's rows padded to a multiple of --align rows
+                       (8: TorchTitan's token group alignment for bf16); bf16 .grad parameters
+  grouped_mm_unpadded  the same without padding (torch._grouped_mm takes any bf16 group sizes on
+                       sm90 since torch 2.8); left out with --no-unpadded
+  feplb_grad_bf16      feplb.torch.MoE with ordinary bf16 .grad parameters
+  feplb_main_grad_fp32 feplb.torch.MoE adding into fp32 main_grad (Megatron's convention)
+The grouped_mm layer keeps bf16 .grad in both gradient conventions (torch._grouped_mm writes its
+output dtype; an fp32 accumulation would be an extra pass), so in the main_grad cells it is not
+charged for the fp32 accumulation feplb does.
+
+Output: --out JSON with a list `cells` (shape, routing, gradient convention, both medians in ms,
+their spreads, ratio = feplb / grouped_mm) and a printed table. Exit status 1 if any
+(shape, routing) disagreed beyond the tolerance (its cells are still timed and written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_common import (  # noqa: E402
+    ROUTINGS, padded_capacity, padded_layout, rotated, shapes_by_name, summary, zipf_popularity)
+
+import feplb.torch as ft  # noqa: E402
+
+REL_TOL = 2e-2
+
+
+class GroupedMMMoE(torch.nn.Module):
+    """The TorchTitan-style MoE experts layer over torch._grouped_mm, with the weights of a feplb
+    layer (copied): w13 [E, 2F, H] (gate's F rows, then up's) and w2 [E, H, F], used transposed
+    (the layout TorchTitan's GroupedExperts keeps). forward(x [S, H] bf16, topk_idx [S, K],
+    topk_weight [S, K] fp32) -> [S, H] bf16 = sum_k w[t, k] * FFN_e(x[t])."""
+
+    def __init__(self, gate_up, down, align: int):
+        super().__init__()
+        with torch.no_grad():
+            self.w13 = torch.nn.Parameter(torch.stack([g.t() for g in gate_up]).contiguous())
+            self.w2 = torch.nn.Parameter(torch.stack([d.t() for d in down]).contiguous())
+        self.align = align
+        self.ffn = self.w2.shape[2]
+
+    def forward(self, x, topk_idx, topk_weight):
+        S, H = x.shape
+        K = topk_idx.shape[1]
+        E = self.w13.shape[0]
+        flat = topk_idx.reshape(-1).long()
+        order = torch.argsort(flat, stable=True)  # the (token, k) pairs grouped by expert
+        counts = torch.bincount(flat, minlength=E)
+        tok = order // K
+        w_sorted = topk_weight.reshape(-1)[order]
+        rows = x.index_select(0, tok)
+        if self.align > 1:
+            n = flat.numel()
+            dest, ends = padded_layout(counts, flat[order], torch.arange(n, device=x.device), self.align,
+                                       lambda t: torch.cumsum(t, 0))
+            rows = rows.new_zeros(padded_capacity(n, E, self.align), H).index_copy(0, dest, rows)
+            offs = ends.to(torch.int32)
+        else:
+            offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        h = torch._grouped_mm(rows, self.w13.transpose(-2, -1), offs=offs)  # [M, 2F]
+        act = F.silu(h[:, :self.ffn]) * h[:, self.ffn:]
+        y = torch._grouped_mm(act, self.w2.transpose(-2, -1), offs=offs)  # [M, H]
+        if self.align > 1:
+            y = y.index_select(0, dest)
+        y = (y.float() * w_sorted.unsqueeze(1)).to(x.dtype)
+        return torch.zeros_like(x).index_add(0, tok, y)
+
+
+def make_routing(tokens, experts, top_k, kind, gen):
+    """[S, K] distinct expert ids per token (int32) and weights summing to 1 (fp32). uniform: every
+    K-subset alike; zipf1.0: drawn without replacement in proportion to 1/(e+1) (Gumbel top-k)."""
+    u = torch.rand(tokens, experts, generator=gen, device="cuda")
+    if kind == "uniform":
+        scores = u
+    elif kind == "zipf1.0":
+        logp = torch.log(torch.tensor(zipf_popularity(experts, 1.0), device="cuda"))
+        scores = logp - torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+    else:
+        raise ValueError(f"unknown routing {kind!r}")
+    idx = scores.topk(top_k, dim=1).indices.to(torch.int32)
+    w = torch.rand(tokens, top_k, generator=gen, device="cuda") + 0.1
+    return idx.contiguous(), (w / w.sum(-1, keepdim=True)).contiguous()
+
+
+def rel_l2(a, b) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def check_agreement(moe, base, x, idx, w, g, main_grad: bool) -> dict:
+    """One forward + backward of each layer from the same inputs: relative L2 errors of the output
+    and of every gradient (feplb's against the grouped_mm layer's)."""
+    params = list(moe.gate_up) + list(moe.down)
+    for p in params:
+        p.grad = None
+        p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device) if main_grad else None
+    base.w13.grad = base.w2.grad = None
+    xa, wa = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    xb, wb = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    out_a = moe(xa, idx, wa)
+    out_a.backward(g)
+    out_b = base(xb, idx, wb)
+    out_b.backward(g)
+    torch.cuda.synchronize()
+
+    def grads(ps):
+        return torch.stack([(p.main_grad if main_grad else p.grad).float() for p in ps])
+
+    errs = {"out": rel_l2(out_a, out_b), "grad_hidden": rel_l2(xa.grad, xb.grad),
+            "grad_topk_weight": rel_l2(wa.grad, wb.grad),
+            "grad_gate_up": rel_l2(grads(moe.gate_up), base.w13.grad.transpose(1, 2)),
+            "grad_down": rel_l2(grads(moe.down), base.w2.grad.transpose(1, 2))}
+    for p in params:
+        p.grad = None
+        p.main_grad = None
+    base.w13.grad = base.w2.grad = None
+    return errs
+
+
+def time_cases(cases: dict, reps: int, warmup: int) -> dict:
+    """cases: name -> (prepare, run); prepare is untimed. Interleaved, rotated order."""
+    names = list(cases)
+    times = {n: [] for n in names}
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(warmup + reps):
+        for name in rotated(names, i):
+            prepare, run = cases[name]
+            prepare()
+            torch.cuda.synchronize()
+            e0.record()
+            run()
+            e1.record()
+            torch.cuda.synchronize()
+            if i >= warmup:
+                times[name].append(e0.elapsed_time(e1))
+    return {n: summary(t) for n, t in times.items()}
+
+
+def bench_shape(shape, routings, a, cells, failures):
+    """One shape's cells; its runtime is closed once the layers made from it are gone."""
+    t0 = time.time()
+    rt = ft.Runtime(virtual_ranks=1, num_experts=shape["experts"], hidden=shape["hidden"], ffn=shape["ffn"],
+                    max_tokens=shape["tokens"], max_top_k=shape["top_k"])
+    run_shape(rt, shape, routings, a, cells, failures, t0)
+    gc.collect()
+    rt.close()
+    torch.cuda.empty_cache()
+
+
+def run_shape(rt, shape, routings, a, cells, failures, t0):
+    E, H, Fd, S, K = shape["experts"], shape["hidden"], shape["ffn"], shape["tokens"], shape["top_k"]
+    torch.manual_seed(1)
+    moe = ft.MoE(rt, K)
+    base = GroupedMMMoE(list(moe.gate_up), list(moe.down), a.align)
+    unpadded = not a.no_unpadded and a.align > 1  # the same layer with padding off, as a further case
+    params = list(moe.gate_up) + list(moe.down)
+    main = [torch.zeros(p.shape, dtype=torch.float32, device="cuda") for p in params]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(S, H, device="cuda", generator=gen).to(torch.bfloat16)
+    g = torch.randn(S, H, device="cuda", generator=gen).to(torch.bfloat16)
+    print(f"== {shape['name']}: E={E} H={H} F={Fd} tokens={S} top-{K} (setup {time.time() - t0:.1f} s)", flush=True)
+    for routing in routings:
+        t1 = time.time()
+        idx, w = make_routing(S, E, K, routing, gen)
+        counts = torch.bincount(idx.reshape(-1).long(), minlength=E)
+        errs = {"grad_bf16": check_agreement(moe, base, x, idx, w, g, False),
+                "main_grad_fp32": check_agreement(moe, base, x, idx, w, g, True)}
+        worst = max(v for e in errs.values() for v in e.values())
+        if unpadded:
+            with torch.no_grad():
+                base.align = 1
+                out_unpadded = base(x, idx, w)
+                base.align = a.align
+                errs["unpadded_vs_padded"] = {"out": rel_l2(out_unpadded, base(x, idx, w))}
+            worst = max(worst, errs["unpadded_vs_padded"]["out"])
+        agrees = worst <= REL_TOL
+        if not agrees:
+            failures.append(f"{shape['name']} {routing}: {errs}")
+        xr = x.detach().clone().requires_grad_()
+        wr = w.detach().clone().requires_grad_()
+
+        def prep_feplb(use_main):
+            def f():
+                for p, m in zip(params, main):
+                    p.grad = None
+                    p.main_grad = m if use_main else None
+                xr.grad = wr.grad = None
+            return f
+
+        def run_feplb():
+            moe(xr, idx, wr).backward(g)
+
+        def prep_base(align):
+            def f():
+                base.w13.grad = base.w2.grad = None
+                base.align = align
+                xr.grad = wr.grad = None
+            return f
+
+        def run_base():
+            base(xr, idx, wr).backward(g)
+
+        cases = {"grouped_mm": (prep_base(a.align), run_base),
+                 "feplb_grad_bf16": (prep_feplb(False), run_feplb),
+                 "feplb_main_grad_fp32": (prep_feplb(True), run_feplb)}
+        if unpadded:
+            cases["grouped_mm_unpadded"] = (prep_base(1), run_base)
+        stats = time_cases(cases, a.reps, a.warmup)
+        base.align = a.align
+        for p in params:
+            p.main_grad = None
+            p.grad = None
+        gm = stats["grouped_mm"]
+        un = stats.get("grouped_mm_unpadded")
+        for conv, case in (("grad_bf16", "feplb_grad_bf16"), ("main_grad_fp32", "feplb_main_grad_fp32")):
+            fe = stats[case]
+            cell = {"shape": dict(shape), "routing": routing, "gradient": conv,
+                    "feplb_ms": fe["median_ms"], "grouped_mm_ms": gm["median_ms"],
+                    "ratio": fe["median_ms"] / gm["median_ms"],
+                    "feplb": fe, "grouped_mm": gm, "grouped_mm_align_rows": a.align,
+                    "rows_per_expert": {"min": int(counts.min()), "max": int(counts.max())},
+                    "agreement_rel_l2": errs[conv], "agrees": agrees}
+            if unpadded:
+                cell["unpadded_vs_padded_rel_l2"] = errs["unpadded_vs_padded"]["out"]
+            if un is not None:
+                cell["grouped_mm_unpadded"] = un
+                cell["grouped_mm_unpadded_ms"] = un["median_ms"]
+                cell["ratio_vs_unpadded"] = fe["median_ms"] / un["median_ms"]
+            cells.append(cell)
+            extra = f"  unpadded {un['median_ms']:.3f} ms ({cell['ratio_vs_unpadded']:.3f}x)" if un else ""
+            print(f"   {routing:<8} {conv:<15} feplb {fe['median_ms']:8.3f} ms [{fe['p10_ms']:.3f}, "
+                  f"{fe['p90_ms']:.3f}]  grouped_mm {gm['median_ms']:8.3f} ms [{gm['p10_ms']:.3f}, "
+                  f"{gm['p90_ms']:.3f}]  ratio {cell['ratio']:.3f}{extra}  "
+                  f"{'agree' if agrees else 'DISAGREE'} (max rel L2 {worst:.2e})", flush=True)
+        print(f"   ({routing}: {time.time() - t1:.1f} s; rows per expert {int(counts.min())}..{int(counts.max())})",
+              flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="torch-vs-grouped-mm.json")
+    ap.add_argument("--shapes", default="all", help="comma-separated names (bench/gpu/_bench_common.py SHAPES)")
+    ap.add_argument("--routings", default=",".join(ROUTINGS))
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--align", type=int, default=8, help="rows each expert's group is padded to (1: none)")
+    ap.add_argument("--no-unpadded", action="store_true", help="skip the unpadded grouped_mm case")
+    a = ap.parse_args()
+    if a.reps < 20:
+        print(f"note: --reps {a.reps} is under the 20 the method asks for", flush=True)
+    if not hasattr(torch, "_grouped_mm"):
+        sys.exit(f"torch {torch.__version__} has no torch._grouped_mm")
+    routings = [r.strip() for r in a.routings.split(",") if r.strip()]
+    for r in routings:
+        if r not in ROUTINGS:
+            sys.exit(f"--routings: unknown {r!r}; known: {', '.join(ROUTINGS)}")
+    shapes = shapes_by_name(a.shapes)
+    cells, failures = [], []
+    t0 = time.time()
+    for shape in shapes:
+        bench_shape(shape, routings, a, cells, failures)
+    doc = {"benchmark": "feplb.torch.MoE vs a torch._grouped_mm MoE layer (TorchTitan-style)",
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ranks": 1,
+           "reps": a.reps, "warmup": a.warmup, "agreement_tolerance_rel_l2": REL_TOL,
+           "method": "one rank (no balancing); forward + backward per repetition (gradients of hidden, "
+                     "topk_weight and every expert weight), CUDA events around each on the current stream "
+                     "after a synchronize, the cases interleaved in rotated order; resetting .grad / main_grad "
+                     "is untimed; the grouped_mm layer keeps bf16 .grad in both conventions",
+           "seconds": time.time() - t0, "cells": cells, "disagreements": failures}
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=2)
+    print()
+    print(f"{'shape':<11} {'E':>3} {'H':>5} {'F':>5} {'tok':>5} {'routing':<8} {'gradient':<15} "
+          f"{'feplb ms [p10,p90]':<26} {'grouped_mm ms [p10,p90]':<26} {'ratio':>6} {'vs unpadded':>11}")
+    for c in cells:
+        s, fe, gm = c["shape"], c["feplb"], c["grouped_mm"]
+        un = f"{c['ratio_vs_unpadded']:.3f}" if "ratio_vs_unpadded" in c else "-"
+        print(f"{s['name']:<11} {s['experts']:>3} {s['hidden']:>5} {s['ffn']:>5} {s['tokens']:>5} {c['routing']:<8} "
+              f"{c['gradient']:<15} {fe['median_ms']:7.3f} [{fe['p10_ms']:.3f},{fe['p90_ms']:.3f}]{'':<4} "
+              f"{gm['median_ms']:7.3f} [{gm['p10_ms']:.3f},{gm['p90_ms']:.3f}]{'':<4} {c['ratio']:6.3f} {un:>11}")
+    target = [c for c in cells if c["ratio"] > 0.87]
+    print(f"\n{len(cells) - len(target)} of {len(cells)} cells at or under 0.87x the grouped_mm layer; "
+          f"{time.time() - t0:.0f} s; wrote {a.out}")
+    if failures:
+        print("DISAGREEMENT beyond the tolerance:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
