@@ -101,11 +101,13 @@ inline double link_ms(int64_t bytes, double gbps, double setup_us) {
   return static_cast<double>(bytes) / (gbps * 1e9) * 1e3 + setup_us * 1e-3;
 }
 
-// When the planner assumes a plan's phase-2 copies start (ms from when the GEMMs start): after the
-// counts round trip and the planner's budget, or at once for a plan made before the dispatch.
+// When the planner assumes a plan's phase-2 copies start (ms from when the GEMMs start): once the
+// plan exists, the planner's budget after the GEMMs start (the counts reached the host before the
+// dispatch, as every EP dispatch that sizes its all-to-all-v on the host needs them; the planner
+// runs while the dispatch does, so this is an upper bound), or at once for a plan made before the
+// dispatch (its latency delays the dispatch instead: StepMetrics::plan_exposed_ms).
 inline double planned_copy_start_ms(const Plan& plan, const Knobs& knobs) {
-  return plan.planned_before_dispatch ? 0.0
-                                      : (knobs.counts_to_host_us + knobs.planner_budget_us) * 1e-3;
+  return plan.planned_before_dispatch ? 0.0 : knobs.planner_budget_us * 1e-3;
 }
 
 // Times every copy of a plan (time(plan, ...)[i] for plan.copies[i]): prefetches first, first in,

@@ -38,11 +38,12 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   for (const Slice& s : plan.slices) rows_at[key(s.gpu, s.expert)] += s.rows;
 
   // The plan's schedule, t = 0 when the GPUs start their expert GEMMs (a plan made without one,
-  // by hand: written here the same way). Phase-2 copies start once the plan exists: after the
-  // counts round trip and the planner (two-phase), or at once (a plan made before the dispatch,
-  // whose latency delays every GPU instead). The schedule assumed the planner's budget; the copies
-  // of a plan ready later (earlier) land that much later (earlier).
-  const double plan_ms = (knobs.counts_to_host_us + planner_us) * 1e-3;
+  // by hand: written here the same way). Phase-2 copies start once the plan exists, the planner's
+  // time after the GEMMs start (two-phase: it planned while the dispatch ran), or at once (a plan
+  // made before the dispatch, whose latency delays the dispatch, so every GPU, instead). The
+  // schedule assumed the planner's budget; the copies of a plan ready later (earlier) land that
+  // much later (earlier).
+  const double plan_ms = planner_us * 1e-3;
   m.plan_exposed_ms = plan.planned_before_dispatch ? plan_ms : 0.0;
   const Plan* scheduled = &plan;
   Plan written;

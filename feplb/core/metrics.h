@@ -54,8 +54,11 @@ struct StepMetrics {
   // ran its guests): max_d finish_d - max_d G_d, >= 0. A receiver that waits but still finishes
   // before the slowest GPU costs nothing: fits_static_window false, copy_exposed_ms 0.
   double copy_exposed_ms = 0;
-  // The plan's latency on the critical path: counts_to_host_us + planner_us when the plan was made
-  // before the dispatch (Plan::planned_before_dispatch), else 0 (it overlaps the static GEMMs).
+  // The plan's latency on the critical path: what planning adds to the plain EP dispatch it
+  // replaces. planner_us when the plan was made before the dispatch (Plan::planned_before_dispatch:
+  // the dispatch waits for it), else 0 (it runs while the dispatch and the static GEMMs do). The
+  // counts' round trip to the host is not charged: the plain all-to-all-v dispatch needs the
+  // per-rank counts on the host for its split sizes too.
   double plan_exposed_ms = 0;
   double planner_us = 0;
 
@@ -71,9 +74,11 @@ struct GpuLoads {
   std::vector<double> gemm_ms;      // [num_ranks] modelled GEMM time
 };
 
-// `planner_us` is the measured planning time; it delays every phase-2 copy (with
-// counts_to_host_us), or, for a plan made before the dispatch, every GPU. Prefetch copies start
-// knobs.prefetch_window_us before the GEMMs, ahead of every other copy on their links.
+// `planner_us` is the measured planning time: the phase-2 copies start that long after the GEMMs
+// (the plan's schedule assumed knobs.planner_budget_us), or, for a plan made before the dispatch,
+// every GPU starts that much later. Prefetch copies start knobs.prefetch_window_us before the
+// GEMMs, ahead of every other copy on their links. The plan's schedule (Plan::schedule) is read,
+// or written here for a plan made without one.
 StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
                          const Knobs& knobs, double planner_us, GpuLoads* loads = nullptr);
 

@@ -74,10 +74,11 @@ struct Plan {
   // Replica weights present on non-home GPUs during this micro-batch (the layout in force), whether
   // or not they compute rows. Empty for per-micro-batch planners.
   std::vector<ResidentReplica> resident;
-  // The plan was made on the host between the counts all-gather and the phase-1 dispatch (feplb's
-  // one-hop mode): the counts' round trip to the host and the planner delay the dispatch, so they
-  // are on every GPU's critical path. False: planned while the GPUs run their static experts
-  // (the paper's two-phase path), or on the GPU (the anchors; their planning is not charged).
+  // The plan was made between the counts all-gather and the phase-1 dispatch, which needs it
+  // (feplb's one-hop mode; LLEP, MoonEP and FasterMoE, whose dispatch sends rows where the plan
+  // says): the planner delays the dispatch, so it is on every GPU's critical path. False: planned
+  // while the dispatch and the GPUs' static experts run (the paper's two-phase path), or from
+  // history between micro-batches (EPLB), or no plan at all (static).
   bool planned_before_dispatch = false;
   // When its copies run and the order each GPU runs its guests in, as the planner modelled it:
   // written once by the planner (Planner::plan ends with ScheduleWriter). Not part of serialize().

@@ -33,6 +33,7 @@ class FasterMoePlanner final : public Planner {
     const int E = topo.num_experts(), R = topo.num_ranks();
     const auto& c = routing.expert_counts;
     out.clear(E);
+    out.planned_before_dispatch = true;  // the dispatch needs the plan: it waits for it
     const double bw =
         (topo.num_domains() > 1 ? ctx_.knobs.internode_gbps : ctx_.knobs.copy_gbps) * 1e9;
     const double comp = ctx_.shape.flops_per_row() / (ctx_.knobs.gemm_peak_tflops * 1e12);

@@ -38,6 +38,7 @@ class LlepPlanner final : public Planner {
     const int E = topo.num_experts(), R = topo.num_ranks();
     const auto& c = routing.expert_counts;
     out.clear(E);
+    out.planned_before_dispatch = true;  // the dispatch needs the plan: it waits for it
     home_loads(topo, routing, pending_);
     assigned_.assign(static_cast<size_t>(R), 0);
     rows_on_.assign(static_cast<size_t>(R) * E, 0);

@@ -42,6 +42,7 @@ class MoonEpPlanner final : public Planner {
     const int E = topo.num_experts(), R = topo.num_ranks(), epn = topo.experts_per_rank();
     const auto& c = routing.expert_counts;
     out.clear(E);
+    out.planned_before_dispatch = true;  // the dispatch needs the plan: it waits for it
     home_loads(topo, routing, balance_);
     int64_t total = 0;
     for (int64_t l : balance_) total += l;
