@@ -15,6 +15,7 @@
 #include "feplb/core/limits.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/sim/balance.h"
+#include "feplb/sim/modes.h"
 #include "feplb/sim/placement_report.h"
 #include "feplb/sim/rack.h"
 #include "feplb/sim/sweep.h"
@@ -34,6 +35,7 @@ struct ReportOptions : ModelFlags {
   bool anchors = false;
   bool placement = false;
   bool rack = false;
+  bool modes = false;
   int experts_per_gpu = 4;
   std::string compare_gpus;  // --rack: default every class
   bool steps_given = false;
@@ -218,6 +220,21 @@ void run_rack_report(const ReportOptions& o, const std::string& command) {
   write_plots(o, rack_plots(r));
 }
 
+// --modes: feplb's default against every explicit mode and the anchors on every workload of the
+// other reports (docs/results/modes.md); Markdown, JSON and one SVG plot.
+void run_modes_report(const ReportOptions& o, const std::string& command) {
+  ModesConfig c;
+  c.prior_paths = o.sweep.prior_paths;
+  if (o.cost_model != "roofline") c.cost_dir = data_path("cost");
+  c.workload = o.sweep.workload;
+  c.sim = o.sweep.sim;
+  ProgressLine progress("report", !o.quiet);
+  const ModesResult r = run_modes(c, std::ref(progress));
+  const std::string md = format_modes_markdown(r, command, plot_link_dir(o));
+  write_outputs(o, md, [&] { return format_modes_json(r, command); });
+  write_plots(o, modes_plots(r));
+}
+
 // The options given on the command line (without --quiet and --force, which change no number),
 // for the provenance line of the --anchors report.
 std::string given_command(const CLI::App& cmd) {
@@ -244,6 +261,13 @@ void run_report(ReportOptions o, const std::string& command) {
   FEPLB_REQUIRE_INPUT(!(o.anchors && o.placement), "--placement: not with --anchors");
   FEPLB_REQUIRE_INPUT(!o.rack || !(o.anchors || o.placement), "--rack: not with --{}",
                       o.anchors ? "anchors" : "placement");
+  FEPLB_REQUIRE_INPUT(!o.modes || !(o.anchors || o.placement || o.rack), "--modes: not with --{}",
+                      o.anchors ? "anchors"
+                      : o.rack  ? "rack"
+                                : "placement");
+  FEPLB_REQUIRE_INPUT(!o.modes || (o.ranks.empty() && o.policies.empty()),
+                      "--modes: its workloads, EP sizes and policies are fixed; drop "
+                      "--ranks/--policies");
   FEPLB_REQUIRE_INPUT(
       o.rack || (o.cmd->count("--experts-per-gpu") == 0 && o.cmd->count("--compare-gpus") == 0),
       "--experts-per-gpu/--compare-gpus: only with --rack");
@@ -264,8 +288,8 @@ void run_report(ReportOptions o, const std::string& command) {
                       "--walk-forward/--window/--timing-steps: only with --placement");
   if (o.warmup == kUnset) o.warmup = o.anchors ? 16 : o.placement ? 32 : o.rack ? 8 : 0;
   if (o.rack && !o.steps_given) o.sweep.workload.num_steps = 8;
-  FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || o.anchors || o.rack,
-                      "--plots: only with --anchors or --rack");
+  FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || o.anchors || o.rack || o.modes,
+                      "--plots: only with --anchors, --rack or --modes");
   FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || fs::is_directory(o.plots_dir, ec),
                       "--plots: {} is not a directory", o.plots_dir);
   if (!o.rack) o.sweep.ranks = parse_list<int>(o.ranks, "--ranks");
@@ -287,8 +311,11 @@ void run_report(ReportOptions o, const std::string& command) {
   files.input("the --cost-model table", cost_model_path(o.cost_model));
   files.output("--md", o.out_md);
   files.output("--json", o.out_json);
-  if ((o.anchors || o.rack) && !o.plots_dir.empty()) {
-    for (const std::string& name : o.anchors ? balance_plot_names() : rack_plot_names()) {
+  if ((o.anchors || o.rack || o.modes) && !o.plots_dir.empty()) {
+    const std::vector<std::string> names = o.anchors ? balance_plot_names()
+                                           : o.rack  ? rack_plot_names()
+                                                     : std::vector<std::string>{"modes.svg"};
+    for (const std::string& name : names) {
       files.output("--plots", (fs::path(o.plots_dir) / name).string());
     }
   }
@@ -305,6 +332,10 @@ void run_report(ReportOptions o, const std::string& command) {
   }
   if (o.rack) {
     run_rack_report(o, command);
+    return;
+  }
+  if (o.modes) {
+    run_modes_report(o, command);
     return;
   }
   if (o.placement) {
@@ -334,6 +365,9 @@ void add_report_command(CLI::App& app) {
                 "rack-scale NVLink domains (docs/results/rack.md): every policy from one 8-GPU "
                 "node to domains of 72 and 256 GPUs and several racks, few experts per GPU with "
                 "hot experts, GPU classes side by side; with --plots, SVGs");
+  cmd->add_flag("--modes", o->modes,
+                "feplb's default against every explicit mode and the anchors on every workload "
+                "of the other reports (docs/results/modes.md); with --plots, an SVG");
   add_int(*cmd, "--experts-per-gpu", o->experts_per_gpu, 1, limits::kMaxExperts,
           "--rack: experts per GPU of the EP sweep (default 4)");
   cmd->add_option("--compare-gpus", o->compare_gpus,
@@ -389,7 +423,7 @@ void add_report_command(CLI::App& app) {
     o->steps_given = cmd->count("--steps") > 0;
     o->placement_flags_given =
         cmd->count("--walk-forward") + cmd->count("--window") + cmd->count("--timing-steps") > 0;
-    if (o->anchors || o->placement || o->rack) {
+    if (o->anchors || o->placement || o->rack || o->modes) {
       command = given_command(*cmd);
     } else {
       for (const std::string& a : cmd->remaining()) command += " " + a;

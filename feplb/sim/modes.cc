@@ -1,0 +1,247 @@
+#include "feplb/sim/modes.h"
+
+#include <algorithm>
+#include <map>
+
+#include "feplb/core/error.h"
+#include "feplb/sim/gemm_tables.h"
+#include "feplb/sim/internal/report_parts.h"
+#include "feplb/sim/internal/report_util.h"
+#include "feplb/sim/prior.h"
+
+namespace feplb {
+namespace {
+
+// The expert shapes the workloads use: GLM-5's (core.md, rack.md) and balance.md section 8's.
+struct NamedShape {
+  std::string name;
+  ExpertShape shape;
+};
+const NamedShape kGlm5{"GLM-5", {6144, 2048, Dtype::kBf16}};
+const std::vector<NamedShape>& many_donor_shapes() {
+  static const std::vector<NamedShape> kShapes = {{"Qwen3-235B-like", {4096, 1536, Dtype::kBf16}},
+                                                  kGlm5,
+                                                  {"Qwen3-30B-like", {2048, 768, Dtype::kBf16}}};
+  return kShapes;
+}
+
+// What one workload needs: its traces' priors, EP size and domain, shape, history and steps.
+struct Spec {
+  std::string section, name;
+  NamedShape shape;
+  std::vector<Prior> priors;  // pooled: one trace each
+  int ranks = 8, domain_size = 8, experts = 128;
+  int64_t warmup = 0, steps = 16;
+};
+
+class Runner {
+ public:
+  Runner(const ModesConfig& c, ModesResult& r) : c_(c), r_(r) {}
+
+  void run(const Spec& s) {
+    const CostModelChoice cost =
+        c_.cost_dir.empty()
+            ? CostModelChoice{nullptr, roofline_label(c_.sim.knobs, find_gpu_class(c_.sim.gpu))}
+            : find_gemm_table(c_.cost_dir, "data/cost", s.shape.shape, c_.sim.knobs,
+                              find_gpu_class(c_.sim.gpu));
+    SimulationConfig sim = c_.sim;
+    sim.policies = {"static", "feplb", "llep", "moonep"};
+    sim.gpus_per_node = s.domain_size;
+    sim.warmup_steps = s.warmup;
+    sim.shape = s.shape.shape;
+    sim.cost = cost.model.get();
+    sim.cost_label = cost.label;
+    std::vector<BalanceSteps> acc;
+    for (const Prior& prior : s.priors) {
+      WorkloadSpec spec = c_.workload;
+      spec.num_ranks = s.ranks;
+      spec.top_k = 8;
+      spec.num_steps = s.steps + s.warmup;
+      Trace trace = generate_trace(prior, spec);
+      trace.model = s.shape.name;
+      const SimulationResult base = simulate(trace, sim);
+      for (const PolicyResult& p : base.policies) collect_steps(acc, p.name, p, false, false);
+      for (const BalanceVariant& v : c_.modes) {
+        SimulationConfig vs = sim;
+        vs.policies = {v.policy};
+        apply_knobs(vs.knobs, v.knobs);
+        const SimulationResult rv = simulate(trace, vs);
+        collect_steps(acc, v.label, *rv.find(v.policy), false, true);
+      }
+    }
+    const Topology topo = Topology::contiguous(s.ranks, s.domain_size, s.experts);
+    BalanceGroup g = summarise_group(s.ranks, topo.num_domains(), 0.0, acc);
+    ModesWorkload w;
+    w.section = s.section;
+    w.name = s.name;
+    w.shape_name = s.shape.name;
+    w.ranks = s.ranks;
+    w.experts = s.experts;
+    w.cells = std::move(g.cells);
+    r_.workloads.push_back(std::move(w));
+  }
+
+ private:
+  const ModesConfig& c_;
+  ModesResult& r_;
+};
+
+}  // namespace
+
+std::vector<BalanceVariant> explicit_feplb_modes() {
+  std::vector<BalanceVariant> out;
+  for (int one_hop : {0, 1}) {
+    for (int prefetch : {0, 1}) {
+      for (bool time : {false, true}) {
+        for (int copy_timing : {1, 3}) {
+          BalanceVariant v;
+          v.policy = "feplb";
+          v.label = fmt::format("{}{}{}{}", one_hop ? "one-hop" : "two-phase",
+                                prefetch ? " + prefetch" : "", time ? " + time" : "",
+                                copy_timing == 3 ? " + late copies" : "");
+          v.knobs = {{"one_hop", static_cast<double>(one_hop)},
+                     {"prefetch", static_cast<double>(prefetch)},
+                     {"copy_timing", static_cast<double>(copy_timing)},
+                     {"balance_time_weight", 0.0},
+                     {"time_balance_budget", time ? 0.05 : 0.0}};
+          // Time balancing within a budget plans four times: 40 us reserved ahead of the copies
+          // (two-phase), as balance.md's time modes.
+          if (time && !one_hop) v.knobs.push_back({"planner_budget_us", 40.0});
+          out.push_back(std::move(v));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+const BalanceCell* ModesWorkload::find(const std::string& label) const {
+  for (const BalanceCell& c : cells) {
+    if (c.label == label) return &c;
+  }
+  return nullptr;
+}
+
+const BalanceCell* ModesWorkload::best_mode(const std::vector<BalanceVariant>& modes) const {
+  bool any_reaches = false;
+  for (const BalanceVariant& m : modes) {
+    const BalanceCell* c = find(m.label);
+    any_reaches =
+        any_reaches || (c && c->summary.token_straggler_reduction >= kAnchorTargetReduction);
+  }
+  const BalanceCell* best = nullptr;
+  for (const BalanceVariant& m : modes) {
+    const BalanceCell* c = find(m.label);
+    if (!c || (any_reaches && c->summary.token_straggler_reduction < kAnchorTargetReduction))
+      continue;
+    if (!best || gemm_plus_exposed(*c) < gemm_plus_exposed(*best)) best = c;
+  }
+  return best;
+}
+
+ModesVerdict judge(const ModesWorkload& w, const std::vector<BalanceVariant>& modes) {
+  ModesVerdict v;
+  const BalanceCell* def = w.find("feplb");
+  const BalanceCell* best = w.best_mode(modes);
+  if (!def || !best) return v;
+  const double d = gemm_plus_exposed(*def), b = gemm_plus_exposed(*best);
+  v.near_best = d <= b + std::max(0.05 * b, 0.005);
+  for (const char* anchor : {"llep", "moonep"}) {
+    const BalanceCell* a = w.find(anchor);
+    if (a && b <= gemm_plus_exposed(*a) && d > gemm_plus_exposed(*a)) v.beats_anchors = false;
+  }
+  v.token_ok = best->summary.token_straggler_reduction < kAnchorTargetReduction ||
+               def->summary.token_straggler_reduction >= kAnchorTargetReduction;
+  return v;
+}
+
+ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
+  const ModesConfig& c = config;
+  FEPLB_REQUIRE_INPUT(!c.core || !c.prior_paths.empty(), "priors: none found");
+  ModesResult result{config, {}};
+  std::vector<Spec> specs;
+  std::map<std::string, Prior> widened;  // stem -> prior widened to 128 experts
+  for (const std::string& path : c.prior_paths) {
+    widened[file_stem(path)] = expand_prior(read_prior(path), 128, c.workload.seed);
+  }
+  // core.md: every real prior at EP 2, 4, 8, GLM-5 experts, no history.
+  if (c.core) {
+    for (int ranks : {2, 4, 8}) {
+      for (const auto& [stem, prior] : widened) {
+        Spec s{"core", fmt::format("{}, EP={}", stem, ranks), kGlm5, {prior}, ranks, 8};
+        s.steps = c.workload.num_steps;
+        specs.push_back(std::move(s));
+      }
+    }
+  }
+  // balance.md section 8: many donors at EP=8, three shapes, 16 micro-batches of history.
+  if (c.many_donor) {
+    for (const NamedShape& sh : many_donor_shapes()) {
+      Spec gen{"many-donor",
+               fmt::format("generator, many donors, {}", sh.name),
+               sh,
+               {many_donor_prior(128, 8, 8, {1.87, 1.65, 1.21}, 0.2, 2.0, 3, 1)}};
+      gen.warmup = 16;
+      specs.push_back(std::move(gen));
+      for (const auto& [stem, prior] : widened) {
+        if (!shows_many_donors(prior, 8)) continue;
+        Spec s{"many-donor", fmt::format("{}, {}", stem, sh.name), sh, {prior}};
+        s.warmup = 16;
+        specs.push_back(std::move(s));
+      }
+    }
+  }
+  // rack.md: lognormal max/mean 5, 4 experts per GPU, from one node to racks; few experts per
+  // GPU with hot experts (real top-8 priors at EP=64, lognormal max/mean 13 at EP=72). 8
+  // micro-batches of history, 8 measured.
+  if (c.rack) {
+    struct Point {
+      int domains, domain_size;
+    };
+    for (const Point p : {Point{1, 8}, Point{1, 72}, Point{1, 256}, Point{4, 72}}) {
+      const int ranks = p.domains * p.domain_size, experts = 4 * ranks;
+      Spec s{"rack",
+             fmt::format("lognormal max/mean 5, 4 experts per GPU, EP={}{}", ranks,
+                         p.domains > 1 ? fmt::format(" ({}x{})", p.domains, p.domain_size) : ""),
+             kGlm5,
+             {lognormal_prior(experts, 5.0, 1, c.workload.seed)},
+             ranks,
+             p.domain_size,
+             experts,
+             8,
+             8};
+      specs.push_back(std::move(s));
+    }
+    for (int k : {1, 2, 4}) {
+      std::vector<Prior> real;
+      for (const std::string& path : c.prior_paths) {
+        Prior p = read_prior(path);
+        if (p.top_k != 8 || (k * 64) % p.num_experts() != 0) continue;
+        real.push_back(expand_prior(p, k * 64, c.workload.seed));
+      }
+      if (!real.empty()) {
+        specs.push_back({"few experts",
+                         fmt::format("real priors ({}), {} per GPU, EP=64", real.size(), k), kGlm5,
+                         std::move(real), 64, 64, k * 64, 8, 8});
+      }
+      specs.push_back({"few experts",
+                       fmt::format("lognormal max/mean 13, {} per GPU, EP=72", k),
+                       kGlm5,
+                       {lognormal_prior(k * 72, 13.0, 1, c.workload.seed)},
+                       72,
+                       72,
+                       k * 72,
+                       8,
+                       8});
+    }
+  }
+  Runner runner(c, result);
+  int64_t done = 0;
+  for (const Spec& s : specs) {
+    runner.run(s);
+    if (progress) progress(++done, static_cast<int64_t>(specs.size()));
+  }
+  return result;
+}
+
+}  // namespace feplb
