@@ -50,8 +50,14 @@ py::array_t<T> to_numpy(const std::vector<T>& values) {
 }
 
 // Checks that `a` has exactly `shape` (InputError "NAME: shape (..), expected (..)") and no
-// negative entry (InputError naming the first one).
+// entry outside [0, max_value] (InputError naming the first one).
 void require_counts(const Int64Array& a, std::string_view name, std::vector<py::ssize_t> shape,
-                    std::string_view expected);
+                    std::string_view expected, int64_t max_value = INT64_MAX);
+
+// A Python integer argument (an int or a numpy integer, not a bool) in [lo, hi]; InputError
+// naming it otherwise, however large it is.
+int64_t int_arg(py::handle value, std::string_view name, int64_t lo, int64_t hi);
+// A Python str argument as UTF-8; InputError naming it for another type or a lone surrogate.
+std::string text_arg(py::handle value, std::string_view name);
 
 }  // namespace feplb::python
