@@ -215,10 +215,14 @@ def _entries(counts, step_ids, layer_ids):
         raise ValueError("counts: empty; a trace needs at least one step")
     if isinstance(counts, (list, tuple)) and _ndim(counts[0]) == 2:
         # One [ranks, experts] array per entry (numpy arrays, CPU tensors or nested lists).
-        total = 0
+        total, limit = 0, _feplb.LIMITS["trace_counts"]
         for i, c in enumerate(counts):  # every size before any copy
             total += int(np.prod(np.shape(c), dtype=object))
-            _args.require_size((total,), f"counts[{i}]")
+            if total > limit:
+                raise ValueError(
+                    f"counts[{i}]: counts[0..{i}] hold {total} entries, more than the {limit} a "
+                    "trace may hold (docs/trace-format.md#limits)"
+                )
         parts = [_args.int_array(c, f"counts[{i}]", "ranks, experts") for i, c in enumerate(counts)]
         for i, p in enumerate(parts):
             if p.shape != parts[0].shape:

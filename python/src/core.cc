@@ -3,6 +3,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cmath>
 #include <optional>
 #include <variant>
@@ -35,11 +37,13 @@ void register_errors() {
 
 Topology make_topology(const py::object& num_ranks_arg, const py::object& num_experts_arg,
                        const py::object& gpus_per_node_arg, const py::object& placement) {
-  const int num_ranks = static_cast<int>(int_arg(num_ranks_arg, "num_ranks", 1, limits::kMaxRanks));
-  const int num_experts =
-      static_cast<int>(int_arg(num_experts_arg, "num_experts", 1, limits::kMaxExperts));
-  const int gpus_per_node =
-      static_cast<int>(int_arg(gpus_per_node_arg, "gpus_per_node", 1, limits::kMaxRanks));
+  // Beyond int's range here; the library's own checks name the rest.
+  const auto int_of = [](const py::object& v, std::string_view name) {
+    return static_cast<int>(int_arg(v, name, INT_MIN, INT_MAX));
+  };
+  const int num_ranks = int_of(num_ranks_arg, "num_ranks");
+  const int num_experts = int_of(num_experts_arg, "num_experts");
+  const int gpus_per_node = int_of(gpus_per_node_arg, "gpus_per_node");
   if (placement.is_none()) return Topology::contiguous(num_ranks, gpus_per_node, num_experts);
   FEPLB_REQUIRE_INPUT(py::isinstance<py::sequence>(placement) && !py::isinstance<py::str>(placement),
                       "placement: expected a sequence of home GPUs, got {}",
@@ -50,14 +54,16 @@ Topology make_topology(const py::object& num_ranks_arg, const py::object& num_ex
                       num_experts);
   std::vector<int> home(homes.size());
   for (size_t e = 0; e < home.size(); ++e) {
-    home[e] = static_cast<int>(
-        int_arg(homes[e], fmt::format("placement[{}]", e), 0, int64_t{num_ranks} - 1));
+    home[e] = int_of(homes[e], fmt::format("placement[{}]", e));
   }
   return Topology::with_placement(num_ranks, gpus_per_node, std::move(home));
 }
 
-int gpu_of(const Topology& t, const py::object& gpu) {
-  return static_cast<int>(int_arg(gpu, "gpu", 0, int64_t{t.num_ranks()} - 1));
+int gpu_of(const Topology& t, const py::object& gpu_arg) {
+  const int64_t gpu = int_arg(gpu_arg, "gpu", INT64_MIN, INT64_MAX);
+  FEPLB_REQUIRE_INPUT(gpu >= 0 && gpu < t.num_ranks(), "gpu: {} is outside [0, {})", gpu,
+                      t.num_ranks());
+  return static_cast<int>(gpu);
 }
 
 }  // namespace
@@ -205,10 +211,16 @@ void bind_core(py::module_& m) {
 
   py::class_<ExpertShape>(m, "ExpertShape",
                           "One SwiGLU expert: gate and up [hidden, ffn], down [ffn, hidden].")
-      .def(py::init([](const py::object& hidden, const py::object& ffn, const py::object& dtype) {
-             return ExpertShape{int_arg(hidden, "hidden", 1, limits::kMaxExpertDim),
-                                int_arg(ffn, "ffn", 1, limits::kMaxExpertDim),
-                                parse_dtype(text_arg(dtype, "dtype"), "dtype")};
+      .def(py::init([](const py::object& hidden_arg, const py::object& ffn_arg,
+                       const py::object& dtype) {
+             const int64_t hidden = int_arg(hidden_arg, "hidden", INT64_MIN, INT64_MAX);
+             const int64_t ffn = int_arg(ffn_arg, "ffn", INT64_MIN, INT64_MAX);
+             FEPLB_REQUIRE_INPUT(hidden >= 1, "hidden: {} must be at least 1", hidden);
+             FEPLB_REQUIRE_INPUT(ffn >= 1, "ffn: {} must be at least 1", ffn);
+             FEPLB_REQUIRE_INPUT(hidden <= limits::kMaxExpertDim && ffn <= limits::kMaxExpertDim,
+                                 "hidden, ffn: {}, {} above the limit of {}", hidden, ffn,
+                                 limits::kMaxExpertDim);
+             return ExpertShape{hidden, ffn, parse_dtype(text_arg(dtype, "dtype"), "dtype")};
            }),
            py::arg("hidden"), py::arg("ffn"), py::arg("dtype") = "bf16")
       .def_static(
