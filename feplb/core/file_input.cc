@@ -80,9 +80,9 @@ ByteSource::~ByteSource() {
 }
 
 void ByteSource::token_too_long() const {
-  throw InputError(fmt::format(
-      "malformed JSON at byte {}: a {} longer than {} bytes (no field of {} holds one)",
-      consumed(), in_string_ ? "string" : "token", max_token_bytes_, format_));
+  throw InputError(
+      fmt::format("malformed JSON at byte {}: a {} longer than {} bytes (no field of {} holds one)",
+                  consumed(), in_string_ ? "string" : "token", max_token_bytes_, format_));
 }
 
 void ByteSource::refill() {

@@ -179,8 +179,8 @@ std::string write_temp(const std::string& path, const Target& t, std::string_vie
 // A regular output on its way into place: its temporary file, and once placed, how to undo it.
 struct Placing {
   std::string path, resolved, tmp;
-  std::string backup;   // the replaced file, kept aside until every output is in place
-  bool placed = false;  // `resolved` now holds the new content
+  std::string backup;    // the replaced file, kept aside until every output is in place
+  bool placed = false;   // `resolved` now holds the new content
   bool created = false;  // ... and did not exist before
 };
 
@@ -260,8 +260,8 @@ int open_special(const std::string& path) {
                         "{}: a FIFO that no process is reading (start its reader first); nothing "
                         "was written",
                         path);
-    throw InputError(fmt::format("{}: cannot open ({}); nothing was written", path,
-                                 errno_text(err)));
+    throw InputError(
+        fmt::format("{}: cannot open ({}); nothing was written", path, errno_text(err)));
   }
   // Writes block from now on (a reader exists; a pipe may fill while it reads).
   const int flags = ::fcntl(fd, F_GETFL);

@@ -22,7 +22,8 @@ std::string flag_of(std::string_view name) {
 
 void require_in_range(const KnobInfo& k, double v, const std::string& text) {
   if (v < k.minimum || v > k.maximum) {
-    knob_error(k, fmt::format("{} is outside {} {}", text, range_text(k.minimum, k.maximum), k.unit));
+    knob_error(k,
+               fmt::format("{} is outside {} {}", text, range_text(k.minimum, k.maximum), k.unit));
   }
 }
 

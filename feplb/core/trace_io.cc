@@ -278,9 +278,9 @@ class TraceReader : public json_stream::Reader<TraceReader> {
           if (c != ',') {
             if (c != ']') {
               input_.skip(static_cast<size_t>(p - begin));
-              throw InputError(fmt::format(
-                  "{}: malformed JSON at byte {}: expected ',' or ']' after a count",
-                  container_path(), input_.consumed()));
+              throw InputError(
+                  fmt::format("{}: malformed JSON at byte {}: expected ',' or ']' after a count",
+                              container_path(), input_.consumed()));
             }
             stop = true;  // the parser closes the row
           } else {

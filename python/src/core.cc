@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <variant>
 
@@ -45,9 +45,10 @@ Topology make_topology(const py::object& num_ranks_arg, const py::object& num_ex
   const int num_experts = int_of(num_experts_arg, "num_experts");
   const int gpus_per_node = int_of(gpus_per_node_arg, "gpus_per_node");
   if (placement.is_none()) return Topology::contiguous(num_ranks, gpus_per_node, num_experts);
-  FEPLB_REQUIRE_INPUT(py::isinstance<py::sequence>(placement) && !py::isinstance<py::str>(placement),
-                      "placement: expected a sequence of home GPUs, got {}",
-                      std::string(py::str(py::type::handle_of(placement).attr("__name__"))));
+  FEPLB_REQUIRE_INPUT(
+      py::isinstance<py::sequence>(placement) && !py::isinstance<py::str>(placement),
+      "placement: expected a sequence of home GPUs, got {}",
+      std::string(py::str(py::type::handle_of(placement).attr("__name__"))));
   const auto homes = py::reinterpret_borrow<py::sequence>(placement);
   FEPLB_REQUIRE_INPUT(homes.size() == static_cast<size_t>(num_experts),
                       "placement: has {} entries, expected num_experts = {}", homes.size(),
@@ -111,8 +112,8 @@ int64_t int_arg(py::handle v, std::string_view name, int64_t lo, int64_t hi) {
   int overflow = 0;
   const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
   FEPLB_REQUIRE_INPUT(overflow == 0 && x >= lo && x <= hi, "{}: {} is outside {}", name,
-                      std::string(py::repr(i)), range_text(static_cast<double>(lo),
-                                                           static_cast<double>(hi)));
+                      std::string(py::repr(i)),
+                      range_text(static_cast<double>(lo), static_cast<double>(hi)));
   return static_cast<int64_t>(x);
 }
 
@@ -151,8 +152,8 @@ void require_counts(const Int64Array& a, std::string_view name, std::vector<py::
       throw InputError(
           fmt::format("{}[{}]: {} is negative", name, fmt::join(index, "]["), data[i]));
     }
-    throw InputError(fmt::format("{}[{}]: {} is above {}", name, fmt::join(index, "]["), data[i],
-                                 max_value));
+    throw InputError(
+        fmt::format("{}[{}]: {} is above {}", name, fmt::join(index, "]["), data[i], max_value));
   }
 }
 

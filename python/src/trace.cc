@@ -2,11 +2,10 @@
 // from a framework's routing counts (from_arrays, behind feplb.Trace.from_counts).
 #include <pybind11/stl.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
@@ -224,13 +223,13 @@ void bind_trace(py::module_& m) {
           },
           py::arg("path"), py::arg("overwrite"))
       .def("to_json", [](const PyTrace& t) { return format_trace(t.trace); })
-      .def_property_readonly("path",
-                             [](const PyTrace& t) {
-                               // The OS's bytes, decoded as os.fsdecode does.
-                               return py::reinterpret_steal<py::str>(
-                                   PyUnicode_DecodeFSDefaultAndSize(
-                                       t.path.data(), static_cast<Py_ssize_t>(t.path.size())));
-                             })
+      .def_property_readonly(
+          "path",
+          [](const PyTrace& t) {
+            // The OS's bytes, decoded as os.fsdecode does.
+            return py::reinterpret_steal<py::str>(PyUnicode_DecodeFSDefaultAndSize(
+                t.path.data(), static_cast<Py_ssize_t>(t.path.size())));
+          })
       .def_property_readonly("model", [](const PyTrace& t) { return t.trace.model; })
       .def_property_readonly("num_experts", [](const PyTrace& t) { return t.trace.num_experts; })
       .def_property_readonly("num_ranks", [](const PyTrace& t) { return t.trace.num_ranks; })

@@ -41,7 +41,8 @@ TEST(Knobs, SetKnobTakesEveryFormOfAValidValue) {
 }
 
 TEST(Knobs, SetKnobRefusesBadValuesInOneFormat) {
-  EXPECT_EQ(knob_error("max_num_dyn", 2.5), "knob max_num_dyn (--max-num-dyn): 2.5 is not an integer");
+  EXPECT_EQ(knob_error("max_num_dyn", 2.5),
+            "knob max_num_dyn (--max-num-dyn): 2.5 is not an integer");
   EXPECT_EQ(knob_error("max_num_dyn", std::string_view("2.5")),
             "knob max_num_dyn (--max-num-dyn): 2.5 is not an integer");
   EXPECT_EQ(knob_error("max_num_dyn", int64_t{-1}),
@@ -93,7 +94,7 @@ TEST(Knobs, BadOverridesAreInputErrors) {
   EXPECT_THROW(apply_knobs(k, {parse_knob_override("no_such_knob=1")}), InputError);
   EXPECT_THROW(apply_knobs(k, {parse_knob_override("min_slice_rows=0")}), InputError);
   EXPECT_THROW(apply_knobs(k, {parse_knob_override("min_slice_rows=1.5")}), InputError);
-  k.min_slice_rows = 0;  // set directly: validate_knobs catches it
+  k.min_slice_rows = 0;                         // set directly: validate_knobs catches it
   EXPECT_THROW(validate_knobs(k), InputError);  // below its minimum of 1
 }
 

@@ -172,7 +172,8 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f, bool cost) {
     const bool integer = std::holds_alternative<int64_t*>(k.value);
     cmd.add_option(k.flag, f.knob_text[i],
                    fmt::format("{} [{}; default {}]", k.help, k.unit, k.default_value))
-        ->type_name(fmt::format("{} {}", integer ? "INT" : "REAL", range_text(k.minimum, k.maximum)))
+        ->type_name(
+            fmt::format("{} {}", integer ? "INT" : "REAL", range_text(k.minimum, k.maximum)))
         ->group("Knobs (docs/knobs.md)");
   }
 }

@@ -136,7 +136,8 @@ void run_anchors(const ReportOptions& o, FileSet& files, const std::string& comm
   ProgressLine progress("report", !o.quiet);
   const BalanceResult r = run_balance(c, std::ref(progress));
   const std::string md = format_balance_markdown(r, command, plot_link_dir(o));
-  write_outputs(o, files, md, [&] { return format_balance_json(r, command); }, balance_plots(r));
+  write_outputs(
+      o, files, md, [&] { return format_balance_json(r, command); }, balance_plots(r));
 }
 
 // --placement: the macro timescale (docs/results/placement.md): walk-forward placement on real
@@ -207,7 +208,8 @@ void run_rack_report(const ReportOptions& o, FileSet& files, const std::string& 
   ProgressLine progress("report", !o.quiet);
   const RackResult r = run_rack(c, std::ref(progress));
   const std::string md = format_rack_markdown(r, command, plot_link_dir(o));
-  write_outputs(o, files, md, [&] { return format_rack_json(r, command); }, rack_plots(r));
+  write_outputs(
+      o, files, md, [&] { return format_rack_json(r, command); }, rack_plots(r));
 }
 
 // The options given on the command line (without --quiet and --force, which change no number),
