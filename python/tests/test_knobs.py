@@ -68,8 +68,9 @@ BAD_KNOBS = [
      "knob balance_tolerance (--balance-tolerance): 2 is outside [0, 1] x mean load"),
     ("balance_tolerance", float("inf"), "inf", None,
      "knob balance_tolerance (--balance-tolerance): inf is not a finite number"),
-    ("tau", 2**70, str(2**70), str(2**70),
-     f"knob tau (--tau): {2**70} is outside [0, 2^32] rows"),
+    # Above int64, within JSON's unsigned integers (larger ones JSON parsers read as doubles).
+    ("tau", 2**64 - 1, str(2**64 - 1), str(2**64 - 1),
+     f"knob tau (--tau): {2**64 - 1} is outside [0, 2^32] rows"),
 ]
 
 
