@@ -33,8 +33,8 @@ void bind_plan(py::module_& m);      // Planner
 void bind_trace(py::module_& m);     // Trace
 void bind_simulate(py::module_& m);  // simulate
 
-// Default knobs with each (name, value) of `overrides` set. InputError naming an unknown knob, an
-// integer knob given a fraction, or a value below the knob's minimum.
+// Default knobs with each (name, value) of `overrides` set by set_knob (feplb/core/knobs.h: the
+// parser of the CLI and the C API, with their messages); InputError for a value not a number.
 Knobs knobs_from(const py::dict& overrides);
 
 // A new 1-D numpy array holding a copy of `values`.
