@@ -33,10 +33,17 @@ if(NOT FEPLB_PYTHON STREQUAL "OFF")
   endif()
 endif()
 if(FEPLB_WITH_PYTHON)
+  set(feplb_python_status
+      "Python module built for ${Python_EXECUTABLE}: scripts/python runs it (or PYTHONPATH=${CMAKE_BINARY_DIR}/python ${Python_EXECUTABLE})")
   message(STATUS "feplb: Python module ON (${Python_EXECUTABLE}, pybind11 ${pybind11_VERSION})")
 elseif(FEPLB_PYTHON STREQUAL "OFF")
+  set(feplb_python_status "Python module not built (FEPLB_PYTHON=OFF)")
   message(STATUS "feplb: Python module OFF")
 else()
+  set(feplb_python_status
+      "Python module not built (${feplb_python_why}; pick an interpreter with PYTHON=... scripts/build)")
   message(STATUS "feplb: Python module OFF (${feplb_python_why}; pick an interpreter with "
                  "-DPython_EXECUTABLE=...)")
 endif()
+# scripts/build prints it.
+file(WRITE ${CMAKE_BINARY_DIR}/python-module.txt "${feplb_python_status}\n")

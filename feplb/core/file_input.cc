@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "feplb/core/limits.h"
+
 namespace feplb {
 namespace {
 
@@ -29,7 +31,11 @@ std::string too_large(std::string_view format, int64_t max_bytes) {
 }  // namespace
 
 ByteSource::ByteSource(const std::string& path, std::string_view format, int64_t max_bytes)
-    : path_(path), format_(format), max_bytes_(max_bytes) {
+    : path_(path),
+      format_(format),
+      max_bytes_(max_bytes),
+      max_token_bytes_(limits::kMaxFreeFormBytes) {
+  FEPLB_REQUIRE_INPUT(path.find('\0') == std::string::npos, "a path with a NUL byte");
   if (path == "-") {
     fd_ = STDIN_FILENO;
   } else {
@@ -54,6 +60,7 @@ ByteSource::ByteSource(const std::string& path, std::string_view format, int64_t
       ::close(fd_);
       throw InputError(fmt::format("{} bytes: {}", st.st_size, too_large(format_, max_bytes_)));
     }
+    size_hint_ = st.st_size;
   }
   buf_ = std::make_unique<char[]>(kChunkBytes);
   begin_ = cur_ = end_ = buf_.get();
@@ -61,7 +68,7 @@ ByteSource::ByteSource(const std::string& path, std::string_view format, int64_t
 }
 
 ByteSource::ByteSource(std::string_view text, std::string_view format, int64_t max_bytes)
-    : format_(format), max_bytes_(max_bytes) {
+    : format_(format), max_bytes_(max_bytes), max_token_bytes_(limits::kMaxFreeFormBytes) {
   FEPLB_REQUIRE_INPUT(static_cast<int64_t>(text.size()) <= max_bytes, "{} bytes: {}", text.size(),
                       too_large(format_, max_bytes_));
   begin_ = cur_ = text.data();
@@ -70,6 +77,12 @@ ByteSource::ByteSource(std::string_view text, std::string_view format, int64_t m
 
 ByteSource::~ByteSource() {
   if (owns_fd_) ::close(fd_);
+}
+
+void ByteSource::token_too_long() const {
+  throw InputError(
+      fmt::format("malformed JSON at byte {}: a {} longer than {} bytes (no field of {} holds one)",
+                  consumed(), in_string_ ? "string" : "token", max_token_bytes_, format_));
 }
 
 void ByteSource::refill() {

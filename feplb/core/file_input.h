@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "feplb/core/error.h"
+#include "feplb/core/text.h"
 
 namespace feplb {
 
@@ -33,11 +34,71 @@ class ByteSource {
   void advance() {
     if (++cur_ == end_) refill();
   }
+  // The bytes read but not yet consumed (at least one unless at_end()).
+  std::string_view buffered() const { return {cur_, static_cast<size_t>(end_ - cur_)}; }
+  // Consumes n <= buffered().size() bytes.
+  void skip(size_t n) {
+    cur_ += n;
+    if (cur_ == end_) refill();
+  }
+  // Consumes whitespace (space, tab, newline, carriage return).
+  void skip_whitespace() {
+    while (cur_ != end_ && is_json_space(*cur_)) advance();
+  }
+  // The file's size when it was opened (a regular file), else 0.
+  int64_t size_hint() const { return size_hint_; }
   // Bytes consumed so far.
   int64_t consumed() const { return consumed_before_ + (cur_ - begin_); }
 
-  // A single-pass iterator for nlohmann::json::sax_parse; `end()` compares equal to any iterator
-  // whose source is exhausted.
+  static bool is_json_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+  // Moves past one character of a JSON document, keeping what a JSON lexer buffers bounded by the
+  // formats' limits rather than by the file: a run of whitespace outside strings is passed on as
+  // its first character, and a string or other token longer than limits::kMaxFreeFormBytes is an
+  // InputError.
+  void advance_json() {
+    const char c = *cur_;
+    advance();
+    if (in_string_) {
+      if (escaped_) {
+        escaped_ = false;
+      } else if (c == '\\') {
+        escaped_ = true;
+      } else if (c == '"') {
+        in_string_ = false;
+        token_bytes_ = 0;
+        return;
+      }
+      if (++token_bytes_ > max_token_bytes_) token_too_long();
+      return;
+    }
+    switch (c) {
+      case '"':
+        in_string_ = true;
+        token_bytes_ = 0;
+        return;
+      case ' ':
+      case '\n':
+      case '\r':
+      case '\t':
+        token_bytes_ = 0;
+        skip_whitespace();
+        return;
+      case ',':
+      case ':':
+      case '[':
+      case ']':
+      case '{':
+      case '}':
+        token_bytes_ = 0;
+        return;
+      default:
+        if (++token_bytes_ > max_token_bytes_) token_too_long();
+    }
+  }
+
+  // A single-pass iterator for nlohmann::json::sax_parse (through advance_json); `end()` compares
+  // equal to any iterator whose source is exhausted.
   class Iterator {
    public:
     using iterator_category = std::input_iterator_tag;
@@ -49,7 +110,7 @@ class ByteSource {
     explicit Iterator(ByteSource* s) : s_(s) {}
     char operator*() const { return s_->peek(); }
     Iterator& operator++() {
-      s_->advance();
+      s_->advance_json();
       return *this;
     }
     bool operator==(const Iterator& o) const { return done() == o.done(); }
@@ -64,6 +125,7 @@ class ByteSource {
 
  private:
   void refill();
+  [[noreturn]] void token_too_long() const;
 
   std::string path_;
   std::string format_;
@@ -75,6 +137,11 @@ class ByteSource {
   const char* cur_ = nullptr;
   const char* end_ = nullptr;
   int64_t consumed_before_ = 0;
+  int64_t size_hint_ = 0;
+  // advance_json's state: inside a string (after a backslash), bytes of the current token.
+  bool in_string_ = false, escaped_ = false;
+  int64_t token_bytes_ = 0;
+  int64_t max_token_bytes_;
 };
 
 // Runs `parse(source)` on `path` opened as a ByteSource; an InputError it throws gets "PATH: " in
@@ -87,8 +154,9 @@ auto parse_input(const std::string& path, std::string_view format, int64_t max_b
     return parse(source);
   } catch (const InputError& e) {
     const std::string_view what = e.what();
-    if (what.rfind(path + ": ", 0) == 0) throw;
-    throw InputError(fmt::format("{}: {}", path == "-" ? "standard input" : path, what));
+    const std::string shown = path == "-" ? "standard input" : printable(path);
+    if (what.rfind(shown + ": ", 0) == 0) throw;
+    throw InputError(fmt::format("{}: {}", shown, what));
   }
 }
 

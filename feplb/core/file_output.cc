@@ -6,12 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
+
+#include "feplb/core/text.h"
 
 namespace feplb {
 namespace {
@@ -71,6 +74,8 @@ Target inspect(const std::string& path) {
     return t;
   }
   FEPLB_REQUIRE_INPUT(!path.empty(), "an output path is empty");
+  FEPLB_REQUIRE_INPUT(path.find('\0') == std::string::npos, "{}: a path with a NUL byte",
+                      printable(path));
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     FEPLB_REQUIRE_INPUT(!S_ISDIR(st.st_mode), "{}: is a directory; name a file", path);
@@ -123,74 +128,108 @@ int write_all(int fd, std::string_view data) {
   return 0;
 }
 
-void write_stream(const std::string& path, int fd, std::string_view content) {
+// 0, or the errno of writing `content` to a stream ("-" is standard output, through stdio).
+int write_stream(int fd, std::string_view content) {
   if (fd == STDOUT_FILENO) {
+    errno = 0;
     const size_t n = std::fwrite(content.data(), 1, content.size(), stdout);
-    FEPLB_REQUIRE_INPUT(n == content.size() && std::fflush(stdout) == 0, "{}: write failed ({})",
-                        path == "-" ? "standard output" : path, errno_text(errno));
-    return;
+    if (n == content.size() && std::fflush(stdout) == 0) return 0;
+    return errno ? errno : EIO;
   }
   std::fflush(stdout);  // keep the order of what reaches a shared terminal or file
-  const int err = write_all(fd, content);
-  FEPLB_REQUIRE_INPUT(err == 0, "{}: write failed ({})", path, errno_text(err));
+  return write_all(fd, content);
 }
 
-void write_special(const std::string& path, std::string_view content) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  FEPLB_REQUIRE_INPUT(fd >= 0, "{}: cannot open ({})", path, errno_text(errno));
-  const int err = write_all(fd, content);
-  const int close_err = ::close(fd) == 0 ? 0 : errno;
-  FEPLB_REQUIRE_INPUT(err == 0 && close_err == 0, "{}: write failed ({})", path,
-                      errno_text(err ? err : close_err));
+// A new empty file with a short unique name (".feplb-XXXXXX": a 255-byte target name still fits
+// NAME_MAX) in `dir`; its descriptor, and its path in `tmp`. -1 and errno on failure.
+int make_temp(const fs::path& dir, std::string& tmp) {
+  tmp = (dir / ".feplb-XXXXXX").string();
+  return ::mkostemp(tmp.data(), O_CLOEXEC);
 }
 
-// Writes a regular file at `resolved` through a temporary file in its directory.
-void write_replacing(const std::string& path, const Target& t, std::string_view content,
-                     bool overwrite) {
-  const fs::path target(t.resolved);
-  // (fmt, not "." + string: g++ 12 -O2 warns -Wrestrict on that concatenation, a false positive.)
-  std::string tmp =
-      (target.parent_path() / fmt::format(".{}.XXXXXX", target.filename().string())).string();
-  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  FEPLB_REQUIRE_INPUT(fd >= 0, "{}: cannot create a temporary file in {} ({})", path,
-                      target.parent_path().string(), errno_text(errno));
-  // The mode a new file would get, or the one the replaced file had.
-  mode_t mode = 0;
+// The mode a new file gets (0666 less the umask).
+mode_t new_file_mode() {
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  return 0666 & ~mask;
+}
+
+// Writes `content` to a temporary file beside `t.resolved` with the mode the target has (or a new
+// file gets), flushed to disk; its path, or InputError naming `path` (nothing left behind).
+std::string write_temp(const std::string& path, const Target& t, std::string_view content) {
+  const fs::path dir = fs::path(t.resolved).parent_path();
+  std::string tmp;
+  const int fd = make_temp(dir, tmp);
+  FEPLB_REQUIRE_INPUT(fd >= 0, "{}: cannot create a file in {} ({})", path, dir.string(),
+                      errno_text(errno));
+  mode_t mode = new_file_mode();
   struct stat st {};
-  if (t.kind == Target::kRegular && ::stat(t.resolved.c_str(), &st) == 0) {
-    mode = st.st_mode & 07777;
-  } else {
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
-    mode = 0666 & ~mask;
-  }
+  if (t.kind == Target::kRegular && ::stat(t.resolved.c_str(), &st) == 0) mode = st.st_mode & 07777;
   int err = write_all(fd, content);
   if (err == 0 && ::fchmod(fd, mode) != 0) err = errno;
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
   if (err != 0) {
     ::unlink(tmp.c_str());
-    throw InputError(
-        fmt::format("{}: write failed ({}); nothing was written", path, errno_text(err)));
+    throw InputError(fmt::format("{}: write failed ({})", path, errno_text(err)));
   }
-  if (!overwrite) {
-    // No clobbering even if the file appeared meanwhile: link fails if it exists.
-    if (::link(tmp.c_str(), t.resolved.c_str()) == 0) {
-      ::unlink(tmp.c_str());
-      return;
+  return tmp;
+}
+
+// A regular output on its way into place: its temporary file, and once placed, how to undo it.
+struct Placing {
+  std::string path, resolved, tmp;
+  std::string backup;    // the replaced file, kept aside until every output is in place
+  bool placed = false;   // `resolved` now holds the new content
+  bool created = false;  // ... and did not exist before
+};
+
+// Moves `p.tmp` to `p.resolved`. A new file by link, which fails if a file appeared there
+// meanwhile (EEXIST); with `overwrite`, an existing one by rename, the replaced file kept aside as
+// `p.backup` (a hard link) until every output is in place. 0 or the errno.
+int place(Placing& p, bool overwrite) {
+  struct stat st {};
+  const bool exists = ::stat(p.resolved.c_str(), &st) == 0;
+  if (!exists || !overwrite) {
+    if (::link(p.tmp.c_str(), p.resolved.c_str()) == 0) {
+      ::unlink(p.tmp.c_str());
+      p.placed = p.created = true;
+      return 0;
     }
-    err = errno;
-    if (err == EEXIST) {
-      ::unlink(tmp.c_str());
-      throw InputError(fmt::format("{}: exists; pass --force to overwrite", path));
-    }
-    // A file system without hard links: fall back to rename.
+    if (errno == EEXIST || exists) return EEXIST;
+    // A file system without hard links: rename.
   }
-  if (::rename(tmp.c_str(), t.resolved.c_str()) != 0) {
-    err = errno;
-    ::unlink(tmp.c_str());
-    throw InputError(fmt::format("{}: cannot rename into place ({})", path, errno_text(err)));
+  if (exists) {
+    p.backup = p.tmp + "~";
+    if (::link(p.resolved.c_str(), p.backup.c_str()) != 0) p.backup.clear();
   }
+  if (::rename(p.tmp.c_str(), p.resolved.c_str()) != 0) {
+    const int err = errno;
+    if (!p.backup.empty()) ::unlink(p.backup.c_str());
+    p.backup.clear();
+    return err;
+  }
+  p.placed = true;
+  p.created = !exists;
+  return 0;
+}
+
+// Undoes a placed output: the replaced file back, or the new one removed. False if it cannot be.
+bool unplace(const Placing& p) {
+  if (!p.backup.empty()) return ::rename(p.backup.c_str(), p.resolved.c_str()) == 0;
+  if (p.created) return ::unlink(p.resolved.c_str()) == 0;
+  return false;
+}
+
+// How an output is named in messages.
+std::string shown(const std::string& path) { return path == "-" ? "standard output" : path; }
+
+// "; nothing was written", or what was and was not.
+std::string written_note(const std::vector<std::string>& written,
+                         const std::vector<std::string>& not_written) {
+  if (written.empty()) return "; nothing was written";
+  return fmt::format("; written: {}; not written: {}", fmt::join(written, ", "),
+                     not_written.empty() ? "-" : fmt::format("{}", fmt::join(not_written, ", ")));
 }
 
 bool same_file(const Target& a, const Target& b) {
@@ -201,7 +240,42 @@ bool same_file(const Target& a, const Target& b) {
   return false;
 }
 
+// InputError naming `path` unless a new file can be created in the directory of `resolved`.
+void require_writable_dir(const std::string& path, const std::string& resolved) {
+  const fs::path dir = fs::path(resolved).parent_path();
+  std::string probe;
+  const int fd = make_temp(dir, probe);
+  FEPLB_REQUIRE_INPUT(fd >= 0, "{}: cannot create a file in {} ({}); nothing was written", path,
+                      dir.string(), errno_text(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+// A special file opened for writing without blocking; InputError for a FIFO no process reads.
+int open_special(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    FEPLB_REQUIRE_INPUT(err != ENXIO,
+                        "{}: a FIFO that no process is reading (start its reader first); nothing "
+                        "was written",
+                        path);
+    throw InputError(
+        fmt::format("{}: cannot open ({}); nothing was written", path, errno_text(err)));
+  }
+  // Writes block from now on (a reader exists; a pipe may fill while it reads).
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
 }  // namespace
+
+FileSet::~FileSet() {
+  for (const Output& o : outputs_) {
+    if (o.fd >= 0) ::close(o.fd);
+  }
+}
 
 void FileSet::input(std::string role, std::string path) {
   if (!path.empty()) inputs_.push_back({std::move(role), std::move(path)});
@@ -212,14 +286,17 @@ void FileSet::input_dir(std::string role, std::string path) {
 }
 
 void FileSet::output(std::string flag, std::string path) {
-  if (!path.empty()) outputs_.push_back({std::move(flag), std::move(path)});
+  if (path.empty()) return;
+  Output out;
+  out.entry = {std::move(flag), std::move(path)};
+  outputs_.push_back(std::move(out));
 }
 
-void FileSet::check() const {
+void FileSet::check() {
   std::vector<Target> targets;
-  for (const Entry& out : outputs_) targets.push_back(inspect(out.path));
+  for (const Output& out : outputs_) targets.push_back(inspect(out.entry.path));
   for (size_t i = 0; i < outputs_.size(); ++i) {
-    const Entry& out = outputs_[i];
+    const Entry& out = outputs_[i].entry;
     const Target& t = targets[i];
     if (t.kind == Target::kStream || t.kind == Target::kSpecial) continue;
     for (const Entry& in : inputs_) {
@@ -241,30 +318,114 @@ void FileSet::check() const {
     }
     for (size_t j = 0; j < i; ++j) {
       FEPLB_REQUIRE_INPUT(!same_file(targets[j], t), "{} and {} name the same file ({})",
-                          outputs_[j].role, out.role, out.path);
+                          outputs_[j].entry.role, out.role, out.path);
     }
     FEPLB_REQUIRE_INPUT(force_ || t.kind != Target::kRegular,
                         "{}: exists; pass --force to overwrite", out.path);
   }
+  // Then what only trying tells: a directory that takes no new file, a FIFO without a reader.
+  for (size_t i = 0; i < outputs_.size(); ++i) {
+    const Target& t = targets[i];
+    if (t.kind == Target::kRegular || t.kind == Target::kMissing) {
+      require_writable_dir(outputs_[i].entry.path, t.resolved);
+    } else if (t.kind == Target::kSpecial && outputs_[i].fd < 0) {
+      outputs_[i].fd = open_special(outputs_[i].entry.path);
+    }
+  }
+  checked_ = true;
+}
+
+void FileSet::stage(const std::string& path, std::string content) {
+  for (Output& o : outputs_) {
+    if (o.entry.path != path || o.content) continue;
+    o.content = std::move(content);
+    o.staged_order = staged_++;
+    return;
+  }
+  FEPLB_CHECK(false, "{} was not named as an output, or was staged twice", path);
+}
+
+std::vector<std::string> FileSet::commit() {
+  FEPLB_CHECK(checked_, "FileSet::commit before check");
+  std::vector<Output*> staged;
+  for (Output& o : outputs_) {
+    if (o.content) staged.push_back(&o);
+  }
+  std::sort(staged.begin(), staged.end(),
+            [](const Output* a, const Output* b) { return a->staged_order < b->staged_order; });
+  std::vector<Placing> regular;
+  std::vector<std::string> written;  // streams and special files written (cannot be undone)
+  const auto fail = [&](const std::string& what) {
+    std::vector<std::string> not_written;
+    for (const Placing& p : regular) {
+      if (p.placed && !unplace(p)) {
+        written.push_back(shown(p.path));
+        continue;
+      }
+      if (!p.tmp.empty()) ::unlink(p.tmp.c_str());
+      if (!p.backup.empty()) ::unlink(p.backup.c_str());
+    }
+    for (const Output* o : staged) {
+      if (std::find(written.begin(), written.end(), shown(o->entry.path)) == written.end()) {
+        not_written.push_back(shown(o->entry.path));
+      }
+    }
+    throw InputError(what + written_note(written, not_written));
+  };
+  // 1. Every regular file to a temporary file beside it.
+  for (const Output* o : staged) {
+    const Target t = inspect(o->entry.path);
+    if (t.kind == Target::kSpecial && o->fd < 0) {
+      fail(fmt::format("{}: became a special file after it was checked", o->entry.path));
+    }
+    if (t.kind != Target::kRegular && t.kind != Target::kMissing) continue;
+    if (t.kind == Target::kRegular && !force_) {
+      fail(fmt::format("{}: exists; pass --force to overwrite", o->entry.path));
+    }
+    Placing p;
+    p.path = o->entry.path;
+    p.resolved = t.resolved;
+    try {
+      p.tmp = write_temp(o->entry.path, t, *o->content);
+    } catch (const InputError& e) {
+      fail(e.what());
+    }
+    regular.push_back(std::move(p));
+  }
+  // 2. Streams and special files.
+  for (const Output* o : staged) {
+    const std::string& path = o->entry.path;
+    int err = 0;
+    if (o->fd >= 0) {
+      err = write_all(o->fd, *o->content);
+    } else if (const auto fd = stream_fd(path)) {
+      err = write_stream(*fd, *o->content);
+    } else {
+      continue;
+    }
+    if (err != 0) fail(fmt::format("{}: write failed ({})", shown(path), errno_text(err)));
+    written.push_back(shown(path));
+  }
+  // 3. The temporary files into place.
+  for (Placing& p : regular) {
+    const int err = place(p, force_);
+    if (err == EEXIST) fail(fmt::format("{}: exists; pass --force to overwrite", p.path));
+    if (err != 0) fail(fmt::format("{}: cannot rename into place ({})", p.path, errno_text(err)));
+  }
+  for (const Placing& p : regular) {
+    if (!p.backup.empty()) ::unlink(p.backup.c_str());
+  }
+  std::vector<std::string> paths;
+  for (const Output* o : staged) paths.push_back(o->entry.path);
+  return paths;
 }
 
 void write_file(const std::string& path, std::string_view content, bool overwrite) {
-  const Target t = inspect(path);
-  switch (t.kind) {
-    case Target::kStream:
-      write_stream(path, t.fd, content);
-      return;
-    case Target::kSpecial:
-      write_special(path, content);
-      return;
-    case Target::kRegular:
-      FEPLB_REQUIRE_INPUT(overwrite, "{}: exists; pass --force to overwrite", path);
-      write_replacing(path, t, content, true);
-      return;
-    case Target::kMissing:
-      write_replacing(path, t, content, overwrite);
-      return;
-  }
+  FileSet files(overwrite);
+  files.output("", path);
+  files.check();
+  files.stage(path, std::string(content));
+  files.commit();
 }
 
 void flush_stdout() {

@@ -33,7 +33,21 @@ struct KnobInfo {
 // Every knob of `knobs`, in declaration order.
 std::vector<KnobInfo> list_knobs(Knobs& knobs);
 
-// Throws InputError naming the flag if a knob is outside [minimum, maximum] (or not finite).
+// A knob's value as a front end has it: an integer, a floating-point number, or text (a
+// command-line argument, or a number too large for int64, as Python or JSON wrote it).
+using KnobValue = std::variant<int64_t, double, std::string_view>;
+
+// Sets the knob `name` (as in knobs.def, e.g. "max_num_dyn") to `value`: the one parser of the
+// CLI, the Python module and the C API. An integer knob takes an integral value (4, 4.0, "4",
+// "4e0"); every knob a finite one within [minimum, maximum]. Otherwise InputError, one line:
+//   knob NAME (--FLAG): VALUE is not a number | is not a finite number | is not an integer
+//   knob NAME (--FLAG): VALUE is outside [MIN, MAX] UNIT
+//   knob NAME: unknown (`feplb knobs` lists them)
+void set_knob(Knobs& knobs, std::string_view name, const KnobValue& value);
+// InputError "knob NAME: unknown (...)" unless `name` is a knob.
+void require_knob_name(std::string_view name);
+
+// Throws InputError, in set_knob's format, if a knob is outside [minimum, maximum] (or not finite).
 void validate_knobs(const Knobs& knobs);
 
 // One knob set by name (reports' variants).
@@ -41,7 +55,7 @@ struct KnobOverride {
   std::string name;  // as in knobs.def, e.g. "balance_tolerance"
   double value = 0;
 };
-// Sets each named knob (integers truncated); InputError "variant: unknown knob" otherwise.
+// Sets each named knob with set_knob (and its errors).
 void apply_knobs(Knobs& knobs, const std::vector<KnobOverride>& overrides);
 // "NAME=VALUE" (a benchmark's --knob) -> override; InputError naming the text otherwise.
 KnobOverride parse_knob_override(const std::string& name_eq_value);

@@ -217,7 +217,6 @@ int64_t Placer::improve_nodes(std::vector<int>& home) {
         const double* la = &load_[static_cast<size_t>(A) * T];
         const double* lb = &load_[static_cast<size_t>(B) * T];
         std::fill(bound.begin(), bound.end(), 0.0);
-        double base_sum = 0;
         for (int64_t t = 0; t < T; ++t) {
           double other = -std::numeric_limits<double>::infinity();
           for (int n = 0; n < N; ++n) {
@@ -225,7 +224,6 @@ int64_t Placer::improve_nodes(std::vector<int>& home) {
           }
           other_[t] = other;
           base_[t] = std::max({other, la[t], lb[t]});
-          base_sum += base_[t];
           // After any swap the pair's larger load is at least their mean.
           bound[static_cast<size_t>(t / kBlock)] +=
               base_[t] - std::max(other, 0.5 * (la[t] + lb[t]));

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 namespace feplb {
 namespace {
 
@@ -53,6 +55,20 @@ std::string printable(std::string_view s) {
     }
   }
   return out;
+}
+
+std::string range_text(double lo, double hi) {
+  const auto num = [](double v) {
+    if (v >= 1e9 && std::exp2(std::round(std::log2(v))) == v) {
+      return fmt::format("2^{:.0f}", std::log2(v));
+    }
+    if (v + 1 >= 1e9 && std::exp2(std::round(std::log2(v + 1))) == v + 1) {
+      return fmt::format("2^{:.0f}-1", std::log2(v + 1));
+    }
+    if (v == std::floor(v) && std::fabs(v) < 1e15) return fmt::format("{:.0f}", v);
+    return fmt::format("{}", v);
+  };
+  return fmt::format("[{}, {}]", num(lo), num(hi));
 }
 
 }  // namespace feplb

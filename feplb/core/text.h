@@ -12,4 +12,7 @@ namespace feplb {
 // (printable ASCII, valid UTF-8) unchanged.
 std::string printable(std::string_view s);
 
+// "[lo, hi]" for an error message, huge bounds as powers of two ("[0, 2^32]", "[1, 2^31-1]").
+std::string range_text(double lo, double hi);
+
 }  // namespace feplb

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 
 #include "feplb/core/error.h"
 #include "feplb/core/file_input.h"
+#include "feplb/core/internal/huge_page_heap.h"
 #include "feplb/core/internal/json_stream.h"
 #include "feplb/core/limits.h"
 
@@ -43,7 +45,9 @@ std::optional<ExpertShape> parse_shape(const json& v) {
 // counts as soon as top_k and tokens_per_rank are too (else at the end of the document).
 class TraceReader : public json_stream::Reader<TraceReader> {
  public:
-  explicit TraceReader(const ByteSource& source) : Reader(source) {}
+  explicit TraceReader(ByteSource& source) : Reader(source), input_(source) {
+    if (source.size_hint() >= kHugePagesFrom) heap_.emplace();
+  }
 
   // Levels of streamed containers: the document, "steps", a step, its "counts", a row.
   enum Level : size_t { kDoc = 1, kSteps = 2, kStep = 3, kCounts = 4, kRow = 5 };
@@ -77,10 +81,14 @@ class TraceReader : public json_stream::Reader<TraceReader> {
         break;
       case kCounts:
         step_.has_counts = true;
-        if (shape_known()) step_.flat.reserve(static_cast<size_t>(t_.num_ranks) * t_.num_experts);
+        if (shape_known()) {
+          step_.flat.reserve(static_cast<size_t>(t_.num_ranks) * t_.num_experts);
+          if (heap_) heap_->grown();
+        }
         break;
       case kRow:
         row_start_ = step_.flat.size();
+        read_plain_counts();
         break;
       default:
         break;
@@ -142,7 +150,6 @@ class TraceReader : public json_stream::Reader<TraceReader> {
     for (Pending& p : pending_) build_step(p);
     pending_.clear();
     for (size_t i = values_checked_; i < t_.steps.size(); ++i) check_values(i);
-    for (RoutingStep& s : t_.steps) s.sum_experts();
     return std::move(t_);
   }
 
@@ -249,6 +256,73 @@ class TraceReader : public json_stream::Reader<TraceReader> {
     push_count(int_in(v, path(), 0, limits::kMaxTokensPerRank));
   }
 
+  // A row's counts read straight from the source's buffer while they are plain integers (the
+  // parser's lexer, at about 70 MB/s, would be most of the read time). What is left for the
+  // parser starts where a value may: a row's closing bracket or a value this does not take (a
+  // negative, a fraction, a string, a number split across two chunks of the source, ...), which
+  // the parser then reads and count() refuses or takes as before. So a comma is consumed only
+  // with the value before it, and a comma followed by anything but a value is refused here.
+  void read_plain_counts() {
+    bool want_value = true, after_comma = false;
+    while (!input_.at_end()) {
+      const std::string_view buf = input_.buffered();
+      const char* const begin = buf.data();
+      const char* const end = begin + buf.size();
+      const char* p = begin;
+      bool stop = false;
+      while (p < end && !stop) {
+        const char c = *p;
+        if (ByteSource::is_json_space(c)) {
+          ++p;
+        } else if (!want_value) {
+          if (c != ',') {
+            if (c != ']') {
+              input_.skip(static_cast<size_t>(p - begin));
+              throw InputError(
+                  fmt::format("{}: malformed JSON at byte {}: expected ',' or ']' after a count",
+                              container_path(), input_.consumed()));
+            }
+            stop = true;  // the parser closes the row
+          } else {
+            ++p;
+            want_value = after_comma = true;
+          }
+        } else if (c == ']' && after_comma) {
+          input_.skip(static_cast<size_t>(p - begin));
+          throw InputError(fmt::format("{}: malformed JSON at byte {}: ']' after a comma",
+                                       container_path(), input_.consumed()));
+        } else if (const char* q = plain_count(p, end); q != nullptr) {
+          p = q;
+          want_value = false;
+        } else {
+          stop = true;  // the parser reads this value
+        }
+      }
+      input_.skip(static_cast<size_t>(p - begin));
+      if (stop) return;
+    }
+  }
+
+  // Takes the count at `p` if it is a plain integer (no sign, no leading zero, within the counts'
+  // bound) that ends before `end`; returns the end of its digits, or nullptr (nothing taken).
+  const char* plain_count(const char* p, const char* end) {
+    constexpr ptrdiff_t kMaxDigits = 10;  // limits::kMaxTokensPerRank = 2^32 has 10
+    const char* q = p;
+    uint64_t v = 0;
+    while (q < end && q - p <= kMaxDigits && static_cast<unsigned char>(*q - '0') < 10) {
+      v = v * 10 + static_cast<uint64_t>(*q - '0');
+      ++q;
+    }
+    const ptrdiff_t n = q - p;
+    if (n == 0 || n > kMaxDigits || q == end || *q == '.' || *q == 'e' || *q == 'E' ||
+        (*p == '0' && n > 1) || v > static_cast<uint64_t>(limits::kMaxTokensPerRank)) {
+      return nullptr;
+    }
+    push_count(static_cast<int64_t>(v));
+    value_read_directly();
+    return q;
+  }
+
   void push_count(int64_t c) {
     FEPLB_REQUIRE_INPUT(++numbers_ <= limits::kMaxTraceCounts,
                         "{}: more than {} counts, the limit of a trace", path(),
@@ -308,6 +382,7 @@ class TraceReader : public json_stream::Reader<TraceReader> {
     s.counts = std::move(p.flat);
     s.tokens = per_rank(p.tokens, p.index, "tokens");
     s.dropped = per_rank(p.dropped, p.index, "dropped");
+    s.sum_experts();  // while the counts are in the cache
     t_.steps.push_back(std::move(s));
     step_index_.push_back(p.index);
   }
@@ -378,6 +453,10 @@ class TraceReader : public json_stream::Reader<TraceReader> {
   size_t row_start_ = 0, overflow_ = 0;
   int64_t numbers_ = 0;
   std::vector<size_t> step_index_;  // [t_.steps]: index in the file's "steps"
+  ByteSource& input_;               // read_plain_counts reads from it directly
+  // Files this large are read into huge pages (internal/huge_page_heap.h).
+  static constexpr int64_t kHugePagesFrom = int64_t{64} << 20;
+  std::optional<HugePageHeap> heap_;
 };
 
 Trace read_from(ByteSource& source) {

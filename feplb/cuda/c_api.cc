@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -153,12 +154,20 @@ RuntimeConfig parse_config(const char* text) {
   c.max_tokens = get_int("max_tokens", 0);
   if (j.contains("knobs")) {
     FEPLB_REQUIRE_INPUT(j["knobs"].is_object(), "runtime config: 'knobs' must be an object");
-    std::vector<KnobOverride> overrides;
+    // set_knob: the knob parser of the CLI and the Python module too (same messages).
     for (const auto& [name, value] : j["knobs"].items()) {
-      FEPLB_REQUIRE_INPUT(value.is_number(), "runtime config: knob '{}' must be a number", name);
-      overrides.push_back({name, value.get<double>()});
+      require_knob_name(name);
+      FEPLB_REQUIRE_INPUT(value.is_number(), "knob {}: expected a number, got {}", name,
+                          value.type_name());
+      const std::string digits = value.dump();  // an integer above int64's range
+      if (value.is_number_float()) {
+        set_knob(c.knobs, name, value.get<double>());
+      } else if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{INT64_MAX}) {
+        set_knob(c.knobs, name, std::string_view(digits));
+      } else {
+        set_knob(c.knobs, name, value.get<int64_t>());
+      }
     }
-    apply_knobs(c.knobs, overrides);
   }
   c.recv_capacity_rows = get_int("recv_capacity_rows", 0);
   c.guest_capacity_rows = get_int("guest_capacity_rows", 0);

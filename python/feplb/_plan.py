@@ -152,19 +152,19 @@ class Planner:
     ):
         if not isinstance(policy, str):
             raise ValueError(f"policy: expected a name, got {type(policy).__name__}")
+        _args.text(policy, "policy")
         if not isinstance(topology, _feplb.Topology):
             raise ValueError(
                 f"topology: expected feplb.Topology, got {type(topology).__name__}"
             )
-        if not isinstance(cost_model, str):
-            cost_model = _args.path(cost_model, "cost_model")
+        cost_model = _args.path(cost_model, "cost_model")
         if dynamic is not None:
             dynamic = _args.int_array(dynamic, "dynamic", "num_experts").tolist()
         self._impl = _feplb.Planner(
             policy,
             topology,
             _args.shape(shape),
-            knobs,
+            _args.knobs(knobs),
             cost_model,
             _data.data_dir(),
             dynamic,
@@ -191,13 +191,13 @@ class Planner:
         """Plans one (micro-batch, layer): counts[src, e] = token-expert rows rank src routes to
         expert e, an integer array [num_ranks, num_experts]."""
         counts = _args.int_array(counts, "counts", "num_ranks, num_experts")
-        layer = _args.integer(layer, "layer", 0)
+        layer = _args.integer(layer, "layer", 0, _feplb.LIMITS["step_id"])
         return _plan_from(self.policy, self._impl.plan(counts, layer, bool(observe)))
 
     def observe(self, counts, *, layer: int = 0) -> None:
         """Shows the planner a step without planning it (history for eplb and feplb-paper)."""
         counts = _args.int_array(counts, "counts", "num_ranks, num_experts")
-        self._impl.observe(counts, _args.integer(layer, "layer", 0))
+        self._impl.observe(counts, _args.integer(layer, "layer", 0, _feplb.LIMITS["step_id"]))
 
     def __repr__(self) -> str:
         return f"Planner({self.policy!r}, {self.topology!r}, {self.shape!r})"
@@ -219,7 +219,11 @@ def plan(
     (default 8) GPUs per NVLink domain. See Planner for the other arguments."""
     counts = _args.int_array(counts, "counts", "num_ranks, num_experts")
     if topology is None:
-        gpn = 8 if gpus_per_node is None else _args.integer(gpus_per_node, "gpus_per_node", 1)
+        gpn = (
+            8
+            if gpus_per_node is None
+            else _args.integer(gpus_per_node, "gpus_per_node", 1, _feplb.LIMITS["ranks"])
+        )
         try:
             topology = _feplb.Topology(counts.shape[0], counts.shape[1], gpn)
         except ValueError as e:

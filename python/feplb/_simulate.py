@@ -50,24 +50,25 @@ def simulate(
     for p in policies:
         if not isinstance(p, str) or not p:
             raise ValueError(f"policies: {p!r} is not a policy name")
-    if not isinstance(cost_model, str):
-        cost_model = _args.path(cost_model, "cost_model")
-    if dtype is not None and not isinstance(dtype, str):
-        raise ValueError(f"dtype: expected a str, got {type(dtype).__name__}")
+        _args.text(p, "policies")
+    cost_model = _args.path(cost_model, "cost_model")
+    if dtype is not None:
+        _args.text(dtype, "dtype")
+    limits = _feplb.LIMITS
     text = _feplb.simulate_json(
         trace._impl,
         policies,
-        _args.integer(gpus_per_node, "gpus_per_node", 1),
-        _args.integer(warmup, "warmup", 0),
-        "" if placement is None else _args.path(placement, "placement"),
-        _args.integer(walk_forward, "walk_forward", 0),
-        _args.integer(window, "window", 0),
+        _args.integer(gpus_per_node, "gpus_per_node", 1, limits["ranks"]),
+        _args.integer(warmup, "warmup", 0, limits["step_id"]),
+        b"" if placement is None else _args.path(placement, "placement"),
+        _args.integer(walk_forward, "walk_forward", 0, limits["step_id"]),
+        _args.integer(window, "window", 0, limits["step_id"]),
         cost_model,
         _data.data_dir(),
-        0 if hidden is None else _args.integer(hidden, "hidden", 1),
-        0 if ffn is None else _args.integer(ffn, "ffn", 1),
+        0 if hidden is None else _args.integer(hidden, "hidden", 1, limits["expert_dim"]),
+        0 if ffn is None else _args.integer(ffn, "ffn", 1, limits["expert_dim"]),
         dtype or "",
-        knobs,
+        _args.knobs(knobs),
         trace.path or "(in memory)",
     )
     return json.loads(text)

@@ -40,9 +40,7 @@ class Trace:
 
     @staticmethod
     def from_json(text: str) -> "Trace":
-        if not isinstance(text, str):
-            raise ValueError(f"text: expected a str, got {type(text).__name__}")
-        return Trace(_feplb.Trace.from_json(text))
+        return Trace(_feplb.Trace.from_json(_args.text(text, "text")))
 
     @staticmethod
     def from_counts(
@@ -81,11 +79,13 @@ class Trace:
         No expert may get more rows than its rank's tokens (a token picks top_k distinct
         experts); a ValueError names the entry otherwise.
         """
-        top_k = _args.integer(top_k, "top_k", 1)
+        limits = _feplb.LIMITS
+        top_k = _args.integer(top_k, "top_k", 1, limits["experts"])
         if tokens_per_rank is not None:
-            tokens_per_rank = _args.integer(tokens_per_rank, "tokens_per_rank", 0)
-        if not isinstance(model, str):
-            raise ValueError(f"model: expected a str, got {type(model).__name__}")
+            tokens_per_rank = _args.integer(
+                tokens_per_rank, "tokens_per_rank", 0, limits["tokens_per_rank"]
+            )
+        _args.text(model, "model")
         if expert_shape is not None:
             expert_shape = _args.shape(expert_shape, "expert_shape")
         if generator is None:
@@ -192,7 +192,7 @@ class Trace:
         return len(self._impl)
 
     def __getitem__(self, index: int) -> TraceStep:
-        index = _args.integer(index, "index")
+        index = _args.integer(index, "index", -len(self))
         step, layer = self._impl.step_id(index)
         return TraceStep(step, layer, self._impl.step_counts(index))
 
@@ -215,6 +215,14 @@ def _entries(counts, step_ids, layer_ids):
         raise ValueError("counts: empty; a trace needs at least one step")
     if isinstance(counts, (list, tuple)) and _ndim(counts[0]) == 2:
         # One [ranks, experts] array per entry (numpy arrays, CPU tensors or nested lists).
+        total, limit = 0, _feplb.LIMITS["trace_counts"]
+        for i, c in enumerate(counts):  # every size before any copy
+            total += int(np.prod(np.shape(c), dtype=object))
+            if total > limit:
+                raise ValueError(
+                    f"counts[{i}]: counts[0..{i}] hold {total} entries, more than the {limit} a "
+                    "trace may hold (docs/trace-format.md#limits)"
+                )
         parts = [_args.int_array(c, f"counts[{i}]", "ranks, experts") for i, c in enumerate(counts)]
         for i, p in enumerate(parts):
             if p.shape != parts[0].shape:

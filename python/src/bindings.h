@@ -33,8 +33,8 @@ void bind_plan(py::module_& m);      // Planner
 void bind_trace(py::module_& m);     // Trace
 void bind_simulate(py::module_& m);  // simulate
 
-// Default knobs with each (name, value) of `overrides` set. InputError naming an unknown knob, an
-// integer knob given a fraction, or a value below the knob's minimum.
+// Default knobs with each (name, value) of `overrides` set by set_knob (feplb/core/knobs.h: the
+// parser of the CLI and the C API, with their messages); InputError for a value not a number.
 Knobs knobs_from(const py::dict& overrides);
 
 // A new 1-D numpy array holding a copy of `values`.
@@ -50,8 +50,14 @@ py::array_t<T> to_numpy(const std::vector<T>& values) {
 }
 
 // Checks that `a` has exactly `shape` (InputError "NAME: shape (..), expected (..)") and no
-// negative entry (InputError naming the first one).
+// entry outside [0, max_value] (InputError naming the first one).
 void require_counts(const Int64Array& a, std::string_view name, std::vector<py::ssize_t> shape,
-                    std::string_view expected);
+                    std::string_view expected, int64_t max_value = INT64_MAX);
+
+// A Python integer argument (an int or a numpy integer, not a bool) in [lo, hi]; InputError
+// naming it otherwise, however large it is.
+int64_t int_arg(py::handle value, std::string_view name, int64_t lo, int64_t hi);
+// A Python str argument as UTF-8; InputError naming it for another type or a lone surrogate.
+std::string text_arg(py::handle value, std::string_view name);
 
 }  // namespace feplb::python

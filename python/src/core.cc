@@ -3,55 +3,22 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <variant>
 
 #include "feplb/core/error.h"
 #include "feplb/core/expert_shape.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/planners/planner.h"
+#include "feplb/core/text.h"
 #include "feplb/core/topology.h"
 #include "python/src/bindings.h"
 
 namespace feplb::python {
 namespace {
-
-// A Python number as an integer (ints, numpy integers, integral floats) or a double; InputError
-// naming the knob for anything else (bools and strings included).
-int64_t integer_of(py::handle v, std::string_view name) {
-  FEPLB_REQUIRE_INPUT(!PyBool_Check(v.ptr()), "{}: expected an integer, got a bool", name);
-  if (PyIndex_Check(v.ptr())) {
-    const py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
-    if (!i) throw py::error_already_set();
-    int overflow = 0;
-    const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
-    FEPLB_REQUIRE_INPUT(overflow == 0, "{}: {} does not fit in 64 bits", name,
-                        std::string(py::str(v)));
-    return static_cast<int64_t>(x);
-  }
-  const double x = PyFloat_AsDouble(v.ptr());
-  if (x == -1.0 && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw InputError(fmt::format("{}: expected an integer, got {}", name,
-                                 std::string(py::str(py::type::handle_of(v).attr("__name__")))));
-  }
-  FEPLB_REQUIRE_INPUT(std::isfinite(x) && std::floor(x) == x && std::fabs(x) < 9.0e15,
-                      "{}: expected an integer, got {}", name, x);
-  return static_cast<int64_t>(x);
-}
-
-double real_of(py::handle v, std::string_view name) {
-  FEPLB_REQUIRE_INPUT(!PyBool_Check(v.ptr()), "{}: expected a number, got a bool", name);
-  if (PyIndex_Check(v.ptr())) return static_cast<double>(integer_of(v, name));
-  const double x = PyFloat_AsDouble(v.ptr());
-  if (x == -1.0 && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw InputError(fmt::format("{}: expected a number, got {}", name,
-                                 std::string(py::str(py::type::handle_of(v).attr("__name__")))));
-  }
-  FEPLB_REQUIRE_INPUT(std::isfinite(x), "{}: {} is not a finite number", name, x);
-  return x;
-}
 
 void register_errors() {
   // InputError (bad input: a file, an argument) -> ValueError; any other feplb::Error (a broken
@@ -60,52 +27,110 @@ void register_errors() {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const InputError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      // printable(): valid UTF-8 whatever bytes a path or a name held.
+      PyErr_SetString(PyExc_ValueError, printable(e.what()).c_str());
     } catch (const Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
+      PyErr_SetString(PyExc_RuntimeError, printable(e.what()).c_str());
     }
   });
 }
 
-Topology make_topology(int num_ranks, int num_experts, int gpus_per_node,
-                       const std::optional<std::vector<int>>& placement) {
-  if (!placement) return Topology::contiguous(num_ranks, gpus_per_node, num_experts);
-  FEPLB_REQUIRE_INPUT(placement->size() == static_cast<size_t>(std::max(num_experts, 0)),
-                      "placement: has {} entries, expected num_experts = {}", placement->size(),
+Topology make_topology(const py::object& num_ranks_arg, const py::object& num_experts_arg,
+                       const py::object& gpus_per_node_arg, const py::object& placement) {
+  // Beyond int's range here; the library's own checks name the rest.
+  const auto int_of = [](const py::object& v, std::string_view name) {
+    return static_cast<int>(int_arg(v, name, INT_MIN, INT_MAX));
+  };
+  const int num_ranks = int_of(num_ranks_arg, "num_ranks");
+  const int num_experts = int_of(num_experts_arg, "num_experts");
+  const int gpus_per_node = int_of(gpus_per_node_arg, "gpus_per_node");
+  if (placement.is_none()) return Topology::contiguous(num_ranks, gpus_per_node, num_experts);
+  FEPLB_REQUIRE_INPUT(
+      py::isinstance<py::sequence>(placement) && !py::isinstance<py::str>(placement),
+      "placement: expected a sequence of home GPUs, got {}",
+      std::string(py::str(py::type::handle_of(placement).attr("__name__"))));
+  const auto homes = py::reinterpret_borrow<py::sequence>(placement);
+  FEPLB_REQUIRE_INPUT(homes.size() == static_cast<size_t>(num_experts),
+                      "placement: has {} entries, expected num_experts = {}", homes.size(),
                       num_experts);
-  return Topology::with_placement(num_ranks, gpus_per_node, *placement);
+  std::vector<int> home(homes.size());
+  for (size_t e = 0; e < home.size(); ++e) {
+    home[e] = int_of(homes[e], fmt::format("placement[{}]", e));
+  }
+  return Topology::with_placement(num_ranks, gpus_per_node, std::move(home));
 }
 
-void require_gpu(const Topology& t, int gpu) {
+int gpu_of(const Topology& t, const py::object& gpu_arg) {
+  const int64_t gpu = int_arg(gpu_arg, "gpu", INT64_MIN, INT64_MAX);
   FEPLB_REQUIRE_INPUT(gpu >= 0 && gpu < t.num_ranks(), "gpu: {} is outside [0, {})", gpu,
                       t.num_ranks());
+  return static_cast<int>(gpu);
 }
 
 }  // namespace
 
 Knobs knobs_from(const py::dict& overrides) {
   Knobs knobs;
-  const std::vector<KnobInfo> infos = list_knobs(knobs);
   for (const auto& item : overrides) {
     const std::string name = py::str(item.first);
-    const auto it =
-        std::find_if(infos.begin(), infos.end(), [&](const KnobInfo& k) { return k.name == name; });
-    FEPLB_REQUIRE_INPUT(it != infos.end(), "{}: unknown knob (feplb.knobs() lists them)", name);
-    double value = 0;
-    if (auto* p = std::get_if<int64_t*>(&it->value)) {
-      **p = integer_of(item.second, name);
-      value = static_cast<double>(**p);
-    } else {
-      **std::get_if<double*>(&it->value) = value = real_of(item.second, name);
+    const py::handle v = item.second;
+    // Numbers go to set_knob (the parser the CLI and the C API use) as they are: an int that
+    // int64 holds as an integer, a larger one as its digits, a float as a double.
+    const bool number = PyIndex_Check(v.ptr()) || PyFloat_Check(v.ptr()) ||
+                        py::isinstance(v, py::module_::import("numbers").attr("Real"));
+    if (PyBool_Check(v.ptr()) || !number) {
+      require_knob_name(name);  // an unknown name is named first
+      throw InputError(fmt::format("knob {}: expected a number, got {}", printable(name),
+                                   std::string(py::str(py::type::handle_of(v).attr("__name__")))));
     }
-    FEPLB_REQUIRE_INPUT(value >= it->minimum, "{}: {} is below its minimum {} {}", name, value,
-                        it->minimum, it->unit);
+    if (PyIndex_Check(v.ptr())) {
+      const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
+      if (!i) throw py::error_already_set();
+      int overflow = 0;
+      const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+      if (overflow == 0) {
+        set_knob(knobs, name, static_cast<int64_t>(x));
+      } else {
+        const std::string digits = py::repr(i);
+        set_knob(knobs, name, std::string_view(digits));
+      }
+    } else {
+      const double x = PyFloat_AsDouble(v.ptr());  // a float, or a number.Real that converts
+      if (x == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+      set_knob(knobs, name, x);
+    }
   }
   return knobs;
 }
 
+int64_t int_arg(py::handle v, std::string_view name, int64_t lo, int64_t hi) {
+  const std::string type = py::str(py::type::handle_of(v).attr("__name__"));
+  FEPLB_REQUIRE_INPUT(!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr()),
+                      "{}: expected an integer, got {}", name, type);
+  const py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+  if (!i) throw py::error_already_set();
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  FEPLB_REQUIRE_INPUT(overflow == 0 && x >= lo && x <= hi, "{}: {} is outside {}", name,
+                      std::string(py::repr(i)),
+                      range_text(static_cast<double>(lo), static_cast<double>(hi)));
+  return static_cast<int64_t>(x);
+}
+
+std::string text_arg(py::handle v, std::string_view name) {
+  FEPLB_REQUIRE_INPUT(PyUnicode_Check(v.ptr()), "{}: expected a str, got {}", name,
+                      std::string(py::str(py::type::handle_of(v).attr("__name__"))));
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(v.ptr(), &size);
+  if (utf8 == nullptr) {
+    PyErr_Clear();
+    throw InputError(fmt::format("{}: not valid Unicode text (a lone surrogate)", name));
+  }
+  return std::string(utf8, static_cast<size_t>(size));
+}
+
 void require_counts(const Int64Array& a, std::string_view name, std::vector<py::ssize_t> shape,
-                    std::string_view expected) {
+                    std::string_view expected, int64_t max_value) {
   const auto dims = [](const std::vector<py::ssize_t>& s) {
     return fmt::format("({})", fmt::join(s, ", "));
   };
@@ -115,7 +140,7 @@ void require_counts(const Int64Array& a, std::string_view name, std::vector<py::
   const int64_t* data = a.data();
   const auto n = static_cast<size_t>(a.size());
   for (size_t i = 0; i < n; ++i) {
-    if (data[i] >= 0) continue;
+    if (data[i] >= 0 && data[i] <= max_value) continue;
     // Name the entry by its index along each axis.
     std::vector<py::ssize_t> index(shape.size());
     size_t rest = i;
@@ -123,7 +148,12 @@ void require_counts(const Int64Array& a, std::string_view name, std::vector<py::
       index[d] = static_cast<py::ssize_t>(rest % static_cast<size_t>(shape[d]));
       rest /= static_cast<size_t>(shape[d]);
     }
-    throw InputError(fmt::format("{}[{}]: {} is negative", name, fmt::join(index, "]["), data[i]));
+    if (data[i] < 0) {
+      throw InputError(
+          fmt::format("{}[{}]: {} is negative", name, fmt::join(index, "]["), data[i]));
+    }
+    throw InputError(
+        fmt::format("{}[{}]: {} is above {}", name, fmt::join(index, "]["), data[i], max_value));
   }
 }
 
@@ -139,6 +169,18 @@ void bind_core(py::module_& m) {
       "Throws feplb::InputError (kind 'input') or feplb::Error: tests the exception mapping.");
 
   m.def("policies", &planner_names, "Names of every planner, in the CLI's order.");
+
+  // The file formats' limits (feplb/core/limits.h): the Python layer checks sizes against them
+  // before copying an array.
+  py::dict limits_dict;
+  limits_dict["ranks"] = limits::kMaxRanks;
+  limits_dict["experts"] = limits::kMaxExperts;
+  limits_dict["tokens_per_rank"] = limits::kMaxTokensPerRank;
+  limits_dict["expert_dim"] = limits::kMaxExpertDim;
+  limits_dict["step_id"] = limits::kMaxStepId;
+  limits_dict["trace_counts"] = limits::kMaxTraceCounts;
+  limits_dict["free_form_bytes"] = limits::kMaxFreeFormBytes;
+  m.attr("LIMITS") = limits_dict;
 
   m.def(
       "knob_table",
@@ -170,15 +212,22 @@ void bind_core(py::module_& m) {
 
   py::class_<ExpertShape>(m, "ExpertShape",
                           "One SwiGLU expert: gate and up [hidden, ffn], down [ffn, hidden].")
-      .def(py::init([](int64_t hidden, int64_t ffn, const std::string& dtype) {
+      .def(py::init([](const py::object& hidden_arg, const py::object& ffn_arg,
+                       const py::object& dtype) {
+             const int64_t hidden = int_arg(hidden_arg, "hidden", INT64_MIN, INT64_MAX);
+             const int64_t ffn = int_arg(ffn_arg, "ffn", INT64_MIN, INT64_MAX);
              FEPLB_REQUIRE_INPUT(hidden >= 1, "hidden: {} must be at least 1", hidden);
              FEPLB_REQUIRE_INPUT(ffn >= 1, "ffn: {} must be at least 1", ffn);
-             return ExpertShape{hidden, ffn, parse_dtype(dtype, "dtype")};
+             FEPLB_REQUIRE_INPUT(hidden <= limits::kMaxExpertDim && ffn <= limits::kMaxExpertDim,
+                                 "hidden, ffn: {}, {} above the limit of {}", hidden, ffn,
+                                 limits::kMaxExpertDim);
+             return ExpertShape{hidden, ffn, parse_dtype(text_arg(dtype, "dtype"), "dtype")};
            }),
            py::arg("hidden"), py::arg("ffn"), py::arg("dtype") = "bf16")
       .def_static(
           "for_model",
-          [](const std::string& model) {
+          [](const py::object& model_arg) {
+            const std::string model = text_arg(model_arg, "model");
             const std::optional<ExpertShape> s = shape_for_model(model);
             FEPLB_REQUIRE_INPUT(s.has_value(),
                                 "model: no expert shape is known for '{}'; give "
@@ -228,18 +277,15 @@ void bind_core(py::module_& m) {
           "[num_experts] home GPU of each expert (a copy).")
       .def(
           "local_experts",
-          [](const Topology& t, int gpu) {
-            require_gpu(t, gpu);
+          [](const Topology& t, const py::object& gpu_arg) {
+            const int gpu = gpu_of(t, gpu_arg);
             std::vector<int64_t> e(t.local_experts(gpu).begin(), t.local_experts(gpu).end());
             return to_numpy(e);
           },
           py::arg("gpu"), "The experts whose home is `gpu`, ascending.")
       .def(
           "domain_of",
-          [](const Topology& t, int gpu) {
-            require_gpu(t, gpu);
-            return t.domain_of(gpu);
-          },
+          [](const Topology& t, const py::object& gpu) { return t.domain_of(gpu_of(t, gpu)); },
           py::arg("gpu"))
       .def("__eq__",
            [](const Topology& a, const Topology& b) {

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "feplb/core/error.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/metrics.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/sim/cost_choice.h"
@@ -109,7 +110,7 @@ class PyPlanner {
   void load(const Int64Array& counts, int64_t layer) {
     FEPLB_REQUIRE_INPUT(layer >= 0, "layer: {} must be at least 0", layer);
     const int R = topo_.num_ranks(), E = topo_.num_experts();
-    require_counts(counts, "counts", {R, E}, "(num_ranks, num_experts)");
+    require_counts(counts, "counts", {R, E}, "(num_ranks, num_experts)", limits::kMaxTokensPerRank);
     step_ = RoutingStep(steps_, layer, R, E);
     std::copy(counts.data(), counts.data() + counts.size(), step_.counts.begin());
     step_.sum_experts();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
@@ -12,6 +13,7 @@
 #include "feplb/core/file_io.h"
 #include "feplb/core/limits.h"
 #include "feplb/core/routing.h"
+#include "feplb/core/text.h"
 #include "feplb/core/trace_io.h"
 #include "python/src/bindings.h"
 
@@ -19,6 +21,7 @@ namespace feplb::python {
 namespace {
 
 using limits::kMaxExperts;
+using limits::kMaxFreeFormBytes;
 using limits::kMaxRanks;
 using limits::kMaxStepId;
 using limits::kMaxTokensPerRank;
@@ -93,15 +96,34 @@ PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
   FEPLB_REQUIRE_INPUT(
       !tokens_per_rank || (*tokens_per_rank >= 0 && *tokens_per_rank <= kMaxTokensPerRank),
       "tokens_per_rank: {} must be in 0..{}", tokens_per_rank.value_or(0), kMaxTokensPerRank);
-  require_counts(counts, "counts", {N, R, E}, "(steps, ranks, experts)");
-  require_counts(step_ids, "step_ids", {N}, "(steps,)");
-  require_counts(layer_ids, "layer_ids", {N}, "(steps,)");
+  FEPLB_REQUIRE_INPUT(N * R * E <= limits::kMaxTraceCounts,
+                      "counts: {} x {} x {} counts, more than the {} a trace may hold", N, R, E,
+                      limits::kMaxTraceCounts);
+  require_counts(counts, "counts", {N, R, E}, "(steps, ranks, experts)", kMaxTokensPerRank);
+  require_counts(step_ids, "step_ids", {N}, "(steps,)", kMaxStepId);
+  require_counts(layer_ids, "layer_ids", {N}, "(steps,)", kMaxStepId);
+  // What save() writes, load() reads: the free-form parts within the reader's limits.
+  FEPLB_REQUIRE_INPUT(nlohmann::json(model).dump().size() - 2 <= kMaxFreeFormBytes,
+                      "model: {} bytes, more than the {} a trace may hold", model.size(),
+                      kMaxFreeFormBytes);
+  if (!generator_json.empty()) {
+    nlohmann::ordered_json generator;
+    try {
+      generator = nlohmann::ordered_json::parse(generator_json);
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(fmt::format("generator: not JSON that a trace can hold ({})", e.what()));
+    }
+    const size_t bytes = generator.dump().size();
+    FEPLB_REQUIRE_INPUT(bytes <= static_cast<size_t>(kMaxFreeFormBytes),
+                        "generator: {} bytes of JSON, more than the {} a trace may hold", bytes,
+                        kMaxFreeFormBytes);
+  }
   if (shape) {
     FEPLB_REQUIRE_INPUT(shape->hidden >= 1 && shape->hidden <= (1 << 20) && shape->ffn >= 1 &&
                             shape->ffn <= (1 << 20),
                         "expert_shape: hidden and ffn must be in 1..{}", 1 << 20);
   }
-  if (tokens) require_counts(*tokens, "tokens", {N, R}, "(steps, ranks)");
+  if (tokens) require_counts(*tokens, "tokens", {N, R}, "(steps, ranks)", kMaxTokensPerRank);
   const RankTokens rt = rank_tokens(counts, static_cast<int>(top_k), tokens, tokens_per_rank);
 
   PyTrace out;
@@ -195,12 +217,19 @@ void bind_trace(py::module_& m) {
           [](const PyTrace& t, const std::string& path, bool overwrite) {
             std::error_code ec;
             FEPLB_REQUIRE_INPUT(overwrite || !std::filesystem::exists(path, ec),
-                                "path: {} exists; pass overwrite=True to replace it", path);
+                                "path: {} exists; pass overwrite=True to replace it",
+                                printable(path));
             write_file(path, format_trace(t.trace), overwrite);
           },
           py::arg("path"), py::arg("overwrite"))
       .def("to_json", [](const PyTrace& t) { return format_trace(t.trace); })
-      .def_property_readonly("path", [](const PyTrace& t) { return t.path; })
+      .def_property_readonly(
+          "path",
+          [](const PyTrace& t) {
+            // The OS's bytes, decoded as os.fsdecode does.
+            return py::reinterpret_steal<py::str>(PyUnicode_DecodeFSDefaultAndSize(
+                t.path.data(), static_cast<Py_ssize_t>(t.path.size())));
+          })
       .def_property_readonly("model", [](const PyTrace& t) { return t.trace.model; })
       .def_property_readonly("num_experts", [](const PyTrace& t) { return t.trace.num_experts; })
       .def_property_readonly("num_ranks", [](const PyTrace& t) { return t.trace.num_ranks; })

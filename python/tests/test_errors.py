@@ -1,5 +1,11 @@
 """Bad input is a ValueError naming the argument (or the file's field); never a crash."""
 
+import os
+import re
+import subprocess
+import time
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -53,19 +59,19 @@ def test_policy_knobs_and_shape(counts):
         feplb.plan(counts, "balanced", shape=SHAPE)
     with pytest.raises(ValueError, match="policy: expected a name"):
         feplb.plan(counts, 3, shape=SHAPE)
-    with pytest.raises(ValueError, match="max_num_dynn: unknown knob"):
+    with pytest.raises(ValueError, match=r"^knob max_num_dynn: unknown \(`feplb knobs` lists"):
         feplb.plan(counts, shape=SHAPE, max_num_dynn=4)
-    with pytest.raises(ValueError, match="max_num_dyn: -1 is below its minimum 0 experts"):
+    with pytest.raises(ValueError, match=r"max-num-dyn\): -1 is outside \[0, 65536\] experts$"):
         feplb.plan(counts, shape=SHAPE, max_num_dyn=-1)
-    with pytest.raises(ValueError, match="copy_gbps: 0 is below its minimum 0.001 GB/s"):
+    with pytest.raises(ValueError, match=r"copy_gbps \(--copy-gbps\): 0 is outside \[0.001, "):
         feplb.plan(counts, shape=SHAPE, copy_gbps=0)
-    with pytest.raises(ValueError, match="dyn: expected an integer, got 2.5"):
+    with pytest.raises(ValueError, match=r"^knob dyn \(--dyn\): 2.5 is not an integer$"):
         feplb.plan(counts, shape=SHAPE, dyn=2.5)
-    with pytest.raises(ValueError, match="dyn: expected an integer, got a bool"):
+    with pytest.raises(ValueError, match="knob dyn: expected a number, got bool"):
         feplb.plan(counts, shape=SHAPE, dyn=True)
-    with pytest.raises(ValueError, match="balance_tolerance: expected a number, got str"):
+    with pytest.raises(ValueError, match="knob balance_tolerance: expected a number, got str"):
         feplb.plan(counts, shape=SHAPE, balance_tolerance="0.1")
-    with pytest.raises(ValueError, match="balance_tolerance: nan is not a finite number"):
+    with pytest.raises(ValueError, match=r"balance-tolerance\): nan is not a finite number"):
         feplb.plan(counts, shape=SHAPE, balance_tolerance=float("nan"))
     with pytest.raises(TypeError, match="shape"):
         feplb.plan(counts)  # shape is required: it sets the bytes and the cost model
@@ -116,3 +122,152 @@ def test_error_mapping():
     with pytest.raises(RuntimeError, match="^broken invariant$") as e:
         _feplb._raise_for_test("internal", "broken invariant")
     assert not isinstance(e.value, ValueError)
+
+
+# --- Classes of bad input a fuzzer would try: every one a ValueError naming the argument, raised
+# before any large allocation. ------------------------------------------------------------------
+
+I64_MAX = int(np.iinfo(np.int64).max)
+HUGE = 2**70
+
+
+def small_counts():
+    return np.full((4, 16), 64, dtype=np.int64)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda t: feplb.plan(np.full((8, 64), I64_MAX), "feplb", shape=SHAPE),
+         r"^counts\[0\]\[0\]: 9223372036854775807 is above 4294967296$"),
+        (lambda t: feplb.Trace.from_counts(small_counts(), top_k=HUGE),
+         f"^top_k: {HUGE} is above 65536$"),
+        (lambda t: feplb.Trace.from_counts(small_counts(), top_k=4, tokens_per_rank=2**64),
+         "^tokens_per_rank: 18446744073709551616 is above 4294967296$"),
+        (lambda t: feplb.Trace.from_counts(small_counts(), top_k=4, step_ids=[HUGE]),
+         "^step_ids: expected integers, got dtype object$"),
+        (lambda t: feplb.Topology(HUGE, 8), f"^num_ranks: {HUGE} is outside"),
+        (lambda t: feplb.Topology(4, 16, placement=[HUGE] + [0] * 15),
+         rf"^placement\[0\]: {HUGE} is outside"),
+        (lambda t: feplb.Topology(4, 16).local_experts(HUGE), f"^gpu: {HUGE} is outside"),
+        (lambda t: feplb.ExpertShape(HUGE, 512), f"^hidden: {HUGE} is outside"),
+        (lambda t: feplb.plan(small_counts(), shape=SHAPE, gpus_per_node=2**65),
+         "^gpus_per_node: 36893488147419103232 is above 16384$"),
+        (lambda t: feplb.plan(small_counts(), shape=SHAPE, dyn=HUGE),
+         rf"^knob dyn \(--dyn\): {HUGE} is outside \[0, 65536\] experts$"),
+        (lambda t: feplb.Planner(topology=feplb.Topology(4, 16), shape=SHAPE).plan(
+            small_counts(), layer=2**64), "^layer: 18446744073709551616 is above 2147483647$"),
+        (lambda t: feplb.simulate(t, warmup=HUGE), f"^warmup: {HUGE} is above 2147483647$"),
+        (lambda t: feplb.simulate(t, hidden=HUGE), f"^hidden: {HUGE} is above 1048576$"),
+        (lambda t: t[HUGE], f"^index: {HUGE} is above"),
+    ],
+)
+def test_huge_integers(default_trace_path, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(feplb.Trace.load(default_trace_path))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: feplb.Trace.from_json("\udcff\x00garbage"),
+         r"^text: not valid Unicode text \(surrogates not allowed at index 0\)$"),
+        (lambda: feplb.Trace.from_json("\x00garbage"), "malformed JSON"),
+        (lambda: feplb.Trace.from_counts(small_counts(), top_k=4, model="\udcff"),
+         "^model: not valid Unicode text"),
+        (lambda: feplb.plan(small_counts(), "\udcff", shape=SHAPE), "^policy: not valid Unicode"),
+        (lambda: feplb.plan(small_counts(), shape="\udcff"), "^shape: not valid Unicode"),
+        (lambda: feplb.ExpertShape(1024, 512, "\udcff"), "^dtype: not valid Unicode"),
+        (lambda: feplb.plan(small_counts(), shape=SHAPE, **{"\udcff": 1}),
+         "^knob name: not valid Unicode"),
+        (lambda: feplb.simulate(feplb.default_trace_path(), ["feplb", "\udcff"]),
+         "^policies: not valid Unicode"),
+        # A file name that is not UTF-8 (os.fsdecode's surrogates): named, escaped, in a str.
+        (lambda: feplb.Trace.load(b"/nonexistent/\xff\xfe.json"),
+         r"^/nonexistent/\\xff\\xfe.json: no such file$"),
+    ],
+)
+def test_non_utf8_text(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_a_non_utf8_file_name_round_trips(tmp_path, default_trace_path):
+    t = feplb.Trace.load(default_trace_path)
+    path = os.path.join(os.fsencode(tmp_path), b"\xff\xfe.json")
+    t.save(path)
+    back = feplb.Trace.load(path)
+    assert back.path == os.fsdecode(path)
+    np.testing.assert_array_equal(back.counts, t.counts)
+
+
+def test_nul_in_paths(tmp_path, default_trace_path):
+    t = feplb.Trace.load(default_trace_path)
+    # Truncated at the NUL, this name would be the bundled trace: it must not load silently.
+    for call in (
+        lambda: feplb.Trace.load(default_trace_path + "\0x"),
+        lambda: feplb.Trace.load(os.fsencode(default_trace_path) + b"\0x"),
+        lambda: t.save(str(tmp_path / "out.json") + "\0x"),
+        lambda: feplb.simulate(default_trace_path + "\0x"),
+        lambda: feplb.plan(small_counts(), shape=SHAPE, cost_model="table.json\0x"),
+    ):
+        with pytest.raises(ValueError, match="holds a NUL byte"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
+def peak_mib(call):
+    """Runs call() (which must raise ValueError) and returns the peak of numpy's and Python's
+    allocations meanwhile, in MiB (numpy reports its buffers to tracemalloc)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as e:
+            call()
+        return tracemalloc.get_traced_memory()[1] / 2**20, str(e.value)
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: feplb.plan(np.broadcast_to(np.int64(8), (16384, 65536)), "feplb", shape=SHAPE),
+         r"^counts: shape \(16384, 65536\) holds 1073741824 entries, more than the 134217728"),
+        (lambda: feplb.Trace.from_counts(np.broadcast_to(np.int64(64), (2, 16384, 8192)),
+                                         top_k=8),
+         r"^counts: shape \(2, 16384, 8192\) holds 268435456 entries, more than the 134217728"),
+        (lambda: feplb.Trace.from_counts([np.broadcast_to(np.int64(64), (4096, 8192))] * 5,
+                                         top_k=8),
+         r"^counts\[4\]: counts\[0..4\] hold 167772160 entries, more than the 134217728"),
+        (lambda: feplb.Trace.from_counts(np.broadcast_to(np.int64(64), (64, 4, 4096, 8192)),
+                                         top_k=8),
+         r"^counts: shape \(64, 4, 4096, 8192\) holds"),
+    ],
+)
+def test_broadcast_arrays_are_refused_before_they_are_copied(call, message):
+    t0 = time.monotonic()
+    peak, text = peak_mib(call)
+    assert re.search(message, text), text
+    assert peak < 64, f"{peak:.0f} MiB allocated before the error"
+    assert time.monotonic() - t0 < 5
+
+
+def test_oversized_metadata_is_refused_and_what_save_writes_load_reads(tmp_path):
+    limit = feplb.LIMITS["free_form_bytes"]
+    c = small_counts()
+    with pytest.raises(ValueError, match=rf"^generator: \d+ bytes of JSON, more than the {limit}"):
+        feplb.Trace.from_counts(c, top_k=4, generator={"x": "a" * (2 << 20)})
+    with pytest.raises(ValueError, match=rf"^model: \d+ bytes, more than the {limit}"):
+        feplb.Trace.from_counts(c, top_k=4, model="m" * (limit + 1))
+    with pytest.raises(ValueError, match="^generator: not JSON that a trace can hold"):
+        feplb.Trace.from_counts(c, top_k=4, generator={"\udcff": 1})
+    # Just within the limits: saved, loaded back, also by the CLI.
+    t = feplb.Trace.from_counts(c, top_k=4, model="m" * (limit - 16),
+                                generator={"x": "é" * ((limit - 64) // 2)})
+    out = tmp_path / "edge.json"
+    t.save(out)
+    back = feplb.Trace.load(out)
+    assert back.model == t.model and back.generator == t.generator
+    cli = subprocess.run([os.environ["FEPLB_CLI"], "trace", "info", str(out)],
+                         capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr

@@ -102,7 +102,7 @@ def test_bad_options(default_trace_path, tmp_path):
         feplb.simulate(t, warmup=16)
     with pytest.raises(ValueError, match="warmup: -1 must be at least 0"):
         feplb.simulate(t, warmup=-1)
-    with pytest.raises(ValueError, match="dyn: -2 is below its minimum"):
+    with pytest.raises(ValueError, match=r"knob dyn \(--dyn\): -2 is outside \[0, 65536\]"):
         feplb.simulate(t, dyn=-2)
     with pytest.raises(ValueError, match="missing.json: no such file"):
         feplb.simulate(t, placement=tmp_path / "missing.json")

@@ -237,6 +237,121 @@ TEST(FileSet, ExistingOutputsNeedForceAndStreamsDoNot) {
   expect_input_error([&] { files.check(); }, {"out.json", "exists", "--force"});
 }
 
+// --- FileSet::commit: all of a command's outputs, or none ------------------------------------
+
+// Runs fn under a file size limit of `bytes` (SIGXFSZ ignored: writes past it fail with EFBIG,
+// as on a full disk) and returns the InputError's message ("" if none).
+template <typename Fn>
+std::string error_under_size_limit(rlim_t bytes, const Fn& fn) {
+  struct rlimit old {};
+  EXPECT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto* const previous = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = bytes;
+  EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string msg;
+  try {
+    fn();
+  } catch (const InputError& e) {
+    msg = e.what();
+  }
+  EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, previous);
+  return msg;
+}
+
+TEST(FileSetCommit, WritesEveryOutputOrNone) {
+  const fs::path dir = scratch("commit");
+  put(dir / "old.json", "old");
+  const auto run = [&](bool force) {
+    FileSet files(force);
+    files.output("--md", (dir / "r.md").string());
+    files.output("--json", (dir / "old.json").string());
+    files.check();
+    files.stage((dir / "r.md").string(), "small");
+    files.stage((dir / "old.json").string(), std::string(1 << 16, 'x'));
+    return files.commit();
+  };
+  // The second output does not fit: neither is written, the replaced file keeps its content.
+  const std::string msg = error_under_size_limit(4096, [&] { run(true); });
+  EXPECT_NE(msg.find("old.json: write failed"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nothing was written"), std::string::npos) << msg;
+  EXPECT_EQ(names(dir), std::vector<std::string>{"old.json"});
+  EXPECT_EQ(get(dir / "old.json"), "old");
+  // Room for both: both, in the order staged.
+  EXPECT_EQ(run(true),
+            (std::vector<std::string>{(dir / "r.md").string(), (dir / "old.json").string()}));
+  EXPECT_EQ(get(dir / "r.md"), "small");
+  EXPECT_EQ(get(dir / "old.json"), std::string(1 << 16, 'x'));
+  EXPECT_EQ(names(dir), (std::vector<std::string>{"old.json", "r.md"}));
+}
+
+TEST(FileSetCommit, AFailedSpecialFileLeavesNoRegularOutput) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const fs::path dir = scratch("commit_full");
+  FileSet files(false);
+  files.output("--json", (dir / "ok.json").string());
+  files.output("--plot", "/dev/full");
+  files.check();
+  files.stage((dir / "ok.json").string(), "{}");
+  files.stage("/dev/full", std::string(1 << 16, 'x'));
+  expect_input_error([&] { files.commit(); }, {"/dev/full: write failed", "nothing was written"});
+  EXPECT_TRUE(names(dir).empty());
+}
+
+TEST(FileSetCommit, AFileThatAppearedMeanwhileIsNotReplaced) {
+  const fs::path dir = scratch("commit_race");
+  FileSet files(false);
+  files.output("--json", (dir / "r.json").string());
+  files.check();
+  put(dir / "r.json", "theirs");  // after the check, before the write
+  files.stage((dir / "r.json").string(), "ours");
+  expect_input_error([&] { files.commit(); }, {"r.json: exists", "nothing was written"});
+  EXPECT_EQ(get(dir / "r.json"), "theirs");
+  EXPECT_EQ(names(dir), std::vector<std::string>{"r.json"});
+}
+
+// The temporary file has a short name: a file name of NAME_MAX (255) bytes can be written.
+TEST(FileSetCommit, ALongestFileNameIsWritten) {
+  const fs::path dir = scratch("long_name");
+  const std::string name = std::string(250, 'n') + ".json";
+  ASSERT_EQ(name.size(), 255u);
+  write_file((dir / name).string(), "x", false);
+  EXPECT_EQ(get(dir / name), "x");
+  EXPECT_EQ(names(dir), std::vector<std::string>{name});
+}
+
+// A FIFO no process reads is refused by check() at once (opening it for writing would block);
+// with a reader it is kept open until commit().
+TEST(FileSetCommit, AFifoWithoutAReaderIsRefusedNotWaitedFor) {
+  const fs::path dir = scratch("fifo_out");
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  FileSet alone(false);
+  alone.output("--json", (dir / "fifo").string());
+  expect_input_error([&] { alone.check(); }, {"fifo", "no process is reading"});
+  const int reader = ::open((dir / "fifo").c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  FileSet files(false);
+  files.output("--json", (dir / "fifo").string());
+  files.check();
+  files.stage((dir / "fifo").string(), "through the pipe");
+  files.commit();
+  char buf[64] = {};
+  EXPECT_EQ(::read(reader, buf, sizeof buf), 16);
+  EXPECT_EQ(std::string(buf), "through the pipe");
+  ::close(reader);
+}
+
+// Truncated at the NUL, these paths would name other files: refused whole.
+TEST(FileSetCommit, PathsWithANulAreRefused) {
+  const fs::path dir = scratch("nul");
+  put(dir / "t.json", "x");
+  const std::string with_nul = (dir / "t.json").string() + std::string(1, '\0') + "x";
+  expect_input_error([&] { write_file(with_nul, "y", true); }, {"NUL byte"});
+  expect_input_error([&] { read_trace(with_nul); }, {"NUL byte"});
+  EXPECT_EQ(get(dir / "t.json"), "x");
+}
+
 // --- Inputs ----------------------------------------------------------------------------------
 
 TEST(ByteSource, OnlyRegularFilesAreRead) {

@@ -18,6 +18,7 @@ namespace feplb {
 namespace {
 
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 // A valid document: E=8 experts, R=4 ranks, S=2 tokens per rank, top-2, four steps
 // (micro-batches 0 and 1 x layers 0 and 1). Every row puts 2 rows on two different experts.
@@ -239,6 +240,76 @@ TEST(TraceIoErrors, MalformedJson) {
     SCOPED_TRACE(text);
     expect_trace_error(text, {"malformed JSON"});
   }
+}
+
+// The counts are read straight from the source while they are plain integers (trace_io.cc,
+// read_plain_counts); what they hand back to the JSON parser, and the commas they consume, must
+// keep every malformed row malformed.
+TEST(TraceIoErrors, MalformedCountRows) {
+  const std::string good = valid_doc().dump();
+  const std::string row = "[2,0,0,2,0,0,0,0]";
+  ASSERT_NE(good.find(row), std::string::npos);
+  const auto with_row = [&](const std::string& bad) {
+    std::string text = good;
+    text.replace(text.find(row), row.size(), bad);
+    return text;
+  };
+  for (const std::string bad :
+       {"[2,0,0,2,0,0,0,0,]", "[2,0,0,2,0,0,0 0]", "[2,0,0,2,0,0,0,,0]", "[2,0,0,2,0,0,0:0]",
+        "[2,0,0,2,0,0,00,0]", "[2,0,0,2,0,0,0,01]", "[,2,0,0,2,0,0,0,0]"}) {
+    SCOPED_TRACE(bad);
+    expect_trace_error(with_row(bad), {"malformed JSON"});
+  }
+  expect_trace_error(with_row("[2,0,0,2,0,0,0,0"), {"steps[0].counts[0]"});
+  expect_trace_error(with_row("[2,0,0,2,0,0,0,0.5]"), {"expected an integer", "0.5"});
+  expect_trace_error(with_row("[2,0,0,2,0,0,0,-1]"), {"-1"});
+  expect_trace_error(with_row("[2,0,0,2,0,0,0,\"0\"]"), {"expected an integer", "string"});
+  expect_trace_error(with_row("[2,0,0,2,0,0,0,99999999999]"), {"99999999999"});
+  // Whitespace anywhere a JSON document allows it, and -0, read as before.
+  const Trace t = parse_trace(with_row("[ 2 ,\n0,\t0 , 2,0,0,0,-0 ]"));
+  EXPECT_EQ(t.steps[0].at(0, 0), 2);
+}
+
+// A file is read in 64 KiB chunks: counts that straddle a chunk boundary, in any whitespace, read
+// the same as from memory.
+TEST(TraceIo, CountsAcrossChunkBoundariesReadAsFromMemory) {
+  json doc = valid_doc();
+  std::string text = doc.dump();
+  // Pad between rows with a varying amount of whitespace so that the chunk boundaries fall at
+  // every position of a row.
+  std::string padded;
+  int pad = 0;
+  for (char c : text) {
+    padded += c;
+    if (c == ',') padded += std::string(static_cast<size_t>(++pad % 7), ' ');
+  }
+  for (int i = 0; padded.size() < (size_t{3} << 16); ++i) {
+    padded.insert(padded.size() - 1,
+                  std::string(9973, ' ') + ",\"pad" + std::to_string(i) + "\":[1, 22, 333]");
+  }
+  const fs::path path = fs::path(::testing::TempDir()) / "feplb_chunks.json";
+  std::ofstream(path, std::ios::binary) << padded;
+  const Trace from_file = read_trace(path.string());
+  const Trace from_text = parse_trace(text);
+  ASSERT_EQ(from_file.steps.size(), from_text.steps.size());
+  for (size_t i = 0; i < from_file.steps.size(); ++i) {
+    EXPECT_EQ(from_file.steps[i].counts, from_text.steps[i].counts);
+  }
+}
+
+// The JSON lexer never holds more than a token: a whitespace flood costs no memory, and a string
+// or number beyond the free-form limit is refused where it is.
+TEST(TraceIoErrors, WhitespaceFloodsAndLongTokens) {
+  const std::string good = valid_doc().dump();
+  const Trace t =
+      parse_trace(std::string(size_t{8} << 20, ' ') + good + std::string(1 << 20, '\n'));
+  EXPECT_EQ(t.steps.size(), 4u);
+  std::string long_model = good;
+  long_model.replace(long_model.find("unit-test"), 9, std::string((1 << 20) + 1, 'm'));
+  expect_trace_error(long_model, {"a string longer than 1048576 bytes"});
+  std::string long_number = good;
+  long_number.replace(long_number.find("\"unit-test\""), 11, std::string((1 << 20) + 1, '7'));
+  expect_trace_error(long_number, {"a token longer than 1048576 bytes"});
 }
 
 TEST(TraceIoErrors, TopLevelNotAnObject) {

@@ -21,21 +21,6 @@
 namespace feplb::cli {
 namespace {
 
-// "[lo, hi]" with huge bounds shown as powers of two.
-std::string range_text(double lo, double hi) {
-  const auto num = [](double v) {
-    if (v >= 1e9 && std::exp2(std::round(std::log2(v))) == v) {
-      return fmt::format("2^{:.0f}", std::log2(v));
-    }
-    if (v + 1 >= 1e9 && std::exp2(std::round(std::log2(v + 1))) == v + 1) {
-      return fmt::format("2^{:.0f}-1", std::log2(v + 1));
-    }
-    if (v == std::floor(v) && std::fabs(v) < 1e15) return fmt::format("{:.0f}", v);
-    return fmt::format("{}", v);
-  };
-  return fmt::format("[{}, {}]", num(lo), num(hi));
-}
-
 CLI::Validator int_validator(int64_t lo, int64_t hi) {
   return CLI::Validator(
       [lo, hi](std::string& s) -> std::string {
@@ -178,20 +163,26 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f, bool cost) {
                    "auto)");
   }
   add_shape_flags(cmd, f.shape);
-  for (const KnobInfo& k : list_knobs(f.knobs)) {
-    const std::string help = fmt::format("{} [{}; default {}]", k.help, k.unit, k.default_value);
-    std::visit(
-        [&](auto* p) {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, double>) {
-            add_real(cmd, k.flag, *p, k.minimum, k.maximum, help)->group("Knobs (docs/knobs.md)");
-          } else {
-            add_int(cmd, k.flag, *p, static_cast<int64_t>(k.minimum),
-                    static_cast<int64_t>(k.maximum), help)
-                ->group("Knobs (docs/knobs.md)");
-          }
-        },
-        k.value);
+  // Each knob flag keeps its text; apply_knob_flags parses it with set_knob, the parser the Python
+  // module and the C API use, so a bad value gets the same message from all three.
+  const std::vector<KnobInfo> knobs = list_knobs(f.knobs);
+  f.knob_text.assign(knobs.size(), std::string());
+  for (size_t i = 0; i < knobs.size(); ++i) {
+    const KnobInfo& k = knobs[i];
+    const bool integer = std::holds_alternative<int64_t*>(k.value);
+    cmd.add_option(k.flag, f.knob_text[i],
+                   fmt::format("{} [{}; default {}]", k.help, k.unit, k.default_value))
+        ->type_name(
+            fmt::format("{} {}", integer ? "INT" : "REAL", range_text(k.minimum, k.maximum)))
+        ->group("Knobs (docs/knobs.md)");
+  }
+}
+
+void apply_knob_flags(const CLI::App& cmd, ModelFlags& f) {
+  Knobs scratch;
+  const std::vector<KnobInfo> knobs = list_knobs(scratch);
+  for (size_t i = 0; i < knobs.size(); ++i) {
+    if (cmd.count(knobs[i].flag) > 0) set_knob(f.knobs, knobs[i].name, f.knob_text[i]);
   }
 }
 
@@ -252,6 +243,7 @@ std::string cost_model_path(const std::string& choice) {
 }
 
 void apply_model_flags(const CLI::App& cmd, ModelFlags& flags) {
+  apply_knob_flags(cmd, flags);
   flags.gpu_class = &apply_gpu_flag(cmd, flags.gpu, flags.knobs);
 }
 

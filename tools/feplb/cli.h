@@ -49,7 +49,8 @@ CLI::Option* add_model_flag(CLI::App& cmd, std::string& model, const std::string
 // expert shape, the GEMM cost model (--cost-model auto|roofline|FILE) and --gpus-per-node.
 // --gpu CLASS (gpu_classes.def) sets the knobs its link rates and GEMM ceilings determine.
 struct ModelFlags {
-  Knobs knobs;
+  Knobs knobs;                         // after apply_knob_flags: the defaults and the knob flags
+  std::vector<std::string> knob_text;  // [list_knobs order]: each knob flag's text as given
   ShapeFlags shape;
   std::string cost_model = "auto";
   int gpus_per_node = 8;
@@ -63,8 +64,11 @@ void add_gpu_flag(CLI::App& cmd, std::string& gpu);
 // Sets the knobs the class determines, except those whose flags were given to `cmd` (a knob flag
 // wins over the class). Returns the class; InputError naming --gpu for an unknown one.
 const GpuClass& apply_gpu_flag(const CLI::App& cmd, const std::string& gpu, Knobs& knobs);
-// After parsing: applies --gpu to the knobs, except those whose flags were given to `cmd` (a knob
-// flag wins over the class), and sets gpu_class; InputError naming --gpu for an unknown class.
+// After parsing: sets each knob flag given to `cmd` with set_knob (InputError in its format).
+void apply_knob_flags(const CLI::App& cmd, ModelFlags& flags);
+// After parsing: apply_knob_flags, then applies --gpu to the knobs, except those whose flags were
+// given to `cmd` (a knob flag wins over the class), and sets gpu_class; InputError naming --gpu for
+// an unknown class.
 void apply_model_flags(const CLI::App& cmd, ModelFlags& flags);
 
 // The GEMM cost model --cost-model names. auto = the measured table in data/cost/ whose shape

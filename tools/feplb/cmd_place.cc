@@ -155,8 +155,8 @@ void run_place(const PlaceCommandOptions& o) {
                                             {"place_dyn_score", o.knobs.place_dyn_score}}},
                                           {"migration_bytes", m.total_bytes()},
                                           {"rehomed_experts", m.rehomed_experts}};
-  write_file(o.out, format_placement(next, history.dump()), o.force);
-  say_wrote(o.out);
+  files.stage(o.out, format_placement(next, history.dump()));
+  for (const std::string& written : files.commit()) say_wrote(written);
 }
 
 }  // namespace
@@ -178,7 +178,10 @@ void add_place_command(CLI::App& app) {
                   "report only)");
   cmd->add_flag("--force", o->force, "overwrite an existing --out file");
   add_model_flags(*cmd, *o, /*cost=*/false);
-  cmd->callback([o] { run_place(*o); });
+  cmd->callback([o, cmd] {
+    apply_knob_flags(*cmd, *o);
+    run_place(*o);
+  });
 }
 
 }  // namespace feplb::cli

@@ -47,19 +47,23 @@ struct ReportOptions : ModelFlags {
   const CLI::App* cmd = nullptr;  // which flags were given
 };
 
-// The Markdown to --md (or stdout) and, when --json is given, the JSON made by `json`.
+// Where the Markdown goes: --md, or standard output.
+std::string md_target(const ReportOptions& o) { return o.out_md.empty() ? "-" : o.out_md; }
+
+// Stages the Markdown for --md (or standard output) and, when --json is given, the JSON made by
+// `json`; then every output is written together (FileSet::commit), or none.
 template <typename MakeJson>
-void write_outputs(const ReportOptions& o, const std::string& md, const MakeJson& json) {
-  if (!o.out_md.empty()) {
-    write_file(o.out_md, md, o.force);
-    say_wrote(o.out_md);
-  } else {
-    std::fputs(md.c_str(), stdout);
+void write_outputs(const ReportOptions& o, FileSet& files, const std::string& md,
+                   const MakeJson& json,
+                   const std::vector<std::pair<std::string, std::string>>& plots = {}) {
+  files.stage(md_target(o), md);
+  if (!o.out_json.empty()) files.stage(o.out_json, json());
+  if (!o.plots_dir.empty()) {
+    for (const auto& [name, svg] : plots) {
+      files.stage((std::filesystem::path(o.plots_dir) / name).string(), svg);
+    }
   }
-  if (!o.out_json.empty()) {
-    write_file(o.out_json, json(), o.force);
-    say_wrote(o.out_json);
-  }
+  for (const std::string& written : files.commit()) say_wrote(written);
 }
 
 template <typename T>
@@ -109,19 +113,9 @@ std::string plot_link_dir(const ReportOptions& o) {
   return dir == "." || dir.empty() ? "./" : dir + "/";
 }
 
-void write_plots(const ReportOptions& o,
-                 const std::vector<std::pair<std::string, std::string>>& plots) {
-  if (o.plots_dir.empty()) return;
-  for (const auto& [name, svg] : plots) {
-    const std::string path = (std::filesystem::path(o.plots_dir) / name).string();
-    write_file(path, svg, o.force);
-    say_wrote(path);
-  }
-}
-
 // --anchors: every policy (and the Pareto variants) on real priors and lognormal skew levels;
 // Markdown, JSON and SVG plots (balance-*.svg in --plots).
-void run_anchors(const ReportOptions& o, const std::string& command) {
+void run_anchors(const ReportOptions& o, FileSet& files, const std::string& command) {
   namespace fs = std::filesystem;
   std::error_code ec;
   BalanceConfig c;
@@ -144,13 +138,13 @@ void run_anchors(const ReportOptions& o, const std::string& command) {
   ProgressLine progress("report", !o.quiet);
   const BalanceResult r = run_balance(c, std::ref(progress));
   const std::string md = format_balance_markdown(r, command, plot_link_dir(o));
-  write_outputs(o, md, [&] { return format_balance_json(r, command); });
-  write_plots(o, balance_plots(r));
+  write_outputs(
+      o, files, md, [&] { return format_balance_json(r, command); }, balance_plots(r));
 }
 
 // --placement: the macro timescale (docs/results/placement.md): walk-forward placement on real
 // priors at EP=16 and EP=8, and the placer's timing.
-void run_placement(const ReportOptions& o, const std::string& command) {
+void run_placement(const ReportOptions& o, FileSet& files, const std::string& command) {
   PlacementReportConfig c;
   c.prior_paths = o.sweep.prior_paths;
   c.num_experts = o.sweep.num_experts;
@@ -167,12 +161,12 @@ void run_placement(const ReportOptions& o, const std::string& command) {
   ProgressLine progress("report", !o.quiet);
   const PlacementReportResult r = run_placement_report(c, std::ref(progress));
   const std::string md = format_placement_markdown(r, command);
-  write_outputs(o, md, [&] { return format_placement_json(r, command); });
+  write_outputs(o, files, md, [&] { return format_placement_json(r, command); });
 }
 
 // --rack: rack-scale NVLink domains (docs/results/rack.md): EP from one node to racks, few
 // experts per GPU with hot experts, GPU classes side by side; Markdown, JSON and SVG plots.
-void run_rack_report(const ReportOptions& o, const std::string& command) {
+void run_rack_report(const ReportOptions& o, FileSet& files, const std::string& command) {
   RackConfig c;
   c.points = parse_rack_points(o.ranks, "--ranks");
   if (!o.skews.empty()) {
@@ -216,8 +210,8 @@ void run_rack_report(const ReportOptions& o, const std::string& command) {
   ProgressLine progress("report", !o.quiet);
   const RackResult r = run_rack(c, std::ref(progress));
   const std::string md = format_rack_markdown(r, command, plot_link_dir(o));
-  write_outputs(o, md, [&] { return format_rack_json(r, command); });
-  write_plots(o, rack_plots(r));
+  write_outputs(
+      o, files, md, [&] { return format_rack_json(r, command); }, rack_plots(r));
 }
 
 // --modes: feplb's default against every explicit mode and the anchors on every workload of the
@@ -251,6 +245,14 @@ std::string given_command(const CLI::App& cmd) {
 
 void run_report(ReportOptions o, const std::string& command) {
   namespace fs = std::filesystem;
+  // A list flag given as '' is refused, not taken for its default.
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--ranks", &o.ranks},
+                                    {"--policies", &o.policies},
+                                    {"--skews", &o.skews},
+                                    {"--compare-gpus", &o.compare_gpus}}) {
+    FEPLB_REQUIRE_INPUT(o.cmd->count(flag) == 0 || !value->empty(),
+                        "{}: empty; give a comma-separated list (see --help)", flag);
+  }
   const std::string dir = o.priors_dir.empty() ? data_path("priors") : o.priors_dir;
   std::error_code ec;
   FEPLB_REQUIRE_INPUT(fs::is_directory(dir, ec), "--priors: {} is not a directory", dir);
@@ -309,7 +311,7 @@ void run_report(ReportOptions o, const std::string& command) {
   files.input_dir("the --priors directory", dir);
   for (const std::string& p : o.sweep.prior_paths) files.input("a prior file", p);
   files.input("the --cost-model table", cost_model_path(o.cost_model));
-  files.output("--md", o.out_md);
+  files.output("--md", md_target(o));
   files.output("--json", o.out_json);
   if ((o.anchors || o.rack || o.modes) && !o.plots_dir.empty()) {
     const std::vector<std::string> names = o.anchors ? balance_plot_names()
@@ -327,11 +329,11 @@ void run_report(ReportOptions o, const std::string& command) {
   o.sweep.sim.cost = cost.model.get();
   o.sweep.sim.cost_label = cost.label;
   if (o.anchors) {
-    run_anchors(o, command);
+    run_anchors(o, files, command);
     return;
   }
   if (o.rack) {
-    run_rack_report(o, command);
+    run_rack_report(o, files, command);
     return;
   }
   if (o.modes) {
@@ -339,13 +341,13 @@ void run_report(ReportOptions o, const std::string& command) {
     return;
   }
   if (o.placement) {
-    run_placement(o, command);
+    run_placement(o, files, command);
     return;
   }
   ProgressLine progress("report", !o.quiet);
   const SweepResult r = run_sweep(o.sweep, std::ref(progress));
   const std::string md = format_sweep_markdown(r, command);
-  write_outputs(o, md, [&] { return format_sweep_json(r, command); });
+  write_outputs(o, files, md, [&] { return format_sweep_json(r, command); });
 }
 
 }  // namespace
@@ -417,8 +419,9 @@ void add_report_command(CLI::App& app) {
   add_model_flags(*cmd, *o);
   cmd->callback([o, cmd] {
     o->cmd = cmd;
+    apply_knob_flags(*cmd, *o);
     o->parsed_knobs = o->knobs;
-    apply_model_flags(*cmd, *o);
+    o->gpu_class = &apply_gpu_flag(*cmd, o->gpu, o->knobs);
     std::string command = "feplb report";
     o->steps_given = cmd->count("--steps") > 0;
     o->placement_flags_given =

@@ -38,10 +38,12 @@ void run_gpu(const RunOptions& o) {
                       why);
   FEPLB_REQUIRE_INPUT(o.steps >= 1, "--steps: {} must be at least 1", o.steps);
   validate_knobs(o.knobs);
-  std::error_code ec;
-  FEPLB_REQUIRE_INPUT(o.json_out.empty() || o.force || !std::filesystem::exists(o.json_out, ec),
-                      "{}: exists; pass --force to overwrite", o.json_out);
   const std::string path = o.trace.empty() ? default_trace_path() : o.trace;
+  FileSet files(o.force);
+  files.input("the input trace", path);
+  files.input("the --cost-model table", cost_model_path(o.cost_model));
+  files.output("--json", o.json_out);
+  files.check();
   const Trace trace = read_trace(path);
   const ExpertShape shape = resolve_shape(o.shape, &trace, trace.model);
   FEPLB_REQUIRE_INPUT(shape.hidden > 0 && shape.ffn > 0,
@@ -163,10 +165,8 @@ void run_gpu(const RunOptions& o) {
       "this\n"
       "GPU (their GEMMs overlap; not an R-GPU time)\n",
       topo.num_ranks());
-  if (!o.json_out.empty()) {
-    write_file(o.json_out, doc.dump(2) + "\n", o.force);
-    std::printf("wrote %s\n", o.json_out.c_str());
-  }
+  if (!o.json_out.empty()) files.stage(o.json_out, doc.dump(2) + "\n");
+  for (const std::string& written : files.commit()) say_wrote(written);
 }
 #endif
 
@@ -185,7 +185,8 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--force", o->force, "overwrite an existing --json file");
   cmd->add_flag("--no-layer", o->no_layer, "skip the full layer forward (GEMM timing only)");
   add_model_flags(*cmd, *o);
-  cmd->callback([o] {
+  cmd->callback([o, cmd] {
+    apply_knob_flags(*cmd, *o);
 #ifdef FEPLB_HAVE_CUDA
     run_gpu(*o);
 #else

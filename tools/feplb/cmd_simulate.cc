@@ -97,21 +97,15 @@ void run_simulate(const SimulateOptions& o) {
                 rows > 0 ? dropped / rows * 100.0 : 0.0);
   }
   std::fputs(format_table(result).c_str(), stdout);
-  if (!o.json_out.empty()) {
-    write_file(o.json_out, format_json(result), o.force);
-    say_wrote(o.json_out);
-  }
-  if (!o.plot_out.empty()) {
-    write_file(o.plot_out, plot_svg(result), o.force);
-    say_wrote(o.plot_out);
-  }
+  if (!o.json_out.empty()) files.stage(o.json_out, format_json(result));
+  if (!o.plot_out.empty()) files.stage(o.plot_out, plot_svg(result));
   if (!o.save_placement.empty()) {
     const std::string history = fmt::format(
         R"({{"tool":"feplb simulate","trace":{},"walk_forward":{},"window":{},"replans":{}}})",
         nlohmann::json(path).dump(), o.walk_forward, window, result.replans.size());
-    write_file(o.save_placement, format_placement(result.final_placement, history), o.force);
-    say_wrote(o.save_placement);
+    files.stage(o.save_placement, format_placement(result.final_placement, history));
   }
+  for (const std::string& written : files.commit()) say_wrote(written);
 }
 
 }  // namespace

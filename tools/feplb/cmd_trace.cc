@@ -64,7 +64,8 @@ void run_gen(GenOptions o) {
   if (shape.hidden == 0) shape.hidden = default_shape().hidden;
   if (shape.ffn == 0) shape.ffn = default_shape().ffn;
   t.expert_shape = shape;
-  write_file(o.out, format_trace(t), o.force);
+  files.stage(o.out, format_trace(t));
+  files.commit();
   if (o.out == "-") return;
   std::printf(
       "wrote %s: %zu steps (%lld micro-batches x %d layers), %d experts, top-%d, EP=%d, %lld "

@@ -117,7 +117,16 @@ class Reader {
                    const nlohmann::detail::exception& e) {
     std::string what = e.what();
     if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-    throw InputError(where() + "malformed JSON: " + what);
+    // The lexer's line and column miss what it did not see (collapsed whitespace, counts read
+    // directly): the byte offset is exact.
+    std::string at = ": ";
+    if (what.rfind("parse error at line", 0) == 0) {
+      if (auto pos = what.find(": "); pos != std::string::npos) {
+        at = fmt::format(" at byte {}: ", source_.consumed());
+        what = what.substr(pos + 2);
+      }
+    }
+    throw InputError(where() + "malformed JSON" + at + what);
   }
 
   // Where the current value is: "steps[3].counts[2][7]" ("" for the document itself).
@@ -135,6 +144,10 @@ class Reader {
   const ByteSource& source() const { return source_; }
 
  protected:
+  // A scalar of the innermost (streamed) array that the reader read itself, straight from the
+  // source, instead of through value(): moves the array's index past it.
+  void value_read_directly() { advance(); }
+
   // "PATH: " or "" when at the top.
   std::string where() const {
     const std::string p = path();

@@ -1,0 +1,44 @@
+// Transparent huge pages for the heap while a large file is read (private to feplb_core): the
+// counts of a large trace are hundreds of MB of fresh memory, and on a virtual machine a 4 KiB page
+// fault can cost tens of microseconds, most of the read time (docs/trace-format.md).
+#pragma once
+
+#include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+namespace feplb {
+
+// While it lives, the heap that glibc grows (the main arena, with sbrk) is advised
+// MADV_HUGEPAGE as it grows, and grows by 64 MiB at a time (M_TOP_PAD) so that what it grows by
+// spans whole huge pages; M_TOP_PAD is set back to glibc's default (128 KiB) after. Call grown()
+// after each large allocation. A no-op where the kernel has no transparent huge pages, and for
+// allocations in other arenas (other threads).
+class HugePageHeap {
+ public:
+  HugePageHeap() : top_(current_top()) { ::mallopt(M_TOP_PAD, kTopPad); }
+  ~HugePageHeap() { ::mallopt(M_TOP_PAD, kDefaultTopPad); }
+  HugePageHeap(const HugePageHeap&) = delete;
+  HugePageHeap& operator=(const HugePageHeap&) = delete;
+
+  // Advises the whole huge pages the heap grew by since the last call, before they are touched.
+  void grown() {
+    const uintptr_t top = current_top();
+    if (top == top_) return;
+    const uintptr_t lo = (top_ + kHugePage - 1) & ~(kHugePage - 1);
+    const uintptr_t hi = top & ~(kHugePage - 1);
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+    top_ = top;
+  }
+
+ private:
+  static constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  static constexpr int kTopPad = 64 << 20;
+  static constexpr int kDefaultTopPad = 128 << 10;  // glibc's DEFAULT_TOP_PAD
+  static uintptr_t current_top() { return reinterpret_cast<uintptr_t>(::sbrk(0)); }
+  uintptr_t top_;
+};
+
+}  // namespace feplb
