@@ -216,7 +216,7 @@ void run_rack_report(const ReportOptions& o, FileSet& files, const std::string& 
 
 // --modes: feplb's default against every explicit mode and the anchors on every workload of the
 // other reports (docs/results/modes.md); Markdown, JSON and one SVG plot.
-void run_modes_report(const ReportOptions& o, const std::string& command) {
+void run_modes_report(const ReportOptions& o, FileSet& files, const std::string& command) {
   ModesConfig c;
   c.prior_paths = o.sweep.prior_paths;
   if (o.cost_model != "roofline") c.cost_dir = data_path("cost");
@@ -225,8 +225,8 @@ void run_modes_report(const ReportOptions& o, const std::string& command) {
   ProgressLine progress("report", !o.quiet);
   const ModesResult r = run_modes(c, std::ref(progress));
   const std::string md = format_modes_markdown(r, command, plot_link_dir(o));
-  write_outputs(o, md, [&] { return format_modes_json(r, command); });
-  write_plots(o, modes_plots(r));
+  write_outputs(
+      o, files, md, [&] { return format_modes_json(r, command); }, modes_plots(r));
 }
 
 // The options given on the command line (without --quiet and --force, which change no number),
@@ -337,7 +337,7 @@ void run_report(ReportOptions o, const std::string& command) {
     return;
   }
   if (o.modes) {
-    run_modes_report(o, command);
+    run_modes_report(o, files, command);
     return;
   }
   if (o.placement) {

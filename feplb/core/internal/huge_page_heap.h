@@ -3,7 +3,6 @@
 // fault can cost tens of microseconds, most of the read time (docs/trace-format.md).
 #pragma once
 
-#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,14 +11,14 @@
 namespace feplb {
 
 // While it lives, the heap that glibc grows (the main arena, with sbrk) is advised
-// MADV_HUGEPAGE as it grows, and grows by 64 MiB at a time (M_TOP_PAD) so that what it grows by
-// spans whole huge pages; M_TOP_PAD is set back to glibc's default (128 KiB) after. Call grown()
-// after each large allocation. A no-op where the kernel has no transparent huge pages, and for
-// allocations in other arenas (other threads).
+// MADV_HUGEPAGE as it grows. Call grown() after each large allocation. It pays where the heap grows
+// by whole huge pages at a time: a process that reads large traces sets that itself (the feplb CLI
+// and the reader's benchmark: mallopt(M_TOP_PAD, 64 MiB) in main); a library does not change its
+// process's allocator. A no-op where the kernel has no transparent huge pages, and for allocations
+// in other arenas (other threads).
 class HugePageHeap {
  public:
-  HugePageHeap() : top_(current_top()) { ::mallopt(M_TOP_PAD, kTopPad); }
-  ~HugePageHeap() { ::mallopt(M_TOP_PAD, kDefaultTopPad); }
+  HugePageHeap() : top_(current_top()) {}
   HugePageHeap(const HugePageHeap&) = delete;
   HugePageHeap& operator=(const HugePageHeap&) = delete;
 
@@ -35,8 +34,6 @@ class HugePageHeap {
 
  private:
   static constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
-  static constexpr int kTopPad = 64 << 20;
-  static constexpr int kDefaultTopPad = 128 << 10;  // glibc's DEFAULT_TOP_PAD
   static uintptr_t current_top() { return reinterpret_cast<uintptr_t>(::sbrk(0)); }
   uintptr_t top_;
 };
