@@ -1,7 +1,10 @@
 """The time per training step of a whole Hugging Face transformers MoE model before and after
-feplb.torch.hf.swap_experts, on one GPU (nothing is balanced: every expert is local).
+feplb.torch.hf.swap_experts, on one GPU (nothing is balanced: every expert is local), and where
+that time goes.
 
     PYTHONPATH=python FEPLB_LIBRARY=build/lib/libfeplb_c.so python3 bench/gpu/hf_swap.py --out hf-swap.json
+    ... --profile 5                   # and a profile of 5 more steps per variant (see below)
+    ... --profile 5 --trace-dir DIR   # and keep the torch.profiler chrome traces
 
 The model is built from a config with random weights (nothing downloaded), bf16: by default
 Qwen3-MoE with Qwen3-30B-A3B's expert shape (H=2048, F=768, top-8) and 32 experts per layer (128
@@ -11,6 +14,38 @@ around each step after a synchronize: the model with transformers' "eager" and "
 experts backends (model.set_experts_implementation, where this transformers has it; otherwise
 its default only), and a copy with feplb's experts. Before timing: the copy's logits against the
 original's (relative L2, reported). Median, p10/p90, min/max of --reps steps after --warmup.
+
+Profile (--profile N; after the timing, so it does not disturb it). Per variant, N more steps
+with marks: host time (perf_counter) and a CUDA event on the current stream at the step's start
+(after a synchronize, so one clock for both), the end of the forward, of the backward and of the
+optimizer step, and around every MoE block's experts module: forward start/end (forward pre-hook
+and hook) and backward start/end (a hook on the experts' output gradient; an identity autograd
+function on their input). From them, per step (median over the N):
+  - host and GPU time of the step, the forward, the backward and the optimizer step;
+  - host and GPU time inside the experts modules (all blocks, forward and backward) and outside;
+  - the GPU's lag behind the host at each mark: near 0 means the GPU had caught up with the host
+    there and was waiting for its next launch (host-bound); large means the host was ahead.
+  For feplb also: host time inside the C library's forward and backward calls (the rest of the
+  experts' host time is Python: checks, casts, autograd, pointer arrays), and the layer's
+  counts_to_host_us summed over the blocks: how long each forward waited on the host for its
+  routing counts, i.e. for the GPU to drain everything queued before them.
+Then one step per variant (after one warm-up step) under torch.profiler with CUDA activity: the
+GPU's busy time (union of kernels, copies and memsets) and idle time within the step's span,
+inside the experts modules' ranges (record_function on the same marks) and outside, the kernel
+count, the top kernels, and the host time in CUDA runtime/driver calls. The profiler adds host
+overhead of its own to every op, so its idle times are upper bounds; the marks are not profiled.
+
+How to read it for feplb's extra time over the grouped_mm backend:
+  (a) the forward's wait for the counts: large counts_to_host_us and experts_fwd lag ~0 with a
+      large lag for grouped_mm at the same point, GPU idle outside the experts in the forward;
+  (b) Python overhead of the adapter: experts host time minus the C calls' host time;
+  (c) the fp32 -> bf16 gradient casts: cast/copy kernels among the top kernels (now one per layer
+      and weight kind), experts_bwd GPU time;
+  (d) the benchmark: the optimizer phase (AdamW over 64 expert tensors a layer instead of 2),
+      a synchronize in the step (the lags);
+  and the C layer's own host time (launches, its cuBLASLt heuristic refinement, up to 1 ms per
+  call while new row counts keep appearing: moe_layer.cc kGemmRefineBudgetMs): the C calls' host
+  time against the experts' GPU time.
 """
 
 from __future__ import annotations
@@ -20,13 +55,15 @@ import copy
 import json
 import os
 import sys
+import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _bench_common import rotated, summary  # noqa: E402
+from _bench_common import mark_summary, median_of, rotated, summary, trace_summary  # noqa: E402
 
+import feplb.torch._ops as feplb_ops  # noqa: E402
 import feplb.torch.hf as fh  # noqa: E402
 
 MODELS = {
@@ -70,6 +107,253 @@ def build(a):
     return model, transformers.__version__
 
 
+# ---- profile ----------------------------------------------------------------------------------
+
+
+class Probe:
+    """Marks of one step: (name, host perf_counter seconds, CUDA event on the current stream), and
+    optionally record_function ranges around the experts (for a torch.profiler trace)."""
+
+    def __init__(self):
+        self.marks = []
+        self.annotate = False
+        self.ranges = {}
+
+    def reset(self):
+        self.marks = []
+        self.ranges = {}
+
+    def mark(self, name):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self.marks.append((name, time.perf_counter(), ev))
+
+    def open(self, key, name):
+        if self.annotate:
+            rf = torch.autograd.profiler.record_function(name)
+            rf.__enter__()
+            self.ranges[key] = rf
+
+    def close(self, key):
+        rf = self.ranges.pop(key, None)
+        if rf is not None:
+            rf.__exit__(None, None, None)
+
+    def relative(self):
+        """[(name, host_ms, gpu_ms)] relative to the first mark (call after a synchronize)."""
+        name0, t0, e0 = self.marks[0]
+        return [(n, (t - t0) * 1e3, e0.elapsed_time(e)) for n, t, e in self.marks]
+
+
+class _BackwardEnd(torch.autograd.Function):
+    """Identity on an experts module's input; its backward runs once the experts' backward has
+    produced that input's gradient: the end of the experts' backward."""
+
+    @staticmethod
+    def forward(ctx, x, probe, index):
+        ctx.probe, ctx.index = probe, index
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.probe.mark(f"experts_bwd_end:{ctx.index}")
+        ctx.probe.close(("bwd", ctx.index))
+        return grad, None, None
+
+
+def install_probe(model, block_names, probe):
+    """Hooks on each MoE block's experts module (block i of block_names); returns the handles."""
+    handles = []
+    mods = dict(model.named_modules())
+    for i, name in enumerate(block_names):
+        experts = mods[name].experts
+
+        def pre(module, args, kwargs, i=i):
+            probe.mark(f"experts_fwd_start:{i}")
+            probe.open(("fwd", i), "experts_fwd")
+            if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and torch.is_grad_enabled():
+                args = (_BackwardEnd.apply(args[0], probe, i), *args[1:])
+            elif isinstance(kwargs.get("hidden_states"), torch.Tensor) and kwargs["hidden_states"].requires_grad \
+                    and torch.is_grad_enabled():
+                kwargs = {**kwargs, "hidden_states": _BackwardEnd.apply(kwargs["hidden_states"], probe, i)}
+            return args, kwargs
+
+        def post(module, args, output, i=i):
+            probe.close(("fwd", i))
+            probe.mark(f"experts_fwd_end:{i}")
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                def bwd_start(grad, i=i):
+                    probe.mark(f"experts_bwd_start:{i}")
+                    probe.open(("bwd", i), "experts_bwd")
+                output.register_hook(bwd_start)
+
+        handles.append(experts.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(experts.register_forward_hook(post))
+    return handles
+
+
+class _TimedLib:
+    """feplb.torch._ops' view of the C library, with its forward and backward calls timed on the
+    host (seconds into `sink` as (name, seconds)); everything else passes through."""
+
+    TIMED = ("feplb_forward", "feplb_backward")
+
+    def __init__(self, real, sink):
+        self._real, self._sink = real, sink
+
+    def __getattr__(self, name):
+        fn = getattr(self._real, name)
+        if name not in self.TIMED:
+            return fn
+        sink = self._sink
+
+        def timed(*args):
+            t = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                sink.append((name, time.perf_counter() - t))
+        return timed
+
+
+def profile_variants(variants, block_names, ids, a, trace_dir):
+    """variants: name -> (prepare, model, optimizer, is_feplb). Returns the profile section."""
+    probes = {}
+    handles = []
+    for name, (_, model, _, _) in variants.items():
+        key = id(model)
+        if key not in probes:  # the transformers backends share one model
+            probes[key] = Probe()
+            handles += install_probe(model, block_names, probes[key])
+    sink = []
+    real_lib = feplb_ops.lib
+    feplb_ops.lib = _TimedLib(real_lib, sink)
+    out = {"steps": a.profile, "variants": {}}
+    try:
+        per = {n: [] for n in variants}
+        names = list(variants)
+        for i in range(a.profile):
+            for name in rotated(names, i):
+                prepare, model, opt, is_feplb = variants[name]
+                probe = probes[id(model)]
+                prepare()
+                torch.cuda.synchronize()
+                probe.reset()
+                sink.clear()
+                probe.mark("step_start")
+                opt.zero_grad(set_to_none=True)
+                loss = model(input_ids=ids, labels=ids).loss
+                probe.mark("fwd_end")
+                loss.backward()
+                probe.mark("bwd_end")
+                opt.step()
+                probe.mark("opt_end")
+                torch.cuda.synchronize()
+                s = mark_summary(probe.relative(), len(block_names))
+                if is_feplb:
+                    mods = dict(model.named_modules())
+                    stats = [mods[n].experts.stats() for n in block_names]
+                    s["feplb"] = {
+                        "c_forward_host_ms": 1e3 * sum(t for n, t in sink if n == "feplb_forward"),
+                        "c_backward_host_ms": 1e3 * sum(t for n, t in sink if n == "feplb_backward"),
+                        "c_calls": len(sink),
+                        "counts_to_host_ms": 1e-3 * sum(float(st.get("forward", {}).get("counts_to_host_us", 0.0))
+                                                        for st in stats),
+                    }
+                    s["feplb"]["python_fwd_host_ms"] = s["experts_fwd"]["host_ms"] - s["feplb"]["c_forward_host_ms"]
+                    s["feplb"]["python_bwd_host_ms"] = s["experts_bwd"]["host_ms"] - s["feplb"]["c_backward_host_ms"]
+                per[name].append(s)
+        for name in names:
+            out["variants"][name] = {"marks": median_of(per[name])}
+
+        # One step per variant under torch.profiler (after one warm-up step).
+        for name in names:
+            prepare, model, opt, _ = variants[name]
+            probe = probes[id(model)]
+            fd, path = tempfile.mkstemp(prefix=f"hf-{name}-", suffix=".json", dir=trace_dir)
+            os.close(fd)
+            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            sched = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1)
+            try:
+                with torch.profiler.profile(activities=acts, schedule=sched,
+                                            on_trace_ready=lambda p, path=path: p.export_chrome_trace(path)) as prof:
+                    for _ in range(2):
+                        prepare()
+                        torch.cuda.synchronize()
+                        probe.reset()
+                        probe.annotate = True
+                        opt.zero_grad(set_to_none=True)
+                        model(input_ids=ids, labels=ids).loss.backward()
+                        opt.step()
+                        torch.cuda.synchronize()
+                        probe.annotate = False
+                        prof.step()
+                with open(path) as f:
+                    events = json.load(f).get("traceEvents", [])
+                out["variants"][name]["trace"] = trace_summary(events)
+                if trace_dir:
+                    out["variants"][name]["trace_file"] = os.path.basename(path)
+            finally:
+                probe.annotate = False
+                if not trace_dir and os.path.exists(path):
+                    os.remove(path)
+    finally:
+        feplb_ops.lib = real_lib
+        for h in handles:
+            h.remove()
+    return out
+
+
+def print_profile(prof):
+    names = list(prof["variants"])
+    rows = []
+
+    def get(d, *keys):
+        for k in keys:
+            if not isinstance(d, dict) or d.get(k) is None:
+                return None
+            d = d[k]
+        return d
+
+    def pair(name, *keys):
+        m = prof["variants"][name]["marks"]
+        h, g = get(m, *keys, "host_ms"), get(m, *keys, "gpu_ms")
+        return "-" if h is None else f"{h:8.2f} / {g:8.2f}"
+
+    for label, keys in (("step host / GPU ms", ("step",)), ("forward", ("forward",)), ("backward", ("backward",)),
+                        ("optimizer", ("optimizer",)), ("experts forward (all blocks)", ("experts_fwd",)),
+                        ("experts backward (all blocks)", ("experts_bwd",)), ("rest (step - experts)", ("rest",))):
+        rows.append((label, [pair(n, *keys) for n in names]))
+    for label, key in (("GPU lag at experts fwd start", "experts_fwd_start"),
+                       ("GPU lag at experts fwd end", "experts_fwd_end"),
+                       ("GPU lag at experts bwd start", "experts_bwd_start"), ("GPU lag at forward end", "fwd_end"),
+                       ("GPU lag at backward end", "bwd_end"), ("GPU lag at step end", "opt_end")):
+        vals = [get(prof["variants"][n]["marks"], "lag_ms", key) for n in names]
+        rows.append((label, ["-" if v is None else f"{v:8.2f}" for v in vals]))
+    for label, key in (("feplb C forward calls, host ms", "c_forward_host_ms"),
+                       ("feplb C backward calls, host ms", "c_backward_host_ms"),
+                       ("feplb Python around them fwd", "python_fwd_host_ms"),
+                       ("feplb Python around them bwd", "python_bwd_host_ms"),
+                       ("feplb forward waits for counts", "counts_to_host_ms")):
+        vals = [get(prof["variants"][n]["marks"], "feplb", key) for n in names]
+        if any(v is not None for v in vals):
+            rows.append((label, ["-" if v is None else f"{v:8.2f}" for v in vals]))
+    for label, keys in (("trace: GPU busy ms", ("busy_ms",)), ("trace: GPU idle ms", ("idle_ms",)),
+                        ("trace: idle inside experts", ("annotated", "idle_ms")),
+                        ("trace: idle outside experts", ("outside", "idle_ms")),
+                        ("trace: kernels", ("kernels",)), ("trace: CUDA API host ms", ("api_host_ms",))):
+        vals = [get(prof["variants"][n].get("trace"), *keys) for n in names]
+        rows.append((label, ["-" if v is None else f"{v:8.2f}" for v in vals]))
+    width = max(len(n) for n in names) + 2
+    print(f"\nprofile: median of {prof['steps']} steps (ms; host / GPU where two)", flush=True)
+    print(f"{'':<34}" + "".join(f"{n:>{max(width, 21)}}" for n in names))
+    for label, vals in rows:
+        print(f"{label:<34}" + "".join(f"{v:>{max(width, 21)}}" for v in vals))
+    for n in names:
+        top = get(prof["variants"][n], "trace", "top_kernels") or []
+        print(f"top kernels, {n}: " + "; ".join(f"{k['name'][:60]} {k['ms']:.2f} ms x{k['count']}" for k in top[:5]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="hf-swap.json")
@@ -86,6 +370,8 @@ def main():
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--profile", type=int, default=0, help="profiled steps per variant after the timing (0: none)")
+    ap.add_argument("--trace-dir", default=None, help="keep the torch.profiler chrome traces here")
     a = ap.parse_args()
     t0 = time.time()
     base, tf_version = build(a)
@@ -118,14 +404,16 @@ def main():
         model(input_ids=ids, labels=ids).loss.backward()
         opt.step()
 
-    cases = {}
+    cases, variants = {}, {}
     for impl in impls or [None]:
         def prep(impl=impl):
             if impl is not None and current["impl"] != impl:
                 base.set_experts_implementation(impl)
                 current["impl"] = impl
         cases[f"transformers_{impl or 'default'}"] = (prep, lambda: step(base, opts["base"]))
+        variants[f"transformers_{impl or 'default'}"] = (prep, base, opts["base"], False)
     cases["feplb"] = (lambda: None, lambda: step(ours, opts["ours"]))
+    variants["feplb"] = (lambda: None, ours, opts["ours"], True)
     names = list(cases)
     times = {n: [] for n in names}
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -152,8 +440,17 @@ def main():
            "swapped_blocks": swapped, "logits_rel_l2": logits_err,
            "method": "forward (labels) + backward + AdamW step per repetition, CUDA events after a synchronize, "
                      "variants interleaved in rotated order; one GPU, every expert local (no balancing)",
-           "steps": stats, "feplb_over": {n: f / s["median_ms"] for n, s in stats.items() if n != "feplb"},
-           "seconds": time.time() - t0}
+           "steps": stats, "feplb_over": {n: f / s["median_ms"] for n, s in stats.items() if n != "feplb"}}
+    if a.profile > 0:
+        if a.trace_dir:
+            os.makedirs(a.trace_dir, exist_ok=True)
+        try:
+            doc["profile"] = profile_variants(variants, swapped, ids, a, a.trace_dir)
+            print_profile(doc["profile"])
+        except Exception as e:  # noqa: BLE001 - the timings above stand; the failure is recorded
+            doc["profile_error"] = f"{type(e).__name__}: {e}"
+            print(f"profile failed: {doc['profile_error']}", flush=True)
+    doc["seconds"] = time.time() - t0
     with open(a.out, "w") as fo:
         json.dump(doc, fo, indent=2)
     print(f"{time.time() - t0:.0f} s; wrote {a.out}")

@@ -33,6 +33,15 @@ class _Experts(torch.nn.Module):
         self.down = torch.nn.ParameterList(
             torch.nn.Parameter((torch.randn(F, H, device=dev) * std_down).to(torch.bfloat16)) for _ in range(n))
 
+    def _weights(self):
+        """The parameters as two lists (gate_up's, down's): read from the ParameterLists' own dicts,
+        which is much cheaper per call than iterating them (64 parameters a layer, every call)."""
+        out = []
+        for plist in (self.gate_up, self.down):
+            params = list(plist._parameters.values())
+            out.append(params if len(params) == len(plist) else list(plist))
+        return out
+
     def __del__(self):
         try:
             _ops.unregister(self._key)
@@ -99,11 +108,14 @@ class MoE(_Experts):
 
     def forward(self, hidden: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor) -> torch.Tensor:
         self._check(hidden, topk_idx, topk_weight)
-        keep = self._keep(hidden, topk_weight)
-        return _ops.apply(hidden.contiguous(), topk_idx.to(torch.int32).contiguous(),
-                          topk_weight.to(torch.float32).contiguous(), list(self.gate_up), list(self.down), self._key,
-                          keep)
+        return self._forward_checked(hidden, topk_idx, topk_weight)
 
+    def _forward_checked(self, hidden, topk_idx, topk_weight):
+        """forward() after _check's conditions hold (an adapter that checked them itself)."""
+        keep = self._keep(hidden, topk_weight)
+        gate_up, down = self._weights()
+        return _ops.apply(hidden.contiguous(), topk_idx.to(torch.int32).contiguous(),
+                          topk_weight.to(torch.float32).contiguous(), gate_up, down, self._key, keep)
 
 
 class Balancer(_Experts):
@@ -170,8 +182,8 @@ class Balancer(_Experts):
                 if tuple(p.shape) != (x.shape[0],):
                     raise ValueError(f"Balancer: {at} has shape {tuple(p.shape)}, expected ({x.shape[0]},)")
         keep = self._keep(*rows_list)
-        outs = _ops.apply_dispatched([x.contiguous() for x in rows_list], counts, list(self.gate_up), list(self.down),
-                                     self._key, keep)
+        gate_up, down = self._weights()
+        outs = _ops.apply_dispatched([x.contiguous() for x in rows_list], counts, gate_up, down, self._key, keep)
         if probs_list is not None:
             outs = [o * p.to(o.dtype).unsqueeze(-1) for o, p in zip(outs, probs_list)]
         return outs if R > 1 else outs[0]

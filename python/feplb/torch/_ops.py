@@ -209,11 +209,23 @@ def _(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, grad_down, ke
     return torch.empty_like(grad_out), torch.empty_like(topk_weight)
 
 
-def _weight_grads(gate_up, down):
+def _stacked(params, dtype):
+    """One [len(params), *shape] allocation of `dtype` for tensors shaped like the parameters
+    (same shapes and device: feplb's experts always are; unbind(0) gives one view per parameter);
+    None where the parameters differ."""
+    p0 = params[0]
+    if any(p.shape != p0.shape or p.device != p0.device for p in params):
+        return None
+    return torch.empty((len(params), *p0.shape), dtype=dtype, device=p0.device)
+
+
+def _weight_grads(gate_up, down, stacked):
     """Where the weight gradients go: every parameter's fp32 `main_grad` (Megatron's convention,
     accumulated into), else new fp32 buffers (written, then handed to autograd in the parameters'
     dtype; a bf16 main_grad, Megatron's DDP without grad_reduce_in_fp32, takes this path and its
-    hook adds the .grad in)."""
+    hook adds the .grad in). With `stacked` (the eager path) the buffers of all experts are one
+    allocation per kind, so the backward allocates twice and casts twice, not once per expert.
+    Returns (gate_up's, down's, accumulated, the stacked buffers or (None, None))."""
     params = (*gate_up, *down)
     if all(getattr(p, "main_grad", None) is not None for p in params):
         for i, p in enumerate(params):
@@ -224,37 +236,59 @@ def _weight_grads(gate_up, down):
                 raise ValueError(f"feplb backward: main_grad of {what} must be a contiguous tensor of shape "
                                  f"{tuple(p.shape)} on {p.device}")
         if all(p.main_grad.dtype == torch.float32 for p in params):
-            return [p.main_grad for p in gate_up], [p.main_grad for p in down], True
-    return ([torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in gate_up],
-            [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in down], False)
+            return [p.main_grad for p in gate_up], [p.main_grad for p in down], True, (None, None)
+    out, bases = [], []
+    for group in (gate_up, down):
+        base = _stacked(group, torch.float32) if stacked else None
+        bases.append(base)
+        out.append(list(base.unbind(0)) if base is not None else
+                   [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in group])
+    return out[0], out[1], False, tuple(bases)
 
 
-def _accumulated(p):
-    """The .grad autograd gets for a parameter whose gradient went into its main_grad: None, or,
-    where Megatron's DDP watches the parameter (it has `grad_added_to_main_grad`), a placeholder
-    with the flag set, as Megatron's own layers do: its grad hook fires (a bucket learns the
-    parameter is ready), skips the add and drops the placeholder."""
-    if hasattr(p, "grad_added_to_main_grad"):
-        p.grad_added_to_main_grad = True
-        return torch.empty(p.shape, dtype=p.dtype, device=p.device)
-    return None
+def _placeholders(params, stacked):
+    """The .grad autograd gets for parameters whose gradient went into their main_grad: None, or,
+    where Megatron's DDP watches them (they have `grad_added_to_main_grad`), placeholders with the
+    flag set, as Megatron's own layers do: its grad hook fires (a bucket learns the parameter is
+    ready), skips the add and drops the placeholder. With `stacked`, one allocation for all."""
+    watched = [hasattr(p, "grad_added_to_main_grad") for p in params]
+    for p, w in zip(params, watched):
+        if w:
+            p.grad_added_to_main_grad = True
+    if not any(watched):
+        return [None] * len(params)
+    base = _stacked(params, params[0].dtype) if stacked and all(watched) else None
+    if base is not None and all(p.dtype == params[0].dtype for p in params):
+        return list(base.unbind(0))
+    return [torch.empty(p.shape, dtype=p.dtype, device=p.device) if w else None for p, w in zip(params, watched)]
 
 
-def _param_grads(g_gu, g_dn, gate_up, down, accumulated):
+def _cast(grads, params, base):
+    """fp32 gradients in the parameters' dtype: one cast of the stacked buffer when there is one
+    (fp32 parameters: no copy at all), else one per parameter."""
+    dtype = params[0].dtype
+    if base is not None and all(p.dtype == dtype for p in params):
+        return list(base.to(dtype).unbind(0))
+    return [g.to(p.dtype) for g, p in zip(grads, params)]
+
+
+def _param_grads(g_gu, g_dn, gate_up, down, accumulated, bases, stacked):
     if accumulated:  # a list input takes a list of gradients
-        return [_accumulated(p) for p in gate_up], [_accumulated(p) for p in down]
-    return [g.to(p.dtype) for g, p in zip(g_gu, gate_up)], [g.to(p.dtype) for g, p in zip(g_dn, down)]
+        return _placeholders(gate_up, stacked), _placeholders(down, stacked)
+    return _cast(g_gu, gate_up, bases[0]), _cast(g_dn, down, bases[1])
 
 
 def _moe_grads(ctx, grad_out, impl):
     """The backward of a forward that saved (topk_weight, handles) and its parameters in `ctx`,
     through `impl` (the custom op, or its implementation): grad_hidden, grad_w, and the parameters'
-    gradients (gate_up's, down's)."""
+    gradients (gate_up's, down's). Stacked gradient buffers on the eager path only (the custom op,
+    traced by torch.compile, keeps one buffer per parameter)."""
     topk_weight, handles = ctx.saved_tensors
     gate_up, down = ctx.params
-    g_gu, g_dn, acc = _weight_grads(gate_up, down)
+    stacked = impl is backward_impl
+    g_gu, g_dn, acc, bases = _weight_grads(gate_up, down, stacked)
     grad_hidden, grad_w = impl(grad_out.contiguous(), topk_weight, handles, gate_up, down, g_gu, g_dn, ctx.key, acc)
-    return grad_hidden, grad_w, _param_grads(g_gu, g_dn, gate_up, down, acc)
+    return grad_hidden, grad_w, _param_grads(g_gu, g_dn, gate_up, down, acc, bases, stacked)
 
 
 def _setup_context(ctx, inputs, output):
@@ -369,9 +403,10 @@ def _dispatched_grads(ctx, grads, impl):
     parameters' (gate_up's, down's)."""
     (handles,) = ctx.saved_tensors
     gate_up, down = ctx.params
-    g_gu, g_dn, acc = _weight_grads(gate_up, down)
+    stacked = impl is dispatched_backward_impl
+    g_gu, g_dn, acc, bases = _weight_grads(gate_up, down, stacked)
     grad_rows = impl([g.contiguous() for g in grads[:ctx.R]], handles, gate_up, down, g_gu, g_dn, ctx.key, acc)
-    return grad_rows, _param_grads(g_gu, g_dn, gate_up, down, acc)
+    return grad_rows, _param_grads(g_gu, g_dn, gate_up, down, acc, bases, stacked)
 
 
 def _dispatched_setup(ctx, inputs, output):

@@ -181,8 +181,8 @@ class HFExperts(torch.nn.Module):
         if tuple(top_k_weights.shape) != (T, self.top_k):
             raise ValueError(f"HFExperts: top_k_weights has shape {tuple(top_k_weights.shape)}, expected "
                              f"({T}, {self.top_k})")
-        try:
-            return self.moe(hidden_states, top_k_index, top_k_weights)
+        try:  # everything MoE.forward checks was checked above: straight to the layer
+            return self.moe._forward_checked(hidden_states, top_k_index, top_k_weights)
         except ValueError as e:
             if "topk_idx" in str(e):  # ids outside [0, E), found by the layer
                 raise ValueError(f"HFExperts: top_k_index: {e}") from e
