@@ -16,6 +16,7 @@
 // has its own work is hidden under every timed rule.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>

@@ -2,6 +2,7 @@
 // GEMM time in row equivalents (LoadMeasure, with its GEMM-time table); each GPU's caps and slots.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
