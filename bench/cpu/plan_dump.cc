@@ -100,12 +100,25 @@ std::vector<KnobCase> knob_cases() {
       {"dyn1_help8", {{"dyn", 1}, {"max_helpers_per_expert", 8}}},
       // No placement: the lowest-numbered local experts.
       {"d1_noplacement", {{"feplb_dyn_set", 1}}},
+      // Time balancing: fixed blends, and within a token budget (the blends bisected, the capped
+      // plan, both levelled), with the other modes.
+      {"w1", {{"balance_time_weight", 1}}},
+      {"w05_t2_h1", {{"balance_time_weight", 0.5}, {"copy_timing", 2}, {"one_hop", 1}}},
+      {"w025_t0_p1", {{"balance_time_weight", 0.25}, {"copy_timing", 0}, {"prefetch", 1}}},
+      {"b005_p1", {{"time_balance_budget", 0.05}, {"prefetch", 1}}},
+      {"b005_p1_h1", {{"time_balance_budget", 0.05}, {"prefetch", 1}, {"one_hop", 1}}},
+      {"b01_t3_h1_d1",
+       {{"time_balance_budget", 0.1}, {"copy_timing", 3}, {"one_hop", 1}, {"feplb_dyn_set", 1}}},
+      {"b002_t2_cover0", {{"time_balance_budget", 0.02}, {"copy_timing", 2}, {"dyn_cover", 0}}},
   };
   for (const auto& [label, overrides] : extra) {
     Knobs k;
     apply_knobs(k, overrides);
     out.push_back({label, k, false});
   }
+  Knobs time_on_placement;  // time within a budget over the placement's dynamic sets
+  apply_knobs(time_on_placement, {{"time_balance_budget", 0.05}, {"feplb_dyn_set", 1}});
+  out.push_back({"b005_d1", time_on_placement, true});
   return out;
 }
 

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "feplb/core/planners/feplb/config.h"
+#include "feplb/core/planners/feplb/engine.h"
 #include "feplb/cuda/host/step_layout.h"
 #include "test_util.h"
 
@@ -160,6 +162,51 @@ TEST(NoAlloc, FeplbModesAndLargeDomainsDoNotAllocateOnceWarm) {
         EXPECT_EQ(g_news.load() - before, 0) << c.ranks << " " << c.prefetch << c.one_hop << " "
                                              << c.time_budget << " from step " << first;
       }
+    }
+  }
+}
+
+// A chooser's use of FeplbEngine: every step planned in several modes (every copy rule, both
+// paths, prefetch, a time blend and a time budget) on one engine allocates nothing once each mode
+// has planned every step.
+TEST(NoAlloc, FeplbEngineModesDoNotAllocateOnceWarm) {
+  testing::Bench b(16, 8, 128);
+  std::vector<FeplbConfig> modes;
+  for (int64_t timing = 0; timing <= 3; ++timing) {
+    for (int64_t one_hop = 0; one_hop <= 1; ++one_hop) {
+      Knobs k;
+      k.copy_timing = timing;
+      k.one_hop = one_hop;
+      k.prefetch = 1;
+      modes.push_back(FeplbConfig::from_knobs(k, true));
+    }
+  }
+  Knobs blend, budget;
+  blend.balance_time_weight = 0.5;
+  budget.time_balance_budget = 0.05;
+  modes.push_back(FeplbConfig::from_knobs(blend, true));
+  modes.push_back(FeplbConfig::from_knobs(budget, true));
+  Knobs k;
+  k.prefetch_window_us = 500;
+  FeplbEngine engine(PlannerContext{b.topo, b.shape, k, b.cost.get()});
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 8; ++seed)
+    steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
+  Plan plan;
+  for (int round = 0; round < 2; ++round) {
+    for (const RoutingStep& s : steps) {
+      for (const FeplbConfig& mode : modes) engine.plan_with(mode, s, plan);
+      engine.record(s.layer, plan);
+    }
+  }
+  for (const RoutingStep& s : steps) {
+    for (const FeplbConfig& mode : modes) engine.plan_with(mode, s, plan);  // this prediction
+  }
+  for (const RoutingStep& s : steps) {
+    for (const FeplbConfig& mode : modes) {
+      const int64_t before = g_news.load();
+      engine.plan_with(mode, s, plan);
+      EXPECT_EQ(g_news.load() - before, 0) << mode.label();
     }
   }
 }

@@ -1,0 +1,64 @@
+#include "feplb/core/planners/feplb/loads.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "feplb/core/planners/planner.h"
+
+namespace feplb::feplb_detail {
+
+void LoadMeasure::grow_gemm_table(int64_t rows) const {
+  const size_t old = gemm_ms_.size();
+  gemm_ms_.resize(
+      std::min<size_t>(std::max<size_t>(static_cast<size_t>(rows) + 1, 2 * old), kGemmTableRows));
+  for (size_t r = old; r < gemm_ms_.size(); ++r) {
+    gemm_ms_[r] = r == 0 ? 0.0 : cost_->expert_ms(static_cast<int64_t>(r));
+  }
+}
+
+double LoadMeasure::row_unit_ms(const GemmCostModel& cost) {
+  const double slope = (cost.expert_ms(16384) - cost.expert_ms(8192)) / 8192.0;
+  return slope > 0 ? slope : cost.expert_ms(8192) / 8192.0;
+}
+
+void Loads::start(const Topology& topo, const RoutingStep& routing, double time_weight,
+                  int64_t budget_rows) {
+  const int E = topo.num_experts(), R = topo.num_ranks();
+  measure.set_time_weight(time_weight);
+  row_budget = budget_rows;
+  counts = &routing.expert_counts;
+  home_loads(topo, routing, rows_at);
+  if (measure.by_time()) {
+    load.assign(static_cast<size_t>(R), 0);
+    for (int e = 0; e < E; ++e) load[topo.home(e)] += measure.units((*counts)[e]);
+  } else {
+    load.assign(rows_at.begin(), rows_at.end());
+  }
+  moved.assign(static_cast<size_t>(E), 0);
+  guests.assign(static_cast<size_t>(R), 0);
+}
+
+void Loads::set_domain(const Topology& topo, int domain, int64_t domain_cap) {
+  cap = domain_cap;
+  row_cap = std::numeric_limits<int64_t>::max();
+  if (row_budget >= 0) {
+    const int first = topo.first_gpu_of_domain(domain), n = topo.domain_size();
+    int64_t dom_rows = 0;
+    for (int g = first; g < first + n; ++g) dom_rows += rows_at[g];
+    row_cap = dom_rows / n + row_budget;
+  }
+}
+
+double Loads::row_straggler(const Topology& topo) const {
+  const int n = topo.domain_size();
+  double worst = 0;
+  for (int dom = 0; dom < topo.num_domains(); ++dom) {
+    const auto first = rows_at.begin() + topo.first_gpu_of_domain(dom);
+    const int64_t total = std::accumulate(first, first + n, int64_t{0});
+    const int64_t most = *std::max_element(first, first + n);
+    worst = std::max(worst, static_cast<double>(most) - static_cast<double>(total) / n);
+  }
+  return worst;
+}
+
+}  // namespace feplb::feplb_detail

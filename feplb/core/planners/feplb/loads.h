@@ -1,0 +1,135 @@
+// Loads: what feplb balances, per GPU, while a plan is made: rows, or (balancing time) modelled
+// GEMM time in row equivalents (LoadMeasure, with its GEMM-time table); each GPU's caps and slots.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "feplb/core/cost_model.h"
+#include "feplb/core/planners/feplb/bisect.h"
+#include "feplb/core/routing.h"
+#include "feplb/core/topology.h"
+
+namespace feplb::feplb_detail {
+
+// Balancing time: row counts below this have their GEMM time tabled (8 bytes each); larger ones
+// ask the cost model.
+inline constexpr int64_t kGemmTableRows = 1 << 18;
+
+// Loads are in units: rows, or (time weight 1) modelled GEMM time in row equivalents, the cost of
+// an expert GEMM over `rows` rows divided by the cost of one more row at large row counts: the
+// same as rows where the GEMM is linear, more where a fixed cost dominates; in between, that
+// blend of the two. No allocation once its table covers the steps' largest expert count.
+class LoadMeasure {
+ public:
+  explicit LoadMeasure(const GemmCostModel* cost)
+      : cost_(cost), unit_ms_(cost ? row_unit_ms(*cost) : 0.0) {}
+
+  // This plan's blend of rows and GEMM time in loads (0: rows).
+  void set_time_weight(double time_weight) {
+    time_weight_ = time_weight;
+    by_time_ = time_weight > 0;
+    fixed_units_ = by_time_ ? units(8192) - 8192 : 0;
+  }
+  bool by_time() const { return by_time_; }
+
+  int64_t units(int64_t rows) const {
+    if (!by_time_) return rows;
+    const double time = gemm_ms(rows) / unit_ms_;
+    // Non-negative: rounds half up without libm's llround (this is the planner's inner loop).
+    return static_cast<int64_t>((1.0 - time_weight_) * static_cast<double>(rows) +
+                                time_weight_ * time + 0.5);
+  }
+  // The cost model's time for one expert GEMM over `rows` rows; balancing time, looked up in a
+  // table (units() asks it in the planner's inner loop).
+  double gemm_ms(int64_t rows) const {
+    if (!by_time_ || rows >= kGemmTableRows) return cost_->expert_ms(rows);
+    if (rows >= static_cast<int64_t>(gemm_ms_.size())) grow_gemm_table(rows);
+    return gemm_ms_[static_cast<size_t>(rows)];
+  }
+  // The load a donor sheds by giving `rows` more of an expert of which it still holds `held`.
+  int64_t give_units(int64_t held, int64_t rows) const {
+    return by_time_ ? units(held) - units(held - rows) : rows;
+  }
+  // The fewest rows of an expert (`held` at the donor) whose giving sheds at least `u` units (all
+  // `held` if none do).
+  int64_t rows_shedding(int64_t held, int64_t u) const {
+    if (!by_time_) return u;
+    // Where the GEMM is linear, giving u rows sheds u units: the search starts there.
+    return first_true_near(0, held, u, [&](int64_t s) { return give_units(held, s) >= u; });
+  }
+  // The most rows (at most `limit`) a receiver takes as a new slice within `u` units.
+  int64_t rows_within(int64_t u, int64_t limit) const {
+    if (!by_time_) return u;
+    if (u <= 0 || limit <= 0) return 0;
+    // Where the GEMM is linear, s rows cost s plus the fixed cost: the search starts there.
+    return first_true_near(0, limit + 1, u - fixed_units_,
+                           [&](int64_t s) { return s > limit || units(s) > u; }) -
+           1;
+  }
+
+ private:
+  // Extends gemm_ms_ to cover `rows` (doubling, at most kGemmTableRows: it grows only while the
+  // steps' largest expert count does).
+  void grow_gemm_table(int64_t rows) const;
+  static double row_unit_ms(const GemmCostModel& cost);
+
+  const GemmCostModel* cost_;
+  const double unit_ms_;     // by time: the GEMM time of one row, at large row counts
+  double time_weight_ = 0;   // this plan's blend (units())
+  bool by_time_ = false;     // time_weight_ > 0
+  int64_t fixed_units_ = 0;  // by time: a GEMM's fixed cost where it is linear (units(s) - s)
+  mutable std::vector<double> gemm_ms_;  // by time: GEMM time by rows (ms), grown on demand
+};
+
+// The loads of one plan being made, and the caps of the domain being balanced.
+struct Loads {
+  explicit Loads(const GemmCostModel* cost) : measure(cost) {}
+
+  // Every expert at home, measured with `time_weight`; `row_budget` >= 0: a GPU may end at most
+  // that many rows above its domain's mean (-1: no row cap).
+  void start(const Topology& topo, const RoutingStep& routing, double time_weight,
+             int64_t row_budget);
+  // The domain's caps: a GPU above `domain_cap` units, or above the row cap, must give.
+  void set_domain(const Topology& topo, int domain, int64_t domain_cap);
+
+  int64_t remaining(int e) const { return (*counts)[e] - moved[e]; }
+  // Whether d must give more away: above the cap, or above the row cap.
+  bool over(int d) const { return load[d] > cap || rows_at[d] > row_cap; }
+  // Whether g has room: below the cap (under a row cap, time room is not required: a donor above
+  // the row cap may have to give beyond it) and below the row cap.
+  bool has_room(int g) const { return (load[g] < cap || row_budget >= 0) && rows_at[g] < row_cap; }
+  // The rows of e that bring d down to `level` units and below the row cap.
+  int64_t shed_rows(int e, int d, int64_t level) const {
+    return std::max(measure.rows_shedding(remaining(e), load[d] - level), rows_at[d] - row_cap);
+  }
+  // The load d sheds by giving `rows` more of e away.
+  int64_t give_units(int e, int64_t rows) const { return measure.give_units(remaining(e), rows); }
+  // `rows` of e move from d to h (a guest slot taken unless its weights were prefetched there).
+  void move(int e, int d, int h, int64_t rows, bool weights_there) {
+    load[d] -= give_units(e, rows);
+    load[h] += measure.units(rows);
+    rows_at[d] -= rows;
+    rows_at[h] += rows;
+    moved[e] += rows;
+    if (!weights_there) ++guests[h];
+  }
+
+  // The token straggler of rows_at within the NVLink domains (what balancing can remove): the
+  // largest of a GPU's rows above its domain's mean.
+  double row_straggler(const Topology& topo) const;
+
+  LoadMeasure measure;
+  const std::vector<int64_t>* counts = nullptr;  // this step's expert_counts
+  std::vector<int64_t> load;                     // [num_ranks] units each GPU computes, as planned
+  std::vector<int64_t> rows_at;                  // [num_ranks] rows each GPU computes, as planned
+  std::vector<int64_t> moved;                    // [num_experts] rows of each expert given away
+  std::vector<int64_t> guests;                   // [num_ranks] guest weight slots taken
+  int64_t row_budget = -1;  // >= 0: a GPU may end at most this many rows above the mean
+  int64_t cap = 0;          // the domain's target + tolerance
+  int64_t row_cap = std::numeric_limits<int64_t>::max();  // the domain's row cap
+};
+
+}  // namespace feplb::feplb_detail

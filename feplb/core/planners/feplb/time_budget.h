@@ -1,0 +1,32 @@
+// TimeBudget: time_balance_budget > 0: the most time-balanced plan whose token straggler keeps
+// within the budget, from the blends bisected and time under a row cap, each levelled.
+#pragma once
+
+#include <span>
+
+#include "feplb/core/plan.h"
+#include "feplb/core/planners/feplb/balanced_plan.h"
+#include "feplb/core/planners/feplb/config.h"
+#include "feplb/core/planners/feplb/level_time.h"
+
+namespace feplb::feplb_detail {
+
+// The most time-balanced plan whose token straggler stays within the budget (a fraction of the
+// unbalanced one). Two tries, each levelled within the budget's row cap (TimeLeveller): the
+// blends from time towards rows bisected (a blend nearer rows leaves fewer rows on the busiest
+// GPU), rows when none keeps within it; and time balanced under the row cap (plan_capped), kept
+// instead when it keeps within the budget with a lower GEMM straggler. Neither wins everywhere:
+// on the many-donor workloads of balance.md, the capped plan is the better one with small experts
+// (whose GEMMs' fixed costs make rows and time differ most), a blend often the better one with
+// large ones. Four plans and two levellings per step; no allocation once warm.
+class TimeBudget {
+ public:
+  // A plan in `mode` (FeplbBalance::kTimeBudget) into `out`.
+  void plan(const FeplbConfig& mode, std::span<const Copy> prefetches, const RoutingStep& routing,
+            BalancedPlan& plans, TimeLeveller& leveller, Plan& out);
+
+ private:
+  Plan kept_;  // the best plan kept within the budget so far
+};
+
+}  // namespace feplb::feplb_detail

@@ -1,0 +1,316 @@
+// The units of the feplb planner (feplb/core/planners/feplb/): its config (validation, label, the
+// one-hop rule), each copy rule on a hand example, and FeplbEngine::plan_with (the knobs' planner's
+// bytes; modes planned in any order on one engine).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "feplb/core/errors.h"
+#include "feplb/core/planners/feplb/config.h"
+#include "feplb/core/planners/feplb/copy_rules.h"
+#include "feplb/core/planners/feplb/engine.h"
+#include "test_util.h"
+
+namespace feplb {
+namespace {
+
+using feplb_detail::ExposedBeforeDonor;
+using feplb_detail::HiddenCopies;
+using feplb_detail::IgnoreCopyTime;
+using feplb_detail::LateByBusiest;
+using feplb_detail::LoadMeasure;
+using feplb_detail::Loads;
+
+// The message of the InputError `f` throws ("" if none).
+template <typename F>
+std::string input_error(F f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+FeplbConfig config_of(const Knobs& k) { return FeplbConfig::from_knobs(k, true); }
+
+TEST(FeplbConfig, TheKnobsModeAndItsLabel) {
+  const FeplbConfig defaults = config_of(Knobs{});
+  EXPECT_EQ(defaults.path, FeplbPath::kTwoPhase);
+  EXPECT_EQ(defaults.prefetch, FeplbPrefetch::kOff);
+  EXPECT_EQ(defaults.balance, FeplbBalance::kRows);
+  EXPECT_EQ(defaults.copy_rule, FeplbCopyRule::kHidden);
+  EXPECT_EQ(defaults.candidate_set(), FeplbCandidates::kBusiest);
+  EXPECT_EQ(defaults.label(), "two-phase, rows, hidden copies");
+
+  Knobs k;
+  k.prefetch = 1;
+  k.time_balance_budget = 0.05;
+  EXPECT_EQ(config_of(k).label(), "two-phase, prefetch, time budget 0.05, hidden copies");
+  k = {};
+  k.balance_time_weight = 0.5;
+  k.copy_timing = 2;
+  k.feplb_dyn_set = 1;
+  EXPECT_EQ(config_of(k).label(),
+            "two-phase, placement's sets, time blend 0.5, exposed copies before the donor");
+  k.balance_time_weight = 1;
+  k.copy_timing = 0;
+  EXPECT_EQ(config_of(k).label(), "two-phase, placement's sets, time, copy time ignored");
+}
+
+// One-hop plans before the dispatch: every local expert is a candidate, whatever feplb_dyn_set and
+// dyn_cover say; the config says so, and switching the path back restores the two-phase set.
+TEST(FeplbConfig, OneHopTakesEveryLocalExpertAndSaysSo) {
+  Knobs k;
+  k.one_hop = 1;
+  k.copy_timing = 3;
+  k.feplb_dyn_set = 1;
+  FeplbConfig c = config_of(k);  // dyn_cover keeps its default (1.5): not an error
+  EXPECT_EQ(c.label(), "one-hop, rows, late copies by the busiest");
+  EXPECT_EQ(c.candidate_set(), FeplbCandidates::kEveryLocal);
+  EXPECT_EQ(c.candidate_cover(), 0.0);
+  EXPECT_NE(c.describe().find("every local expert"), std::string::npos) << c.describe();
+  EXPECT_NE(c.describe().find("--feplb-dyn-set and --dyn-cover apply to two-phase plans only"),
+            std::string::npos)
+      << c.describe();
+  c.path = FeplbPath::kTwoPhase;
+  EXPECT_EQ(c.candidate_set(), FeplbCandidates::kPlacementSets);
+  EXPECT_EQ(c.candidate_cover(), 1.5);
+  EXPECT_EQ(c.describe().find("every local expert"), std::string::npos) << c.describe();
+}
+
+TEST(FeplbConfig, BadValuesAndContradictionsNameTheFlag) {
+  const auto error_for = [](auto set) {
+    Knobs k;
+    set(k);
+    return input_error([&] { config_of(k); });
+  };
+  EXPECT_NE(error_for([](Knobs& k) { k.copy_timing = 4; }).find("--copy-timing"),
+            std::string::npos);
+  EXPECT_NE(error_for([](Knobs& k) { k.feplb_dyn_set = 2; }).find("--feplb-dyn-set"),
+            std::string::npos);
+  EXPECT_NE(error_for([](Knobs& k) { k.one_hop = 2; }).find("--one-hop"), std::string::npos);
+  EXPECT_NE(error_for([](Knobs& k) { k.prefetch = -1; }).find("--prefetch"), std::string::npos);
+  EXPECT_NE(error_for([](Knobs& k) { k.min_slice_rows = 0; }).find("--min-slice-rows"),
+            std::string::npos);
+  EXPECT_NE(error_for([](Knobs& k) { k.slice_align_rows = 0; }).find("--slice-align-rows"),
+            std::string::npos);
+  // The budget tries its own blends: a weight beside it cannot be meant.
+  EXPECT_NE(error_for([](Knobs& k) {
+              k.balance_time_weight = 0.5;
+              k.time_balance_budget = 0.05;
+            }).find("--balance-time-weight"),
+            std::string::npos);
+  // Timing copies or balancing time needs a cost model; rows with copy time ignored does not.
+  EXPECT_NE(input_error([] { FeplbConfig::from_knobs(Knobs{}, false); }).find("--copy-timing 1"),
+            std::string::npos);
+  Knobs untimed;
+  untimed.copy_timing = 0;
+  EXPECT_EQ(input_error([&] { FeplbConfig::from_knobs(untimed, false); }), "");
+  untimed.balance_time_weight = 1;
+  EXPECT_NE(input_error([&] { FeplbConfig::from_knobs(untimed, false); }).find("GEMM cost model"),
+            std::string::npos);
+  // A hand-made mode: a time blend needs its weight; two-phase keeps static experts.
+  FeplbConfig c = config_of(Knobs{});
+  c.balance = FeplbBalance::kTimeBlend;
+  EXPECT_NE(input_error([&] { c.validate(true); }).find("--balance-time-weight"),
+            std::string::npos);
+  c.time_weight = 0.25;
+  EXPECT_EQ(input_error([&] { c.validate(true); }), "");
+  c.candidates = FeplbCandidates::kEveryLocal;
+  EXPECT_NE(input_error([&] { c.validate(true); }).find("one-hop's rule"), std::string::npos);
+  c.path = FeplbPath::kOneHop;
+  EXPECT_EQ(input_error([&] { c.validate(true); }), "");
+}
+
+// A GEMM of r rows takes r us: hand examples in round numbers.
+class MicrosecondPerRow final : public GemmCostModel {
+ public:
+  double expert_ms(int64_t rows) const override {
+    return rows <= 0 ? 0.0 : static_cast<double>(rows) * 1e-3;
+  }
+};
+
+// One expert per GPU with these rows: GPU g's own work takes counts[g] us.
+struct RuleBench {
+  explicit RuleBench(std::vector<int64_t> rows)
+      : counts(std::move(rows)),
+        topo(Topology::contiguous(static_cast<int>(counts.size()), static_cast<int>(counts.size()),
+                                  static_cast<int>(counts.size()))),
+        measure(&cost) {}
+  std::vector<int64_t> counts;
+  Topology topo;
+  MicrosecondPerRow cost;
+  LoadMeasure measure;
+};
+
+TEST(FeplbCopyRules, IgnoreTakesAnyCopy) {
+  RuleBench b({1000, 200, 100});
+  IgnoreCopyTime rule;
+  rule.start(b.topo, b.measure, b.counts);
+  EXPECT_FALSE(IgnoreCopyTime::kTimed);
+  EXPECT_TRUE(rule.fits(1000, 0, 1, 900, 100.0));  // lands long after every GPU is done
+  EXPECT_EQ(rule.window_ms(1), 0.0);
+}
+
+// Hidden: a copy lands while the receiver has work whose copies landed: its own, then each donor's
+// guests in landing order.
+TEST(FeplbCopyRules, HiddenCopiesLandBehindOwnWorkOrEarlierGuests) {
+  RuleBench b({1000, 200, 100, 100});  // GPU 1's own work: 0.2 ms
+  HiddenCopies rule;
+  rule.start(b.topo, b.measure, b.counts);
+  EXPECT_TRUE(rule.fits(1000, 0, 1, 100, 0.2));    // within its own work
+  EXPECT_FALSE(rule.fits(1000, 0, 1, 100, 0.25));  // after it, and no guests yet
+  // Donor 0's 100 rows land at 0.15: GPU 1 runs them from 0.2 to 0.3. Donor 2's 200 rows land at
+  // 0.28, within that: they run from 0.3 to 0.5.
+  rule.record(1000, 0, 1, 100, true, 0.15);
+  EXPECT_TRUE(rule.fits(100, 2, 1, 200, 0.28));
+  rule.record(100, 2, 1, 200, true, 0.28);
+  EXPECT_DOUBLE_EQ(rule.window_ms(1), 0.5);
+  EXPECT_DOUBLE_EQ(rule.own_ms(0), 0.9);         // the donor's own work shrank
+  EXPECT_TRUE(rule.fits(100, 3, 1, 50, 0.5));    // donor 3 behind both
+  EXPECT_FALSE(rule.fits(100, 3, 1, 50, 0.51));  // after the window
+  // Within the window, but donor 0's guests would then wait for a copy landing at 0.35, and GPU 1
+  // would idle from 0.2 (donor 2's at 0.28 no longer lands while it has work): not hidden.
+  EXPECT_FALSE(rule.fits(900, 0, 1, 100, 0.35));
+}
+
+// Exposed before the donor: a late copy is taken if the receiver, waiting and then running its
+// guests, finishes before the donor does after giving the rows, and so do its earlier late
+// receivers.
+TEST(FeplbCopyRules, ExposedCopiesFinishBeforeTheDonor) {
+  RuleBench b({1000, 200, 100});
+  ExposedBeforeDonor rule;
+  rule.start(b.topo, b.measure, b.counts);
+  // 300 rows landing at 0.5: GPU 1 ends at 0.8, after the donor (1.0 - 0.3 = 0.7).
+  EXPECT_FALSE(rule.fits(1000, 0, 1, 300, 0.5));
+  EXPECT_TRUE(rule.fits(1000, 0, 1, 200, 0.5));  // 0.7 <= 0.8
+  rule.record(1000, 0, 1, 200, true, 0.5);       // GPU 1 now ends at 0.7, the donor at 0.8
+  // To GPU 2, landing at 0.4: 100 rows leave the donor at 0.7, as late as GPU 1 (kept); 150 rows
+  // would leave it at 0.65, before GPU 1 finishes.
+  EXPECT_TRUE(rule.fits(800, 0, 2, 100, 0.4));
+  EXPECT_FALSE(rule.fits(800, 0, 2, 150, 0.4));
+  EXPECT_TRUE(rule.fits(800, 0, 2, 150, 0.1));  // within GPU 2's own work: hidden
+}
+
+// Late by the busiest: a late copy is taken if the receiver, its own work, the wait and its guests
+// included, finishes by the GEMM time of the busiest GPU that gives nothing away.
+TEST(FeplbCopyRules, LateCopiesFinishByTheBusiestNonDonor) {
+  RuleBench b({1000, 400, 100, 100});  // target 400: GPUs 1-3 give nothing away
+  Loads loads(&b.cost);
+  loads.load = b.counts;
+  LateByBusiest rule;
+  rule.start(b.topo, b.measure, b.counts);
+  const std::vector<int64_t> targets = {400};
+  rule.targets_set(b.topo, loads, targets, 0);
+  EXPECT_DOUBLE_EQ(rule.finish_by_ms(0), 0.4);  // GPU 1's own work
+  // 200 rows into GPU 2 (own work 0.1) landing at 0.15: it waits, then ends at 0.35.
+  EXPECT_TRUE(rule.fits(1000, 0, 2, 200, 0.15));
+  EXPECT_FALSE(rule.fits(1000, 0, 2, 200, 0.25));  // would end at 0.45
+  rule.record(1000, 0, 2, 200, true, 0.15);
+  EXPECT_FALSE(rule.fits(800, 0, 2, 100, 0.15));  // its guests now take 0.2: 0.45
+  EXPECT_TRUE(rule.fits(800, 0, 2, 50, 0.15));    // 0.4
+}
+
+// Knob sets covering every explicit mode of the knobs (feplb_plan_dump's grid, in short).
+std::vector<Knobs> explicit_modes() {
+  std::vector<Knobs> out;
+  for (int64_t timing = 0; timing <= 3; ++timing) {
+    for (int64_t one_hop = 0; one_hop <= 1; ++one_hop) {
+      for (int64_t prefetch = 0; prefetch <= 1; ++prefetch) {
+        Knobs k;
+        k.copy_timing = timing;
+        k.one_hop = one_hop;
+        k.prefetch = prefetch;
+        k.prefetch_window_us = 500;
+        out.push_back(k);
+      }
+    }
+  }
+  for (const double weight : {1.0, 0.5}) {
+    Knobs k;
+    k.balance_time_weight = weight;
+    k.prefetch_window_us = 500;
+    out.push_back(k);
+  }
+  for (const int64_t one_hop : {0, 1}) {
+    Knobs k;
+    k.time_balance_budget = 0.05;
+    k.prefetch = 1;
+    k.one_hop = one_hop;
+    k.prefetch_window_us = 500;
+    out.push_back(k);
+  }
+  return out;
+}
+
+std::vector<RoutingStep> engine_steps() {
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 6; ++seed)
+    steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
+  return steps;
+}
+
+// plan_with(the knobs' mode) gives the `feplb` policy's bytes, step after step (prefetches
+// predicted from the same plans).
+TEST(FeplbEngine, PlanWithTheKnobsModeGivesThePoliciesBytes) {
+  const std::vector<RoutingStep> steps = engine_steps();
+  for (const Knobs& k : explicit_modes()) {
+    testing::Bench b(16, 8, 128, k);
+    const PlannerContext ctx{b.topo, b.shape, k, b.cost.get()};
+    const FeplbConfig mode = FeplbConfig::from_knobs(k, true);
+    auto planner = make_planner("feplb", ctx);
+    FeplbEngine engine(ctx);
+    Plan by_policy, by_engine;
+    int64_t moved = 0;
+    for (const RoutingStep& s : steps) {
+      planner->plan(s, by_policy);
+      engine.plan_with(mode, s, by_engine);
+      ASSERT_EQ(serialize(by_engine), serialize(by_policy)) << mode.label();
+      moved += static_cast<int64_t>(by_engine.slices.size());
+      planner->observe(s);
+      if (mode.prefetch == FeplbPrefetch::kOn) engine.record(s.layer, by_engine);
+    }
+    EXPECT_GT(moved, static_cast<int64_t>(steps.size()) * 128) << mode.label();  // some split
+  }
+}
+
+// One engine planning every step in every mode, in a different order each step, gives each mode
+// the bytes an engine of its own gives: no mode leaves state another reads (the predictions both
+// see come from the same recorded plans).
+TEST(FeplbEngine, ModesPlannedInAnyOrderOnOneEngineGiveTheirOwnBytes) {
+  const std::vector<RoutingStep> steps = engine_steps();
+  const std::vector<Knobs> knobs = explicit_modes();
+  testing::Bench b(16, 8, 128, knobs[0]);
+  std::vector<FeplbConfig> modes;
+  std::vector<std::unique_ptr<FeplbEngine>> alone;
+  for (const Knobs& k : knobs) {
+    modes.push_back(FeplbConfig::from_knobs(k, true));
+    alone.push_back(
+        std::make_unique<FeplbEngine>(PlannerContext{b.topo, b.shape, k, b.cost.get()}));
+  }
+  FeplbEngine shared(PlannerContext{b.topo, b.shape, knobs[0], b.cost.get()});
+  Knobs predicting;
+  predicting.prefetch = 1;
+  const FeplbConfig predictor = FeplbConfig::from_knobs(predicting, true);
+  Plan plan, reference, recorded;
+  for (size_t step = 0; step < steps.size(); ++step) {
+    const RoutingStep& s = steps[step];
+    for (size_t i = 0; i < modes.size(); ++i) {
+      const size_t m = step % 2 == 0 ? i : modes.size() - 1 - i;
+      shared.plan_with(modes[m], s, plan);
+      alone[m]->plan_with(modes[m], s, reference);
+      ASSERT_EQ(serialize(plan), serialize(reference)) << modes[m].label() << " step " << step;
+    }
+    // Every engine's prediction: from the plan two-phase with prefetch and hidden copies.
+    shared.plan_with(predictor, s, recorded);
+    shared.record(s.layer, recorded);
+    for (auto& engine : alone) engine->record(s.layer, recorded);
+  }
+}
+
+}  // namespace
+}  // namespace feplb
