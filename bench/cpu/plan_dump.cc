@@ -68,13 +68,26 @@ struct KnobCase {
   bool placement;  // a placement's dynamic sets in the context
 };
 
+// Every switch of feplb's mode set, to the values the knobs' defaults had before feplb chose its
+// own mode (one_hop 0, prefetch 0, copy_timing 1, rows, 20 us reserved): the explicit modes'
+// fingerprints stay comparable across changes of the default.
+Knobs explicit_defaults() {
+  Knobs k;
+  k.one_hop = 0;
+  k.prefetch = 0;
+  k.copy_timing = 1;
+  k.time_balance_budget = 0;
+  k.planner_budget_us = 20;
+  return k;
+}
+
 std::vector<KnobCase> knob_cases() {
   std::vector<KnobCase> out;
   for (int timing = 0; timing <= 3; ++timing) {
     for (int one_hop = 0; one_hop <= 1; ++one_hop) {
       for (int prefetch = 0; prefetch <= 1; ++prefetch) {
         for (int dyn_set = 0; dyn_set <= 1; ++dyn_set) {
-          Knobs k;
+          Knobs k = explicit_defaults();
           k.copy_timing = timing;
           k.one_hop = one_hop;
           k.prefetch = prefetch;
@@ -112,13 +125,18 @@ std::vector<KnobCase> knob_cases() {
       {"b002_t2_cover0", {{"time_balance_budget", 0.02}, {"copy_timing", 2}, {"dyn_cover", 0}}},
   };
   for (const auto& [label, overrides] : extra) {
-    Knobs k;
+    Knobs k = explicit_defaults();
     apply_knobs(k, overrides);
     out.push_back({label, k, false});
   }
-  Knobs time_on_placement;  // time within a budget over the placement's dynamic sets
+  Knobs time_on_placement = explicit_defaults();  // time within a budget over the placement's sets
   apply_knobs(time_on_placement, {{"time_balance_budget", 0.05}, {"feplb_dyn_set", 1}});
   out.push_back({"b005_d1", time_on_placement, true});
+  // The default: feplb chooses its mode (chooser.h), and with the path fixed.
+  out.push_back({"auto", Knobs{}, false});
+  Knobs auto_two_phase;
+  auto_two_phase.one_hop = 0;
+  out.push_back({"auto_h0", auto_two_phase, false});
   return out;
 }
 

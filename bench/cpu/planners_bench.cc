@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <iterator>
@@ -17,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "feplb/core/copy_links.h"
 #include "feplb/core/cost_model.h"
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/knobs.h"
@@ -75,6 +77,8 @@ constexpr int kTimedSteps = 32;
 // the timed steps, as they would have in simulation; the timed steps are the micro-batches after.
 constexpr int kWarmupMicroBatches = 4;
 constexpr int kRepetitions = 5;
+// Calls clocked one by one after the timed loop, for the per-call median and 99th percentile.
+constexpr int kClockedCalls = 2000;
 
 enum class PriorKind { kOlmoeArxiv, kLognormal };
 
@@ -148,7 +152,8 @@ const Workload& workload_for(const BenchConfig& cfg) {
   return *w;
 }
 
-// feplb's opt-in modes timed on the EP=8 workloads: GEMM time balanced within a 5% token-straggler
+// feplb's explicit modes timed on the EP=8 workloads beside its default (plan/feplb/..., which
+// chooses its mode): two-phase balancing rows; GEMM time balanced within a 5% token-straggler
 // budget with weights prefetched, without and with rows in one hop (the many-donor report's time
 // modes, docs/results/balance.md section 8).
 struct FeplbMode {
@@ -156,9 +161,12 @@ struct FeplbMode {
   std::vector<KnobOverride> knobs;
 };
 const FeplbMode kFeplbModes[] = {
-    {"feplb+prefetch+time", {{"prefetch", 1}, {"time_balance_budget", 0.05}}},
+    {"feplb-rows",
+     {{"one_hop", 0}, {"prefetch", 0}, {"copy_timing", 1}, {"time_balance_budget", 0}}},
+    {"feplb+prefetch+time",
+     {{"one_hop", 0}, {"prefetch", 1}, {"copy_timing", 1}, {"time_balance_budget", 0.05}}},
     {"feplb+prefetch+one-hop+time",
-     {{"prefetch", 1}, {"one_hop", 1}, {"time_balance_budget", 0.05}}},
+     {{"one_hop", 1}, {"prefetch", 1}, {"copy_timing", 1}, {"time_balance_budget", 0.05}}},
 };
 constexpr std::string_view kModeConfigs[] = {"ep8_e128", "ep8_e128_skew5"};
 
@@ -201,6 +209,20 @@ void BM_Plan(benchmark::State& state, const std::string& planner_name, const Ben
   const int64_t before = g_allocations.load(std::memory_order_relaxed);
   for (const RoutingStep& s : w->timed) planner->plan(s, plan);
   const int64_t allocations = g_allocations.load(std::memory_order_relaxed) - before;
+
+  // Per-call latency: each of kClockedCalls calls clocked on its own (steady_clock; its ~20 ns
+  // read is within the figures' resolution), against the reserve the planner charges itself.
+  std::vector<double> call_us(kClockedCalls);
+  for (int c = 0; c < kClockedCalls; ++c) {
+    const auto t0 = std::chrono::steady_clock::now();
+    planner->plan(w->timed[static_cast<size_t>(c) % w->timed.size()], plan);
+    const auto t1 = std::chrono::steady_clock::now();
+    call_us[static_cast<size_t>(c)] = std::chrono::duration<double, std::micro>(t1 - t0).count();
+  }
+  std::sort(call_us.begin(), call_us.end());
+  state.counters["p50_us"] = call_us[call_us.size() / 2];
+  state.counters["p99_us"] = call_us[call_us.size() * 99 / 100];
+  state.counters["reserve_us"] = planner_reserve_us(knobs, w->topo);
 
   state.counters["ranks"] = cfg.ranks;
   state.counters["experts"] = cfg.experts;

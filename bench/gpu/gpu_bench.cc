@@ -561,8 +561,9 @@ json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
 }
 
 // ---- the layer's paths on a many-donor trace ---------------------------------------------------
-// The two-phase default, rows in one hop, weights before routing, both, both with late copies
-// (copy_timing = 3), and both planning GEMM time within a 5% token-straggler budget: six layers
+// Two phases balancing rows, rows in one hop, weights before routing, both, both with late copies
+// (copy_timing = 3), both planning GEMM time within a 5% token-straggler budget, and the default
+// (feplb chooses its mode, "auto"): seven layers
 // (one feplb planner each, the mode's knobs) on one runtime per virtual rank, sharing its slot
 // pool, over the same routing. Interleaved: every step runs each mode once, in an order rotated
 // every step; each forward comes after an emulated attention block (a GPU delay as long as the
@@ -578,7 +579,8 @@ constexpr PathMode kPathModes[] = {{"two_phase", 0, 0, 1, 0},
                                    {"prefetch", 0, 1, 1, 0},
                                    {"one_hop_prefetch", 1, 1, 1, 0},
                                    {"one_hop_prefetch_late", 1, 1, 3, 0},
-                                   {"one_hop_prefetch_time", 1, 1, 1, 0.05}};
+                                   {"one_hop_prefetch_time", 1, 1, 1, 0.05},
+                                   {"auto", -1, -1, -1, -1}};
 
 json paths_bench(const ExpertShape& shape, const std::string& shape_name, const Knobs& knobs,
                  int steps, const std::string& data_dir, double timeout_s) {
@@ -742,9 +744,9 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
       {"prefetch_window_us", window_us},
       {"modes", modes},
       {"method",
-       "8 virtual ranks on this GPU, one runtime each with six feplb layers (two_phase, one_hop, "
+       "8 virtual ranks on this GPU, one runtime each with seven feplb layers (two_phase, one_hop, "
        "prefetch, one_hop_prefetch, one_hop_prefetch_late: copy_timing 3, one_hop_prefetch_time: "
-       "time_balance_budget 0.05) sharing its slot pool; "
+       "time_balance_budget 0.05, auto: the default, feplb chooses) sharing its slot pool; "
        "per step each mode's forward once, order rotated "
        "per "
        "step, after a GPU delay of prefetch_window_us (the attention block; prefetch() is called "

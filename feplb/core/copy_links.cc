@@ -62,7 +62,7 @@ void ScheduleWriter::write(Plan& plan, const Topology& topo, const Knobs& knobs,
   const auto rank = [](int g) { return static_cast<size_t>(g); };
   const auto key = [E](int gpu, int expert) { return static_cast<int64_t>(gpu) * E + expert; };
   Schedule& s = plan.schedule;
-  s.copy_start_ms = planned_copy_start_ms(plan, knobs);
+  s.copy_start_ms = planned_copy_start_ms(plan, knobs, topo);
   const std::span<const CopyTime> times = timer_.time(plan, topo, knobs, s.copy_start_ms);
   s.copies.assign(times.begin(), times.end());
   s.own_ms.assign(rank(R), 0.0);

@@ -101,13 +101,22 @@ inline double link_ms(int64_t bytes, double gbps, double setup_us) {
   return static_cast<double>(bytes) / (gbps * 1e9) * 1e3 + setup_us * 1e-3;
 }
 
+// The planner time reserved ahead of a two-phase plan's copies, us: planner_budget_us, or where
+// it is -1 (the default) one that grows with what is planned: 20 us, or 0.1 us per expert and per
+// GPU where that is more (EP=72 with 288 experts: 36 us; EP=256 with 1,024: 128 us), above the
+// default planner's p99 at every size docs/planners.md measures.
+inline double planner_reserve_us(const Knobs& knobs, const Topology& topo) {
+  if (knobs.planner_budget_us >= 0) return knobs.planner_budget_us;
+  return std::max(20.0, 0.1 * (topo.num_experts() + topo.num_ranks()));
+}
+
 // When the planner assumes a plan's phase-2 copies start (ms from when the GEMMs start): once the
-// plan exists, the planner's budget after the GEMMs start (the counts reached the host before the
+// plan exists, the planner's reserve after the GEMMs start (the counts reached the host before the
 // dispatch, as every EP dispatch that sizes its all-to-all-v on the host needs them; the planner
 // runs while the dispatch does, so this is an upper bound), or at once for a plan made before the
 // dispatch (its latency delays the dispatch instead: StepMetrics::plan_exposed_ms).
-inline double planned_copy_start_ms(const Plan& plan, const Knobs& knobs) {
-  return plan.planned_before_dispatch ? 0.0 : knobs.planner_budget_us * 1e-3;
+inline double planned_copy_start_ms(const Plan& plan, const Knobs& knobs, const Topology& topo) {
+  return plan.planned_before_dispatch ? 0.0 : planner_reserve_us(knobs, topo) * 1e-3;
 }
 
 // Times every copy of a plan (time(plan, ...)[i] for plan.copies[i]): prefetches first, first in,

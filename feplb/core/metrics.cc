@@ -26,6 +26,7 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   const int R = topo.num_ranks(), E = topo.num_experts();
   StepMetrics m;
   m.planner_us = planner_us;
+  m.mode = plan.mode;
   const auto key = [E](int gpu, int expert) { return static_cast<size_t>(gpu) * E + expert; };
   std::vector<int64_t> home_rows(R, 0), guest_rows(R, 0);
   std::vector<double> gemm(R, 0.0);

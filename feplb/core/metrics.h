@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "feplb/core/cost_model.h"
@@ -61,6 +62,7 @@ struct StepMetrics {
   // per-rank counts on the host for its split sizes too.
   double plan_exposed_ms = 0;
   double planner_us = 0;
+  std::string mode;  // the mode the plan was made in (Plan::mode; empty for most planners)
 
   // Everything the balancing adds to the layer beyond its slowest GPU's GEMMs.
   double exposed_ms() const { return copy_exposed_ms + plan_exposed_ms; }

@@ -12,6 +12,7 @@ void Plan::clear(int num_experts) {
   resident.clear();
   planned_before_dispatch = false;
   schedule.clear();
+  mode.clear();
   dynamic.assign(static_cast<size_t>(num_experts), 0);
 }
 

@@ -80,6 +80,9 @@ struct Plan {
   // while the dispatch and the GPUs' static experts run (the paper's two-phase path), or from
   // history between micro-batches (EPLB), or no plan at all (static).
   bool planned_before_dispatch = false;
+  // The mode it was planned in, in a few words (feplb: FeplbConfig::label(); empty for the other
+  // planners). Not part of serialize().
+  std::string mode;
   // When its copies run and the order each GPU runs its guests in, as the planner modelled it:
   // written once by the planner (Planner::plan ends with ScheduleWriter). Not part of serialize().
   Schedule schedule;

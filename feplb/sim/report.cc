@@ -142,6 +142,16 @@ std::string format_table(const SimulationResult& r) {
         s.fits_static_window * 100.0, s.delayed_steps * 100.0, s.exposed_ms,
         fmt::format("{:.1f} / {:.1f}", s.planner_us_median, s.planner_us_p99));
   }
+  // The modes a policy planned in (feplb's chooser), and how often.
+  for (const PolicyResult& p : r.policies) {
+    if (p.summary.modes.empty()) continue;
+    std::string line;
+    for (const auto& [mode, count] : p.summary.modes) {
+      line += fmt::format("{}{} ({} of {} steps)", line.empty() ? "" : "; ", mode, count,
+                          p.steps.size());
+    }
+    out += fmt::format("{} planned in: {}\n", p.name, line);
+  }
   return out;
 }
 
@@ -245,6 +255,14 @@ std::string format_json(const SimulationResult& r) {
         {"guest_slots_max", s.guest_slots_max},
         {"transport", data_movement_json(p.movement)},
     };
+    if (!s.modes.empty()) {
+      json modes = json::object();
+      for (const auto& [mode, count] : s.modes) modes[mode] = count;
+      json per_step = json::array();
+      for (const StepMetrics& m : p.steps) per_step.push_back(m.mode);
+      policies[p.name]["modes"] = modes;
+      policies[p.name]["step_modes"] = per_step;  // in the order of the measured steps
+    }
   }
   doc["policies"] = policies;
   return doc.dump(2) + "\n";

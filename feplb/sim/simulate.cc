@@ -88,6 +88,15 @@ PolicySummary summarise_steps(const std::vector<StepMetrics>& steps) {
     return m.mean_rows > 0 ? (m.token_straggler - m.oracle_straggler) / m.mean_rows * 100.0 : 0.0;
   }));
   s.inter_node_floor = mean_of(column([](const StepMetrics& m) { return m.oracle_straggler; }));
+  for (const StepMetrics& m : steps) {
+    if (m.mode.empty()) continue;
+    const auto it = std::find_if(s.modes.begin(), s.modes.end(),
+                                 [&](const auto& entry) { return entry.first == m.mode; });
+    if (it == s.modes.end())
+      s.modes.emplace_back(m.mode, 1);
+    else
+      ++it->second;
+  }
   return s;
 }
 

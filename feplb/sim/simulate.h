@@ -67,6 +67,9 @@ struct PolicySummary {
   double prefetch_bytes_per_step = 0, prefetch_wasted_bytes_per_step = 0;
   double prefetch_hit_rate = 0, prefetch_coverage = 0;
   double planner_us_median = 0, planner_us_p99 = 0;
+  // The modes the plans were made in (StepMetrics::mode), with how many steps each, in order of
+  // first use; empty where the planner names none.
+  std::vector<std::pair<std::string, int64_t>> modes;
   double above_oracle_pct_of_mean = 0;   // mean of (S_T - S_T oracle) / mean rows * 100
   double inter_node_floor = 0;           // mean of the in-domain floor (oracle's S_T): the
                                          // imbalance between nodes that in-node balancing leaves

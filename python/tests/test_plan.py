@@ -114,8 +114,10 @@ def test_placement_and_domains(skewed):
 
 
 def test_knobs_reach_the_planner(skewed):
-    loose = feplb.plan(skewed, "feplb", shape=SHAPE, copy_timing=0)
-    tight = feplb.plan(skewed, "feplb", shape=SHAPE, copy_timing=0, max_num_dyn=1)
+    # feplb's two-phase mode balancing rows (the default chooses a mode: docs/planners.md).
+    mode = dict(one_hop=0, prefetch=0, time_balance_budget=0)
+    loose = feplb.plan(skewed, "feplb", shape=SHAPE, copy_timing=0, **mode)
+    tight = feplb.plan(skewed, "feplb", shape=SHAPE, copy_timing=0, max_num_dyn=1, **mode)
     for p, limit in ((loose, 8), (tight, 1)):
         s = p.slices
         guests = {(e, g) for e, g, h in zip(s.expert, s.gpu, s.home) if g != h}
@@ -123,11 +125,11 @@ def test_knobs_reach_the_planner(skewed):
         assert per_gpu.max() <= limit
         assert p.metrics["max_guest_slots"] <= limit
     assert tight.metrics["token_straggler"] > loose.metrics["token_straggler"]
-    nothing = feplb.plan(skewed, "feplb", shape=SHAPE, copy_timing=0, dyn=0)
+    nothing = feplb.plan(skewed, "feplb", shape=SHAPE, copy_timing=0, dyn=0, **mode)
     assert len(nothing.copies) == 0
-    # copy_timing=1 (the default) takes only copies that land while the receiver is busy: no
+    # copy_timing=1 (two-phase's) takes only copies that land while the receiver is busy: no
     # more than without the rule, and every one of them lands in time.
-    hidden = feplb.plan(skewed, "feplb", shape=SHAPE)
+    hidden = feplb.plan(skewed, "feplb", shape=SHAPE, copy_timing=1, **mode)
     assert 0 < len(hidden.copies) <= len(loose.copies)
     assert hidden.metrics["fits_static_window"]
 

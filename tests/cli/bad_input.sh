@@ -156,7 +156,7 @@ expect_bad gen_prior_and_skew "--prior|--skew" -- \
 [[ -e both.json ]] && fail gen_prior_and_skew "wrote both.json"
 
 # Every numeric flag is range-checked: no clamping, no inf/nan, the limit named.
-expect_bad copy_timing_4 "--copy-timing|4|[0, 3]" -- "${sim[@]}" valid.json --copy-timing 4
+expect_bad copy_timing_4 "--copy-timing|4|[-1, 3]" -- "${sim[@]}" valid.json --copy-timing 4
 expect_bad copy_timing_99 "--copy-timing" -- "${sim[@]}" valid.json --copy-timing 99
 expect_bad dyn_overflow "--dyn|9223372036854775808" -- \
   "${sim[@]}" valid.json --dyn 9223372036854775808

@@ -38,7 +38,7 @@ std::string input_error(F f) {
 FeplbConfig config_of(const Knobs& k) { return FeplbConfig::from_knobs(k, true); }
 
 TEST(FeplbConfig, TheKnobsModeAndItsLabel) {
-  const FeplbConfig defaults = config_of(Knobs{});
+  const FeplbConfig defaults = config_of(testing::explicit_knobs());
   EXPECT_EQ(defaults.path, FeplbPath::kTwoPhase);
   EXPECT_EQ(defaults.prefetch, FeplbPrefetch::kOff);
   EXPECT_EQ(defaults.balance, FeplbBalance::kRows);
@@ -46,11 +46,11 @@ TEST(FeplbConfig, TheKnobsModeAndItsLabel) {
   EXPECT_EQ(defaults.candidate_set(), FeplbCandidates::kBusiest);
   EXPECT_EQ(defaults.label(), "two-phase, rows, hidden copies");
 
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.prefetch = 1;
   k.time_balance_budget = 0.05;
   EXPECT_EQ(config_of(k).label(), "two-phase, prefetch, time budget 0.05, hidden copies");
-  k = {};
+  k = testing::explicit_knobs();
   k.balance_time_weight = 0.5;
   k.copy_timing = 2;
   k.feplb_dyn_set = 1;
@@ -64,7 +64,7 @@ TEST(FeplbConfig, TheKnobsModeAndItsLabel) {
 // One-hop plans before the dispatch: every local expert is a candidate, whatever feplb_dyn_set and
 // dyn_cover say; the config says so, and switching the path back restores the two-phase set.
 TEST(FeplbConfig, OneHopTakesEveryLocalExpertAndSaysSo) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.one_hop = 1;
   k.copy_timing = 3;
   k.feplb_dyn_set = 1;
@@ -84,7 +84,7 @@ TEST(FeplbConfig, OneHopTakesEveryLocalExpertAndSaysSo) {
 
 TEST(FeplbConfig, BadValuesAndContradictionsNameTheFlag) {
   const auto error_for = [](auto set) {
-    Knobs k;
+    Knobs k = testing::explicit_knobs();
     set(k);
     return input_error([&] { config_of(k); });
   };
@@ -93,7 +93,7 @@ TEST(FeplbConfig, BadValuesAndContradictionsNameTheFlag) {
   EXPECT_NE(error_for([](Knobs& k) { k.feplb_dyn_set = 2; }).find("--feplb-dyn-set"),
             std::string::npos);
   EXPECT_NE(error_for([](Knobs& k) { k.one_hop = 2; }).find("--one-hop"), std::string::npos);
-  EXPECT_NE(error_for([](Knobs& k) { k.prefetch = -1; }).find("--prefetch"), std::string::npos);
+  EXPECT_NE(error_for([](Knobs& k) { k.prefetch = 2; }).find("--prefetch"), std::string::npos);
   EXPECT_NE(error_for([](Knobs& k) { k.min_slice_rows = 0; }).find("--min-slice-rows"),
             std::string::npos);
   EXPECT_NE(error_for([](Knobs& k) { k.slice_align_rows = 0; }).find("--slice-align-rows"),
@@ -105,16 +105,18 @@ TEST(FeplbConfig, BadValuesAndContradictionsNameTheFlag) {
             }).find("--balance-time-weight"),
             std::string::npos);
   // Timing copies or balancing time needs a cost model; rows with copy time ignored does not.
-  EXPECT_NE(input_error([] { FeplbConfig::from_knobs(Knobs{}, false); }).find("--copy-timing 1"),
+  EXPECT_NE(input_error([] {
+              FeplbConfig::from_knobs(testing::explicit_knobs(), false);
+            }).find("--copy-timing 1"),
             std::string::npos);
-  Knobs untimed;
+  Knobs untimed = testing::explicit_knobs();
   untimed.copy_timing = 0;
   EXPECT_EQ(input_error([&] { FeplbConfig::from_knobs(untimed, false); }), "");
   untimed.balance_time_weight = 1;
   EXPECT_NE(input_error([&] { FeplbConfig::from_knobs(untimed, false); }).find("GEMM cost model"),
             std::string::npos);
   // A hand-made mode: a time blend needs its weight; two-phase keeps static experts.
-  FeplbConfig c = config_of(Knobs{});
+  FeplbConfig c = config_of(testing::explicit_knobs());
   c.balance = FeplbBalance::kTimeBlend;
   EXPECT_NE(input_error([&] { c.validate(true); }).find("--balance-time-weight"),
             std::string::npos);
@@ -221,7 +223,7 @@ std::vector<Knobs> explicit_modes() {
   for (int64_t timing = 0; timing <= 3; ++timing) {
     for (int64_t one_hop = 0; one_hop <= 1; ++one_hop) {
       for (int64_t prefetch = 0; prefetch <= 1; ++prefetch) {
-        Knobs k;
+        Knobs k = testing::explicit_knobs();
         k.copy_timing = timing;
         k.one_hop = one_hop;
         k.prefetch = prefetch;
@@ -231,13 +233,13 @@ std::vector<Knobs> explicit_modes() {
     }
   }
   for (const double weight : {1.0, 0.5}) {
-    Knobs k;
+    Knobs k = testing::explicit_knobs();
     k.balance_time_weight = weight;
     k.prefetch_window_us = 500;
     out.push_back(k);
   }
   for (const int64_t one_hop : {0, 1}) {
-    Knobs k;
+    Knobs k = testing::explicit_knobs();
     k.time_balance_budget = 0.05;
     k.prefetch = 1;
     k.one_hop = one_hop;
@@ -293,7 +295,7 @@ TEST(FeplbEngine, ModesPlannedInAnyOrderOnOneEngineGiveTheirOwnBytes) {
         std::make_unique<FeplbEngine>(PlannerContext{b.topo, b.shape, k, b.cost.get()}));
   }
   FeplbEngine shared(PlannerContext{b.topo, b.shape, knobs[0], b.cost.get()});
-  Knobs predicting;
+  Knobs predicting = testing::explicit_knobs();
   predicting.prefetch = 1;
   const FeplbConfig predictor = FeplbConfig::from_knobs(predicting, true);
   Plan plan, reference, recorded;
@@ -310,6 +312,35 @@ TEST(FeplbEngine, ModesPlannedInAnyOrderOnOneEngineGiveTheirOwnBytes) {
     shared.record(s.layer, recorded);
     for (auto& engine : alone) engine->record(s.layer, recorded);
   }
+}
+
+// The time budget's two tries alone (the chooser's candidates) and both (the knob's mode): both
+// keeps the blends' plan or the capped plan, so its bytes are one of theirs, and its GEMM
+// straggler is never above the blends'.
+TEST(FeplbEngine, TheTimeBudgetsTriesAloneAndBoth) {
+  // Qwen3-30B-sized experts, whose GEMMs' fixed cost makes rows and time differ most.
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 24; ++seed)
+    steps.push_back(testing::random_step(16, 128, 8, 4096, 3.0, seed));
+  Knobs k = testing::explicit_knobs();
+  k.time_balance_budget = 0.05;
+  testing::Bench b(16, 8, 128, k, ExpertShape{.hidden = 2048, .ffn = 768, .dtype = Dtype::kBf16});
+  FeplbEngine engine(PlannerContext{b.topo, b.shape, k, b.cost.get()});
+  FeplbConfig both = FeplbConfig::from_knobs(k, true), blends = both, capped = both;
+  blends.budget_tries = FeplbBudgetTries::kBlends;
+  capped.budget_tries = FeplbBudgetTries::kCapped;
+  EXPECT_EQ(blends.label(), "two-phase, time budget 0.05 (blends), hidden copies");
+  Plan p_both, p_blends, p_capped;
+  int from_capped = 0;
+  for (const RoutingStep& s : steps) {
+    engine.plan_with(both, s, p_both);
+    engine.plan_with(blends, s, p_blends);
+    engine.plan_with(capped, s, p_capped);
+    if (serialize(p_both) == serialize(p_blends)) continue;
+    ASSERT_EQ(serialize(p_both), serialize(p_capped)) << "layer " << s.layer;
+    ++from_capped;
+  }
+  EXPECT_GT(from_capped, 0) << "the capped try never won: the test no longer tells them apart";
 }
 
 }  // namespace

@@ -69,10 +69,39 @@ TEST(NoAlloc, PlannersDoNotAllocateOnceWarm) {
   }
 }
 
+// The default feplb (its chooser): once each candidate mode has planned and been costed on the
+// topology (a round of observe() per candidate), neither plan() nor observe() allocates: in a
+// domain of 8 (twelve candidates, time balancing among them) and of 72 GPUs.
+TEST(NoAlloc, TheChooserDoesNotAllocateOnceWarm) {
+  struct Case {
+    int ranks, per_domain, experts;
+  };
+  for (const Case& c : {Case{16, 8, 128}, Case{72, 72, 288}}) {
+    testing::Bench b(c.ranks, c.per_domain, c.experts, Knobs{});
+    std::vector<RoutingStep> steps;
+    for (uint64_t seed = 1; seed <= 4; ++seed)
+      steps.push_back(testing::random_step(c.ranks, c.experts, 8, 2048, 4.0, seed));
+    auto planner = b.make("feplb");
+    Plan plan;
+    for (int round = 0; round < 32; ++round) {  // every candidate costed twice or more
+      for (const RoutingStep& s : steps) {
+        planner->plan(s, plan);
+        planner->observe(s);
+      }
+    }
+    for (const RoutingStep& s : steps) {
+      const int64_t before = g_news.load();
+      planner->plan(s, plan);
+      planner->observe(s);
+      EXPECT_EQ(g_news.load() - before, 0) << "EP=" << c.ranks << ": " << plan.mode;
+    }
+  }
+}
+
 // eplb replans in observe(): once it has seen a layer, neither a replan nor a plan that installs
 // the new replicas allocates (the first observe() of a layer sizes its history and layout).
 TEST(NoAlloc, EplbReplansDoNotAllocateOnceWarm) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.eplb_interval = 1;  // a replan after every micro-batch: every plan installs replicas
   k.eplb_window = 3;
   testing::Bench b(16, 8, 128, k);
@@ -96,7 +125,7 @@ TEST(NoAlloc, EplbReplansDoNotAllocateOnceWarm) {
 
 // feplb and feplb-paper on a placement's dynamic sets (feplb_dyn_set = 1, paper_dyn_set = 2).
 TEST(NoAlloc, PlacementDynamicSetsDoNotAllocateOnceWarm) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.feplb_dyn_set = 1;
   k.paper_dyn_set = 2;
   testing::Bench b(16, 8, 128, k);
@@ -133,7 +162,7 @@ TEST(NoAlloc, FeplbModesAndLargeDomainsDoNotAllocateOnceWarm) {
   for (const Case& c : {Case{16, 8, 128, 1, 0}, Case{16, 8, 128, 1, 1}, Case{16, 8, 128, 0, 1},
                         Case{256, 256, 1024, 1, 1}, Case{16, 8, 128, 1, 0, 0.05},
                         Case{16, 8, 128, 1, 1, 0.05}, Case{8, 8, 128, 1, 0, 0.05}}) {
-    Knobs k;
+    Knobs k = testing::explicit_knobs();
     k.prefetch = c.prefetch;
     k.one_hop = c.one_hop;
     k.time_balance_budget = c.time_budget;
@@ -174,19 +203,19 @@ TEST(NoAlloc, FeplbEngineModesDoNotAllocateOnceWarm) {
   std::vector<FeplbConfig> modes;
   for (int64_t timing = 0; timing <= 3; ++timing) {
     for (int64_t one_hop = 0; one_hop <= 1; ++one_hop) {
-      Knobs k;
+      Knobs k = testing::explicit_knobs();
       k.copy_timing = timing;
       k.one_hop = one_hop;
       k.prefetch = 1;
       modes.push_back(FeplbConfig::from_knobs(k, true));
     }
   }
-  Knobs blend, budget;
+  Knobs blend = testing::explicit_knobs(), budget = testing::explicit_knobs();
   blend.balance_time_weight = 0.5;
   budget.time_balance_budget = 0.05;
   modes.push_back(FeplbConfig::from_knobs(blend, true));
   modes.push_back(FeplbConfig::from_knobs(budget, true));
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.prefetch_window_us = 500;
   FeplbEngine engine(PlannerContext{b.topo, b.shape, k, b.cost.get()});
   std::vector<RoutingStep> steps;
@@ -228,7 +257,7 @@ TEST(NoAlloc, RackShapesDoNotAllocateOnceWarm) {
       steps.push_back(testing::random_step(ranks, experts, 8, 4096, 5.0, seed));
     }
     for (const Case& c : cases) {
-      Knobs k;
+      Knobs k = testing::explicit_knobs();
       k.copy_timing = c.copy_timing;
       k.prefetch = c.prefetch;
       k.one_hop = c.one_hop;
@@ -265,7 +294,7 @@ namespace {
 // rows in one hop, and with weights prefetched (the planner observes each step outside the count).
 TEST(NoAlloc, StepLayoutDoesNotAllocateOnceWarm) {
   for (int mode = 0; mode < 3; ++mode) {
-    Knobs k;
+    Knobs k = testing::explicit_knobs();
     k.one_hop = mode == 1 ? 1 : 0;
     k.prefetch = mode == 2 ? 1 : 0;
     k.prefetch_window_us = 1e6;

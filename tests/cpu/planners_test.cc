@@ -83,7 +83,7 @@ TEST(Planners, OneHotExpert) {
   Plan plan;
   b.make("oracle")->plan(s, plan);
   EXPECT_EQ(max_of(rows_per_gpu(plan, 8)), 4096);
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.copy_timing = 0;
   Bench untimed(8, 8, 128, k);
   untimed.make("feplb")->plan(s, plan);
@@ -91,12 +91,12 @@ TEST(Planners, OneHotExpert) {
   // With hidden copies only, nothing moves: the helpers have no work of their own to hide a
   // copy behind. Allowing exposed copies, feplb moves what still finishes before the owner:
   // fewer rows than the untimed split, but a faster layer than static, copies included.
-  Knobs hidden_only;
+  Knobs hidden_only = testing::explicit_knobs();
   hidden_only.copy_timing = 1;
   Bench hidden(8, 8, 128, hidden_only);
   hidden.make("feplb")->plan(s, plan);
   EXPECT_TRUE(plan.copies.empty());
-  Knobs exposed;
+  Knobs exposed = testing::explicit_knobs();
   exposed.copy_timing = 2;
   Bench timed(8, 8, 128, exposed);
   timed.make("feplb")->plan(s, plan);
@@ -159,7 +159,7 @@ TEST(Planners, StaticMovesNothing) {
 // EP=2, 4 experts per GPU, dyn=2. GPU 0: experts 0..3 = 500, 400, 300, 100 (1300);
 // GPU 1: 4..7 = 50 each (200). Before any history the dynamic set is the first two local experts.
 TEST(FeplbPaper, GreedyMovesWholeBusiestDynamicExpertsWhileTheMaxDrops) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.dyn = 2;
   k.tau = 0;
   Bench b(2, 8, 8, k);
@@ -178,7 +178,7 @@ TEST(FeplbPaper, GreedyMovesWholeBusiestDynamicExpertsWhileTheMaxDrops) {
 }
 
 TEST(FeplbPaper, TauStopsSmallExpertsAndHistoryPicksTheDynamicSet) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.dyn = 1;
   k.tau = 600;
   Bench b(2, 8, 8, k);
@@ -195,7 +195,7 @@ TEST(FeplbPaper, TauStopsSmallExpertsAndHistoryPicksTheDynamicSet) {
 }
 
 TEST(FeplbPaper, GuestSlotsAndOneMoveEachAreRespected) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.dyn = 16;
   k.max_num_dyn = 1;
   k.tau = 0;
@@ -214,7 +214,7 @@ TEST(FeplbPaper, GuestSlotsAndOneMoveEachAreRespected) {
 // FasterMoE's rule on a hand example: per-token cost c = 3 comp + 4 feat, weights cost m.
 // Shadowing the k hottest pays while c * B[k] + k m < c * B[0].
 TEST(FasterMoe, ShadowsTheLongestProfitablePrefixAndBroadcasts) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   Bench b(4, 8, 8, k);
   const double bw = k.copy_gbps * 1e9;
   const double c = 3 * b.shape.flops_per_row() / (k.gemm_peak_tflops * 1e12) +
@@ -312,7 +312,7 @@ TEST(Feplb, ADonorTakesCandidatesToCoverItsExcess) {
   std::vector<std::vector<int64_t>> counts(8, std::vector<int64_t>(128, 0));
   for (int e = 0; e < 128; ++e) counts[e % 8][e] = e < 16 ? 3000 : 1000;
   const RoutingStep s = step_from(counts);
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.copy_timing = 0;  // the candidate set alone decides how far GPU 0 gets
   for (const double cover : {0.0, 1.5}) {
     k.dyn_cover = cover;
@@ -343,7 +343,7 @@ TEST(Feplb, NeverMovesAcrossNodes) {
 }
 
 TEST(Feplb, HiddenCopyTimingKeepsCopiesInsideTheWindow) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.copy_timing = 1;
   Bench b(8, 8, 128, k);
   for (uint64_t seed = 1; seed <= 10; ++seed) {
@@ -358,7 +358,7 @@ TEST(Feplb, HiddenCopyTimingKeepsCopiesInsideTheWindow) {
 }
 
 TEST(Feplb, ExposedCopiesNeverDelayTheSlowestGpu) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.copy_timing = 2;
   Bench b(8, 8, 128, k);
   for (uint64_t seed = 1; seed <= 10; ++seed) {
@@ -385,7 +385,7 @@ std::vector<RoutingStep> many_donor_steps(int ranks, int experts, int n, uint64_
 }
 
 TEST(Feplb, PrefetchPredictsFromTheLayersLastPlanAndThePlanUsesIt) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.prefetch = 1;
   k.prefetch_window_us = 800;
   const ExpertShape qwen{4096, 1536, Dtype::kBf16};
@@ -438,7 +438,8 @@ TEST(Feplb, CopiesHideBehindGuestsWhoseCopiesLandedEarlier) {
       if (b.topo.home(sl.expert) == sl.gpu) own_ms[sl.gpu] += b.cost->expert_ms(sl.rows);
     }
     CopyTimer timer;
-    const auto times = timer.time(plan, b.topo, b.knobs, planned_copy_start_ms(plan, b.knobs));
+    const auto times =
+        timer.time(plan, b.topo, b.knobs, planned_copy_start_ms(plan, b.knobs, b.topo));
     for (size_t i = 0; i < plan.copies.size(); ++i) {
       const Copy& c = plan.copies[i];
       if (!times[i].timed || c.kind == CopyKind::kOutputRows) continue;
@@ -449,7 +450,7 @@ TEST(Feplb, CopiesHideBehindGuestsWhoseCopiesLandedEarlier) {
   EXPECT_GT(behind_guests, 0);
   // The same steps with every copy held to its receiver's own work (copy_timing 2 keeps the
   // hidden rule to own work and takes late copies only where the donor still ends last).
-  Knobs own_only;
+  Knobs own_only = testing::explicit_knobs();
   own_only.copy_timing = 2;
   Bench c(8, 8, 128, own_only);
   double own_straggler = 0;
@@ -475,7 +476,7 @@ TEST(Feplb, EveryCopyLandsWhenThePlannerSaid) {
       expand_prior(read_prior(FEPLB_DATA_DIR "/priors/olmoe-1b-7b__olmoe-repo__wikipedia.json"), 64,
                    spec.seed),
       spec);
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   const CostModelChoice table =
       find_gemm_table(FEPLB_DATA_DIR "/cost", "data/cost", testing::glm5(), k);
   ASSERT_NE(table.model, nullptr);
@@ -491,7 +492,7 @@ TEST(Feplb, EveryCopyLandsWhenThePlannerSaid) {
 }
 
 TEST(Feplb, AWrongPredictionCostsBytesNotCorrectness) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.prefetch = 1;
   k.prefetch_window_us = 800;
   Bench b(8, 8, 128, k);
@@ -514,7 +515,7 @@ TEST(Feplb, AWrongPredictionCostsBytesNotCorrectness) {
 }
 
 TEST(Feplb, OneHopDispatchesMigratedRowsStraightToTheHelper) {
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.one_hop = 1;
   Bench b(8, 8, 128, k);
   for (const RoutingStep& s : many_donor_steps(8, 128, 3, 7)) {
@@ -569,7 +570,7 @@ TEST(Feplb, RackScaleDomainOf256ReducesTheStragglerBy95Percent) {
   WorkloadSpec spec;
   spec.num_ranks = R;
   const Trace trace = generate_trace(lognormal_prior(E, 5.0, 1, spec.seed), spec);
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   const ExpertShape shape = testing::glm5();
   const CostModelChoice table = find_gemm_table(FEPLB_DATA_DIR "/cost", "data/cost", shape, k);
   ASSERT_NE(table.model, nullptr) << "the measured H200 table for the GLM-5 shape";
@@ -649,7 +650,7 @@ TimeBalanceRun run_time_balance(const Knobs& k, double budget_check = 0,
 }
 
 TEST(Feplb, BalancingTimeLowersTheGemmStragglerOfSmallExperts) {
-  Knobs rows, time;
+  Knobs rows = testing::explicit_knobs(), time = testing::explicit_knobs();
   time.balance_time_weight = 1;
   const TimeBalanceRun by_rows = run_time_balance(rows), by_time = run_time_balance(time);
   // Measured: 0.140 ms by rows, 0.019 ms by time. (Token stragglers are not compared: in the
@@ -660,7 +661,7 @@ TEST(Feplb, BalancingTimeLowersTheGemmStragglerOfSmallExperts) {
 
 TEST(Feplb, TimeBudgetKeepsTheTokenStragglerWithinItsShareOfTheUnbalanced) {
   for (int64_t one_hop : {0, 1}) {
-    Knobs k;
+    Knobs k = testing::explicit_knobs();
     k.time_balance_budget = 0.05;
     k.one_hop = one_hop;
     const TimeBalanceRun run = run_time_balance(k, 0.05);
@@ -698,7 +699,7 @@ std::vector<RoutingStep> arxiv_prior_layer(bool deepest) {
 TEST(Feplb, TimeBudgetBalancesLargeExpertsTimeWithinTheRowCap) {
   const std::vector<RoutingStep> steps = arxiv_prior_layer(false);
   for (int64_t one_hop : {0, 1}) {
-    Knobs k;
+    Knobs k = testing::explicit_knobs();
     k.time_balance_budget = 0.05;
     k.one_hop = one_hop;
     const TimeBalanceRun run = run_time_balance(k, 0.05, testing::glm5(), steps);
@@ -721,7 +722,7 @@ TEST(Feplb, TimeBudgetBalancesLargeExpertsTimeWithinTheRowCap) {
 // one hop) against MoonEP's 0.062 ms, and 0.079 ms by rows.
 TEST(Feplb, TimeBudgetLevelsSmallExpertsBelowMoonEp) {
   const std::vector<RoutingStep> steps = arxiv_prior_layer(true);
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   const CostModelChoice table = find_gemm_table(FEPLB_DATA_DIR "/cost", "data/cost", kQwen3_30b, k);
   ASSERT_NE(table.model, nullptr);
   const Topology topo = Topology::contiguous(8, 8, 128);
@@ -748,7 +749,7 @@ TEST(Feplb, TimeBudgetLevelsSmallExpertsBelowMoonEp) {
 TEST(Feplb, TimeBalancedPlansValidate) {
   for (const Shape& sh : kShapes) {
     for (int mode = 0; mode < 3; ++mode) {
-      Knobs k;
+      Knobs k = testing::explicit_knobs();
       k.balance_time_weight = mode == 0 ? 1.0 : 0.0;
       k.time_balance_budget = mode == 0 ? 0.0 : 0.05;
       k.one_hop = mode == 2 ? 1 : 0;
@@ -785,7 +786,7 @@ TEST(Feplb, TimeBalancedPlansValidate) {
 // another, which caps the helpers (and the balance) well short of the mean.
 TEST(Feplb, OneHopSplitsAHotExpertOverManyHelpers) {
   const int R = 72, E = 144;
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.one_hop = 1;
   Bench b(R, R, E, k);
   RoutingStep s(0, 0, R, E);

@@ -25,7 +25,7 @@ struct ThreeMigrations {
                                    {0, 0, 10, 10, 0, 10, 10, 10},
                                    {0, 0, 10, 10, 0, 10, 10, 10},
                                    {0, 0, 10, 10, 0, 10, 10, 10}});
-  Knobs knobs;
+  Knobs knobs = testing::explicit_knobs();
   RooflineCostModel cost{glm5(), knobs};
   Plan plan;
 
@@ -91,7 +91,7 @@ TEST(Schedule, TurnsRunInLandingOrderWithTheirWaits) {
 TEST(Schedule, PrefetchedOneHopGuestsAreReadyWork) {
   const Topology topo = Topology::contiguous(2, 8, 4);
   const RoutingStep s = step_from({{4000, 0, 1, 0}, {4000, 0, 1, 0}});
-  Knobs k;
+  Knobs k = testing::explicit_knobs();
   k.prefetch_window_us = 1000;
   const RooflineCostModel cost(glm5(), k);
   Plan plan;

@@ -24,9 +24,23 @@ inline RoutingStep step_from(const std::vector<std::vector<int64_t>>& counts, in
   return s;
 }
 
-// Owns a cost model and builds planners over one topology.
+// Knobs with every switch of feplb's mode set, to one mode: two-phase, no prefetch, rows, hidden
+// copies, 20 us reserved for the planner (the defaults before feplb chose its own mode). Tests of
+// one mode's behaviour start from these; Knobs{} leaves the mode to feplb's chooser.
+inline Knobs explicit_knobs() {
+  Knobs k;
+  k.one_hop = 0;
+  k.prefetch = 0;
+  k.copy_timing = 1;
+  k.time_balance_budget = 0;
+  k.planner_budget_us = 20;
+  return k;
+}
+
+// Owns a cost model and builds planners over one topology (by default in one explicit mode).
 struct Bench {
-  Bench(int ranks, int gpus_per_node, int experts, Knobs k = {}, ExpertShape s = glm5())
+  Bench(int ranks, int gpus_per_node, int experts, Knobs k = explicit_knobs(),
+        ExpertShape s = glm5())
       : topo(Topology::contiguous(ranks, gpus_per_node, experts)),
         shape(s),
         knobs(k),

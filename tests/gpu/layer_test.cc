@@ -44,6 +44,10 @@ testing::LayerSetup config_for(int ranks, int experts, int top_k, int64_t max_to
   c.max_tokens = max_tokens;
   // Tiny experts make every copy "slow" next to its GEMM; test the mechanics, not the timing.
   c.knobs.copy_timing = 0;
+  // feplb's two-phase path balancing rows, unless a test sets the mode (the chooser's: "auto").
+  c.knobs.one_hop = 0;
+  c.knobs.prefetch = 0;
+  c.knobs.time_balance_budget = 0;
   c.knobs.min_slice_rows = 8;
   c.knobs.slice_align_rows = 8;
   c.knobs.tau = 0;
@@ -693,13 +697,15 @@ struct PathMode {
   bool one_hop, prefetch_knob, prefetch_call;
   int64_t copy_timing = 0;
   double time_budget = 0;  // time_balance_budget
+  bool chooser = false;    // path, prefetch and balance left to feplb (-1): its first mode here
 };
 const PathMode kPathModes[] = {{"one_hop", true, false, false},
                                {"prefetch", false, true, true},
                                {"one_hop_prefetch", true, true, true},
                                {"prefetch_knob_only", false, true, false},
                                {"one_hop_prefetch_late", true, true, true, 3},
-                               {"one_hop_prefetch_time", true, true, true, 0, 0.05}};
+                               {"one_hop_prefetch_time", true, true, true, 0, 0.05},
+                               {"auto", false, true, true, 0, 0, true}};
 
 testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_tokens,
                                 const PathMode& mode) {
@@ -709,6 +715,11 @@ testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_t
   k.prefetch = mode.prefetch_knob ? 1 : 0;
   k.copy_timing = mode.copy_timing;
   k.time_balance_budget = mode.time_budget;
+  if (mode.chooser) {
+    k.one_hop = -1;
+    k.prefetch = -1;
+    k.time_balance_budget = -1;
+  }
   k.prefetch_window_us =
       1e6;  // tiny test experts: every predicted pair fits; the guest slots limit them
   setup.prefetch = mode.prefetch_call;
@@ -729,17 +740,23 @@ struct PathStats {
   }
 };
 
+// Whether `plan` was made in one hop: the mode's, or for the chooser the plan's own path (a
+// one-hop plan is made before the dispatch).
+bool one_hop_of(const Plan& plan, const PathMode& mode) {
+  return mode.chooser ? plan.planned_before_dispatch : mode.one_hop;
+}
+
 // Every migration of a plan is one-hop (kDispatched) exactly when the mode asks for it.
 void expect_row_sources(const Plan& plan, const Topology& topo, const PathMode& mode) {
   for (const Slice& sl : plan.slices) {
     if (sl.gpu == topo.home(sl.expert)) continue;
-    EXPECT_EQ(sl.source == RowSource::kDispatched, mode.one_hop)
+    EXPECT_EQ(sl.source == RowSource::kDispatched, one_hop_of(plan, mode))
         << mode.name << ": expert " << sl.expert;
   }
 }
 
 auto RanksAndPaths() {
-  return ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Values(0, 1, 2, 3, 4, 5));
+  return ::testing::Combine(::testing::Values(2, 4, 8), ::testing::Values(0, 1, 2, 3, 4, 5, 6));
 }
 std::string RankPathName(const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
   return "ep" + std::to_string(std::get<0>(info.param)) + "_" +
@@ -763,7 +780,8 @@ TEST_P(LayerPathTest, ForwardAndBackwardMatchFloat64Reference) {
   for (const auto& g : fwd) st.add(g.stats);
   expect_row_sources(fwd[0].plan, c.runtime.topo, mode);
   ASSERT_GT(st.guest_rows, 0) << mode.name << ": skewed input but nothing migrated";
-  if (mode.one_hop) {
+  if (mode.chooser) EXPECT_FALSE(fwd[0].plan.mode.empty()) << "the chooser names its mode";
+  if (one_hop_of(fwd[0].plan, mode)) {
     EXPECT_EQ(st.dispatched_rows, st.guest_rows) << "one hop: every guest row arrives in phase 1";
   } else {
     EXPECT_EQ(st.dispatched_rows, 0);

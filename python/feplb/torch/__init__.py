@@ -16,7 +16,14 @@ Adapters (imported on their own): feplb.torch.megatron (the experts module of Me
 MoELayer) and feplb.torch.hf (swap the experts of Hugging Face transformers MoE models).
 """
 
-from ._modules import Balancer, MoE
-from ._runtime import Runtime
+import torch as _torch
+
+if not hasattr(_torch.library, "custom_op"):
+    raise ImportError(
+        f"feplb.torch needs torch >= 2.4 (torch.library.custom_op); this is torch {_torch.__version__}"
+    )
+
+from ._modules import Balancer, MoE  # noqa: E402
+from ._runtime import Runtime  # noqa: E402
 
 __all__ = ["Balancer", "MoE", "Runtime"]

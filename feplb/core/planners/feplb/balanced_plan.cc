@@ -35,7 +35,7 @@ void BalancedPlan::plan(const FeplbConfig& mode, double time_weight, int64_t row
   candidates_.choose(ctx_, mode, routing.expert_counts, loads_.rows_at, out.dynamic);
   // Phase-2 copies start once the plan exists: after the counts round trip and the planner
   // (two-phase), or when the GEMMs start (one-hop: planned before the dispatch).
-  copies_.start(topo.num_ranks(), planned_copy_start_ms(out, ctx_.knobs),
+  copies_.start(topo.num_ranks(), planned_copy_start_ms(out, ctx_.knobs, ctx_.topo),
                 mode.path == FeplbPath::kTwoPhase);
   prefetched_.add(ctx_, prefetches, out, loads_.guests, copies_.links);
   rules_.with(mode.copy_rule,

@@ -48,6 +48,14 @@ std::string balance_words(const FeplbConfig& c) {
     case FeplbBalance::kTimeBlend:
       return c.time_weight == 1.0 ? "time" : fmt::format("time blend {:g}", c.time_weight);
     case FeplbBalance::kTimeBudget:
+      switch (c.budget_tries) {
+        case FeplbBudgetTries::kBoth:
+          break;
+        case FeplbBudgetTries::kBlends:
+          return fmt::format("time budget {:g} (blends)", c.time_budget);
+        case FeplbBudgetTries::kCapped:
+          return fmt::format("time budget {:g} (capped)", c.time_budget);
+      }
       return fmt::format("time budget {:g}", c.time_budget);
   }
   return "?";
@@ -56,6 +64,8 @@ std::string balance_words(const FeplbConfig& c) {
 }  // namespace
 
 FeplbConfig FeplbConfig::from_knobs(const Knobs& k, bool has_cost_model) {
+  FEPLB_CHECK(k.one_hop >= 0 && k.prefetch >= 0 && k.copy_timing >= 0 && k.time_balance_budget >= 0,
+              "feplb: a switch left to the chooser (-1) reached a one-mode planner");
   check_range("one_hop", static_cast<double>(k.one_hop));
   check_range("prefetch", static_cast<double>(k.prefetch));
   check_range("copy_timing", static_cast<double>(k.copy_timing));

@@ -22,6 +22,14 @@ enum class FeplbBalance : uint8_t {
   kTimeBlend,   // rows and modelled GEMM time blended by time_weight (1: time alone)
   kTimeBudget,  // the most time-balanced plan whose token straggler keeps within time_budget
 };
+// Which of the time budget's two tries a kTimeBudget plan makes (time_budget.h): both (the knob's
+// mode), or one of them (the chooser's candidates: half the planner time each, and the history
+// tells which one fits the layer).
+enum class FeplbBudgetTries : uint8_t {
+  kBoth,    // the blends bisected and time under the row cap, the lower GEMM straggler kept
+  kBlends,  // the blends bisected only
+  kCapped,  // time under the row cap only (rows where that passes the budget)
+};
 // Which copies a receiver may take, by when they land (copy_timing; copy_rules.h).
 enum class FeplbCopyRule : uint8_t {
   kIgnore = 0,              // copy time ignored
@@ -42,6 +50,7 @@ struct FeplbConfig {
   FeplbBalance balance = FeplbBalance::kRows;
   double time_weight = 0;  // kTimeBlend: in (0, 1]; otherwise 0
   double time_budget = 0;  // kTimeBudget: in (0, 1], a fraction of the unbalanced token straggler
+  FeplbBudgetTries budget_tries = FeplbBudgetTries::kBoth;  // kTimeBudget: which tries
   FeplbCopyRule copy_rule = FeplbCopyRule::kHidden;
   FeplbCandidates candidates = FeplbCandidates::kBusiest;  // two-phase plans' (kEveryLocal: never)
   // The numbers of the balance, as knobs.def describes them.
@@ -52,13 +61,14 @@ struct FeplbConfig {
   int64_t slice_align_rows = Knobs{}.slice_align_rows;
   int64_t max_helpers_per_expert = Knobs{}.max_helpers_per_expert;
   int64_t max_num_dyn = Knobs{}.max_num_dyn;
-  // Not here: the copy model (copy_gbps, copy_setup_us, counts_to_host_us, planner_budget_us,
+  // Not here: the copy model (copy_gbps, copy_setup_us, planner_budget_us,
   // prefetch_window_us) and the prefetch history (prefetch_history) are the planner's knobs, one
   // for every mode: the plan's schedule and the metrics time copies with them.
 
   // The knobs' mode. Throws InputError naming the flag for a knob out of its range (knobs.def),
   // for balance_time_weight and time_balance_budget both set (the budget tries its own blends),
-  // and for copy timing or time balancing without a GEMM cost model.
+  // and for copy timing or time balancing without a GEMM cost model. Every switch must be set
+  // (>= 0): those left at -1 are the chooser's (chooser.h), which calls this once per candidate.
   static FeplbConfig from_knobs(const Knobs& knobs, bool has_cost_model);
   // The same checks for a config made by hand (a chooser's modes): numbers within knobs.def's
   // ranges, the balance's number set for its kind, and two-phase candidates (kEveryLocal is

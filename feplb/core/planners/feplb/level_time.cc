@@ -196,7 +196,7 @@ void TimeLeveller::follow_slices(Plan& out) const {
 
 bool TimeLeveller::no_copy_lands_later(const Plan& before, const Plan& after) {
   const Knobs& k = ctx_.knobs;
-  const double start_ms = planned_copy_start_ms(before, k);
+  const double start_ms = planned_copy_start_ms(before, k, ctx_.topo);
   const auto was = copy_timer_.time(before, ctx_.topo, k, start_ms);
   before_end_ms_.resize(was.size());
   for (size_t i = 0; i < was.size(); ++i) before_end_ms_[i] = was[i].timed ? was[i].end_ms : 0.0;

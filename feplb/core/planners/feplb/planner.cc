@@ -1,7 +1,11 @@
-// The `feplb` policy: plans every step in the knobs' mode (FeplbConfig::from_knobs) with a
+// The `feplb` policy: a chooser where a mode switch is left to it (chooser.h), else every step in
+// the knobs' mode (FeplbConfig::from_knobs) with a
 // FeplbEngine; with prefetch, observe() records each step's plan to predict the next.
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 
+#include "feplb/core/planners/feplb/chooser.h"
 #include "feplb/core/planners/feplb/config.h"
 #include "feplb/core/planners/feplb/engine.h"
 #include "feplb/core/planners/policies.h"
@@ -12,7 +16,7 @@ namespace {
 class FeplbPlanner final : public Planner {
  public:
   FeplbPlanner(const PlannerContext& ctx, const FeplbConfig& config)
-      : Planner(ctx), config_(config), engine_(ctx) {}
+      : Planner(ctx), config_(config), label_(config.label()), engine_(ctx) {}
   std::string_view name() const override { return "feplb"; }
   // One hop dispatches migrated rows straight to their helpers.
   PlanLimits limits() const override {
@@ -33,10 +37,12 @@ class FeplbPlanner final : public Planner {
  protected:
   void make_plan(const RoutingStep& routing, Plan& out) override {
     engine_.plan_with(config_, routing, out);
+    out.mode = label_;
   }
 
  private:
   const FeplbConfig config_;
+  const std::string label_;
   FeplbEngine engine_;
   Plan observed_;
 };
@@ -44,8 +50,16 @@ class FeplbPlanner final : public Planner {
 }  // namespace
 
 std::unique_ptr<Planner> make_feplb_planner(const PlannerContext& ctx) {
-  return std::make_unique<FeplbPlanner>(ctx,
-                                        FeplbConfig::from_knobs(ctx.knobs, ctx.cost != nullptr));
+  // A switch left at -1 (the default) is the chooser's; with every one set, one mode. Without a
+  // GEMM cost model nothing can be costed or timed: the switches left are two-phase, no
+  // prefetch, rows, copy time ignored.
+  const FeplbAuto left = FeplbAuto::from_knobs(ctx.knobs);
+  if (left.any() && ctx.cost != nullptr) return std::make_unique<FeplbChooser>(ctx, left);
+  PlannerContext one = ctx;
+  Knobs& k = one.knobs;
+  for (int64_t* sw : {&k.one_hop, &k.prefetch, &k.copy_timing}) *sw = std::max<int64_t>(*sw, 0);
+  k.time_balance_budget = std::max(k.time_balance_budget, 0.0);  // set, or left with a blend set
+  return std::make_unique<FeplbPlanner>(one, FeplbConfig::from_knobs(k, one.cost != nullptr));
 }
 
 }  // namespace feplb

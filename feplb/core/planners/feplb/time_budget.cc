@@ -18,6 +18,31 @@ void TimeBudget::plan(const FeplbConfig& mode, std::span<const Copy> prefetches,
                       Plan& out) {
   const double budget = mode.time_budget * plans.unbalanced_row_straggler(routing);
   const auto row_budget = static_cast<int64_t>(std::floor(budget));
+  double blend_ms = 0;
+  if (mode.budget_tries == FeplbBudgetTries::kCapped) {
+    // Rows, levelled: what the capped try falls back to where it passes the budget.
+    plans.plan(mode, 0.0, -1, prefetches, routing, out);
+    leveller.level(mode, plans.measure(), row_budget, out);
+    blend_ms = leveller.gemm_straggler_ms(plans.measure(), out);
+  } else {
+    blend_ms = plan_blends(mode, prefetches, routing, budget, row_budget, plans, leveller, out);
+    if (mode.budget_tries == FeplbBudgetTries::kBlends) return;
+  }
+  kept_ = out;
+  // Time balanced under the row cap (plan_capped): no GPU ends more than the budget's rows above
+  // its domain's mean (a donor above it gives rows even beyond its receivers' time room once its
+  // own load is within the cap), aimed a second time with the slices' added fixed cost.
+  plans.plan_aimed(mode, 1.0, row_budget, prefetches, routing, out);
+  if (plans.row_straggler() <= budget) {
+    leveller.level(mode, plans.measure(), row_budget, out);
+    if (leveller.gemm_straggler_ms(plans.measure(), out) < blend_ms) return;
+  }
+  out = kept_;
+}
+
+double TimeBudget::plan_blends(const FeplbConfig& mode, std::span<const Copy> prefetches,
+                               const RoutingStep& routing, double budget, int64_t row_budget,
+                               BalancedPlan& plans, TimeLeveller& leveller, Plan& out) {
   constexpr int kBlends = static_cast<int>(std::size(kTimeWeights));
   int lo = 0, hi = kBlends;  // hi: the best blend that kept within it so far (kBlends: none)
   bool last_kept = false;    // `out` holds that plan
@@ -40,17 +65,7 @@ void TimeBudget::plan(const FeplbConfig& mode, std::span<const Copy> prefetches,
   else if (!last_kept)
     out = kept_;
   leveller.level(mode, plans.measure(), row_budget, out);
-  const double blend_ms = leveller.gemm_straggler_ms(plans.measure(), out);
-  kept_ = out;
-  // Time balanced under the row cap (plan_capped): no GPU ends more than the budget's rows above
-  // its domain's mean (a donor above it gives rows even beyond its receivers' time room once its
-  // own load is within the cap), aimed a second time with the slices' added fixed cost.
-  plans.plan_aimed(mode, 1.0, row_budget, prefetches, routing, out);
-  if (plans.row_straggler() <= budget) {
-    leveller.level(mode, plans.measure(), row_budget, out);
-    if (leveller.gemm_straggler_ms(plans.measure(), out) < blend_ms) return;
-  }
-  out = kept_;
+  return leveller.gemm_straggler_ms(plans.measure(), out);
 }
 
 }  // namespace feplb::feplb_detail

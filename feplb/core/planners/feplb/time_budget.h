@@ -2,6 +2,7 @@
 // within the budget, from the blends bisected and time under a row cap, each levelled.
 #pragma once
 
+#include <cstdint>
 #include <span>
 
 #include "feplb/core/plan.h"
@@ -18,7 +19,9 @@ namespace feplb::feplb_detail {
 // instead when it keeps within the budget with a lower GEMM straggler. Neither wins everywhere:
 // on the many-donor workloads of balance.md, the capped plan is the better one with small experts
 // (whose GEMMs' fixed costs make rows and time differ most), a blend often the better one with
-// large ones. Four plans and two levellings per step; no allocation once warm.
+// large ones. Four plans and two levellings per step; no allocation once warm. A mode may make
+// one try alone (FeplbBudgetTries: the chooser's candidates): the blends, or the capped plan
+// against rows levelled.
 class TimeBudget {
  public:
   // A plan in `mode` (FeplbBalance::kTimeBudget) into `out`.
@@ -26,6 +29,12 @@ class TimeBudget {
             BalancedPlan& plans, TimeLeveller& leveller, Plan& out);
 
  private:
+  // The blends bisected (rows where none keeps within `budget`), levelled into `out`; returns
+  // its GEMM straggler (ms).
+  double plan_blends(const FeplbConfig& mode, std::span<const Copy> prefetches,
+                     const RoutingStep& routing, double budget, int64_t row_budget,
+                     BalancedPlan& plans, TimeLeveller& leveller, Plan& out);
+
   Plan kept_;  // the best plan kept within the budget so far
 };
 

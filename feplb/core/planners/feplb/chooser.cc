@@ -1,0 +1,225 @@
+#include "feplb/core/planners/feplb/chooser.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "feplb/core/error.h"
+
+namespace feplb {
+namespace {
+
+// The token straggler within the NVLink domains of per-GPU `rows`: the largest of a GPU's rows
+// above its domain's mean.
+double domain_straggler(const Topology& topo, const std::vector<int64_t>& rows) {
+  const int n = topo.domain_size();
+  double worst = 0;
+  for (int dom = 0; dom < topo.num_domains(); ++dom) {
+    const int first = topo.first_gpu_of_domain(dom);
+    int64_t total = 0, most = 0;
+    for (int g = first; g < first + n; ++g) {
+      total += rows[static_cast<size_t>(g)];
+      most = std::max(most, rows[static_cast<size_t>(g)]);
+    }
+    worst = std::max(worst, static_cast<double>(most) - static_cast<double>(total) / n);
+  }
+  return worst;
+}
+
+}  // namespace
+
+FeplbAuto FeplbAuto::from_knobs(const Knobs& k) {
+  // A time blend the user set (balance_time_weight) is a balance of their choosing.
+  return {k.one_hop < 0, k.prefetch < 0, k.time_balance_budget < 0 && k.balance_time_weight == 0,
+          k.copy_timing < 0};
+}
+
+PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_ms,
+                   std::vector<double>& gemm_ms, std::vector<int64_t>& rows) {
+  const Schedule& s = plan.schedule;
+  const int R = topo.num_ranks();
+  FEPLB_CHECK(s.written(plan.copies.size(), R), "plan_cost: the plan has no schedule");
+  gemm_ms.assign(static_cast<size_t>(R), 0.0);
+  rows.assign(static_cast<size_t>(R), 0);
+  double finish_max = 0, gemm_max = 0, gemm_sum = 0;
+  for (int g = 0; g < R; ++g) {
+    double ms = s.own_ms[static_cast<size_t>(g)] + s.ready_ms[static_cast<size_t>(g)];
+    for (const OwnerTurn& t : s.turns_of(g)) ms += t.gemm_ms;
+    gemm_max = std::max(gemm_max, ms);
+    gemm_sum += ms;
+    finish_max = std::max(finish_max, s.timeline(g).finish_ms);
+  }
+  for (const Slice& sl : plan.slices) rows[static_cast<size_t>(sl.gpu)] += sl.rows;
+  PlanCost c;
+  c.layer_ms = (gemm_max - gemm_sum / R) + std::max(0.0, finish_max - gemm_max) +
+               (plan.planned_before_dispatch ? plan_latency_ms : 0.0);
+  c.token_straggler = domain_straggler(topo, rows);
+  return c;
+}
+
+FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
+    : Planner(ctx), engine_(ctx_), bound_(ctx.knobs.token_bound) {
+  const Knobs& k = ctx_.knobs;
+  const Topology& topo = ctx_.topo;
+  reserve_ms_ = planner_reserve_us(k, topo) * 1e-3;
+  // Every combination of the switches left to it; the others as the knobs set them.
+  const bool time_allowed = topo.domain_size() <= kTimeDomainMax;
+  const std::vector<int64_t> hops =
+      left.path ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{k.one_hop};
+  const std::vector<int64_t> prefetches =
+      left.prefetch ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{k.prefetch};
+  // Balance: the knob's, or each of the time budget's two tries alone (half the planner time of
+  // both, and the history tells which fits the layer) and rows.
+  struct Balance {
+    double budget;
+    FeplbBudgetTries tries;
+  };
+  std::vector<Balance> balances = {{std::max(k.time_balance_budget, 0.0), FeplbBudgetTries::kBoth}};
+  if (left.balance) {
+    balances = {{0.0, FeplbBudgetTries::kBoth}};
+    if (time_allowed) {
+      balances = {{bound_, FeplbBudgetTries::kCapped},
+                  {bound_, FeplbBudgetTries::kBlends},
+                  {0.0, FeplbBudgetTries::kBoth}};
+    }
+  }
+  for (int64_t hop : hops) {
+    for (int64_t pre : prefetches) {
+      for (const Balance& balance : balances) {
+        // Copies: hidden with two phases, late by the busiest with one hop (the rows are there
+        // already: a GPU with little work of its own may wait for the weights).
+        const std::vector<int64_t> timings = left.copy_rule ? std::vector<int64_t>{hop ? 3 : 1}
+                                                            : std::vector<int64_t>{k.copy_timing};
+        for (int64_t timing : timings) {
+          Knobs m = k;
+          m.one_hop = hop;
+          m.prefetch = pre;
+          m.time_balance_budget = balance.budget;
+          m.copy_timing = timing;
+          modes_.push_back(FeplbConfig::from_knobs(m, ctx_.cost != nullptr));
+          modes_.back().budget_tries = balance.tries;
+          labels_.push_back(modes_.back().label());
+        }
+      }
+    }
+  }
+  FEPLB_CHECK(!modes_.empty(), "feplb chooser: no candidate mode");
+  // Each mode's others in the order it tries them: those one switch away first (path, prefetch,
+  // balance, copy rule), then two, ...; ties by index.
+  const auto distance = [](const FeplbConfig& a, const FeplbConfig& b) {
+    return (a.path != b.path) + (a.prefetch != b.prefetch) +
+           (a.balance != b.balance || a.budget_tries != b.budget_tries) +
+           (a.copy_rule != b.copy_rule);
+  };
+  const int n = static_cast<int>(modes_.size());
+  order_.resize(modes_.size());
+  for (int m = 0; m < n; ++m) {
+    std::vector<int>& o = order_[static_cast<size_t>(m)];
+    for (int i = 0; i < n; ++i) {
+      if (i != m) o.push_back(i);
+    }
+    std::stable_sort(o.begin(), o.end(), [&](int a, int b) {
+      return distance(modes_[static_cast<size_t>(m)], modes_[static_cast<size_t>(a)]) <
+             distance(modes_[static_cast<size_t>(m)], modes_[static_cast<size_t>(b)]);
+    });
+  }
+}
+
+int FeplbChooser::first_mode() const {
+  const bool one_hop = ctx_.topo.experts_per_rank() <= kOneHopExpertsMax;
+  const auto score = [&](const FeplbConfig& m) {
+    // Lower is preferred: the path the rule names, prefetch on, time where allowed (the
+    // candidates hold it only where it is), copies as the path suggests (the candidates' own).
+    return (m.path == (one_hop ? FeplbPath::kOneHop : FeplbPath::kTwoPhase) ? 0 : 4) +
+           (m.prefetch == FeplbPrefetch::kOn ? 0 : 2) + (m.balance == FeplbBalance::kRows ? 1 : 0);
+  };
+  int best = 0;
+  for (int i = 1; i < static_cast<int>(modes_.size()); ++i) {
+    if (score(modes_[static_cast<size_t>(i)]) < score(modes_[static_cast<size_t>(best)])) best = i;
+  }
+  return best;
+}
+
+const FeplbChooser::Layer* FeplbChooser::find_layer(int64_t layer) const {
+  for (const Layer& l : layers_) {
+    if (l.layer == layer) return &l;
+  }
+  return nullptr;
+}
+
+FeplbChooser::Layer& FeplbChooser::layer_state(int64_t layer) {
+  for (Layer& l : layers_) {
+    if (l.layer == layer) return l;
+  }
+  Layer l;
+  l.layer = layer;
+  l.mode = first_mode();
+  l.next_try = 0;
+  l.gain_ms.assign(modes_.size(), 0.0);
+  l.tries.assign(modes_.size(), 0);
+  layers_.push_back(std::move(l));
+  return layers_.back();
+}
+
+const FeplbConfig& FeplbChooser::mode_of(int64_t layer) const {
+  const Layer* l = find_layer(layer);
+  return modes_[static_cast<size_t>(l ? l->mode : first_mode())];
+}
+
+PlanLimits FeplbChooser::limits() const {
+  PlanLimits l = Planner::limits();
+  l.rows_via_homes = std::all_of(modes_.begin(), modes_.end(), [](const FeplbConfig& m) {
+    return m.path == FeplbPath::kTwoPhase;
+  });
+  return l;
+}
+
+std::span<const Copy> FeplbChooser::prefetch(int64_t layer) const {
+  return mode_of(layer).prefetch == FeplbPrefetch::kOn ? engine_.prefetch(layer)
+                                                       : std::span<const Copy>{};
+}
+
+void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
+  const Layer* l = find_layer(routing.layer);
+  const int mode = l ? l->mode : first_mode();
+  engine_.plan_with(modes_[static_cast<size_t>(mode)], routing, out);
+  out.mode = labels_[static_cast<size_t>(mode)];
+}
+
+PlanCost FeplbChooser::cost_of(int mode, const RoutingStep& routing, Plan& scratch) {
+  engine_.plan_with(modes_[static_cast<size_t>(mode)], routing, scratch);
+  writer_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);
+  return plan_cost(scratch, ctx_.topo, reserve_ms_, gemm_scratch_, rows_scratch_);
+}
+
+void FeplbChooser::observe(const RoutingStep& routing) {
+  Layer& l = layer_state(routing.layer);
+  const int n = static_cast<int>(modes_.size());
+  // The plan this step got: its prefetch history, and its cost.
+  const PlanCost now = cost_of(l.mode, routing, current_);
+  engine_.record(routing.layer, current_);
+  if (n == 1) return;
+  const std::vector<int>& order = order_[static_cast<size_t>(l.mode)];
+  const int cand = order[static_cast<size_t>(l.next_try)];
+  l.next_try = (l.next_try + 1) % static_cast<int>(order.size());
+  const PlanCost other = cost_of(cand, routing, candidate_);
+  // The bound on the token straggler: a fraction of the unbalanced one, within the domains.
+  home_loads(ctx_.topo, routing, home_scratch_);
+  const double bound = bound_ * domain_straggler(ctx_.topo, home_scratch_);
+  const bool now_within = now.token_straggler <= bound;
+  const bool other_within = other.token_straggler <= bound;
+  double gain = now.layer_ms - other.layer_ms;
+  if (now_within && !other_within) gain = std::min(gain, 0.0);
+  if (!now_within && other_within) gain = std::max(gain, 0.0) + now.layer_ms;  // back within
+  l.gain_ms[static_cast<size_t>(cand)] += gain;
+  ++l.tries[static_cast<size_t>(cand)];
+  const int tries = l.tries[static_cast<size_t>(cand)];
+  const double mean_gain = l.gain_ms[static_cast<size_t>(cand)] / tries;
+  if (tries >= kTriesToMove && mean_gain > std::max(kMoveMargin * now.layer_ms, 2e-3)) {
+    l.mode = cand;
+    l.next_try = 0;
+    std::fill(l.gain_ms.begin(), l.gain_ms.end(), 0.0);
+    std::fill(l.tries.begin(), l.tries.end(), 0);
+  }
+}
+
+}  // namespace feplb

@@ -1,0 +1,161 @@
+// feplb's mode chooser (feplb/core/planners/feplb/chooser.h): which switches the knobs leave to
+// it, its candidates and first modes, the move rule on workloads where one mode is far better,
+// determinism, and its cost model against the metrics'.
+#include "feplb/core/planners/feplb/chooser.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "feplb/core/metrics.h"
+#include "feplb/sim/prior.h"
+#include "feplb/sim/workload.h"
+#include "test_util.h"
+
+namespace feplb {
+namespace {
+
+using testing::Bench;
+
+std::vector<RoutingStep> steps_of(const Prior& prior, int ranks, int count, uint64_t seed) {
+  WorkloadSpec spec;
+  spec.num_ranks = ranks;
+  spec.top_k = 8;
+  spec.tokens_per_rank = 4096;
+  spec.seq_len = 4096;
+  spec.concentration = 2000;
+  spec.seed = seed;
+  std::vector<RoutingStep> out;
+  for (int mb = 0; mb < count; ++mb) out.push_back(generate_step(prior.popularity[0], spec, mb, 0));
+  return out;
+}
+
+TEST(FeplbChooser, TheDefaultKnobsLeaveEverySwitchToIt) {
+  const FeplbAuto left = FeplbAuto::from_knobs(Knobs{});
+  EXPECT_TRUE(left.path && left.prefetch && left.balance && left.copy_rule);
+  Knobs set;  // every switch set (the reserve left as it is)
+  set.one_hop = 0;
+  set.prefetch = 1;
+  set.copy_timing = 1;
+  set.time_balance_budget = 0;
+  EXPECT_FALSE(FeplbAuto::from_knobs(set).any());
+  // Every switch set: one mode, as before (no chooser).
+  const Bench b(8, 8, 128, set);
+  EXPECT_EQ(dynamic_cast<FeplbChooser*>(b.make("feplb").get()), nullptr);
+}
+
+TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
+  const Bench b(8, 8, 128, Knobs{});
+  const FeplbChooser c(PlannerContext{b.topo, b.shape, b.knobs, b.cost.get()},
+                       FeplbAuto::from_knobs(b.knobs));
+  // path x prefetch x (time within the bound: the capped try or the blends; rows)
+  EXPECT_EQ(c.candidates().size(), 12u);
+  // 16 experts per GPU: two-phase first, weights prefetched, time within the bound.
+  const FeplbConfig& first = c.mode_of(0);
+  EXPECT_EQ(first.path, FeplbPath::kTwoPhase);
+  EXPECT_EQ(first.prefetch, FeplbPrefetch::kOn);
+  EXPECT_EQ(first.balance, FeplbBalance::kTimeBudget);
+  EXPECT_EQ(first.budget_tries, FeplbBudgetTries::kCapped);
+  EXPECT_DOUBLE_EQ(first.time_budget, b.knobs.token_bound);
+  EXPECT_EQ(first.copy_rule, FeplbCopyRule::kHidden);
+  for (const FeplbConfig& m : c.candidates()) {
+    EXPECT_EQ(m.copy_rule, m.path == FeplbPath::kOneHop ? FeplbCopyRule::kLateByBusiest
+                                                        : FeplbCopyRule::kHidden);
+  }
+  // The path fixed by its knob: two-phase candidates only.
+  Knobs two_phase;
+  two_phase.one_hop = 0;
+  const Bench b2(8, 8, 128, two_phase);
+  const FeplbChooser c2(PlannerContext{b2.topo, b2.shape, b2.knobs, b2.cost.get()},
+                        FeplbAuto::from_knobs(b2.knobs));
+  EXPECT_EQ(c2.candidates().size(), 6u);
+  for (const FeplbConfig& m : c2.candidates()) EXPECT_EQ(m.path, FeplbPath::kTwoPhase);
+  EXPECT_TRUE(c2.limits().rows_via_homes);
+  EXPECT_FALSE(c.limits().rows_via_homes);
+  // A domain of 64 GPUs: no time balancing (its planner time passes the reserve); two experts
+  // per GPU: one-hop first.
+  const Bench big(64, 64, 128, Knobs{});
+  const FeplbChooser c3(PlannerContext{big.topo, big.shape, big.knobs, big.cost.get()},
+                        FeplbAuto::from_knobs(big.knobs));
+  EXPECT_EQ(c3.candidates().size(), 4u);
+  for (const FeplbConfig& m : c3.candidates()) EXPECT_EQ(m.balance, FeplbBalance::kRows);
+  EXPECT_EQ(c3.mode_of(0).path, FeplbPath::kOneHop);
+}
+
+// Four experts per GPU with hot experts (rack.md section 2's lognormal max/mean 13 at EP=72): the
+// first mode (two-phase) cannot copy a hot expert's rows into the windows the static experts
+// leave; one hop sends them in the dispatch. The chooser tries one-hop on the same counts, finds
+// it far better and moves there.
+TEST(FeplbChooser, MovesToAModeThatIsFarBetter) {
+  const int R = 72, E = 288;
+  const Bench b(R, R, E, Knobs{});
+  auto planner = b.make("feplb");
+  auto* chooser = dynamic_cast<FeplbChooser*>(planner.get());
+  ASSERT_NE(chooser, nullptr);
+  ASSERT_EQ(chooser->mode_of(0).path, FeplbPath::kTwoPhase);
+  const std::vector<RoutingStep> steps = steps_of(lognormal_prior(E, 13.0, 1, 3), R, 16, 3);
+  std::vector<double> layer_ms;  // GEMM straggler + exposed, the plan's latency at the reserve
+  Plan plan;
+  const double reserve_us = planner_reserve_us(b.knobs, b.topo);
+  for (const RoutingStep& s : steps) {
+    planner->plan(s, plan);
+    validate(plan, b.topo, s, b.shape, planner->limits());
+    EXPECT_EQ(plan.mode, chooser->mode_of(0).label());
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, reserve_us);
+    layer_ms.push_back(m.gemm_straggler_ms + m.exposed_ms());
+    planner->observe(s);
+  }
+  EXPECT_EQ(chooser->mode_of(0).path, FeplbPath::kOneHop) << chooser->mode_of(0).label();
+  // The last steps (in the new mode) cost far less than the first (in the first mode).
+  const auto mean = [](auto first, auto last) {
+    return std::accumulate(first, last, 0.0) / static_cast<double>(last - first);
+  };
+  const double before = mean(layer_ms.begin(), layer_ms.begin() + 4);
+  const double after = mean(layer_ms.end() - 4, layer_ms.end());
+  EXPECT_LT(after * 2, before) << after << " ms vs " << before << " ms";
+}
+
+// Every rank runs its own chooser on the same counts: the same plans and moves, bit for bit.
+TEST(FeplbChooser, IsDeterministic) {
+  const int R = 8, E = 64;
+  const Bench b(R, 8, E, Knobs{});
+  auto a = b.make("feplb"), c = b.make("feplb");
+  Plan pa, pc;
+  for (const RoutingStep& s : steps_of(lognormal_prior(E, 6.0, 1, 5), R, 20, 5)) {
+    a->plan(s, pa);
+    c->plan(s, pc);
+    ASSERT_EQ(serialize(pa), serialize(pc));
+    ASSERT_EQ(pa.mode, pc.mode);
+    a->observe(s);
+    c->observe(s);
+  }
+}
+
+// plan_cost (the chooser's) is the metrics' GEMM straggler + exposed time, the plan's latency
+// charged at the reserve where the dispatch waits for it.
+TEST(FeplbChooser, CostIsTheMetricsGemmStragglerAndExposedTime) {
+  const int R = 8, E = 64;
+  for (int one_hop : {0, 1}) {
+    Knobs k;
+    k.one_hop = one_hop;
+    k.prefetch = 0;
+    k.copy_timing = one_hop ? 3 : 1;
+    k.time_balance_budget = 0;
+    const Bench b(R, 8, E, k);
+    auto planner = b.make("feplb");
+    std::vector<double> gemm;
+    std::vector<int64_t> rows;
+    for (const RoutingStep& s : steps_of(lognormal_prior(E, 8.0, 1, 7), R, 6, 7)) {
+      Plan plan;
+      planner->plan(s, plan);
+      const double reserve_us = planner_reserve_us(b.knobs, b.topo);
+      const PlanCost c = plan_cost(plan, b.topo, reserve_us * 1e-3, gemm, rows);
+      const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, reserve_us);
+      EXPECT_NEAR(c.layer_ms, m.gemm_straggler_ms + m.exposed_ms(), 1e-9) << one_hop;
+      EXPECT_NEAR(c.token_straggler, m.token_straggler, 1e-9);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace feplb
