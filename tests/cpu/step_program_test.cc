@@ -196,9 +196,9 @@ INSTANTIATE_TEST_SUITE_P(AllModes, ProgramGolden,
                          ::testing::Combine(::testing::Values(2, 4, 8),
                                             ::testing::Values(Mode::kTwoPhase, Mode::kOneHop,
                                                               Mode::kPrefetch)),
-                         [](const auto& info) {
-                           return "R" + std::to_string(std::get<0>(info.param)) + "_" +
-                                  mode_name(std::get<1>(info.param));
+                         [](const auto& param_info) {
+                           return "R" + std::to_string(std::get<0>(param_info.param)) + "_" +
+                                  mode_name(std::get<1>(param_info.param));
                          });
 
 // Every family's slot of every rank is distinct and inside the set; values grow from 1.

@@ -88,6 +88,45 @@ class CallbackAllocator final : public Allocator {
   feplb_allocator a_;
 };
 
+// The topology of a runtime config: contiguous homes, or the config's `homes`.
+Topology parse_topology(const json& j, int64_t ranks, int64_t experts, int64_t gpn) {
+  FEPLB_REQUIRE_INPUT(ranks >= 1 && ranks <= 4096 && experts >= 1 && experts <= (1 << 20) &&
+                          gpn >= 1 && gpn <= 4096,
+                      "runtime config: {} ranks, {} experts, {} GPUs per node", ranks, experts,
+                      gpn);
+  if (j.contains("homes")) {
+    FEPLB_REQUIRE_INPUT(j["homes"].is_array(), "runtime config: 'homes' must be an array of ranks");
+    std::vector<int> homes;
+    for (const auto& h : j["homes"]) {
+      FEPLB_REQUIRE_INPUT(h.is_number_integer(), "runtime config: 'homes' holds a non-integer");
+      homes.push_back(h.get<int>());
+    }
+    return Topology::with_placement(static_cast<int>(ranks), static_cast<int>(gpn),
+                                    std::move(homes));
+  }
+  return Topology::contiguous(static_cast<int>(ranks), static_cast<int>(gpn),
+                              static_cast<int>(experts));
+}
+
+// A runtime config's `knobs` object, through set_knob (the CLI's and the Python module's parser).
+void parse_knobs(const json& knobs, Knobs& out) {
+  FEPLB_REQUIRE_INPUT(knobs.is_object(), "runtime config: 'knobs' must be an object");
+  // set_knob: the knob parser of the CLI and the Python module too (same messages).
+  for (const auto& [name, value] : knobs.items()) {
+    require_knob_name(name);
+    FEPLB_REQUIRE_INPUT(value.is_number(), "knob {}: expected a number, got {}", name,
+                        value.type_name());
+    const std::string digits = value.dump();  // an integer above int64's range
+    if (value.is_number_float()) {
+      set_knob(out, name, value.get<double>());
+    } else if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{INT64_MAX}) {
+      set_knob(out, name, std::string_view(digits));
+    } else {
+      set_knob(out, name, value.get<int64_t>());
+    }
+  }
+}
+
 RuntimeConfig parse_config(const char* text) {
   require_ptr(text, "config_json");
   json j;
@@ -132,43 +171,11 @@ RuntimeConfig parse_config(const char* text) {
   RuntimeConfig c;
   const int64_t ranks = get_int("ranks", 1), experts = get_int("experts", 0);
   const int64_t gpn = get_int("gpus_per_node", 8);
-  FEPLB_REQUIRE_INPUT(ranks >= 1 && ranks <= 4096 && experts >= 1 && experts <= (1 << 20) &&
-                          gpn >= 1 && gpn <= 4096,
-                      "runtime config: {} ranks, {} experts, {} GPUs per node", ranks, experts,
-                      gpn);
-  if (j.contains("homes")) {
-    FEPLB_REQUIRE_INPUT(j["homes"].is_array(), "runtime config: 'homes' must be an array of ranks");
-    std::vector<int> homes;
-    for (const auto& h : j["homes"]) {
-      FEPLB_REQUIRE_INPUT(h.is_number_integer(), "runtime config: 'homes' holds a non-integer");
-      homes.push_back(h.get<int>());
-    }
-    c.topo =
-        Topology::with_placement(static_cast<int>(ranks), static_cast<int>(gpn), std::move(homes));
-  } else {
-    c.topo = Topology::contiguous(static_cast<int>(ranks), static_cast<int>(gpn),
-                                  static_cast<int>(experts));
-  }
+  c.topo = parse_topology(j, ranks, experts, gpn);
   c.shape = ExpertShape{get_int("hidden", 0), get_int("ffn", 0), Dtype::kBf16};
   c.max_top_k = static_cast<int>(get_int("max_top_k", c.max_top_k));
   c.max_tokens = get_int("max_tokens", 0);
-  if (j.contains("knobs")) {
-    FEPLB_REQUIRE_INPUT(j["knobs"].is_object(), "runtime config: 'knobs' must be an object");
-    // set_knob: the knob parser of the CLI and the Python module too (same messages).
-    for (const auto& [name, value] : j["knobs"].items()) {
-      require_knob_name(name);
-      FEPLB_REQUIRE_INPUT(value.is_number(), "knob {}: expected a number, got {}", name,
-                          value.type_name());
-      const std::string digits = value.dump();  // an integer above int64's range
-      if (value.is_number_float()) {
-        set_knob(c.knobs, name, value.get<double>());
-      } else if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{INT64_MAX}) {
-        set_knob(c.knobs, name, std::string_view(digits));
-      } else {
-        set_knob(c.knobs, name, value.get<int64_t>());
-      }
-    }
-  }
+  if (j.contains("knobs")) parse_knobs(j["knobs"], c.knobs);
   c.recv_capacity_rows = get_int("recv_capacity_rows", 0);
   c.guest_capacity_rows = get_int("guest_capacity_rows", 0);
   c.staging_slots = static_cast<int>(get_int("staging_slots", -1));
