@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "feplb/core/errors.h"
@@ -200,6 +201,69 @@ INSTANTIATE_TEST_SUITE_P(AllModes, ProgramGolden,
                            return "R" + std::to_string(std::get<0>(param_info.param)) + "_" +
                                   mode_name(std::get<1>(param_info.param));
                          });
+
+// Every signal a rank's program raises is waited for by its receiver's program of the same call,
+// and every wait has its signal (inputs_landed, rows_back, grads_back; prefetch_landed between a
+// prefetch and the forward that uses it). slots_quiet is waited for by later prefetches only.
+TEST(StepProgram, SignalsAndWaitsPairUpAcrossRanks) {
+  using Key = std::tuple<int, int, int>;  // family, from, to
+  const auto collect = [](const cuda::StepList& list, int rank, std::multiset<Key>& signals,
+                          std::multiset<Key>& waits) {
+    for (const cuda::Step& st : list.steps) {
+      if (st.family == cuda::SignalFamily::kSlotsQuiet) continue;
+      if (st.op == cuda::Op::kSignal) signals.insert({static_cast<int>(st.family), rank, st.peer});
+      if (st.op == cuda::Op::kWait) waits.insert({static_cast<int>(st.family), st.peer, rank});
+    }
+  };
+  for (const int R : {2, 4, 8}) {
+    for (const Mode mode : {Mode::kTwoPhase, Mode::kOneHop, Mode::kPrefetch}) {
+      const Scenario s(R, mode);
+      std::vector<int> slot, next;
+      cuda::prefetch_slots(s.predicted, R, slot, next);
+      std::vector<uint8_t> targets(static_cast<size_t>(R), 0);
+      for (const Copy& c : s.predicted) targets[static_cast<size_t>(c.dst_gpu)] = 1;
+      std::multiset<Key> fwd_signals, fwd_waits, bwd_signals, bwd_waits;
+      for (int r = 0; r < R; ++r) {
+        StepLayout layout;
+        layout.build(s.topo, s.routing, s.plan, r, roomy());
+        ASSERT_TRUE(layout.fits()) << layout.error();
+        std::vector<uint8_t> into_here(static_cast<size_t>(R), 0);
+        std::vector<cuda::PrefetchCopy> mine;
+        for (size_t i = 0; i < s.predicted.size(); ++i) {
+          const Copy& c = s.predicted[i];
+          if (c.dst_gpu == r) into_here[static_cast<size_t>(c.src_gpu)] = 1;
+          if (c.src_gpu == r) mine.push_back({c.expert % 2, c.dst_gpu, slot[i]});
+        }
+        cuda::StepList list;
+        CallFacts f = facts_for(s, r, false, true, into_here, targets);
+        cuda::build_prefetch(list, mine, facts_for(s, r, false, false, into_here, targets));
+        collect(list, r, fwd_signals, fwd_waits);
+        cuda::build_forward_prologue(list, f);
+        collect(list, r, fwd_signals, fwd_waits);
+        cuda::build_forward_body(list, layout, f);
+        collect(list, r, fwd_signals, fwd_waits);
+        cuda::InputFacts in;
+        in.prefetched_here = f.prefetched_here;
+        cuda::build_inputs(list, layout, in, r);
+        collect(list, r, fwd_signals, fwd_waits);
+        f = facts_for(s, r, false, false, into_here, targets);
+        cuda::build_backward(list, layout, f);
+        collect(list, r, bwd_signals, bwd_waits);
+        const std::vector<uint8_t> recopy(s.plan.slices.size(), 1);
+        in = {};
+        in.backward = true;
+        in.recopy = recopy;
+        in.rows = Buf::kDyHome;
+        cuda::build_inputs(list, layout, in, r);
+        collect(list, r, bwd_signals, bwd_waits);
+      }
+      const std::string what = mode_name(mode) + " R " + std::to_string(R);
+      EXPECT_FALSE(fwd_signals.empty()) << what;
+      EXPECT_EQ(fwd_signals, fwd_waits) << what;
+      EXPECT_EQ(bwd_signals, bwd_waits) << what;
+    }
+  }
+}
 
 // Every family's slot of every rank is distinct and inside the set; values grow from 1.
 TEST(SignalLayout, SlotsAreDistinctAndValuesGrow) {
