@@ -42,6 +42,8 @@ std::string mode_name(Mode m) {
   return "?";
 }
 
+void PrintTo(Mode m, std::ostream* os) { *os << mode_name(m); }
+
 // R ranks, two experts each (expert e on rank e / 2). Expert 0 (rank 0) is hot: 40 of its rows
 // go to rank 1; with R >= 4 also 20 to rank R - 1, and 8 of expert 2's (rank 1) to rank 2, so
 // rank 1 is both a helper and a donor. Prefetch: expert 0's weights were predicted for rank 1
