@@ -49,6 +49,7 @@ set(feplb_public_cuda_headers
   feplb/cuda/moe_layer.h
   feplb/cuda/nccl_comm.h
   feplb/cuda/runtime.h
+  feplb/cuda/stats.h
   feplb/cuda/transport.h
 )
 set(feplb_headers ${feplb_public_headers})

@@ -44,7 +44,7 @@ How to read it for feplb's extra time over the grouped_mm backend:
   (d) the benchmark: the optimizer phase (AdamW over 64 expert tensors a layer instead of 2),
       a synchronize in the step (the lags);
   and the C layer's own host time (launches, its cuBLASLt heuristic refinement, up to 1 ms per
-  call while new row counts keep appearing: moe_layer.cc kGemmRefineBudgetMs): the C calls' host
+  call while new row counts keep appearing: layer/calls.cc kGemmRefineBudgetMs): the C calls' host
   time against the experts' GPU time.
 """
 

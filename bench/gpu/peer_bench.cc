@@ -26,13 +26,13 @@
 
 #include "bench/harness/kernels/kernels.h"
 #include "feplb/core/stats.h"
-#include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
-#include "feplb/cuda/ipc_signals.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/nccl_comm.h"
-#include "feplb/cuda/resources.h"
-#include "feplb/cuda/stream_ops.h"
+#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/runtime/resources.h"
+#include "feplb/cuda/transport/ipc_signals.h"
+#include "feplb/cuda/transport/stream_ops.h"
 #include "feplb/dist/launch.h"
 
 namespace feplb::cuda {

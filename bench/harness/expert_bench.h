@@ -13,8 +13,8 @@
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/topology.h"
-#include "feplb/cuda/gemm.h"
-#include "feplb/cuda/resources.h"
+#include "feplb/cuda/gemm/gemm.h"
+#include "feplb/cuda/runtime/resources.h"
 
 namespace feplb::cuda {
 

@@ -66,7 +66,8 @@ struct RuntimeConfig {
 // the feplb planner's limits (dyn x max_helpers_per_expert), and at least max_num_dyn.
 int default_staging_slots(const Knobs& knobs);
 
-struct RuntimeState;  // internal (feplb/cuda/internal/runtime_state.h)
+struct RuntimeState;   // internal (feplb/cuda/runtime/runtime_state.h, not installed)
+struct RuntimeAccess;  // internal: how the layer reaches the state
 
 class EpRuntime {
  public:
@@ -99,9 +100,8 @@ class EpRuntime {
   // dead peer's work, and destroying the runtime waits for its copy streams.
   void synchronize(cudaStream_t stream) const;
 
-  std::shared_ptr<RuntimeState> state() const { return state_; }
-
  private:
+  friend struct RuntimeAccess;
   std::shared_ptr<RuntimeState> state_;
 };
 

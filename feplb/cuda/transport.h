@@ -32,7 +32,8 @@ enum class SignalMechanism {
   kEvent,
   // "memop": a stream memory write into the peer's flag after a system-scope memory barrier, and
   // a stream memory wait on one's own flag. No host round trip, but between two GPUs the flag has
-  // been seen to overtake the tail of a copy before it (feplb/cuda/ipc_signals.h says what holds).
+  // been seen to overtake the tail of a copy before it (feplb/cuda/transport/ipc_signals.h says
+  // what holds).
   kStreamMemop,
   // "ce-flag": the value is written into a local word, then copied into the peer's flag by the
   // copy engine on the signaller's stream (the path the data took); the same wait as "memop".
@@ -114,9 +115,9 @@ class InProcessGroup {
 };
 
 // One rank of an NCCL communicator (which the caller keeps owning). Its signal sets are
-// make_ipc_signals (feplb/cuda/ipc_signals.h) over the communicator's all-gather: every rank of
-// the communicator on one host. peer_failure() reports a peer process on this host that exited
-// (PeerWatch, feplb/cuda/peer_watch.h) and the communicator's asynchronous error
+// make_ipc_signals (feplb/cuda/transport/ipc_signals.h) over the communicator's all-gather: every
+// rank of the communicator on one host. peer_failure() reports a peer process on this host that
+// exited (PeerWatch, feplb/cuda/transport/peer_watch.h) and the communicator's asynchronous error
 // (ncclCommGetAsyncError); after such an Error, abort the communicator and leave the process
 // (streams may still wait on the dead peer's work).
 std::unique_ptr<Transport> make_nccl_transport(void* nccl_comm, int device);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "feplb/core/planners/feplb/config.h"
 #include "feplb/core/planners/feplb/engine.h"
 #include "feplb/cuda/host/step_layout.h"
+#include "feplb/cuda/program/build_program.h"
 #include "test_util.h"
 
 namespace {
@@ -289,9 +291,10 @@ TEST(NoAlloc, RackShapesDoNotAllocateOnceWarm) {
 namespace feplb {
 namespace {
 
-// The GPU runtime's host work per step: the plan, then its layout on every rank. Once the
-// layout's vectors have grown to the largest step, neither touches the heap: the two-phase path,
-// rows in one hop, and with weights prefetched (the planner observes each step outside the count).
+// The GPU runtime's host work per step: the plan, then its layout and the layer's step programs
+// on every rank. Once their vectors have grown to the largest step, none touches the heap: the
+// two-phase path, rows in one hop, and with weights prefetched (the planner observes each step
+// outside the count).
 TEST(NoAlloc, StepLayoutDoesNotAllocateOnceWarm) {
   for (int mode = 0; mode < 3; ++mode) {
     Knobs k = testing::explicit_knobs();
@@ -306,11 +309,31 @@ TEST(NoAlloc, StepLayoutDoesNotAllocateOnceWarm) {
     Plan plan;
     cuda::StepLayout layout;
     const cuda::LayoutCapacity cap{1 << 30, 1 << 30, 64, 64};
+    // The layer's step programs too (feplb/cuda/program/build_program.h).
+    cuda::StepList prologue, body, backward, inputs;
+    const std::vector<uint8_t> none(8, 0), recopy(1 << 16, 1);
+    cuda::CallFacts f;
+    f.world = 8;
+    f.num_experts = 128;
+    f.experts_per_rank = 16;
+    f.prefetch_into_here = none;
+    f.prefetch_targets = none;
     for (int pass = 0; pass < 3; ++pass) {  // passes 1 and 2 see the same history (predictions)
       for (const RoutingStep& s : steps) {
         const int64_t before = g_news.load();
         planner->plan(s, plan);
-        for (int r = 0; r < 8; ++r) layout.build(b.topo, s, plan, r, cap);
+        for (int r = 0; r < 8; ++r) {
+          layout.build(b.topo, s, plan, r, cap);
+          f.rank = r;
+          cuda::build_forward_prologue(prologue, f);
+          cuda::build_forward_body(body, layout, f);
+          cuda::build_backward(backward, layout, f);
+          cuda::InputFacts in;
+          in.backward = true;
+          ASSERT_LE(plan.slices.size(), recopy.size());
+          in.recopy = std::span<const uint8_t>(recopy).first(plan.slices.size());
+          cuda::build_inputs(inputs, layout, in, r);
+        }
         if (pass == 2) {
           EXPECT_EQ(g_news.load() - before, 0) << "mode " << mode;
         }

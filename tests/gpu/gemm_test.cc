@@ -3,7 +3,7 @@
 // bucket boundaries (odd ones included); and the heuristic is asked once per bucket, not per row
 // count. Tolerance: bf16 inputs are exact in double; fp32 accumulation -> relative error of the
 // product <= 1e-2 for bf16 outputs (rounding of the result), <= 1e-4 for fp32 outputs.
-#include "feplb/cuda/gemm.h"
+#include "feplb/cuda/gemm/gemm.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 // the survivor gets an Error naming it within its timeout and exits).
 // Each test spawns this binary again as its ranks (torchrun-style environment, FEPLB_MP_CASE
 // naming the rank's job); the parent never hangs: children get a deadline, then SIGKILL.
-#include "feplb/cuda/peer_memory.h"
+#include "feplb/cuda/transport/peer_memory.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -29,14 +29,14 @@
 
 #include "bench/harness/local_experts.h"
 #include "feplb/core/error.h"
-#include "feplb/cuda/check.h"
 #include "feplb/cuda/device.h"
-#include "feplb/cuda/ipc_signals.h"
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/nccl_comm.h"
-#include "feplb/cuda/peer_watch.h"
-#include "feplb/cuda/resources.h"
 #include "feplb/cuda/runtime.h"
+#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/runtime/resources.h"
+#include "feplb/cuda/transport/ipc_signals.h"
+#include "feplb/cuda/transport/peer_watch.h"
 #include "feplb/dist/launch.h"
 
 extern char** environ;

@@ -6,12 +6,12 @@
 #include <gtest/gtest.h>
 
 #include "bench/harness/kernels/kernels.h"
-#include "feplb/cuda/ce_copy.h"
-#include "feplb/cuda/check.h"
 #include "feplb/cuda/kernels/kernels.h"
-#include "feplb/cuda/resources.h"
-#include "feplb/cuda/stream_ops.h"
+#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/runtime/resources.h"
 #include "feplb/cuda/transport.h"
+#include "feplb/cuda/transport/ce_copy.h"
+#include "feplb/cuda/transport/stream_ops.h"
 #include "gpu_test_util.h"
 
 namespace feplb {

@@ -40,9 +40,35 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
                       "step layout: plan marks {} experts, topology has {}", plan.dynamic.size(),
                       E);
   rank_ = rank;
+  reset(topo);
+  check_copies(topo, plan);
+  place_slices(topo, plan);
+  if (!error_.empty()) return;
+  for (int e = 0; e < E; ++e) {
+    FEPLB_CHECK(computed_[e] == routing.expert_counts[e],
+                "plan computes {} rows of expert {}, routed {}", computed_[e], e,
+                routing.expert_counts[e]);
+  }
+  place_homes(topo, capacity);
+  if (!error_.empty()) return;
+  build_receivers(topo);
+  build_chunks(topo, routing);
+  build_work(topo, plan);
+}
+
+namespace {
+template <typename V, typename T>
+void fill(V& v, size_t n, T value) {
+  v.assign(n, value);
+}
+}  // namespace
+
+// Per-step vectors sized for this topology, zeroed; every expert's local index and send order.
+void StepLayout::reset(const Topology& topo) {
+  const int R = topo.num_ranks();
+  const int E = topo.num_experts();
   error_.clear();
   has_dispatched_ = false;
-  const auto fill = [](auto& v, size_t n, auto value) { v.assign(n, value); };
   fill(recv_rows_, static_cast<size_t>(R), int64_t{0});
   fill(guest_rows_, static_cast<size_t>(R), int64_t{0});
   fill(exported_, static_cast<size_t>(R), int64_t{0});
@@ -63,7 +89,14 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
       send_order_.push_back(e);
     }
   }
+}
 
+// What the GPU layer runs: rows dispatched to the experts' homes or straight to helpers, guest
+// weights copied for this micro-batch or prefetched; no resident replicas. Prefetches take the
+// first guest slots of their helpers.
+void StepLayout::check_copies(const Topology& topo, const Plan& plan) {
+  const int R = topo.num_ranks();
+  const int E = topo.num_experts();
   // What the GPU layer runs: rows dispatched to the experts' homes or straight to helpers, guest
   // weights copied for this micro-batch or prefetched; no resident replicas.
   if (!plan.resident.empty())
@@ -93,7 +126,11 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
   }
   // Guest slots: the prefetches' first, in plan order, then the other guests.
   guest_experts_.assign(prefetch_next_.begin(), prefetch_next_.end());
+}
 
+void StepLayout::place_slices(const Topology& topo, const Plan& plan) {
+  const int R = topo.num_ranks();
+  const int E = topo.num_experts();
   // Slices: the rows each kHome slice takes of its expert's rows on the home (in plan order); for
   // a guest its slot and rows on the helper and the staging slot its gradient lands in on the
   // owner.
@@ -144,13 +181,11 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
       slot_uses_.push_back({static_cast<int>(i), s.gpu, slice_slot_[i], s.expert});
     }
   }
-  if (!error_.empty()) return;
-  for (int e = 0; e < E; ++e) {
-    FEPLB_CHECK(computed_[e] == routing.expert_counts[e],
-                "plan computes {} rows of expert {}, routed {}", computed_[e], e,
-                routing.expert_counts[e]);
-  }
+}
 
+// Where each expert's rows start on its home, and every rank's buffers against the capacities.
+void StepLayout::place_homes(const Topology& topo, const LayoutCapacity& capacity) {
+  const int R = topo.num_ranks();
   // Phase 1 lands each home's experts one after another (the rows dispatched to the home: its
   // own slice and the kHome slices' rows), each expert's rows in source-rank order.
   for (int d = 0; d < R; ++d) {
@@ -183,8 +218,10 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
           exported_[g], g, capacity.staging_slots);
     }
   }
-  if (!error_.empty()) return;
+}
 
+void StepLayout::build_receivers(const Topology& topo) {
+  const int E = topo.num_experts();
   // Every expert's phase-1 receivers, ascending GPU, and where each starts among the expert's rows.
   for (int e = 0; e < E; ++e) receivers_.push_back({e, topo.home(e), -1, home_rows_[e], 0});
   std::sort(receivers_.begin(), receivers_.end(), [](const Receiver& a, const Receiver& b) {
@@ -202,8 +239,14 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
       ordinal += receivers_[static_cast<size_t>(k)].rows;
     }
   }
-  build_chunks(topo, routing);
+}
 
+// This rank's work lists: its home work (static experts first), its guests owner by owner (the
+// schedule's turns), its exports helper by helper (the schedule's issue order).
+void StepLayout::build_work(const Topology& topo, const Plan& plan) {
+  const int R = topo.num_ranks();
+  const int rank = rank_;
+  const size_t n = plan.slices.size();
   // This rank's work lists.
   home_.clear();
   for (int pass = 0; pass < 2; ++pass) {

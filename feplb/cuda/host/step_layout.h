@@ -180,7 +180,13 @@ class StepLayout {
     int64_t rows = 0;
     int64_t ordinal = 0;  // its first row among the expert's rows in source-rank order
   };
+  void reset(const Topology& topo);
+  void check_copies(const Topology& topo, const Plan& plan);
+  void place_slices(const Topology& topo, const Plan& plan);
+  void place_homes(const Topology& topo, const LayoutCapacity& capacity);
+  void build_receivers(const Topology& topo);
   void build_chunks(const Topology& topo, const RoutingStep& routing);
+  void build_work(const Topology& topo, const Plan& plan);
 
   int rank_ = 0;
   std::string error_;

@@ -1,0 +1,114 @@
+// MoeLayer's private state: configuration, planner, the programs it builds per call and the two
+// executors that run them (one per host thread), its timelines and last statistics, and the
+// scheduler's job of the current call. Internal to feplb_cuda.
+//
+// The scheduler hand-off, per call (numbered by the signal board):
+//   caller:    fills `job` (and `experts`), then posts the job (HostAction::kStartJob);
+//   scheduler: forward: plans into the micro-batch state (routing, plan, layout, stats) and
+//              `job.runs` / `job.bad_ids` / `job.error`, then publishes HostFlag::kPlanned; the
+//              caller reads them only after awaiting it;
+//   both:      the caller publishes HostFlag::kDispatched after phase 1 (the scheduler's inputs
+//              wait for it when they copy rows); the scheduler publishes HostFlag::kCopiesOut as
+//              its last step (the stats it counted, bstats.copies included, are final then);
+//              the caller awaits it before the call ends. Nothing of the job is written after.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "feplb/core/planners/planner.h"
+#include "feplb/cuda/host/step_layout.h"
+#include "feplb/cuda/moe_layer.h"
+#include "feplb/cuda/program/build_program.h"
+#include "feplb/cuda/program/executor.h"
+#include "feplb/cuda/program/timeline.h"
+#include "feplb/cuda/runtime/runtime_state.h"
+
+namespace feplb::cuda {
+
+struct MoeLayer::Impl final : ProgramHooks {
+  using Clock = std::chrono::steady_clock;
+
+  Impl(std::shared_ptr<RuntimeState> runtime, const LayerConfig& config,
+       std::unique_ptr<Planner> planner);
+
+  std::shared_ptr<RuntimeState> rt;
+  LayerConfig cfg;
+  std::unique_ptr<Planner> planner;
+  int layer_id = 0;
+  int64_t K = 1;
+  LayoutCapacity capacity;
+
+  Event ev_grads_done;  // the helpers' weight gradients of the last backward added in
+  Timeline forward_timeline, backward_timeline;
+  Executor exec;        // the caller's thread
+  Executor sched_exec;  // the scheduler's thread
+
+  // The current call's programs (reused: no allocation once warm).
+  StepList prologue, body, inputs;
+
+  // The scheduler's job of the current call (see above).
+  struct Job {
+    MicroBatchState* h = nullptr;
+    uint32_t seq = 0;  // the call's number
+    bool backward = false;
+    bool dispatched = false;
+    bool runs = false;        // the plan is usable: the copies are issued and the call goes on
+    bool planned = false;     // forward: the planner planned this step (it observes it)
+    bool prefetched = false;  // forward: the pending prefetch is this layer's
+    Buf rows = Buf::kXHome;   // where the phase-2 input rows are
+    const bf16* caller_rows = nullptr;  // backward_dispatched: the caller's dY rows
+    int64_t bad_ids = 0;  // forward: (token, k) pairs of rank bad_rank with an id out of range
+    int bad_rank = 0;
+    std::string error;  // forward: the plan does not match what the layer runs (every rank alike)
+    std::vector<uint8_t> recopy;  // [plan slices] backward: the helper's slot needs the weights
+    Clock::time_point plan_ready;
+  } job;
+  std::vector<ExpertParams> experts;  // [experts_per_rank] the caller's weights, for the job
+
+  // Host work at the caller's program steps: its inputs.
+  int64_t carve_pairs = 0;                   // kCarveTokens: tokens * top_k
+  std::span<const int64_t> rows_per_expert;  // kStageCounts
+  std::span<const Copy> predicted;           // kStartPrefetch
+  std::vector<int> pre_slot, pre_next;
+  std::vector<PrefetchCopy> pre_copies;
+
+  ForwardStats fstats;
+  BackwardStats bstats;
+  Plan last_plan;
+  RoutingStep last_routing;
+
+  // ProgramHooks.
+  void host(HostAction action, Bindings& b) override;
+  void marked(Mark mark, bool backward, Clock::time_point t) override;
+
+  // Checks of the caller's arguments.
+  void validate_experts(std::span<const ExpertParams> w, int64_t num_tokens, const char* who) const;
+  void validate_grads(std::span<const ExpertGrads> grads, const char* who) const;
+  MicroBatchState& consumed(MicroBatch& mb, bool dispatched, const char* who) const;
+
+  // Calls (layer/calls.cc).
+  CallFacts facts(bool dispatched) const;
+  MicroBatchState& begin_forward(MicroBatch& handle, int64_t rows, bool dispatched, Bindings& b,
+                                 CallFacts& f);
+  void check_plan(const MicroBatchState& h, const CallFacts& f, Bindings& b);
+  void carve_plan(MicroBatchState& h, int64_t home_rows, bool own_x_home, cudaStream_t s);
+  void run_forward_body(MicroBatch& handle, MicroBatchState& h, const CallFacts& f, Bindings& b);
+  void run_backward(MicroBatch& mb, MicroBatchState& h, GradMode mode, Bindings& b);
+  void run_prefetch(std::span<const ExpertParams> w, cudaStream_t stream);
+  void begin_job(MicroBatchState& h, bool backward, bool dispatched,
+                 std::span<const ExpertParams> w);
+
+  // The scheduler's job (layer/scheduler_job.cc).
+  static void run_job(void* self);
+  void plan_job();
+  void wait_counts() const;
+  void routing_from_counts(MicroBatchState& h);
+  void check_prefetched(const MicroBatchState& h, int64_t& hits);
+  void issue_inputs();
+};
+
+}  // namespace feplb::cuda

@@ -1,0 +1,167 @@
+// The scheduler thread's job of a call: counts on the host -> plan -> layout (forward), then the
+// phase-2 input copies as a step program (forward and backward; the backward reuses the
+// forward's plan).
+#include <algorithm>
+
+#include "feplb/cuda/layer/layer_impl.h"
+#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/runtime/spin_wait.h"
+
+namespace feplb::cuda {
+namespace {
+
+double us_between(std::chrono::steady_clock::time_point a,
+                  std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+}  // namespace
+
+void MoeLayer::Impl::run_job(void* self) {
+  auto* m = static_cast<Impl*>(self);
+  try {
+    if (!m->job.backward) m->plan_job();
+    m->issue_inputs();
+  } catch (...) {
+    m->rt->error = std::current_exception();
+    m->rt->failed.store(true, std::memory_order_release);
+  }
+}
+
+// Every rank's counts: wait for the D2H copy (polling: this thread exists to react at once).
+void MoeLayer::Impl::wait_counts() const {
+  const RuntimeState& r = *rt;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(r.cfg.timeout_s);
+  for (uint64_t spins = 0;; ++spins) {
+    const cudaError_t q = cudaEventQuery(r.ev_counts.get());
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) FEPLB_CUDA_CHECK(q);
+    if ((spins & 16383) == 16383) r.check_peers("the counts all-gather");
+    if ((spins & 1023) == 0 && Clock::now() > deadline) {
+      throw Error(fmt::format(
+          "layer '{}' rank {}: counts never reached the host in {:.0f} s (a peer never joined the "
+          "all-gather?)",
+          cfg.name, r.rank, r.cfg.timeout_s));
+    }
+    spin_pause(spins);
+  }
+}
+
+// The routing step from the gathered counts (dispatched rows: each rank's rows per local expert;
+// otherwise every rank's rows per expert, and the first rank that sent out-of-range ids).
+void MoeLayer::Impl::routing_from_counts(MicroBatchState& h) {
+  const RuntimeState& r = *rt;
+  const int R = r.world;
+  const int E = static_cast<int>(r.E);
+  if (h.routing.num_ranks != R || h.routing.num_experts != E) h.routing = RoutingStep(0, 0, R, E);
+  h.routing.step = static_cast<int>(job.seq);
+  h.routing.layer = layer_id;
+  job.bad_ids = 0;
+  if (job.dispatched) {
+    // Each rank's rows per local expert; planners need every expert's total (at its home).
+    std::fill(h.routing.counts.begin(), h.routing.counts.end(), 0);
+    const int L = r.experts_per_rank;
+    for (int d = 0; d < R; ++d) {
+      const auto local = r.cfg.topo.local_experts(d);
+      for (int i = 0; i < L; ++i) h.routing.at(d, local[i]) = r.counts_host.get()[d * L + i];
+    }
+    return;
+  }
+  for (int d = 0; d < R; ++d) {
+    const int32_t* row = r.counts_host.get() + static_cast<size_t>(d) * (E + 1);
+    std::copy(row, row + E, h.routing.counts.begin() + static_cast<std::ptrdiff_t>(d) * E);
+    if (row[E] > 0 && job.bad_ids == 0) {
+      job.bad_ids = row[E];
+      job.bad_rank = d;
+    }
+  }
+}
+
+// Weights prefetched for this forward: the plan must list exactly what was copied, in order (the
+// layout then gives each pair the slot it was copied into). `hits`: pairs the plan computes with.
+void MoeLayer::Impl::check_prefetched(const MicroBatchState& h, int64_t& hits) {
+  const std::vector<Copy>& done = rt->pending.copies;
+  size_t k = 0;
+  bool same = true;
+  for (const Copy& c : h.plan.copies) {
+    if (c.kind != CopyKind::kPrefetchWeights) continue;
+    same = same && k < done.size() && done[k].expert == c.expert && done[k].dst_gpu == c.dst_gpu;
+    ++k;
+  }
+  if (!same || k != done.size()) {
+    job.error = fmt::format(
+        "planner '{}' of layer '{}' planned other prefetched weights than its prefetch() "
+        "predicted ({} copied, {} in the plan)",
+        planner->name(), cfg.name, done.size(), k);
+  }
+  for (const Copy& c : done) {
+    for (const Slice& sl : h.plan.slices)
+      hits += sl.expert == c.expert && sl.gpu == c.dst_gpu ? 1 : 0;
+  }
+}
+
+void MoeLayer::Impl::plan_job() {
+  RuntimeState& r = *rt;
+  MicroBatchState& h = *job.h;
+  const uint32_t seq = job.seq;
+  wait_counts();
+  const auto t_seen = Clock::now();
+  routing_from_counts(h);
+  if (job.bad_ids > 0) {
+    // Every rank sees the same counts and stops at the same step; nothing is planned or copied.
+    job.runs = false;
+    r.plan_seq.store(seq, std::memory_order_release);
+    return;
+  }
+  h.routing.sum_experts();
+  const auto t0 = Clock::now();
+  planner->plan(h.routing, h.plan);
+  const auto t1 = Clock::now();
+  job.planned = true;  // observed after the copies are issued (with prefetch, observe plans again)
+  h.layout.build(r.cfg.topo, h.routing, h.plan, r.rank, capacity);
+  job.error.clear();
+  int64_t hits = 0;
+  if (job.prefetched) check_prefetched(h, hits);
+  job.runs = h.layout.fits() && job.error.empty();
+  job.plan_ready = Clock::now();
+  if (job.runs) {
+    for (const SlotUse& u : h.layout.slot_uses()) {
+      r.pool->holder(u.rank, u.slot) = ExpertSlotPool::tag(layer_id, u.expert, seq);
+    }
+  }
+  h.stats = ForwardStats{};
+  h.stats.counts_to_host_us = us_between(forward_timeline.host(Mark::kCountsIssued), t_seen);
+  h.stats.plan_us = us_between(t0, t1);
+  h.stats.counts_to_plan_us = us_between(t_seen, job.plan_ready);
+  h.stats.exported_rows = h.layout.exported_rows();
+  h.stats.guest_rows = h.layout.guest_rows_here();
+  for (const GuestWork& g : h.layout.guest_work())
+    h.stats.dispatched_rows += g.dispatched ? g.rows : 0;
+  h.stats.prefetched_pairs = job.prefetched ? static_cast<int64_t>(r.pending.copies.size()) : 0;
+  h.stats.prefetch_hits = hits;
+  r.plan_seq.store(seq, std::memory_order_release);
+}
+
+// Phase-2 inputs, helper by helper (program/build_program.h, build_inputs), then, forward, the
+// planner observes the step; the last step publishes HostFlag::kCopiesOut.
+void MoeLayer::Impl::issue_inputs() {
+  MicroBatchState& h = *job.h;
+  InputFacts f;
+  f.backward = job.backward;
+  f.runs = job.runs;
+  f.prefetched_here = job.prefetched;
+  f.observe = job.planned;
+  f.recopy = job.recopy;
+  f.rows = job.rows;
+  build_inputs(inputs, h.layout, f, rt->rank);
+  Bindings b;
+  b.mb = &h;
+  b.call = job.seq;
+  b.caller_in = job.caller_rows;
+  b.experts = experts;
+  b.copies = job.backward ? &bstats.copies : &h.stats.copies;
+  b.weight_copies = job.backward ? nullptr : &h.stats.weight_copies;
+  sched_exec.run(inputs, b, *this);
+}
+
+}  // namespace feplb::cuda

@@ -1,0 +1,386 @@
+#include "feplb/cuda/program/executor.h"
+
+#include <chrono>
+
+#include "feplb/cuda/gemm/expert_ffn.h"
+#include "feplb/cuda/kernels/kernels.h"
+#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/runtime/runtime_state.h"
+#include "feplb/cuda/runtime/spin_wait.h"
+
+namespace feplb::cuda {
+namespace {
+
+const char* flag_what(HostFlag flag) {
+  switch (flag) {
+    case HostFlag::kPlanned:
+      return "plan";
+    case HostFlag::kDispatched:
+      return "phase-1 dispatch";
+    case HostFlag::kCopiesOut:
+      return "phase-2 copies";
+  }
+  return "?";
+}
+
+std::atomic<uint32_t>& host_flag(RuntimeState& rt, HostFlag flag) {
+  switch (flag) {
+    case HostFlag::kPlanned:
+      return rt.plan_seq;
+    case HostFlag::kDispatched:
+      return rt.dispatched_seq;
+    case HostFlag::kCopiesOut:
+      break;
+  }
+  return rt.copies_seq;
+}
+
+}  // namespace
+
+Executor::Executor(RuntimeState& rt, const std::string& name, Event& grads_done, Timeline& forward,
+                   Timeline& backward)
+    : rt_(rt), name_(name), grads_done_(grads_done), forward_(forward), backward_(backward) {}
+
+void Executor::run(const StepList& list, Bindings& b, ProgramHooks& hooks) {
+  for (const Step& s : list.steps) step(list, s, b, hooks);
+}
+
+void Executor::await(HostFlag flag, uint32_t call) const {
+  using Clock = std::chrono::steady_clock;
+  const std::atomic<uint32_t>& seq = host_flag(rt_, flag);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(rt_.cfg.timeout_s);
+  for (uint64_t spins = 0; seq.load(std::memory_order_acquire) < call; ++spins) {
+    if (rt_.failed.load(std::memory_order_acquire)) std::rethrow_exception(rt_.error);
+    if ((spins & 16383) == 16383) rt_.check_peers(flag_what(flag));
+    if ((spins & 1023) == 0 && Clock::now() > deadline) {
+      throw Error(fmt::format("layer '{}' rank {}: waited {:.0f} s for the scheduler ({})", name_,
+                              rt_.rank, rt_.cfg.timeout_s, flag_what(flag)));
+    }
+    spin_pause(spins);
+  }
+}
+
+void Executor::step(const StepList& list, const Step& s, Bindings& b, ProgramHooks& hooks) {
+  const cudaStream_t st = stream(s.stream, b);
+  switch (s.op) {
+    case Op::kKernel:
+      kernel(s, b, st);
+      break;
+    case Op::kAllGather:
+      rt_.transport.all_gather_i32(rt_.counts.get(), rt_.counts_all.get(),
+                                   static_cast<size_t>(s.count), st);
+      break;
+    case Op::kExchange:
+      exchange(list, s, b, st);
+      break;
+    case Op::kGemm:
+      gemms(list, s, b, st);
+      break;
+    case Op::kCopyBatch:
+      copy_batch(list, s, b, st);
+      break;
+    case Op::kMemcpy:
+      memcpys(list, s, b, st);
+      break;
+    case Op::kKeepGuestRows:
+      if (!b.mb->x_guest) break;  // a forward-only runtime keeps no guest rows
+      FEPLB_CUDA_CHECK(cudaStreamWaitEvent(st, event(EventId::kGuestReady), 0));
+      memcpys(list, s, b, st);
+      break;
+    case Op::kSignal:
+      rt_.board->signal(s.family, s.peer, value(s.value, rt_.rank, b), st);
+      break;
+    case Op::kWait:
+      wait(s, b, st);
+      break;
+    case Op::kBumpQuiet:
+      rt_.board->bump_quiet(s.peer);
+      break;
+    case Op::kRecord:
+      FEPLB_CUDA_CHECK(cudaEventRecord(event(s.event), st));
+      break;
+    case Op::kWaitEvent:
+      FEPLB_CUDA_CHECK(cudaStreamWaitEvent(st, event(s.event), 0));
+      break;
+    case Op::kPost:
+      host_flag(rt_, s.flag).store(b.call, std::memory_order_release);
+      break;
+    case Op::kAwait:
+      await(s.flag, b.call);
+      break;
+    case Op::kMark:
+      mark(s, st, hooks);
+      break;
+    case Op::kHost:
+      hooks.host(s.action, b);
+      break;
+  }
+}
+
+void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
+  RuntimeState& r = rt_;
+  const int E = static_cast<int>(r.E);
+  const int64_t H = r.H, F = r.F, pairs = b.num_tokens * b.top_k;
+  MicroBatchState* h = b.mb;
+  switch (s.kernel) {
+    case KernelId::kZeroCounts:
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(r.counts.get(), 0, r.counts.bytes(), st));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(r.cursor.get(), 0, r.cursor.bytes(), st));
+      break;
+    case KernelId::kCountExperts:
+      FEPLB_CUDA_CHECK(kernels::count_experts(b.topk_idx, pairs, E, r.counts.get(), st));
+      break;
+    case KernelId::kSendOffsets:
+      FEPLB_CUDA_CHECK(
+          kernels::send_offsets(r.counts.get(), r.order.get(), E, r.offsets.get(), st));
+      break;
+    case KernelId::kScatterRows:
+      FEPLB_CUDA_CHECK(kernels::scatter_rows(b.hidden, b.topk_idx, b.num_tokens, b.top_k, E, H,
+                                             r.offsets.get(), r.cursor.get(), r.send.get(),
+                                             h->pair_pos, st));
+      break;
+    case KernelId::kScatterGrad:
+      FEPLB_CUDA_CHECK(kernels::scatter_grad(b.grad_out, h->pair_pos, b.topk_weight, h->y_send,
+                                             b.num_tokens, b.top_k, H, r.send.get(),
+                                             b.grad_topk_weight, st));
+      break;
+    case KernelId::kCombine:
+      FEPLB_CUDA_CHECK(kernels::combine(h->y_send, h->pair_pos, b.topk_weight, b.num_tokens,
+                                        b.top_k, H, b.out, st));
+      break;
+    case KernelId::kCombineGrad:
+      FEPLB_CUDA_CHECK(kernels::combine(r.ybuf.get(), h->pair_pos, nullptr, b.num_tokens, b.top_k,
+                                        H, b.out, st));
+      break;
+    case KernelId::kZeroGrads:
+      for (const ExpertGrads& g : b.grads) {
+        FEPLB_CUDA_CHECK(
+            cudaMemsetAsync(g.gate_up, 0, static_cast<size_t>(2 * H * F) * sizeof(float), st));
+        FEPLB_CUDA_CHECK(
+            cudaMemsetAsync(g.down, 0, static_cast<size_t>(H * F) * sizeof(float), st));
+      }
+      break;
+    case KernelId::kAddStagedGrad: {
+      const float* staged = r.pool->staging_slot(static_cast<int>(s.b.index));
+      const ExpertGrads& g = b.grads[static_cast<size_t>(s.a.index)];
+      FEPLB_CUDA_CHECK(kernels::add_f32(g.gate_up, staged, 2 * H * F, st));
+      FEPLB_CUDA_CHECK(kernels::add_f32(g.down, staged + 2 * H * F, H * F, st));
+      break;
+    }
+    case KernelId::kCountsFromCaller:
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts.get(), r.counts_host.get(),
+                                       static_cast<size_t>(s.count) * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, st));
+      break;
+    case KernelId::kCountsToHost:
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts_host.get(), r.counts_all.get(),
+                                       static_cast<size_t>(s.count) * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, st));
+      break;
+    case KernelId::kSyncCounts:
+      r.sync(st, "the counts all-gather");
+      break;
+  }
+}
+
+void Executor::exchange(const StepList& list, const Step& s, const Bindings& b, cudaStream_t st) {
+  const size_t row_bytes = static_cast<size_t>(rt_.H) * sizeof(bf16);
+  sends_.clear();
+  recvs_.clear();
+  for (uint32_t i = s.begin; i < s.end; ++i) {
+    const ExchangeItem& x = list.exchanges[i];
+    (i < s.mid ? sends_ : recvs_)
+        .push_back({x.peer, rows(x.at, b), static_cast<size_t>(x.rows) * row_bytes});
+  }
+  rt_.transport.exchange(sends_, recvs_, st);
+}
+
+void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t st) {
+  RuntimeState& r = rt_;
+  const int64_t H = r.H, F = r.F;
+  const MicroBatchState& h = *b.mb;
+  for (uint32_t i = s.begin; i < s.end; ++i) {
+    const GemmItem& g = list.gemms[i];
+    const bool slot = g.w.buf == Buf::kGuestSlot;
+    const bf16* w_gu = slot ? r.pool->slot(static_cast<int>(g.w.index))
+                            : b.experts[static_cast<size_t>(g.w.index)].gate_up;
+    const bf16* w_down = slot ? w_gu + 2 * H * F : b.experts[static_cast<size_t>(g.w.index)].down;
+    bf16* gu = (g.guest ? h.gu_guest : h.gu_home) + g.act_row * 2 * F;
+    bf16* act = (g.guest ? h.act_guest : h.act_home) + g.act_row * F;
+    if (!s.backward) {
+      expert_ffn(r.gemm, st, rows(g.x, b), g.rows, w_gu, w_down, gu, act, rows(g.y, b), H, F);
+      continue;
+    }
+    const bool gslot = g.g.buf == Buf::kGradSlot;
+    float* g_gu = gslot ? r.pool->grad_slot(static_cast<int>(g.g.index))
+                        : b.grads[static_cast<size_t>(g.g.index)].gate_up;
+    float* g_down = gslot ? g_gu + 2 * H * F : b.grads[static_cast<size_t>(g.g.index)].down;
+    expert_ffn_backward(r.gemm, st, rows(g.x, b), g.rows, w_gu, w_down, gu, act, rows(g.dy, b),
+                        g_gu, g_down, g.beta, rows(g.y, b), gu, act, H, F);
+    if (g.guest && b.guest_rows) *b.guest_rows += g.rows;
+  }
+}
+
+void Executor::copy_batch(const StepList& list, const Step& s, Bindings& b, cudaStream_t st) {
+  RuntimeState& r = rt_;
+  const int64_t H = r.H, F = r.F;
+  batch_.clear();
+  int64_t weights = 0;
+  for (uint32_t i = s.begin; i < s.end; ++i) {
+    const CopyItem& c = list.copies[i];
+    if (c.src.buf == Buf::kWeights) {  // into a peer's guest weight slot
+      const ExpertParams& w = b.experts[static_cast<size_t>(c.src.index)];
+      bf16* slot = r.pool->peer_slot(c.dst.rank, static_cast<int>(c.dst.index));
+      batch_.push_back({slot, w.gate_up, static_cast<size_t>(2 * H * F) * sizeof(bf16)});
+      batch_.push_back({slot + 2 * H * F, w.down, static_cast<size_t>(H * F) * sizeof(bf16)});
+      ++weights;
+    } else if (c.src.buf == Buf::kGradSlot) {  // into a peer's gradient staging slot
+      batch_.push_back({r.pool->peer_staging_slot(c.dst.rank, static_cast<int>(c.dst.index)),
+                        r.pool->grad_slot(static_cast<int>(c.src.index)),
+                        static_cast<size_t>(expert_weight_elems(H, F)) * sizeof(float)});
+    } else {
+      batch_.push_back(
+          {rows(c.dst, b), rows(c.src, b), static_cast<size_t>(c.rows * H) * sizeof(bf16)});
+    }
+  }
+  ce_copy_and_signal(st, batch_, nullptr, 0);
+  if (b.copies) *b.copies += static_cast<int64_t>(batch_.size());
+  if (b.weight_copies) *b.weight_copies += weights;
+}
+
+void Executor::memcpys(const StepList& list, const Step& s, const Bindings& b, cudaStream_t st) {
+  for (uint32_t i = s.begin; i < s.end; ++i) {
+    const CopyItem& c = list.copies[i];
+    FEPLB_CUDA_CHECK(cudaMemcpyAsync(rows(c.dst, b), rows(c.src, b),
+                                     static_cast<size_t>(c.rows * rt_.H) * sizeof(bf16),
+                                     cudaMemcpyDeviceToDevice, st));
+  }
+}
+
+// A wait whose value is 0 is skipped: no signal of value 0 is ever raised (slots_quiet of a rank
+// whose slots no call has used yet).
+void Executor::wait(const Step& s, const Bindings& b, cudaStream_t st) {
+  const uint32_t v = value(s.value, s.peer, b);
+  if (v == 0) return;
+  Timeline& t = s.backward ? backward_ : forward_;
+  const bool gpu = rt_.cfg.timing;
+  if (s.timed) t.wait_begin(st, gpu);
+  rt_.board->wait(s.family, s.peer, v, st);
+  if (s.timed) t.wait_end(st, gpu);
+}
+
+void Executor::mark(const Step& s, cudaStream_t st, ProgramHooks& hooks) {
+  Timeline& t = s.backward ? backward_ : forward_;
+  // Host-clock marks and a timed runtime's GPU marks; kCountsIssued is host only.
+  t.mark(s.mark, st, rt_.cfg.timing && s.mark != Mark::kCountsIssued);
+  hooks.marked(s.mark, s.backward, t.host(s.mark));
+}
+
+cudaStream_t Executor::stream(StreamId id, const Bindings& b) const {
+  switch (id) {
+    case StreamId::kCompute:
+      return b.stream;
+    case StreamId::kCopyIn:
+      return rt_.copy_in.get();
+    case StreamId::kCopyOut:
+      return rt_.copy_out.get();
+  }
+  return b.stream;
+}
+
+cudaEvent_t Executor::event(EventId id) const {
+  switch (id) {
+    case EventId::kCounts:
+      return rt_.ev_counts.get();
+    case EventId::kDispatched:
+      return rt_.ev_dispatched.get();
+    case EventId::kCopyInDone:
+      return rt_.ev_copy_in_done.get();
+    case EventId::kGuestReady:
+      return rt_.ev_guest_ready.get();
+    case EventId::kGuestDone:
+      return rt_.ev_guest_done.get();
+    case EventId::kCopyOutDone:
+      return rt_.ev_copy_out_done.get();
+    case EventId::kCallDone:
+      return rt_.ev_call_done.get();
+    case EventId::kPrefetchReady:
+      return rt_.ev_prefetch_ready.get();
+    case EventId::kPrefetchDone:
+      return rt_.ev_prefetch_done.get();
+    case EventId::kStagingFree:
+      return rt_.pool->staging_free();
+    case EventId::kGradsFree:
+      return rt_.pool->grads_free();
+    case EventId::kGradsDone:
+      return grads_done_.get();
+  }
+  return nullptr;
+}
+
+uint32_t Executor::value(Value v, int peer, const Bindings& b) const {
+  switch (v) {
+    case Value::kCall:
+      return b.call;
+    case Value::kQuiet:
+      return rt_.board->quiet(peer);
+    case Value::kPrefetch:
+      return rt_.pending.seq;
+  }
+  return b.call;
+}
+
+bf16* Executor::rows(const Ref& ref, const Bindings& b) const {
+  const RuntimeState& r = rt_;
+  const MicroBatchState* h = b.mb;
+  bf16* base = nullptr;
+  switch (ref.buf) {
+    case Buf::kSend:
+      base = r.send.get();
+      break;
+    case Buf::kBack:
+      base = r.ybuf.get();
+      break;
+    case Buf::kDyHome:
+      base = r.dyrecv.get();
+      break;
+    case Buf::kResultsHome:
+      base = r.yrecv.get();
+      break;
+    case Buf::kGuestIn:
+      base = r.guest_in.get();
+      break;
+    case Buf::kGuestOut:
+      base = r.guest_out.get();
+      break;
+    case Buf::kXHome:
+      base = h->x_home;
+      break;
+    case Buf::kGuestX:
+      base = h->x_guest ? h->x_guest : r.guest_in.get();
+      break;
+    case Buf::kXGuest:
+      base = h->x_guest;
+      break;
+    case Buf::kYSend:
+      base = h->y_send;
+      break;
+    case Buf::kCallerIn:
+      base = const_cast<bf16*>(b.caller_in);
+      break;
+    case Buf::kCallerOut:
+      base = b.caller_out;
+      break;
+    case Buf::kPeerGuestIn:
+      base = r.peer_guest_in[static_cast<size_t>(ref.rank)];
+      break;
+    case Buf::kPeerResultsHome:
+      base = r.peer_yrecv[static_cast<size_t>(ref.rank)];
+      break;
+    default:
+      throw Error(fmt::format("step program: buffer {} is not a row buffer", buf_name(ref.buf)));
+  }
+  return base + ref.index * r.H;
+}
+
+}  // namespace feplb::cuda

@@ -1,0 +1,100 @@
+// Executor: runs a call's step program (program/step_program.h) on the rank's streams with the
+// transport, the copy engine (ce_copy.h), the GEMM engine and the named signals. The one place
+// that turns named buffers into pointers (Bindings: the current micro-batch's and the caller's,
+// read when each step runs), stream ids into streams, event ids into events and signal values
+// into numbers; it checks every CUDA return code. Timing is its property: marks go to the
+// layer's timelines, with CUDA events only when the runtime times its calls.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "feplb/cuda/moe_layer.h"
+#include "feplb/cuda/program/step_program.h"
+#include "feplb/cuda/program/timeline.h"
+#include "feplb/cuda/transport.h"
+#include "feplb/cuda/transport/ce_copy.h"
+
+namespace feplb::cuda {
+
+struct RuntimeState;
+struct MicroBatchState;
+class Event;
+
+// What the named buffers and values of one call are bound to. Null where a call has none.
+struct Bindings {
+  MicroBatchState* mb = nullptr;  // x_home, x_guest, gu/act, y_send, pair_pos
+  cudaStream_t stream = nullptr;  // the caller's (StreamId::kCompute)
+  uint32_t call = 0;              // Value::kCall
+  int64_t num_tokens = 0;
+  int top_k = 1;
+  const bf16* hidden = nullptr;        // forward
+  const int32_t* topk_idx = nullptr;   // forward
+  const float* topk_weight = nullptr;  // forward, backward
+  bf16* out = nullptr;                 // forward: out; backward: grad_hidden
+  const bf16* grad_out = nullptr;      // backward
+  float* grad_topk_weight = nullptr;   // backward
+  const bf16* caller_in = nullptr;     // Buf::kCallerIn
+  bf16* caller_out = nullptr;          // Buf::kCallerOut
+  std::span<const ExpertParams> experts;
+  std::span<const ExpertGrads> grads;
+  // Counted as the steps run (null: not counted): copy-engine copies issued, experts' weights
+  // among them, guest rows of backward GEMMs.
+  int64_t* copies = nullptr;
+  int64_t* weight_copies = nullptr;
+  int64_t* guest_rows = nullptr;
+};
+
+// The layer's host work at a program's kHost steps, and what it reads off the marks.
+class ProgramHooks {
+ public:
+  virtual ~ProgramHooks() = default;
+  virtual void host(HostAction action, Bindings& b) = 0;
+  virtual void marked(Mark mark, bool backward, Timeline::Clock::time_point t) {
+    (void)mark, (void)backward, (void)t;
+  }
+};
+
+class Executor {
+ public:
+  // `grads_done`: the layer's event for EventId::kGradsDone; `forward`, `backward`: its
+  // timelines. `name` names the layer in messages.
+  Executor(RuntimeState& rt, const std::string& name, Event& grads_done, Timeline& forward,
+           Timeline& backward);
+
+  // Issues `list`'s steps in order. Throws what the calls throw (Error, InputError).
+  void run(const StepList& list, Bindings& b, ProgramHooks& hooks);
+
+  // Waits (bounded by the runtime's timeout, polling the peers and the scheduler's error) until
+  // the other thread published `flag` for call `call`.
+  void await(HostFlag flag, uint32_t call) const;
+
+ private:
+  void step(const StepList& list, const Step& s, Bindings& b, ProgramHooks& hooks);
+  void kernel(const Step& s, Bindings& b, cudaStream_t stream);
+  void exchange(const StepList& list, const Step& s, const Bindings& b, cudaStream_t stream);
+  void gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
+  void copy_batch(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
+  void memcpys(const StepList& list, const Step& s, const Bindings& b, cudaStream_t stream);
+  void wait(const Step& s, const Bindings& b, cudaStream_t stream);
+  void mark(const Step& s, cudaStream_t stream, ProgramHooks& hooks);
+  cudaStream_t stream(StreamId id, const Bindings& b) const;
+  cudaEvent_t event(EventId id) const;
+  uint32_t value(Value v, int peer, const Bindings& b) const;
+  bf16* rows(const Ref& r, const Bindings& b) const;
+
+  RuntimeState& rt_;
+  std::string name_;
+  Event& grads_done_;
+  Timeline& forward_;
+  Timeline& backward_;
+  std::vector<CeCopy> batch_;
+  std::vector<Chunk> sends_, recvs_;
+};
+
+}  // namespace feplb::cuda

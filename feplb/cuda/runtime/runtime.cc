@@ -1,0 +1,277 @@
+#include "feplb/cuda/runtime.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <thread>
+#include <utility>
+
+#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/runtime/runtime_state.h"
+
+namespace feplb::cuda {
+namespace {
+
+// The runtime's own allocator for saved activations: a CUDA stream-ordered memory pool that keeps
+// what it has reserved (release threshold: never), so a warm runtime allocates nothing from the
+// driver per call.
+class PoolAllocator final : public Allocator {
+ public:
+  PoolAllocator() {
+    int device = 0;
+    FEPLB_CUDA_CHECK(cudaGetDevice(&device));
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    FEPLB_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    uint64_t keep = std::numeric_limits<uint64_t>::max();
+    FEPLB_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
+  ~PoolAllocator() override { FEPLB_CUDA_WARN(cudaMemPoolDestroy(pool_)); }
+  void* allocate(size_t bytes, cudaStream_t stream) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool_, stream);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw InputError(fmt::format(
+          "out of GPU memory for a micro-batch's saved activations: asked for {:.2f} GiB, "
+          "{:.2f} GiB free",
+          static_cast<double>(bytes) / (1 << 30), static_cast<double>(free_b) / (1 << 30)));
+    }
+    FEPLB_CUDA_CHECK(err);
+    return p;
+  }
+  void deallocate(void* ptr, size_t, cudaStream_t stream) override {
+    FEPLB_CUDA_WARN(cudaFreeAsync(ptr, stream));
+  }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+};
+
+}  // namespace
+
+int default_staging_slots(const Knobs& knobs) {
+  return static_cast<int>(
+      std::max<int64_t>({1, knobs.dyn * knobs.max_helpers_per_expert, knobs.max_num_dyn}));
+}
+
+RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(config), transport(t) {
+  const Topology& topo = cfg.topo;
+  rank = transport.rank();
+  world = transport.world_size();
+  FEPLB_REQUIRE_INPUT(world == topo.num_ranks(), "runtime: transport has {} ranks, topology {}",
+                      world, topo.num_ranks());
+  FEPLB_REQUIRE_INPUT(cfg.shape.dtype == Dtype::kBf16, "runtime: only bf16 experts are supported");
+  FEPLB_REQUIRE_INPUT(cfg.shape.hidden > 0 && cfg.shape.hidden % 8 == 0 && cfg.shape.ffn > 0 &&
+                          cfg.shape.ffn % 8 == 0,
+                      "runtime: hidden {} and ffn {} must be positive multiples of 8",
+                      cfg.shape.hidden, cfg.shape.ffn);
+  FEPLB_REQUIRE_INPUT(cfg.max_top_k >= 1 && cfg.max_top_k <= topo.num_experts(),
+                      "runtime: max_top_k {} for {} experts", cfg.max_top_k, topo.num_experts());
+  FEPLB_REQUIRE_INPUT(cfg.max_tokens >= 0, "runtime: max_tokens {}", cfg.max_tokens);
+  FEPLB_REQUIRE_INPUT(cfg.max_in_flight >= 1, "runtime: max_in_flight {} (at least 1)",
+                      cfg.max_in_flight);
+  FEPLB_REQUIRE_INPUT(cfg.recv_capacity_rows >= 0 && cfg.guest_capacity_rows >= 0,
+                      "runtime: capacities {} and {} rows", cfg.recv_capacity_rows,
+                      cfg.guest_capacity_rows);
+  FEPLB_REQUIRE_INPUT(cfg.timeout_s > 0, "runtime: timeout {} s", cfg.timeout_s);
+  validate_knobs(cfg.knobs);
+  H = cfg.shape.hidden;
+  F = cfg.shape.ffn;
+  E = topo.num_experts();
+  experts_per_rank = topo.experts_per_rank();
+  max_pairs = cfg.max_tokens * cfg.max_top_k;
+  recv_cap = cfg.recv_capacity_rows ? cfg.recv_capacity_rows : max_pairs * world;
+  guest_cap = cfg.guest_capacity_rows ? cfg.guest_capacity_rows : 2 * max_pairs;
+  if (cfg.allocator) {
+    allocator = cfg.allocator;
+  } else {
+    own_allocator = std::make_unique<PoolAllocator>();
+    allocator = own_allocator.get();
+  }
+  const int staging =
+      cfg.training ? (cfg.staging_slots >= 0 ? cfg.staging_slots : default_staging_slots(cfg.knobs))
+                   : 0;
+  FEPLB_REQUIRE_INPUT(!cfg.training || staging >= 1,
+                      "runtime: a training runtime needs gradient staging slots");
+  pool = std::make_unique<ExpertSlotPool>(
+      transport, cfg.shape, static_cast<int>(cfg.knobs.max_num_dyn), staging, cfg.name + ".pool");
+
+  send = DeviceBuffer<bf16>(static_cast<size_t>(max_pairs * H));
+  yrecv = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap * H));
+  guest_in = DeviceBuffer<bf16>(static_cast<size_t>(guest_cap * H));
+  guest_out = DeviceBuffer<bf16>(static_cast<size_t>(guest_cap * H));
+  if (cfg.training) {
+    ybuf = DeviceBuffer<bf16>(static_cast<size_t>(max_pairs * H));
+    dyrecv = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap * H));
+  }
+  counts = DeviceBuffer<int32_t>(static_cast<size_t>(E + 1));
+  cursor = DeviceBuffer<int32_t>(static_cast<size_t>(E));
+  offsets = DeviceBuffer<int32_t>(static_cast<size_t>(E));
+  order = DeviceBuffer<int32_t>(static_cast<size_t>(E));
+  counts_all = DeviceBuffer<int32_t>(static_cast<size_t>(world * (E + 1)));
+  counts_host = PinnedBuffer<int32_t>(static_cast<size_t>(world * (E + 1)));
+
+  // Send order: experts grouped by home rank, each rank's experts in its local order.
+  std::vector<int32_t> send_order;
+  for (int d = 0; d < world; ++d) {
+    for (int e : topo.local_experts(d)) send_order.push_back(e);
+  }
+  FEPLB_CUDA_CHECK(cudaMemcpy(order.get(), send_order.data(), send_order.size() * sizeof(int32_t),
+                              cudaMemcpyHostToDevice));
+
+  const std::string prefix = "feplb." + cfg.name + ".";
+  transport.register_buffer(prefix + "guest_in", guest_in.get(), guest_in.bytes());
+  transport.register_buffer(prefix + "yrecv", yrecv.get(), yrecv.bytes());
+  board = std::make_unique<SignalBoard>(transport, prefix + "signals");
+  pending.into_here.assign(static_cast<size_t>(world), 0);
+  pending.targets.assign(static_cast<size_t>(world), 0);
+  if (transport.supports_peer_copies()) {
+    for (int p = 0; p < world; ++p) {
+      peer_guest_in.push_back(static_cast<bf16*>(transport.peer_buffer(prefix + "guest_in", p)));
+      peer_yrecv.push_back(static_cast<bf16*>(transport.peer_buffer(prefix + "yrecv", p)));
+    }
+  }
+  handles.resize(static_cast<size_t>(cfg.max_in_flight));
+}
+
+RuntimeState::~RuntimeState() {
+  // The scheduler thread is joined first (declared last). Outstanding GPU work may still use the
+  // buffers: wait for the copy streams before they are freed.
+  FEPLB_CUDA_WARN(cudaStreamSynchronize(copy_in.get()));
+  FEPLB_CUDA_WARN(cudaStreamSynchronize(copy_out.get()));
+}
+
+void RuntimeState::check_peers(const char* waiting_for) const {
+  const std::string peer = transport.peer_failure();
+  if (!peer.empty()) {
+    throw Error(fmt::format("runtime '{}' rank {}: {} (while waiting for {})", cfg.name, rank, peer,
+                            waiting_for));
+  }
+}
+
+void RuntimeState::sync(cudaStream_t stream, const char* what) const {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.timeout_s);
+  auto next_check = std::chrono::steady_clock::now();
+  for (uint64_t spins = 0;; ++spins) {
+    const cudaError_t err = cudaStreamQuery(stream);
+    if (err == cudaSuccess) return;
+    if (err != cudaErrorNotReady) FEPLB_CUDA_CHECK(err);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_check) {
+      check_peers(what);
+      next_check = now + std::chrono::milliseconds(1);
+    }
+    if (now > deadline) {
+      throw Error(
+          fmt::format("runtime '{}' rank {}: {}: no progress for {:.0f} s (a peer never answered?)",
+                      cfg.name, rank, what, cfg.timeout_s));
+    }
+    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void RuntimeState::check_usable(const char* who) const {
+  if (failed.load(std::memory_order_acquire)) std::rethrow_exception(error);
+  if (!open.load(std::memory_order_acquire)) {
+    throw InputError(fmt::format("{}: its runtime (rank {}) was destroyed", who, rank));
+  }
+}
+
+int RuntimeState::acquire(int layer_id) {
+  std::lock_guard<std::mutex> lock(handles_mu);
+  for (size_t i = 0; i < handles.size(); ++i) {
+    MicroBatchState& h = handles[i];
+    if (h.in_use) continue;
+    h.in_use = true;
+    h.generation = next_generation++;
+    h.layer_id = layer_id;
+    h.dispatched = false;
+    h.mem_tokens = h.mem_plan = nullptr;
+    h.bytes_tokens = h.bytes_plan = 0;
+    return static_cast<int>(i);
+  }
+  throw InputError(fmt::format(
+      "forward: {} micro-batches are already in flight (forward done, no backward yet), the "
+      "runtime's max_in_flight; run their backwards or drop their handles first",
+      handles.size()));
+}
+
+void RuntimeState::release(int slot, uint64_t generation, cudaStream_t stream) noexcept {
+  std::lock_guard<std::mutex> lock(handles_mu);
+  MicroBatchState& h = handles[static_cast<size_t>(slot)];
+  if (!h.in_use || h.generation != generation) return;
+  if (!stream) stream = h.stream;
+  try {
+    if (h.mem_tokens) allocator->deallocate(h.mem_tokens, h.bytes_tokens, stream);
+    if (h.mem_plan) allocator->deallocate(h.mem_plan, h.bytes_plan, stream);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "feplb: releasing a micro-batch's memory: %s\n", e.what());
+  }
+  h.mem_tokens = h.mem_plan = nullptr;
+  h.bytes_tokens = h.bytes_plan = 0;
+  h.in_use = false;
+  ++h.generation;
+}
+
+void* RuntimeState::allocate(size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return nullptr;
+  void* p = allocator->allocate(bytes, stream);
+  if (!p) {
+    throw InputError(fmt::format(
+        "the allocator gave no memory for a micro-batch's {:.2f} MiB of saved activations",
+        static_cast<double>(bytes) / (1 << 20)));
+  }
+  return p;
+}
+
+size_t RuntimeState::saved_bytes() const {
+  std::lock_guard<std::mutex> lock(handles_mu);
+  size_t bytes = 0;
+  for (const MicroBatchState& h : handles) {
+    if (h.in_use) bytes += h.bytes_tokens + h.bytes_plan;
+  }
+  return bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+EpRuntime::EpRuntime(const RuntimeConfig& config, Transport& transport)
+    : state_(std::make_shared<RuntimeState>(config, transport)) {}
+
+EpRuntime::~EpRuntime() {
+  if (state_) state_->open.store(false, std::memory_order_release);
+}
+
+const RuntimeConfig& EpRuntime::config() const { return state_->cfg; }
+int EpRuntime::rank() const { return state_->rank; }
+int EpRuntime::world_size() const { return state_->world; }
+Transport& EpRuntime::transport() const { return state_->transport; }
+
+size_t EpRuntime::workspace_bytes() const {
+  const RuntimeState& s = *state_;
+  return s.pool->device_bytes() + s.send.bytes() + s.ybuf.bytes() + s.dyrecv.bytes() +
+         s.yrecv.bytes() + s.guest_in.bytes() + s.guest_out.bytes() + s.counts.bytes() +
+         s.cursor.bytes() + s.offsets.bytes() + s.order.bytes() + s.counts_all.bytes();
+}
+
+size_t EpRuntime::saved_bytes() const { return state_->saved_bytes(); }
+
+int EpRuntime::micro_batches_in_flight() const {
+  std::lock_guard<std::mutex> lock(state_->handles_mu);
+  int n = 0;
+  for (const MicroBatchState& h : state_->handles) n += h.in_use ? 1 : 0;
+  return n;
+}
+
+double EpRuntime::scheduler_cpu_seconds() const { return state_->scheduler.cpu_seconds(); }
+
+void EpRuntime::synchronize(cudaStream_t stream) const { state_->sync(stream, "synchronize"); }
+
+}  // namespace feplb::cuda

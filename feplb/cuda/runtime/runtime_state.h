@@ -1,0 +1,152 @@
+// What an EpRuntime owns (shared with its layers and micro-batch handles, which keep it alive),
+// and the state of one micro-batch between its forward and its backward. Internal to feplb_cuda
+// (never installed): the layer reaches it through RuntimeAccess; nothing here includes the layer.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "feplb/core/plan.h"
+#include "feplb/core/routing.h"
+#include "feplb/cuda/gemm/gemm.h"
+#include "feplb/cuda/host/job_thread.h"
+#include "feplb/cuda/host/step_layout.h"
+#include "feplb/cuda/runtime.h"
+#include "feplb/cuda/runtime/resources.h"
+#include "feplb/cuda/runtime/signal_board.h"
+#include "feplb/cuda/runtime/slot_pool.h"
+#include "feplb/cuda/stats.h"
+
+namespace feplb::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Device memory of one micro-batch, carved out of two allocations: one sized by the token count
+// (taken at the start of the forward), one by the plan (taken once the plan is known).
+//   pair_pos [S*K] int32   send row of each (token, k) pair
+//   y_send   [S*K, H]      expert outputs in send order (for d topk_weight)
+//   x_home   [recv, H]     rows at this rank's experts after phase 1
+//   gu_home  [recv, 2F], act_home [recv, F]     (their gate|up and activation; backward: gradients)
+//   x_guest  [guest, H], gu_guest [guest, 2F], act_guest [guest, F]   the same for guest rows
+struct MicroBatchState {
+  uint64_t generation = 0;
+  bool in_use = false;
+  int layer_id = -1;
+  uint32_t forward_seq = 0;
+  int64_t num_tokens = 0;         // tokens; with dispatched rows, the rows at home
+  bool dispatched = false;        // forward_dispatched: x_home is the caller's rows
+  cudaStream_t stream = nullptr;  // the forward's: the memory was allocated on it
+  RoutingStep routing;
+  Plan plan;
+  StepLayout layout;
+  ForwardStats stats;
+  void* mem_tokens = nullptr;
+  size_t bytes_tokens = 0;
+  void* mem_plan = nullptr;
+  size_t bytes_plan = 0;
+  int32_t* pair_pos = nullptr;
+  bf16 *y_send = nullptr, *x_home = nullptr, *gu_home = nullptr, *act_home = nullptr;
+  bf16 *x_guest = nullptr, *gu_guest = nullptr, *act_guest = nullptr;
+};
+
+// Weights before routing (MoeLayer::prefetch) that no call has settled yet: the runtime's next
+// call uses them (that layer's forward) or drops them. The same on every rank.
+struct PendingPrefetch {
+  bool active = false;
+  int layer_id = -1;
+  uint32_t seq = 0;                // the prefetch call's: the value of its landed signals
+  std::vector<Copy> copies;        // kPrefetchWeights in issue order, every rank's
+  std::vector<int> slots;          // [copies] the guest slot on the copy's helper
+  std::vector<uint8_t> into_here;  // [R] owners that prefetched into this rank
+  std::vector<uint8_t> targets;    // [R] ranks some owner prefetched into
+};
+
+struct RuntimeState {
+  RuntimeState(const RuntimeConfig& config, Transport& transport);
+  ~RuntimeState();
+
+  // Throws the scheduler's stored error, or InputError when the runtime was destroyed.
+  void check_usable(const char* who) const;
+  // Throws Error naming the failed peer when the transport reports one (Transport::peer_failure),
+  // saying what this rank was waiting for.
+  void check_peers(const char* waiting_for) const;
+  // Waits for `stream`'s work, bounded by the timeout, polling check_peers.
+  void sync(cudaStream_t stream, const char* what) const;
+  // A free micro-batch state (InputError when max_in_flight are alive), marked in use by
+  // `layer_id`.
+  int acquire(int layer_id);
+  // Gives the memory of state `slot` back (stream-ordered on `stream`; null: the forward's) and
+  // frees the state, if it is still generation `generation`.
+  void release(int slot, uint64_t generation, cudaStream_t stream) noexcept;
+  void* allocate(size_t bytes, cudaStream_t stream);
+  size_t saved_bytes() const;
+
+  RuntimeConfig cfg;
+  Transport& transport;
+  int rank = 0, world = 1, experts_per_rank = 0;
+  int64_t H = 0, F = 0, E = 0, max_pairs = 0, recv_cap = 0, guest_cap = 0;
+  std::atomic<bool> open{true};
+  std::atomic<bool> in_call{false};
+  int next_layer_id = 0;
+
+  std::unique_ptr<Allocator> own_allocator;
+  Allocator* allocator = nullptr;
+  std::unique_ptr<ExpertSlotPool> pool;
+
+  // Buffers of one call at a time (every call starts after the previous one's work on the GPU).
+  // Rows of H bf16 unless said otherwise.
+  DeviceBuffer<bf16> send;      // [max_pairs, H] X (forward) or dY (backward) in send order
+  DeviceBuffer<bf16> ybuf;      // [max_pairs, H] backward: dX back in send order
+  DeviceBuffer<bf16> dyrecv;    // [recv_cap, H] backward: dY at the experts' homes
+  DeviceBuffer<bf16> yrecv;     // [recv_cap, H] Y (forward) or dX (backward) at home; peers write
+  DeviceBuffer<bf16> guest_in;  // [guest_cap, H] guests' X (forward) or dY (backward); owners write
+  DeviceBuffer<bf16> guest_out;                  // [guest_cap, H] guests' Y or dX
+  DeviceBuffer<int32_t> counts;                  // [E + 1]: rows per expert, then out-of-range ids
+  DeviceBuffer<int32_t> cursor, offsets, order;  // [E]
+  DeviceBuffer<int32_t> counts_all;              // [R, E + 1] every rank's counts
+  PinnedBuffer<int32_t> counts_host;  // [R, E + 1] (dispatched rows: [R, experts_per_rank])
+  std::vector<bf16*> peer_yrecv, peer_guest_in;  // [R] peers' arenas as addressed here
+  // The named signals (weights and rows landed, results back, dW back, slots quiet, prefetch
+  // landed), their slot layout and value sequences: the call numbers, each rank's slots-quiet
+  // count (updated identically on every rank).
+  std::unique_ptr<SignalBoard> board;
+  Stream copy_in,
+      copy_out;  // phase-2 inputs and prefetched weights (first in, first out), results back
+  GemmEngine gemm;
+  Event ev_counts, ev_dispatched, ev_copy_in_done, ev_guest_ready, ev_guest_done, ev_copy_out_done,
+      ev_call_done;
+  Event ev_prefetch_ready,
+      ev_prefetch_done;  // the prefetch's stream work before its copies; its copies
+
+  // Weights before routing: the prefetch not settled yet (the same on every rank).
+  PendingPrefetch pending;
+
+  // Host hand-offs of the current call (its number: board->call()) between the caller's thread
+  // and the scheduler's (program/step_program.h, HostFlag): the plan is ready, phase 1 is posted,
+  // the phase-2 input copies are issued. Each is published with release and read with acquire:
+  // what the publishing thread wrote before (the plan, the layout, the stats) is visible after.
+  std::atomic<uint32_t> plan_seq{0}, copies_seq{0}, dispatched_seq{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+
+  mutable std::mutex handles_mu;  // handles may be dropped from any thread
+  std::vector<MicroBatchState> handles;
+  uint64_t next_generation = 1;
+
+  JobThread scheduler;  // last: joined first, before the buffers its jobs use go away
+};
+
+// The layer's way to its runtime's state (EpRuntime keeps it private).
+struct RuntimeAccess {
+  static const std::shared_ptr<RuntimeState>& state(const EpRuntime& runtime) {
+    return runtime.state_;
+  }
+};
+
+}  // namespace feplb::cuda
