@@ -115,8 +115,10 @@ inline double planner_reserve_us(const Knobs& knobs, const Topology& topo) {
 // dispatch, as every EP dispatch that sizes its all-to-all-v on the host needs them; the planner
 // runs while the dispatch does, so this is an upper bound), or at once for a plan made before the
 // dispatch (its latency delays the dispatch instead: StepMetrics::plan_exposed_ms).
+// A plan that carries its own reserve (Plan::reserve_us) uses it.
 inline double planned_copy_start_ms(const Plan& plan, const Knobs& knobs, const Topology& topo) {
-  return plan.planned_before_dispatch ? 0.0 : planner_reserve_us(knobs, topo) * 1e-3;
+  if (plan.planned_before_dispatch) return 0.0;
+  return (plan.reserve_us >= 0 ? plan.reserve_us : planner_reserve_us(knobs, topo)) * 1e-3;
 }
 
 // Times every copy of a plan (time(plan, ...)[i] for plan.copies[i]): prefetches first, first in,

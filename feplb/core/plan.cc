@@ -11,6 +11,7 @@ void Plan::clear(int num_experts) {
   copies.clear();
   resident.clear();
   planned_before_dispatch = false;
+  reserve_us = -1;
   schedule.clear();
   mode.clear();
   dynamic.assign(static_cast<size_t>(num_experts), 0);

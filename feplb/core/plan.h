@@ -80,6 +80,10 @@ struct Plan {
   // while the dispatch and the GPUs' static experts run (the paper's two-phase path), or from
   // history between micro-batches (EPLB), or no plan at all (static).
   bool planned_before_dispatch = false;
+  // The planner time reserved ahead of its phase-2 copies, us, where its mode plans a step more
+  // than once (feplb's time budget with both tries, as its chooser picks it: twice the knobs');
+  // -1: the knobs' (planner_reserve_us). Not part of serialize().
+  double reserve_us = -1;
   // The mode it was planned in, in a few words (feplb: FeplbConfig::label(); empty for the other
   // planners). Not part of serialize().
   std::string mode;

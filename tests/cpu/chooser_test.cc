@@ -48,14 +48,20 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   const Bench b(8, 8, 128, Knobs{});
   const FeplbChooser c(PlannerContext{b.topo, b.shape, b.knobs, b.cost.get()},
                        FeplbAuto::from_knobs(b.knobs));
-  // path x prefetch x (time within the bound: the capped try or the blends; rows)
+  // path x prefetch x (time within the bound: both tries, or the capped try; rows)
   EXPECT_EQ(c.candidates().size(), 12u);
   // 16 experts per GPU: two-phase first, weights prefetched, time within the bound.
   const FeplbConfig& first = c.mode_of(0);
   EXPECT_EQ(first.path, FeplbPath::kTwoPhase);
   EXPECT_EQ(first.prefetch, FeplbPrefetch::kOn);
   EXPECT_EQ(first.balance, FeplbBalance::kTimeBudget);
-  EXPECT_EQ(first.budget_tries, FeplbBudgetTries::kCapped);
+  EXPECT_EQ(first.budget_tries, FeplbBudgetTries::kBoth);
+  EXPECT_DOUBLE_EQ(first.reserve_us, 2 * planner_reserve_us(b.knobs, b.topo));  // four plans
+  for (const FeplbConfig& m : c.candidates()) {
+    const bool both =
+        m.balance == FeplbBalance::kTimeBudget && m.budget_tries == FeplbBudgetTries::kBoth;
+    EXPECT_EQ(m.reserve_us, both ? first.reserve_us : -1.0) << m.label();
+  }
   EXPECT_DOUBLE_EQ(first.time_budget, b.knobs.token_bound);
   EXPECT_EQ(first.copy_rule, FeplbCopyRule::kHidden);
   for (const FeplbConfig& m : c.candidates()) {
@@ -80,6 +86,29 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   EXPECT_EQ(c3.candidates().size(), 4u);
   for (const FeplbConfig& m : c3.candidates()) EXPECT_EQ(m.balance, FeplbBalance::kRows);
   EXPECT_EQ(c3.mode_of(0).path, FeplbPath::kOneHop);
+}
+
+// A layer whose caller dispatched the rows (the GPU layer's forward_dispatched): the chooser drops
+// its one-hop modes, a layer in one moves to a two-phase mode, and its plans keep rows at home.
+TEST(FeplbChooser, KeepsRowsViaHomesWhenAsked) {
+  const Bench big(64, 64, 128, Knobs{});
+  FeplbChooser c(PlannerContext{big.topo, big.shape, big.knobs, big.cost.get()},
+                 FeplbAuto::from_knobs(big.knobs));
+  const RoutingStep s = testing::random_step(64, 128, 8, 2048, 8.0, 3);
+  Plan plan;
+  c.plan(s, plan);
+  c.observe(s);
+  EXPECT_EQ(c.mode_of(0).path, FeplbPath::kOneHop);  // two experts per GPU
+  c.keep_rows_via_homes();
+  EXPECT_TRUE(c.limits().rows_via_homes);
+  for (const FeplbConfig& m : c.candidates()) EXPECT_EQ(m.path, FeplbPath::kTwoPhase);
+  EXPECT_EQ(c.mode_of(0).path, FeplbPath::kTwoPhase);
+  for (int step = 0; step < 3; ++step) {
+    c.plan(s, plan);
+    validate(plan, big.topo, s, big.shape, c.limits());
+    EXPECT_FALSE(plan.planned_before_dispatch);
+    c.observe(s);
+  }
 }
 
 // Four experts per GPU with hot experts (rack.md section 2's lognormal max/mean 13 at EP=72): the

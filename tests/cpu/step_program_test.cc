@@ -130,7 +130,7 @@ std::string rank_programs(const Scenario& s, int rank) {
     p.clear();
     p.name = "prefetch";
     CallFacts f = facts_for(s, rank, false, false, into_here, targets);
-    cuda::build_prefetch(p.caller, mine, f);
+    cuda::build_prefetch(p.caller, mine, !s.predicted.empty(), f);
     out += dump(p) + "\n";
   }
   const std::vector<bool> forms =
@@ -238,7 +238,8 @@ TEST(StepProgram, SignalsAndWaitsPairUpAcrossRanks) {
         }
         cuda::StepList list;
         CallFacts f = facts_for(s, r, false, true, into_here, targets);
-        cuda::build_prefetch(list, mine, facts_for(s, r, false, false, into_here, targets));
+        cuda::build_prefetch(list, mine, !s.predicted.empty(),
+                             facts_for(s, r, false, false, into_here, targets));
         collect(list, r, fwd_signals, fwd_waits);
         cuda::build_forward_prologue(list, f);
         collect(list, r, fwd_signals, fwd_waits);

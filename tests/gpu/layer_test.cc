@@ -1023,12 +1023,13 @@ namespace {
 // 2 and the GEMMs, against the float64 reference (every row a token routed to its expert alone,
 // weight 1): the output rows, dL/drows and every expert's dL/dW. "feplb-prefetch": a warm-up
 // forward, then prefetch() before the measured one (the same rows: the predictions are used).
+// "feplb-auto": the default, feplb choosing its mode (it keeps to two phases here).
 TEST(LayerDispatched, RowsAtHomeMatchTheReference) {
   FEPLB_SKIP_WITHOUT_GPU();
   const int ranks = 4, experts = 16, per = experts / ranks;
   Rng rng(71);
   const ReferenceMoe m = random_experts(rng, kHidden, kFfn, experts);
-  for (const std::string variant : {"static", "feplb", "feplb-prefetch"}) {
+  for (const std::string variant : {"static", "feplb", "feplb-prefetch", "feplb-auto"}) {
     const bool prefetch = variant == "feplb-prefetch";
     const char* policy = variant == "static" ? "static" : "feplb";
     testing::LayerSetup setup = config_for(ranks, experts, 1, 512, policy);
@@ -1037,6 +1038,11 @@ TEST(LayerDispatched, RowsAtHomeMatchTheReference) {
     if (prefetch) {
       setup.runtime.knobs.prefetch = 1;
       setup.runtime.knobs.prefetch_window_us = 1e6;
+    }
+    if (variant == "feplb-auto") {
+      setup.runtime.knobs.one_hop = -1;
+      setup.runtime.knobs.prefetch = -1;
+      setup.runtime.knobs.time_balance_budget = -1;
     }
     // Rows per local expert on each rank: expert 0 (rank 0) is hot.
     std::vector<std::vector<int64_t>> counts(ranks, std::vector<int64_t>(per, 0));

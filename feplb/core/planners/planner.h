@@ -68,6 +68,10 @@ class Planner {
   // this planner observed; the next plan() of that layer lists exactly these. Empty for planners
   // that do not prefetch. Valid until the next observe().
   virtual std::span<const Copy> prefetch(int64_t /*layer*/) const { return {}; }
+  // From now on, plans only rows dispatched to their experts' homes (PlanLimits::rows_via_homes)
+  // where this planner can: a GPU layer whose caller dispatched the rows itself asks for it. The
+  // default changes nothing (limits() says what it plans); feplb's chooser drops its one-hop modes.
+  virtual void keep_rows_via_homes() {}
 
  protected:
   // The policy's plan of one step, as plan() says, without the schedule.

@@ -287,7 +287,7 @@ void MoeLayer::Impl::run_prefetch(std::span<const ExpertParams> w, cudaStream_t 
     pre_copies.push_back({li, c.dst_gpu, pre_slot[i]});
   }
   CallFacts f = facts(false);
-  build_prefetch(body, pre_copies, f);
+  build_prefetch(body, pre_copies, !predicted.empty(), f);
   Bindings b;
   b.stream = stream;
   b.experts = w;

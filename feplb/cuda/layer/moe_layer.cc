@@ -285,12 +285,16 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
                       "forward_dispatched of layer '{}': a null row pointer with {} "
                       "rows",
                       m.cfg.name, n);
+  CallGuard guard(r, "forward_dispatched");
+  // The caller dispatched the rows: plans that send rows straight to helpers cannot run here. A
+  // planner that chooses its path (feplb's default) keeps to two phases from now on; the planner
+  // is idle between calls (its last observe() ran before the previous call returned).
+  if (!m.planner->limits().rows_via_homes) m.planner->keep_rows_via_homes();
   FEPLB_REQUIRE_INPUT(
       m.planner->limits().rows_via_homes,
       "forward_dispatched of layer '{}': planner '{}' plans rows in one hop (one_hop = 1), which "
       "needs the layer's own dispatch (forward())",
       m.cfg.name, m.planner->name());
-  CallGuard guard(r, "forward_dispatched");
   MicroBatch handle;
   Bindings b;
   b.stream = stream;

@@ -447,7 +447,8 @@ void build_inputs(StepList& out, const StepLayout& layout, const InputFacts& f, 
   post(out, HostFlag::kCopiesOut, kCopyIn);
 }
 
-void build_prefetch(StepList& out, std::span<const PrefetchCopy> copies, const CallFacts& f) {
+void build_prefetch(StepList& out, std::span<const PrefetchCopy> copies, bool any_predicted,
+                    const CallFacts& f) {
   out.clear();
   wait_event(out, EventId::kCallDone, kCompute);
   if (f.settle) {  // an earlier prefetch that no forward used: drop it
@@ -456,7 +457,7 @@ void build_prefetch(StepList& out, std::span<const PrefetchCopy> copies, const C
     wait_event(out, EventId::kPrefetchDone, kCompute);
     host(out, HostAction::kDropPrefetch);
   }
-  if (copies.empty()) {
+  if (!any_predicted) {  // nothing pending: every rank sees the same prediction
     record(out, EventId::kCallDone, kCompute);
     return;
   }

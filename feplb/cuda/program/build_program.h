@@ -57,15 +57,18 @@ struct InputFacts {
 void build_inputs(StepList& out, const StepLayout& layout, const InputFacts& facts, int rank);
 
 // Prefetch: settle an earlier pending prefetch (`facts.settle`, its masks in `facts`), then, if
-// `copies` is not empty, this rank's copies of the predicted weights into its helpers' guest
-// slots, helper by helper (each after the helper's slots are quiet), each batch ended by
-// prefetch_landed. `copies[i]` = (expert's local index on this rank, helper, slot) of this
-// rank's predicted pairs, in prediction order.
+// anything was predicted, number the call, hold it pending and issue this rank's copies of the
+// predicted weights into its helpers' guest slots, helper by helper (each after the helper's
+// slots are quiet), each batch ended by prefetch_landed. `copies[i]` = (expert's local index on
+// this rank, helper, slot) of this rank's predicted pairs, in prediction order.
 struct PrefetchCopy {
   int local_index = 0;
   int helper = 0;
   int slot = 0;
 };
-void build_prefetch(StepList& out, std::span<const PrefetchCopy> copies, const CallFacts& facts);
+// `any_predicted`: the prediction (every rank's pairs, the same on every rank) is not empty; then
+// every rank numbers the call and holds the prefetch pending, with copies of its own or none.
+void build_prefetch(StepList& out, std::span<const PrefetchCopy> copies, bool any_predicted,
+                    const CallFacts& facts);
 
 }  // namespace feplb::cuda

@@ -30,6 +30,7 @@ void BalancedPlan::plan(const FeplbConfig& mode, double time_weight, int64_t row
   const Topology& topo = ctx_.topo;
   out.clear(topo.num_experts());
   out.planned_before_dispatch = mode.path == FeplbPath::kOneHop;
+  out.reserve_us = mode.reserve_us;
   loads_.start(topo, routing, time_weight, row_budget);
   spill_.start(mode);
   candidates_.choose(ctx_, mode, routing.expert_counts, loads_.rows_at, out.dynamic);

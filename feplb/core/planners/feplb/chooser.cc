@@ -77,11 +77,12 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
   if (left.balance) {
     balances = {{0.0, FeplbBudgetTries::kBoth}};
     if (time_allowed) {
-      balances = {{bound_, FeplbBudgetTries::kCapped},
-                  {bound_, FeplbBudgetTries::kBlends},
+      balances = {{bound_, FeplbBudgetTries::kBoth},
+                  {bound_, FeplbBudgetTries::kCapped},
                   {0.0, FeplbBudgetTries::kBoth}};
     }
   }
+  std::vector<FeplbConfig> modes;
   for (int64_t hop : hops) {
     for (int64_t pre : prefetches) {
       for (const Balance& balance : balances) {
@@ -95,14 +96,26 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
           m.prefetch = pre;
           m.time_balance_budget = balance.budget;
           m.copy_timing = timing;
-          modes_.push_back(FeplbConfig::from_knobs(m, ctx_.cost != nullptr));
-          modes_.back().budget_tries = balance.tries;
-          labels_.push_back(modes_.back().label());
+          modes.push_back(FeplbConfig::from_knobs(m, ctx_.cost != nullptr));
+          FeplbConfig& mode = modes.back();
+          mode.budget_tries = balance.tries;
+          // Both tries plan a step four times: where the reserve is the chooser's too (the knob
+          // at -1), such a mode reserves twice the time for it.
+          if (mode.balance == FeplbBalance::kTimeBudget &&
+              mode.budget_tries == FeplbBudgetTries::kBoth && k.planner_budget_us < 0)
+            mode.reserve_us = 2 * planner_reserve_us(k, topo);
         }
       }
     }
   }
-  FEPLB_CHECK(!modes_.empty(), "feplb chooser: no candidate mode");
+  set_modes(std::move(modes));
+}
+
+void FeplbChooser::set_modes(std::vector<FeplbConfig> modes) {
+  FEPLB_CHECK(!modes.empty(), "feplb chooser: no candidate mode");
+  modes_ = std::move(modes);
+  labels_.clear();
+  for (const FeplbConfig& m : modes_) labels_.push_back(m.label());
   // Each mode's others in the order it tries them: those one switch away first (path, prefetch,
   // balance, copy rule), then two, ...; ties by index.
   const auto distance = [](const FeplbConfig& a, const FeplbConfig& b) {
@@ -111,7 +124,7 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
            (a.copy_rule != b.copy_rule);
   };
   const int n = static_cast<int>(modes_.size());
-  order_.resize(modes_.size());
+  order_.assign(modes_.size(), {});
   for (int m = 0; m < n; ++m) {
     std::vector<int>& o = order_[static_cast<size_t>(m)];
     for (int i = 0; i < n; ++i) {
@@ -124,13 +137,33 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
   }
 }
 
+void FeplbChooser::keep_rows_via_homes() {
+  std::vector<FeplbConfig> kept;
+  std::vector<int> index(modes_.size(), -1);  // old mode -> new, -1: dropped
+  for (size_t i = 0; i < modes_.size(); ++i) {
+    if (modes_[i].path == FeplbPath::kOneHop) continue;
+    index[i] = static_cast<int>(kept.size());
+    kept.push_back(modes_[i]);
+  }
+  if (kept.empty() || kept.size() == modes_.size()) return;
+  set_modes(std::move(kept));
+  for (Layer& l : layers_) {
+    const int now = index[static_cast<size_t>(l.mode)];
+    l.mode = now >= 0 ? now : first_mode();
+    l.next_try = 0;
+    l.gain_ms.assign(modes_.size(), 0.0);
+    l.tries.assign(modes_.size(), 0);
+  }
+}
+
 int FeplbChooser::first_mode() const {
   const bool one_hop = ctx_.topo.experts_per_rank() <= kOneHopExpertsMax;
   const auto score = [&](const FeplbConfig& m) {
     // Lower is preferred: the path the rule names, prefetch on, time where allowed (the
     // candidates hold it only where it is), copies as the path suggests (the candidates' own).
     return (m.path == (one_hop ? FeplbPath::kOneHop : FeplbPath::kTwoPhase) ? 0 : 4) +
-           (m.prefetch == FeplbPrefetch::kOn ? 0 : 2) + (m.balance == FeplbBalance::kRows ? 1 : 0);
+           (m.prefetch == FeplbPrefetch::kOn ? 0 : 2) + (m.balance == FeplbBalance::kRows ? 1 : 0) +
+           (m.budget_tries == FeplbBudgetTries::kBoth ? 0 : 0.5);
   };
   int best = 0;
   for (int i = 1; i < static_cast<int>(modes_.size()); ++i) {
@@ -188,7 +221,8 @@ void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
 PlanCost FeplbChooser::cost_of(int mode, const RoutingStep& routing, Plan& scratch) {
   engine_.plan_with(modes_[static_cast<size_t>(mode)], routing, scratch);
   writer_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);
-  return plan_cost(scratch, ctx_.topo, reserve_ms_, gemm_scratch_, rows_scratch_);
+  const double latency_ms = scratch.reserve_us >= 0 ? scratch.reserve_us * 1e-3 : reserve_ms_;
+  return plan_cost(scratch, ctx_.topo, latency_ms, gemm_scratch_, rows_scratch_);
 }
 
 void FeplbChooser::observe(const RoutingStep& routing) {

@@ -68,6 +68,9 @@ class FeplbChooser final : public Planner {
   PlanLimits limits() const override;
   void observe(const RoutingStep& routing) override;
   std::span<const Copy> prefetch(int64_t layer) const override;
+  // Drops the one-hop candidates (where a two-phase one is left): a layer in a one-hop mode
+  // moves to its first mode among the rest, and every layer's tries start again.
+  void keep_rows_via_homes() override;
 
   // The candidate modes, in order (the first modes' rule picks among them).
   std::span<const FeplbConfig> candidates() const { return modes_; }
@@ -88,6 +91,8 @@ class FeplbChooser final : public Planner {
   Layer& layer_state(int64_t layer);
   const Layer* find_layer(int64_t layer) const;
   int first_mode() const;
+  // Sets the candidates (modes_), their labels and each one's order of tries.
+  void set_modes(std::vector<FeplbConfig> modes);
   PlanCost cost_of(int mode, const RoutingStep& routing, Plan& scratch);
 
   FeplbEngine engine_;

@@ -51,6 +51,9 @@ struct FeplbConfig {
   double time_weight = 0;  // kTimeBlend: in (0, 1]; otherwise 0
   double time_budget = 0;  // kTimeBudget: in (0, 1], a fraction of the unbalanced token straggler
   FeplbBudgetTries budget_tries = FeplbBudgetTries::kBoth;  // kTimeBudget: which tries
+  // The planner time reserved ahead of its plans' phase-2 copies, us (Plan::reserve_us); -1: the
+  // knobs' (planner_reserve_us). The chooser's modes that plan a step four times reserve more.
+  double reserve_us = -1;
   FeplbCopyRule copy_rule = FeplbCopyRule::kHidden;
   FeplbCandidates candidates = FeplbCandidates::kBusiest;  // two-phase plans' (kEveryLocal: never)
   // The numbers of the balance, as knobs.def describes them.
