@@ -212,27 +212,45 @@ bool shows_many_donors(const Prior& prior, int ranks) {
   return false;
 }
 
+namespace {
+
+// An explicit feplb mode: two-phase, no prefetch, hidden copies, rows (every switch set, so the
+// default's chooser is out of it), with `changes` on top.
+BalanceVariant explicit_feplb(std::string label, std::vector<KnobOverride> changes) {
+  std::vector<KnobOverride> knobs = {
+      {"one_hop", 0}, {"prefetch", 0}, {"copy_timing", 1}, {"time_balance_budget", 0}};
+  for (const KnobOverride& c : changes) {
+    auto it = std::find_if(knobs.begin(), knobs.end(),
+                           [&](const KnobOverride& k) { return k.name == c.name; });
+    if (it != knobs.end())
+      it->value = c.value;
+    else
+      knobs.push_back(c);
+  }
+  return {std::move(label), "feplb", std::move(knobs)};
+}
+
+}  // namespace
+
 std::vector<BalanceVariant> feplb_modes() {
-  return {{"feplb prefetch", "feplb", {{"prefetch", 1}}},
-          {"feplb one-hop", "feplb", {{"one_hop", 1}}},
-          {"feplb prefetch + one-hop", "feplb", {{"prefetch", 1}, {"one_hop", 1}}},
-          {"feplb prefetch + one-hop + late copies",
-           "feplb",
-           {{"prefetch", 1}, {"one_hop", 1}, {"copy_timing", 3}}}};
+  return {explicit_feplb("feplb prefetch", {{"prefetch", 1}}),
+          explicit_feplb("feplb one-hop", {{"one_hop", 1}}),
+          explicit_feplb("feplb prefetch + one-hop", {{"prefetch", 1}, {"one_hop", 1}}),
+          explicit_feplb("feplb prefetch + one-hop + late copies",
+                         {{"prefetch", 1}, {"one_hop", 1}, {"copy_timing", 3}})};
 }
 
 std::vector<BalanceVariant> many_donor_modes() {
   std::vector<BalanceVariant> v = feplb_modes();
-  v.push_back({"feplb time, no budget", "feplb", {{"balance_time_weight", 1}}});
+  v.push_back(explicit_feplb("feplb time, no budget", {{"balance_time_weight", 1}}));
   // Two-phase, the plan is made while the GPUs compute; time balancing plans four times, so it
   // reserves 40 us for the planner ahead of the copies (measured: 15-40 us on balance.md's
   // workloads).
-  v.push_back({"feplb prefetch + time",
-               "feplb",
-               {{"prefetch", 1}, {"time_balance_budget", 0.05}, {"planner_budget_us", 40}}});
-  v.push_back({"feplb prefetch + one-hop + time",
-               "feplb",
-               {{"prefetch", 1}, {"one_hop", 1}, {"time_balance_budget", 0.05}}});
+  v.push_back(
+      explicit_feplb("feplb prefetch + time",
+                     {{"prefetch", 1}, {"time_balance_budget", 0.05}, {"planner_budget_us", 40}}));
+  v.push_back(explicit_feplb("feplb prefetch + one-hop + time",
+                             {{"prefetch", 1}, {"one_hop", 1}, {"time_balance_budget", 0.05}}));
   return v;
 }
 
