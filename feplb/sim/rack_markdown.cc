@@ -5,6 +5,7 @@
 #include "feplb/core/error.h"
 #include "feplb/core/gpu_class.h"
 #include "feplb/sim/internal/report_util.h"
+#include "feplb/sim/markdown.h"
 #include "feplb/sim/rack.h"
 
 namespace feplb {
@@ -15,7 +16,6 @@ constexpr double kH200SpecTflops = 989;  // H200 SXM dense BF16, NVIDIA's specif
 std::string pct_of(double v, double mean) {
   return fmt::format("{:.2f}%", mean > 0 ? v / mean * 100 : 0.0);
 }
-std::string mib(double bytes) { return fmt::format("{:.0f}", bytes / kMiB); }
 
 std::string ep_title(const RackGroup& g) {
   return g.group.domains == 1
@@ -41,10 +41,10 @@ std::string group_table(const RackGroup& g) {
         c.policy == "static" ? "" : fmt::format("{:+.1f}%", -s.token_straggler_reduction * 100),
         s.token_max_over_mean, s.gemm_straggler_ms, s.exposed_ms, s.exposed_ms_p95,
         gemm_plus_exposed(c), s.fits_static_window * 100, s.delayed_steps * 100,
-        mib(s.weight_bytes_per_step), mib(s.token_bytes_per_step),
-        mib(s.dispatch_nvlink_bytes_per_step), mib(s.nvlink_bytes_per_step),
-        mib(s.dispatch_network_bytes_per_step), mib(s.network_bytes_per_step), c.max_guest_slots,
-        s.planner_us_median, s.planner_us_p99);
+        md::mib(s.weight_bytes_per_step), md::mib(s.token_bytes_per_step),
+        md::mib(s.dispatch_nvlink_bytes_per_step), md::mib(s.nvlink_bytes_per_step),
+        md::mib(s.dispatch_network_bytes_per_step), md::mib(s.network_bytes_per_step),
+        c.max_guest_slots, s.planner_us_median, s.planner_us_p99);
   }
   return out;
 }
@@ -263,7 +263,7 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
                                   pct_of(cell->summary.token_straggler, g->group.mean_rows),
                                   cell->summary.gemm_straggler_ms, cell->summary.exposed_ms,
                                   cell->summary.delayed_steps * 100,
-                                  mib(cell->summary.weight_bytes_per_step))
+                                  md::mib(cell->summary.weight_bytes_per_step))
                     : std::string(" - |");
       }
       out += "\n";
@@ -334,9 +334,10 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
             "EP={} feplb moves {} MiB of weights per micro-batch and layer ({:.1f} experts' "
             "weights, {:.2f} per GPU); in {:.0f}% of steps no GPU waits for a copy, and the "
             "balancing delays {:.0f}% of steps, by {:.3f} ms on average (p95 {:.3f})",
-            g.group.ranks, mib(fe.summary.weight_bytes_per_step), fe.summary.guest_experts_per_step,
-            fe.summary.guest_experts_per_step / g.group.ranks, fe.summary.fits_static_window * 100,
-            fe.summary.delayed_steps * 100, fe.summary.exposed_ms, fe.summary.exposed_ms_p95);
+            g.group.ranks, md::mib(fe.summary.weight_bytes_per_step),
+            fe.summary.guest_experts_per_step, fe.summary.guest_experts_per_step / g.group.ranks,
+            fe.summary.fits_static_window * 100, fe.summary.delayed_steps * 100,
+            fe.summary.exposed_ms, fe.summary.exposed_ms_p95);
       };
       out += fmt::format("- **The copies.** At {}; at {}.\n", copies(*lo, *fe_lo),
                          copies(*hi, *fe_hi));
@@ -351,7 +352,7 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
         anchors += fmt::format("{}{} {} with {} MiB per step of balancing bytes on the network",
                                anchors.empty() ? "" : "; ", a,
                                pct_of(x->summary.token_straggler, multi->group.mean_rows),
-                               mib(x->summary.network_bytes_per_step));
+                               md::mib(x->summary.network_bytes_per_step));
       }
       if (st && fe) {
         out += fmt::format(
@@ -360,7 +361,7 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
             "bytes on the network. Policies that move across the network: {}.\n",
             multi->group.ranks, pct_of(st->oracle_straggler, multi->group.mean_rows),
             pct_of(fe->summary.token_straggler, multi->group.mean_rows),
-            mib(fe->summary.network_bytes_per_step), anchors.empty() ? "none run" : anchors);
+            md::mib(fe->summary.network_bytes_per_step), anchors.empty() ? "none run" : anchors);
       }
     }
   }

@@ -89,7 +89,7 @@ struct Scenario {
   }
 };
 
-cuda::LayoutCapacity roomy() { return cuda::LayoutCapacity{1 << 30, 1 << 30, 64, 64}; }
+cuda::LayoutCapacity program_capacity() { return cuda::LayoutCapacity{1 << 30, 1 << 30, 64, 64}; }
 
 CallFacts facts_for(const Scenario& s, int rank, bool dispatched, bool forward,
                     const std::vector<uint8_t>& into_here, const std::vector<uint8_t>& targets) {
@@ -110,7 +110,7 @@ CallFacts facts_for(const Scenario& s, int rank, bool dispatched, bool forward,
 // Every call of one rank, as text.
 std::string rank_programs(const Scenario& s, int rank) {
   StepLayout layout;
-  layout.build(s.topo, s.routing, s.plan, rank, roomy());
+  layout.build(s.topo, s.routing, s.plan, rank, program_capacity());
   EXPECT_TRUE(layout.fits()) << layout.error();
   std::vector<uint8_t> into_here(static_cast<size_t>(s.R), 0), targets(into_here);
   std::vector<cuda::PrefetchCopy> mine;
@@ -227,7 +227,7 @@ TEST(StepProgram, SignalsAndWaitsPairUpAcrossRanks) {
       std::multiset<Key> fwd_signals, fwd_waits, bwd_signals, bwd_waits;
       for (int r = 0; r < R; ++r) {
         StepLayout layout;
-        layout.build(s.topo, s.routing, s.plan, r, roomy());
+        layout.build(s.topo, s.routing, s.plan, r, program_capacity());
         ASSERT_TRUE(layout.fits()) << layout.error();
         std::vector<uint8_t> into_here(static_cast<size_t>(R), 0);
         std::vector<cuda::PrefetchCopy> mine;
@@ -301,7 +301,7 @@ TEST(SignalLayout, SlotsAreDistinctAndValuesGrow) {
 TEST(StepProgram, RebuildingIntoAUsedListGivesTheSameProgram) {
   const Scenario s(4, Mode::kTwoPhase);
   StepLayout layout;
-  layout.build(s.topo, s.routing, s.plan, 1, roomy());
+  layout.build(s.topo, s.routing, s.plan, 1, program_capacity());
   const std::vector<uint8_t> none(4, 0);
   const CallFacts f = facts_for(s, 1, false, true, none, none);
   StepProgram a, b;
