@@ -67,8 +67,8 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
       left.path ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{k.one_hop};
   const std::vector<int64_t> prefetches =
       left.prefetch ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{k.prefetch};
-  // Balance: the knob's, or each of the time budget's two tries alone (half the planner time of
-  // both, and the history tells which fits the layer) and rows.
+  // Balance: the knob's; or time within the bound by both of the budget's tries, or by the capped
+  // try alone (half the planner time), and rows.
   struct Balance {
     double budget;
     FeplbBudgetTries tries;

@@ -39,14 +39,15 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 // The candidate modes the chooser keeps and the rule that moves between them:
 //  - candidates: from the switches left to it (every combination of their values below, the
 //    others as the knobs set them): path two-phase or one-hop; prefetch on or off; balance rows,
-//    or time within token_bound by one of the time budget's two tries (the capped plan, or the
-//    blends bisected: each about half the planner time of both) where the domain has at most
-//    kTimeDomainMax GPUs (beyond, its planner time passes the reserve); copies hidden, or late
-//    by the busiest with one hop;
+//    or time within token_bound by both of the time budget's tries (four plans a step: such a
+//    mode reserves twice the planner time ahead of its copies, Plan::reserve_us, where the
+//    reserve is left to feplb) or by the capped try alone (half the planner time), where the
+//    domain has at most kTimeDomainMax GPUs (beyond, its planner time passes the reserve);
+//    copies hidden, or late by the busiest with one hop;
 //  - the first mode of a layer (before any history) from what is known then: one-hop where a GPU
 //    has at most kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the dispatch,
 //    into windows one or two static experts do not leave), else two-phase; prefetch on; time
-//    (the capped try) where allowed, else rows; copies hidden (two-phase) or late (one-hop);
+//    (both tries) where allowed, else rows; copies hidden (two-phase) or late (one-hop);
 //  - every micro-batch, off the critical path (observe(), after the copies are issued), the same
 //    counts are planned in the layer's mode and in one other candidate (round robin over the
 //    others, those one switch away from the mode first, then two, ...) and both are
