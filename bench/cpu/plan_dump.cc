@@ -15,6 +15,7 @@
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/plan.h"
+#include "feplb/core/planners/feplb/fixed_mode.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
@@ -71,15 +72,7 @@ struct KnobCase {
 // Every switch of feplb's mode set, to the values the knobs' defaults had before feplb chose its
 // own mode (one_hop 0, prefetch 0, copy_timing 1, rows, 20 us reserved): the explicit modes'
 // fingerprints stay comparable across changes of the default.
-Knobs explicit_defaults() {
-  Knobs k;
-  k.one_hop = 0;
-  k.prefetch = 0;
-  k.copy_timing = 1;
-  k.time_balance_budget = 0;
-  k.planner_budget_us = 20;
-  return k;
-}
+Knobs explicit_defaults() { return fixed_mode_knobs(); }
 
 std::vector<KnobCase> knob_cases() {
   std::vector<KnobCase> out;

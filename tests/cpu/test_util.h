@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "feplb/core/cost_model.h"
+#include "feplb/core/planners/feplb/fixed_mode.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/workload.h"
@@ -27,15 +28,7 @@ inline RoutingStep step_from(const std::vector<std::vector<int64_t>>& counts, in
 // Knobs with every switch of feplb's mode set, to one mode: two-phase, no prefetch, rows, hidden
 // copies, 20 us reserved for the planner (the defaults before feplb chose its own mode). Tests of
 // one mode's behaviour start from these; Knobs{} leaves the mode to feplb's chooser.
-inline Knobs explicit_knobs() {
-  Knobs k;
-  k.one_hop = 0;
-  k.prefetch = 0;
-  k.copy_timing = 1;
-  k.time_balance_budget = 0;
-  k.planner_budget_us = 20;
-  return k;
-}
+inline Knobs explicit_knobs() { return fixed_mode_knobs(); }
 
 // Owns a cost model and builds planners over one topology (by default in one explicit mode).
 struct Bench {
