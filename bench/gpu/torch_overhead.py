@@ -4,9 +4,10 @@ feplb.torch.MoE (custom ops + autograd) against the same layer driven directly t
 
     python3 bench/gpu/torch_overhead.py --out torch-overhead.json
 
-One rank (the GPU's whole time is the layer's). Two ways of getting weight gradients: into an
-fp32 main_grad (Megatron's convention; no extra GPU work) and into .grad of bf16 parameters (the
-fp32 gradients are then cast, which is GPU work of its own).
+One rank (the GPU's whole time is the layer's). Two ways of getting weight gradients, each
+against the C API doing the same: added into an fp32 main_grad (Megatron's convention) and
+written into .grad of bf16 parameters (bf16 gradients straight from the dW GEMMs; the C API case
+writes bf16 buffers of its own).
 """
 
 import argparse
@@ -43,11 +44,12 @@ def main():
     w = w / w.sum(-1, keepdim=True)
     params = list(moe.gate_up) + list(moe.down)
     main = [torch.zeros(p.shape, dtype=torch.float32, device="cuda") for p in params]
+    grad16 = [torch.empty(p.shape, dtype=torch.bfloat16, device="cuda") for p in params]
     gx = torch.empty_like(x)
     gw = torch.empty_like(w)
     stream = torch.cuda.current_stream()
 
-    def direct():
+    def direct(bf16):
         fa = _capi.ForwardArgs()
         gu, dn = _capi.pointer_array([p.data_ptr() for p in moe.gate_up]), _capi.pointer_array(
             [p.data_ptr() for p in moe.down])
@@ -57,11 +59,14 @@ def main():
         fa.out, fa.stream = out.data_ptr(), stream.cuda_stream
         _capi.check(_capi.lib.feplb_forward(1, ctypes.byref(fa)))
         ba = _capi.BackwardArgs()
-        ggu = _capi.pointer_array([t.data_ptr() for t in main[:E]])
-        gdn = _capi.pointer_array([t.data_ptr() for t in main[E:]])
+        grads = grad16 if bf16 else main
+        ggu = _capi.pointer_array([t.data_ptr() for t in grads[:E]])
+        gdn = _capi.pointer_array([t.data_ptr() for t in grads[E:]])
         ba.layer, ba.handle, ba.gate_up, ba.down, ba.num_experts = layer, fa.handle, gu, dn, E
         ba.grad_out, ba.topk_weight, ba.grad_hidden, ba.grad_topk_weight = g.data_ptr(), w.data_ptr(), gx.data_ptr(), gw.data_ptr()
-        ba.grad_gate_up, ba.grad_down, ba.accumulate, ba.stream = ggu, gdn, 1, stream.cuda_stream
+        ba.grad_gate_up, ba.grad_down, ba.stream = ggu, gdn, stream.cuda_stream
+        ba.accumulate = 0 if bf16 else 1  # .grad is written, main_grad added into
+        ba.grad_dtype = _capi.GRAD_BF16 if bf16 else _capi.GRAD_F32
         _capi.check(_capi.lib.feplb_backward(1, ctypes.byref(ba)))
         _capi.check(_capi.lib.feplb_layer_sync_gradients(layer, stream.cuda_stream))
 
@@ -77,12 +82,18 @@ def main():
     def via_torch():
         moe(xr, idx, wr).backward(g)
 
-    cases = {"direct_c_api": (lambda: None, direct), "torch_main_grad": (lambda: prepare(True), via_torch),
+    cases = {"direct_c_api": (lambda: None, lambda: direct(False)),
+             "direct_c_api_bf16": (lambda: None, lambda: direct(True)),
+             "torch_main_grad": (lambda: prepare(True), via_torch),
              "torch_grad_bf16": (lambda: prepare(False), via_torch)}
+    # Each torch case against the C API case with the same gradient convention.
+    baseline = {"direct_c_api": "direct_c_api", "direct_c_api_bf16": "direct_c_api_bf16",
+                "torch_main_grad": "direct_c_api", "torch_grad_bf16": "direct_c_api_bf16"}
     times = {k: [] for k in cases}
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for i in range(a.warmup + a.reps):
-        for name in (list(cases)[i % 3:] + list(cases)[:i % 3]):  # rotated order
+        n = len(cases)
+        for name in (list(cases)[i % n:] + list(cases)[:i % n]):  # rotated order
             cases[name][0]()
             torch.cuda.synchronize()
             e0.record()
@@ -91,22 +102,24 @@ def main():
             torch.cuda.synchronize()
             if i >= a.warmup:
                 times[name].append(e0.elapsed_time(e1))
-    base = statistics.median(times["direct_c_api"])
     doc = {"benchmark": "feplb.torch overhead", "device": torch.cuda.get_device_name(),
            "torch": torch.__version__, "shape": {"experts": E, "hidden": H, "ffn": F, "tokens": S, "top_k": K},
            "reps": a.reps, "warmup": a.warmup,
            "method": "forward + backward (+ gradient sync) per repetition, CUDA events around each on the "
                      "current stream after a synchronize (so host time before the first kernel counts: the layer "
                      "waits for its counts on the host, so the host never runs ahead of it), the three cases "
-                     "interleaved in rotated order; resetting .grad / main_grad between steps is untimed",
+                     "interleaved in rotated order; resetting .grad / main_grad between steps is untimed; "
+                     "overhead_pct_vs_direct: against the C API case with the same gradient convention "
+                     "(fp32 main_grad added into: direct_c_api; bf16 written: direct_c_api_bf16)",
            "cases": {}}
     for name, t in times.items():
         t = sorted(t)
         med = statistics.median(t)
+        base = statistics.median(times[baseline[name]])
         doc["cases"][name] = {"median_ms": med, "p10_ms": t[len(t) // 10], "p90_ms": t[(9 * len(t)) // 10],
-                              "overhead_pct_vs_direct": 100.0 * (med / base - 1.0)}
+                              "baseline": baseline[name], "overhead_pct_vs_direct": 100.0 * (med / base - 1.0)}
         print(f"{name:<18} median {med:8.3f} ms  p10 {t[len(t) // 10]:8.3f}  p90 {t[(9 * len(t)) // 10]:8.3f}  "
-              f"{100.0 * (med / base - 1.0):+6.2f}% vs direct", flush=True)
+              f"{100.0 * (med / base - 1.0):+6.2f}% vs {baseline[name]}", flush=True)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=2)
 

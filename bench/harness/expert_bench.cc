@@ -71,8 +71,8 @@ void ExpertBench::enqueue(std::span<const int64_t> rows, int streams, Pass pass)
       float* g = grad_w_.get() + (n % sets_) * we;
       expert_ffn_backward(*gemm_[n % streams], s, x_.get() + off * H, r, w, w + 2 * H * F,
                           gu_.get() + off * 2 * F, act_.get() + off * F, dy_.get() + off * H, g,
-                          g + 2 * H * F, 1.0f, dx_.get() + off * H, dgu_.get() + off * 2 * F,
-                          dact_.get() + off * F, H, F);
+                          g + 2 * H * F, /*g_f32=*/true, 1.0f, dx_.get() + off * H,
+                          dgu_.get() + off * 2 * F, dact_.get() + off * F, H, F);
     }
     off += r;
     ++n;

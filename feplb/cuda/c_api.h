@@ -81,20 +81,25 @@ typedef struct {
   int64_t handle; /* out: the micro-batch for backward (0: none kept) */
 } feplb_forward_args;
 
+/* The weight gradients' dtype in a backward's arguments. */
+enum { FEPLB_GRAD_F32 = 0, FEPLB_GRAD_BF16 = 1 };
+
 typedef struct {
   feplb_layer* layer;
   int64_t handle; /* from a forward of this layer; consumed (also on failure after validation) */
   const void* const* gate_up;
   const void* const* down;
   int num_experts;
-  const void* grad_out;       /* [S, H] bf16 */
-  const float* topk_weight;   /* [S, K] */
-  void* grad_hidden;          /* [S, H] bf16 */
-  float* grad_topk_weight;    /* [S, K] */
-  float* const* grad_gate_up; /* [num_experts] device pointers, fp32 [H, 2F] */
-  float* const* grad_down;    /* [num_experts] device pointers, fp32 [F, H] */
-  int accumulate;             /* 1: add into the gradients; 0: overwrite them */
+  const void* grad_out;      /* [S, H] bf16 */
+  const float* topk_weight;  /* [S, K] */
+  void* grad_hidden;         /* [S, H] bf16 */
+  float* grad_topk_weight;   /* [S, K] */
+  void* const* grad_gate_up; /* [num_experts] device pointers, [H, 2F] of grad_dtype */
+  void* const* grad_down;    /* [num_experts] device pointers, [F, H] of grad_dtype */
+  int accumulate;            /* 1: add into the gradients; 0: overwrite them */
   void* stream;
+  int grad_dtype; /* FEPLB_GRAD_F32 (0), or FEPLB_GRAD_BF16: the parameters' dtype, written by the
+                     dW GEMMs themselves (no fp32 buffer, no cast) */
 } feplb_backward_args;
 
 /* n calls, one per rank: n == 1 runs on the calling thread; n > 1 (virtual ranks of one group,
@@ -124,10 +129,11 @@ typedef struct {
   int num_experts;
   const void* grad_out_rows; /* [N, H] bf16 */
   void* grad_rows;           /* [N, H] bf16 */
-  float* const* grad_gate_up;
-  float* const* grad_down;
+  void* const* grad_gate_up;
+  void* const* grad_down;
   int accumulate;
   void* stream;
+  int grad_dtype; /* as feplb_backward_args' */
 } feplb_dispatched_backward_args;
 
 int feplb_forward_dispatched(int n, feplb_dispatched_forward_args* args);

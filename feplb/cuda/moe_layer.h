@@ -53,15 +53,22 @@ struct ExpertParams {
   const bf16* down = nullptr;
 };
 
-// One local expert's weight gradients, fp32, laid out like ExpertParams.
+// One local expert's weight gradients, laid out like ExpertParams: fp32 (gate_up, down), or
+// bf16, the parameters' own dtype (gate_up_bf16, down_bf16), which the dW GEMMs write themselves
+// (no fp32 buffer, no cast pass; a slice computed on a helper adds its fp32 partial in with one
+// rounding more). Set one pair, the same one for every expert of a call.
 struct ExpertGrads {
   float* gate_up = nullptr;
   float* down = nullptr;
+  bf16* gate_up_bf16 = nullptr;
+  bf16* down_bf16 = nullptr;
+  bool bf16_pair() const { return gate_up_bf16 != nullptr || down_bf16 != nullptr; }
 };
 
 enum class GradMode {
   kAccumulate,  // add into the caller's gradient (Megatron's main_grad convention)
-  kOverwrite,   // write it (the buffers are zeroed at the start of the backward)
+  kOverwrite,   // write it (the expert's first dW GEMM at home writes with beta 0; an expert
+                // without one is zeroed first)
 };
 
 struct LayerConfig {

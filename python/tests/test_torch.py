@@ -273,3 +273,35 @@ def test_balancer_on_dispatched_rows_matches_the_reference():
         scaled = bal(rows, counts, probs)
     for p, a, b in zip(probs, plain, scaled):
         assert rel_l2(b, a.float() * p.unsqueeze(1)) <= 1e-2
+
+
+def test_balancer_keeps_the_rows_its_backward_reads():
+    """The rows given to the forward may be a temporary the caller drops at once (Megatron's rows
+    scaled by their probs, a contiguous copy): the backward's dW GEMMs read them again, so the
+    layer keeps them. Here they are non-leaf temporaries, deleted after the forward, their memory
+    refilled with NaN before the backward; every weight gradient must still match the reference."""
+    ranks, experts = 2, 8
+    per = experts // ranks
+    gen = torch.Generator().manual_seed(23)
+    bal = ft.Balancer(runtime(ranks, experts, 512, 1))
+    counts = [[20 + 7 * i + r for i in range(per)] for r in range(ranks)]
+    rows = [torch.randn(sum(c), H, generator=gen).cuda().to(torch.bfloat16).requires_grad_() for c in counts]
+    grads = [torch.randn(sum(c), H, generator=gen).cuda().to(torch.bfloat16) for c in counts]
+    temps = [x * 1.0 for x in rows]  # MulBackward by a scalar keeps nothing: only the layer holds these
+    outs = bal(temps, torch.tensor(counts))
+    del temps
+    refill = [torch.full((sum(c), H), float("nan"), device="cuda", dtype=torch.bfloat16)
+              for c in counts for _ in range(4)]
+    torch.autograd.backward(outs, grads)
+    torch.cuda.synchronize()
+    del refill
+    gu, dn = list(bal.gate_up), list(bal.down)
+    total = [torch.zeros_like(p, dtype=torch.float64) for p in gu + dn]
+    for r in range(ranks):
+        idx = torch.repeat_interleave(torch.arange(r * per, (r + 1) * per), torch.tensor(counts[r])).cuda()
+        _, g = reference_grads(rows[r], idx.view(-1, 1), torch.ones(len(idx), 1, device="cuda"), gu, dn, grads[r])
+        assert rel_l2(rows[r].grad, g[0]) <= REL, f"rank {r} d rows"
+        total = [a + b for a, b in zip(total, g[2:])]
+    for i, (p, ref) in enumerate(zip(gu + dn, total)):
+        assert torch.isfinite(p.grad).all(), f"weight {i}: the backward read freed rows"
+        assert rel_l2(p.grad, ref) <= REL, f"weight {i}"

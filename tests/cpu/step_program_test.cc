@@ -56,8 +56,12 @@ struct Scenario {
   Plan plan;
   std::vector<Copy> predicted;  // Mode::kPrefetch: what prefetch() copied, every rank's
 
-  Scenario(int ranks, Mode m)
-      : R(ranks), mode(m), topo(Topology::contiguous(ranks, 8, 2 * ranks)), routing(make(ranks)) {
+  // idle_expert: expert 1 (rank 0) gets no rows at all.
+  Scenario(int ranks, Mode m, bool idle_expert = false)
+      : R(ranks),
+        mode(m),
+        topo(Topology::contiguous(ranks, 8, 2 * ranks)),
+        routing(make(ranks, idle_expert)) {
     const bool one_hop = m == Mode::kOneHop;
     const bool pre = m == Mode::kPrefetch;
     plan.clear(2 * R);
@@ -80,10 +84,12 @@ struct Scenario {
     plan.add_home_slices(topo, routing, moved);
   }
 
-  static RoutingStep make(int R) {
+  static RoutingStep make(int R, bool idle_expert) {
     std::vector<std::vector<int64_t>> counts(static_cast<size_t>(R));
     for (int d = 0; d < R; ++d) {
-      for (int e = 0; e < 2 * R; ++e) counts[d].push_back(e == 0 ? 50 + 10 * d : 4 + (d + e) % 5);
+      for (int e = 0; e < 2 * R; ++e) {
+        counts[d].push_back(e == 0 ? 50 + 10 * d : (e == 1 && idle_expert) ? 0 : 4 + (d + e) % 5);
+      }
     }
     return testing::step_from(counts);
   }
@@ -309,6 +315,45 @@ TEST(StepProgram, RebuildingIntoAUsedListGivesTheSameProgram) {
   cuda::build_forward_body(a.caller, layout, f);
   cuda::build_forward_body(b.caller, layout, f);
   EXPECT_EQ(dump(a), dump(b));
+}
+
+// GradMode::kOverwrite: each local expert's gradient is written exactly once before anything is
+// added into it: by its first home dW GEMM (beta 0) or, without one, by a zero_grads step; every
+// other home GEMM of the expert adds (beta 1). kAccumulate: no zeroing, every home GEMM adds.
+TEST(StepProgram, OverwriteWritesEachExpertsGradientOnce) {
+  for (int R : {2, 4}) {
+    for (bool one_expert_idle : {false, true}) {
+      const Scenario s(R, Mode::kTwoPhase, one_expert_idle);
+      for (int rank = 0; rank < R; ++rank) {
+        StepLayout layout;
+        layout.build(s.topo, s.routing, s.plan, rank, program_capacity());
+        ASSERT_TRUE(layout.fits()) << layout.error();
+        const std::vector<uint8_t> none(static_cast<size_t>(R), 0);
+        for (bool overwrite : {true, false}) {
+          CallFacts f = facts_for(s, rank, false, false, none, none);
+          f.overwrite_grads = overwrite;
+          StepProgram p;
+          cuda::build_backward(p.caller, layout, f);
+          std::vector<int> written(2, 0), added(2, 0);
+          for (const cuda::Step& st : p.caller.steps) {
+            if (st.op == cuda::Op::kKernel && st.kernel == cuda::KernelId::kZeroGrads) {
+              ++written[static_cast<size_t>(st.a.index)];
+            }
+          }
+          for (const cuda::GemmItem& g : p.caller.gemms) {
+            if (g.guest || g.g.buf != Buf::kGrads) continue;
+            ++(g.beta == 0.0f ? written : added)[static_cast<size_t>(g.g.index)];
+          }
+          const std::string at = "R" + std::to_string(R) + (one_expert_idle ? " idle" : "") +
+                                 " rank " + std::to_string(rank) +
+                                 (overwrite ? " overwrite" : " accumulate");
+          for (int i = 0; i < 2; ++i) {
+            EXPECT_EQ(written[static_cast<size_t>(i)], overwrite ? 1 : 0) << at << " expert " << i;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -161,6 +161,23 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(
       FEPLB_CUDA_CHECK(cudaMemset(ws[l]->grads(), mode == cuda::GradMode::kAccumulate ? 0 : 0xff,
                                   ws[l]->grad_bytes()));
     }
+    // bf16 weight gradients (setup.bf16_grads), laid out as LocalExperts' fp32 ones; 0xffff: NaN.
+    const int64_t elems = 3 * H * config.shape.ffn;
+    const int64_t gate_up_elems = 2 * H * config.shape.ffn;
+    const int E = config.topo.experts_per_rank();
+    std::vector<cuda::DeviceBuffer<__nv_bfloat16>> g16;
+    std::vector<std::vector<cuda::ExpertGrads>> g16_views(static_cast<size_t>(layers));
+    for (int l = 0; setup.bf16_grads && l < layers; ++l) {
+      g16.emplace_back(static_cast<size_t>(E * elems));
+      FEPLB_CUDA_CHECK(
+          cudaMemset(g16[l].get(), mode == cuda::GradMode::kAccumulate ? 0 : 0xff, g16[l].bytes()));
+      for (int e = 0; e < E; ++e) {
+        cuda::ExpertGrads v;
+        v.gate_up_bf16 = g16[l].get() + e * elems;
+        v.down_bf16 = v.gate_up_bf16 + gate_up_elems;
+        g16_views[l].push_back(v);
+      }
+    }
     cuda::Stream stream;
     const cudaStream_t s = stream.get();
     const RankInputs& in = inputs[r];
@@ -192,8 +209,10 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(
       results[l][r].forward_stats = mbs.back().stats();
     }
     for (int l = layers - 1; l >= 0; --l) {
+      const std::span<const cuda::ExpertGrads> grads =
+          setup.bf16_grads ? std::span<const cuda::ExpertGrads>(g16_views[l]) : ws[l]->grad_views();
       ls[l]->backward(std::move(mbs[l]), ws[l]->params(), go.get(), d.wt.get(), gx[l].get(),
-                      gw[l].get(), ws[l]->grad_views(), mode, s);
+                      gw[l].get(), grads, mode, s);
     }
     for (int l = 0; l < layers; ++l) ls[l]->sync_gradients(s);
     cuda::sync_with_timeout(s, config.timeout_s, "test backward");
@@ -202,7 +221,8 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(
       res.out = download_bf16(out[l]);
       res.grad_hidden = download_bf16(gx[l]);
       res.grad_topk_weight = download_f32(gw[l].get(), gw[l].size());
-      res.main_grad = download_f32(ws[l]->grads(), local.size());
+      res.main_grad =
+          setup.bf16_grads ? download_bf16(g16[l]) : download_f32(ws[l]->grads(), local.size());
       res.plan = ls[l]->last_plan();
       res.stats = ls[l]->last_backward_stats();
     }

@@ -94,6 +94,7 @@ struct LayerSetup {
   std::string policy = "feplb";
   int top_k = 1;
   bool prefetch = false;
+  bool bf16_grads = false;  // backward: weight gradients in bf16 (ExpertGrads' bf16 pair)
   int warmup_forwards = 0;
   std::vector<RankInputs> warmup_inputs;
 };

@@ -608,6 +608,31 @@ TEST(LayerBackward, OverwriteModeWritesEveryGradient) {
   }
 }
 
+// Weight gradients in the parameters' dtype (bf16), written by the dW GEMMs themselves, with
+// experts split onto helpers (their fp32 partials added into bf16 at home) and without; added
+// into zeroed buffers and written over NaN ones (experts with no rows at home included).
+TEST(LayerBackward, Bf16GradientsFromTheGemmsMatchTheReference) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, top_k = 2;
+  const ReferenceMoe m = experts_for(76, experts);
+  const auto in = skewed_inputs(77, ranks, experts, top_k, 64, 8.0);
+  for (const char* policy : {"feplb", "static"}) {
+    for (cuda::GradMode mode : {cuda::GradMode::kAccumulate, cuda::GradMode::kOverwrite}) {
+      testing::LayerSetup c = config_for(ranks, experts, top_k, 64, policy);
+      c.bf16_grads = true;
+      const std::string what = std::string(policy) + " bf16 " +
+                               (mode == cuda::GradMode::kOverwrite ? "overwrite" : "accumulate");
+      const auto got = expect_backward_matches(c, m, in, 78, what, 1, mode);
+      int64_t guest_rows = 0;
+      for (const auto& r : got[0]) {
+        guest_rows += r.stats.guest_rows;
+        for (float v : r.main_grad) ASSERT_FALSE(std::isnan(v)) << what << ": a gradient unwritten";
+      }
+      if (std::string(policy) == "feplb") EXPECT_GT(guest_rows, 0) << what << ": nothing split";
+    }
+  }
+}
+
 // An idle runtime sleeps: its scheduler thread uses < 1% of a core over a second.
 TEST(Runtime, AnIdleRuntimeUsesNoCpu) {
   FEPLB_SKIP_WITHOUT_GPU();

@@ -242,11 +242,23 @@ void fill_params(feplb_layer* l, const void* const* gate_up, const void* const* 
   }
 }
 
-// The layer's own view of the caller's per-expert gradient pointers.
-void fill_grads(feplb_layer* l, float* const* gate_up, float* const* down, int n) {
+// The layer's own view of the caller's per-expert gradient pointers, of `dtype` (FEPLB_GRAD_*).
+void fill_grads(feplb_layer* l, void* const* gate_up, void* const* down, int n, int dtype) {
   FEPLB_REQUIRE_INPUT(n == 0 || (gate_up && down), "gradients: null pointer arrays");
+  FEPLB_REQUIRE_INPUT(dtype == FEPLB_GRAD_F32 || dtype == FEPLB_GRAD_BF16,
+                      "grad_dtype {} (FEPLB_GRAD_F32 = 0 or FEPLB_GRAD_BF16 = 1)", dtype);
   l->grads.resize(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) l->grads[i] = {gate_up[i], down[i]};
+  for (int i = 0; i < n; ++i) {
+    ExpertGrads& g = l->grads[static_cast<size_t>(i)];
+    g = {};
+    if (dtype == FEPLB_GRAD_BF16) {
+      g.gate_up_bf16 = static_cast<bf16*>(gate_up[i]);
+      g.down_bf16 = static_cast<bf16*>(down[i]);
+    } else {
+      g.gate_up = static_cast<float*>(gate_up[i]);
+      g.down = static_cast<float*>(down[i]);
+    }
+  }
 }
 
 GradMode grad_mode(int accumulate) {
@@ -425,7 +437,7 @@ int feplb_forward(int n, feplb_forward_args* args) {
 
 int feplb_backward(int n, const feplb_backward_args* args) {
   return per_rank(n, args, [](const feplb_backward_args& a) {
-    fill_grads(a.layer, a.grad_gate_up, a.grad_down, a.num_experts);
+    fill_grads(a.layer, a.grad_gate_up, a.grad_down, a.num_experts, a.grad_dtype);
     MicroBatch mb = handles().take(a.handle);
     a.layer->layer->backward(std::move(mb), a.layer->params, static_cast<const bf16*>(a.grad_out),
                              a.topk_weight, static_cast<bf16*>(a.grad_hidden), a.grad_topk_weight,
@@ -446,7 +458,7 @@ int feplb_forward_dispatched(int n, feplb_dispatched_forward_args* args) {
 
 int feplb_backward_dispatched(int n, const feplb_dispatched_backward_args* args) {
   return per_rank(n, args, [](const feplb_dispatched_backward_args& a) {
-    fill_grads(a.layer, a.grad_gate_up, a.grad_down, a.num_experts);
+    fill_grads(a.layer, a.grad_gate_up, a.grad_down, a.num_experts, a.grad_dtype);
     MicroBatch mb = handles().take(a.handle);
     a.layer->layer->backward_dispatched(
         std::move(mb), a.layer->params, static_cast<const bf16*>(a.grad_out_rows),
@@ -483,10 +495,12 @@ int feplb_layer_stats_json(feplb_layer* layer, char* buf, size_t cap, size_t* le
     int64_t moved_slices = 0, moved_rows = 0;
     const ForwardStats& f = l.last_forward_stats();
     const BackwardStats& b = l.last_backward_stats();
-    for (const Copy& c : plan.copies) {
-      if (c.kind == CopyKind::kTokenRows) {
+    // Slices computed away from their expert's home: two-phase copies their rows there, one-hop
+    // sends them there in the dispatch (no copy of rows at all), so the slices count, not copies.
+    for (const Slice& s : plan.slices) {
+      if (s.rows > 0 && s.gpu != topo.home(s.expert)) {
         ++moved_slices;
-        moved_rows += c.rows;
+        moved_rows += s.rows;
       }
     }
     json j;

@@ -31,14 +31,14 @@ void expert_ffn(GemmEngine& gemm, cudaStream_t stream, const bf16* x, int64_t ro
 
 // The backward of expert_ffn for `rows` rows, given what the forward kept: x [rows, H],
 // gu [rows, 2F] (gate|up before the activation), act [rows, F], and dy [rows, H]:
-//   g_gate_up [H, 2F], g_down [F, H] (fp32) = beta * themselves + dL/dw,
+//   g_gate_up [H, 2F], g_down [F, H] (fp32, or bf16 when !g_f32) = beta * themselves + dL/dw,
 //   dx [rows, H] = dL/dx.
 // Scratch: dact [rows, F] and dgu [rows, 2F]; they may be act and gu themselves (the layer
 // overwrites its saved activations). rows may be 0 (gradients untouched when beta is 1, zeroed
 // when it is 0).
 void expert_ffn_backward(GemmEngine& gemm, cudaStream_t stream, const bf16* x, int64_t rows,
                          const bf16* w_gate_up, const bf16* w_down, const bf16* gu, const bf16* act,
-                         const bf16* dy, float* g_gate_up, float* g_down, float beta, bf16* dx,
-                         bf16* dgu, bf16* dact, int64_t hidden, int64_t ffn);
+                         const bf16* dy, void* g_gate_up, void* g_down, bool g_f32, float beta,
+                         bf16* dx, bf16* dgu, bf16* dact, int64_t hidden, int64_t ffn);
 
 }  // namespace feplb::cuda

@@ -85,6 +85,15 @@ __global__ void add_f32_kernel(float* __restrict__ y, const float* __restrict__ 
   }
 }
 
+// y[i] = bf16(y[i] + x[i])  (the sum in fp32)
+__global__ void add_f32_to_bf16_kernel(bf16* __restrict__ y, const float* __restrict__ x,
+                                       int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = __float2bfloat16(__bfloat162float(y[i]) + x[i]);
+  }
+}
+
 int grid_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<int>(b > 8192 ? 8192 : (b < 1 ? 1 : b));
@@ -118,6 +127,12 @@ cudaError_t swiglu_backward(const bf16* gu, const bf16* dact, int64_t rows, int6
 cudaError_t add_f32(float* y, const float* x, int64_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   add_f32_kernel<<<grid_for(n, 256), 256, 0, s>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t add_f32_to_bf16(bf16* y, const float* x, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  add_f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(y, x, n);
   return cudaGetLastError();
 }
 

@@ -52,5 +52,7 @@ cudaError_t swiglu_backward(const bf16* gu, const bf16* dact, int64_t rows, int6
 
 // y[i] += x[i] for i < n (fp32; staged weight gradients into the caller's gradient).
 cudaError_t add_f32(float* y, const float* x, int64_t n, cudaStream_t s);
+// y[i] = bf16(y[i] + x[i]) for i < n (fp32 sum; staged weight gradients into a bf16 gradient).
+cudaError_t add_f32_to_bf16(bf16* y, const float* x, int64_t n, cudaStream_t s);
 
 }  // namespace feplb::cuda::kernels

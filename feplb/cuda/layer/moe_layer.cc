@@ -154,9 +154,17 @@ void MoeLayer::Impl::validate_grads(std::span<const ExpertGrads> grads, const ch
                       "{} of layer '{}': gradients of {} experts, this rank has {}", who, cfg.name,
                       grads.size(), rt->experts_per_rank);
   for (size_t i = 0; i < grads.size(); ++i) {
-    FEPLB_REQUIRE_INPUT(grads[i].gate_up && grads[i].down,
-                        "{} of layer '{}': local expert {} has a null gradient pointer", who,
-                        cfg.name, i);
+    const ExpertGrads& g = grads[i];
+    const bool bf16 = g.bf16_pair();
+    FEPLB_REQUIRE_INPUT(
+        bf16 ? (g.gate_up_bf16 && g.down_bf16 && !g.gate_up && !g.down) : (g.gate_up && g.down),
+        "{} of layer '{}': local expert {} needs both gradient pointers of one "
+        "dtype (fp32 or bf16)",
+        who, cfg.name, i);
+    FEPLB_REQUIRE_INPUT(bf16 == grads[0].bf16_pair(),
+                        "{} of layer '{}': local expert {}'s gradients are {}, expert 0's {}: one "
+                        "dtype per call",
+                        who, cfg.name, i, bf16 ? "bf16" : "fp32", bf16 ? "fp32" : "bf16");
   }
 }
 

@@ -124,10 +124,17 @@ void exchange(StepList& out, const StepLayout& layout, bool reverse, Buf send_bu
 
 // Own experts' FFNs (static first, the layout's order): inputs at `x`, dY at `dy` (backward),
 // outputs (dX) at `y`, at the rows' positions.
-void home_gemms(StepList& out, const StepLayout& layout, bool backward, Buf x, Buf dy, Buf y) {
+// Backward with `overwrite`: each expert's first dW GEMM writes its gradient (beta 0); experts
+// without one are zeroed by zero_grads_without_home_work.
+void home_gemms(StepList& out, const StepLayout& layout, bool backward, Buf x, Buf dy, Buf y,
+                bool overwrite = false) {
   const size_t begin = out.gemms.size();
   for (const HomeWork& hw : layout.home_work()) {
+    bool first = true;
+    for (size_t j = begin; j < out.gemms.size(); ++j)
+      first = first && out.gemms[j].expert != hw.expert;
     GemmItem g;
+    if (backward && overwrite && first) g.beta = 0.0f;
     g.expert = hw.expert;
     g.rows = hw.rows;
     g.x = {x, -1, hw.row};
@@ -302,6 +309,20 @@ void add_staged_grads(StepList& out, const StepLayout& layout, const CallFacts& 
   record(out, EventId::kGradsDone, kCopyOut);
 }
 
+// GradMode::kOverwrite: the gradients of the local experts no home dW GEMM writes (all their
+// rows computed on helpers, or none routed to them) are zeroed, before any staged add.
+void zero_grads_without_home_work(StepList& out, const StepLayout& layout, const CallFacts& f) {
+  const auto home = layout.home_work();
+  for (int i = 0; i < f.experts_per_rank; ++i) {
+    bool written = false;
+    for (const HomeWork& hw : home) written = written || hw.local_index == i;
+    if (written) continue;
+    Step& s = add(out, Op::kKernel, kCompute);
+    s.kernel = KernelId::kZeroGrads;
+    s.a = {Buf::kGrads, -1, i};
+  }
+}
+
 }  // namespace
 
 void build_forward_prologue(StepList& out, const CallFacts& f) {
@@ -374,7 +395,7 @@ void build_backward(StepList& out, const StepLayout& layout, const CallFacts& f)
   if (f.settle) prefetch_waits(out, f, kCompute);
   wait_event(out, EventId::kStagingFree, kCompute);
   wait_event(out, EventId::kGradsDone, kCompute);
-  if (f.overwrite_grads) kernel(out, KernelId::kZeroGrads);
+  if (f.overwrite_grads) zero_grads_without_home_work(out, layout, f);
   host(out, HostAction::kStartJob);
   if (!f.dispatched) kernel(out, KernelId::kScatterGrad);
   // The collective that orders this rank's phase-2 copies into its peers' arenas after the
@@ -387,7 +408,7 @@ void build_backward(StepList& out, const StepLayout& layout, const CallFacts& f)
   post(out, HostFlag::kDispatched);
   mark(out, Mark::kDispatched, true);
   home_gemms(out, layout, true, Buf::kXHome, f.dispatched ? Buf::kCallerIn : Buf::kDyHome,
-             f.dispatched ? Buf::kCallerOut : Buf::kResultsHome);
+             f.dispatched ? Buf::kCallerOut : Buf::kResultsHome, f.overwrite_grads);
   mark(out, Mark::kStatic, true);
   guests_backward(out, layout, f);
   if (f.dispatched) {

@@ -152,19 +152,26 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
       FEPLB_CUDA_CHECK(kernels::combine(r.ybuf.get(), h->pair_pos, nullptr, b.num_tokens, b.top_k,
                                         H, b.out, st));
       break;
-    case KernelId::kZeroGrads:
-      for (const ExpertGrads& g : b.grads) {
-        FEPLB_CUDA_CHECK(
-            cudaMemsetAsync(g.gate_up, 0, static_cast<size_t>(2 * H * F) * sizeof(float), st));
-        FEPLB_CUDA_CHECK(
-            cudaMemsetAsync(g.down, 0, static_cast<size_t>(H * F) * sizeof(float), st));
-      }
+    case KernelId::kZeroGrads: {  // one expert's, in its gradients' dtype
+      const ExpertGrads& g = b.grads[static_cast<size_t>(s.a.index)];
+      const bool f32 = !g.bf16_pair();
+      const size_t elem = f32 ? sizeof(float) : sizeof(bf16);
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(f32 ? static_cast<void*>(g.gate_up) : g.gate_up_bf16, 0,
+                                       static_cast<size_t>(2 * H * F) * elem, st));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(f32 ? static_cast<void*>(g.down) : g.down_bf16, 0,
+                                       static_cast<size_t>(H * F) * elem, st));
       break;
+    }
     case KernelId::kAddStagedGrad: {
       const float* staged = r.pool->staging_slot(static_cast<int>(s.b.index));
       const ExpertGrads& g = b.grads[static_cast<size_t>(s.a.index)];
-      FEPLB_CUDA_CHECK(kernels::add_f32(g.gate_up, staged, 2 * H * F, st));
-      FEPLB_CUDA_CHECK(kernels::add_f32(g.down, staged + 2 * H * F, H * F, st));
+      if (g.bf16_pair()) {
+        FEPLB_CUDA_CHECK(kernels::add_f32_to_bf16(g.gate_up_bf16, staged, 2 * H * F, st));
+        FEPLB_CUDA_CHECK(kernels::add_f32_to_bf16(g.down_bf16, staged + 2 * H * F, H * F, st));
+      } else {
+        FEPLB_CUDA_CHECK(kernels::add_f32(g.gate_up, staged, 2 * H * F, st));
+        FEPLB_CUDA_CHECK(kernels::add_f32(g.down, staged + 2 * H * F, H * F, st));
+      }
       break;
     }
     case KernelId::kCountsFromCaller:
@@ -211,12 +218,22 @@ void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStrea
       expert_ffn(r.gemm, st, rows(g.x, b), g.rows, w_gu, w_down, gu, act, rows(g.y, b), H, F);
       continue;
     }
-    const bool gslot = g.g.buf == Buf::kGradSlot;
-    float* g_gu = gslot ? r.pool->grad_slot(static_cast<int>(g.g.index))
-                        : b.grads[static_cast<size_t>(g.g.index)].gate_up;
-    float* g_down = gslot ? g_gu + 2 * H * F : b.grads[static_cast<size_t>(g.g.index)].down;
+    // dW into a guest's fp32 gradient slot, or the caller's gradients in their dtype.
+    void* g_gu = nullptr;
+    void* g_down = nullptr;
+    bool g_f32 = true;
+    if (g.g.buf == Buf::kGradSlot) {
+      float* slot_gu = r.pool->grad_slot(static_cast<int>(g.g.index));
+      g_gu = slot_gu;
+      g_down = slot_gu + 2 * H * F;
+    } else {
+      const ExpertGrads& eg = b.grads[static_cast<size_t>(g.g.index)];
+      g_f32 = !eg.bf16_pair();
+      g_gu = g_f32 ? static_cast<void*>(eg.gate_up) : eg.gate_up_bf16;
+      g_down = g_f32 ? static_cast<void*>(eg.down) : eg.down_bf16;
+    }
     expert_ffn_backward(r.gemm, st, rows(g.x, b), g.rows, w_gu, w_down, gu, act, rows(g.dy, b),
-                        g_gu, g_down, g.beta, rows(g.y, b), gu, act, H, F);
+                        g_gu, g_down, g_f32, g.beta, rows(g.y, b), gu, act, H, F);
     if (g.guest && b.guest_rows) *b.guest_rows += g.rows;
   }
 }

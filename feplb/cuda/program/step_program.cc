@@ -230,6 +230,8 @@ std::string gemm_text(const GemmItem& g, bool backward) {
 std::string step_head(const Step& s) {
   switch (s.op) {
     case Op::kKernel:
+      if (s.kernel == KernelId::kZeroGrads)
+        return fmt::format("kernel {} {}", kernel_name(s.kernel), ref(s.a));
       if (s.kernel == KernelId::kAddStagedGrad)
         return fmt::format("kernel {} {} += {}", kernel_name(s.kernel), ref(s.a), ref(s.b));
       if (s.count) return fmt::format("kernel {} ({} ints)", kernel_name(s.kernel), s.count);

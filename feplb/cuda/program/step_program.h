@@ -160,7 +160,7 @@ enum class KernelId : uint8_t {
   kScatterGrad,       // grad_out -> send (dY), d topk_weight
   kCombine,           // y_send -> out (weighted)
   kCombineGrad,       // back -> grad_hidden (unweighted)
-  kZeroGrads,         // the caller's gradients = 0 (GradMode::kOverwrite)
+  kZeroGrads,         // a = 0: one expert's gradients no home dW GEMM writes (kOverwrite)
   kAddStagedGrad,     // the caller's gradient of local expert a.index += staging slot b.index
   kCountsFromCaller,  // rows per local expert (host) -> counts (H2D)
   kCountsToHost,      // counts_all -> counts_host (D2H)

@@ -37,7 +37,11 @@ def _backward_fields(*own):
         ("grad_down", _c_void_p_p),
         ("accumulate", ctypes.c_int),
         ("stream", ctypes.c_void_p),
+        ("grad_dtype", ctypes.c_int),  # GRAD_F32 or GRAD_BF16
     ]
+
+
+GRAD_F32, GRAD_BF16 = 0, 1  # feplb_backward_args.grad_dtype
 
 
 class ForwardArgs(ctypes.Structure):

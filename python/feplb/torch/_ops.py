@@ -105,6 +105,8 @@ def _backward_args(struct, entry, streams, ids, gate_up, down, grad_gate_up, gra
         _set_weights(a, entry, r, gate_up, down)
         a.grad_gate_up, a.grad_down = entry.arrays(grad_gate_up, r), entry.arrays(grad_down, r)
         a.accumulate = 1 if accumulate else 0
+        bf16 = bool(grad_gate_up) and grad_gate_up[0].dtype == torch.bfloat16
+        a.grad_dtype = _capi.GRAD_BF16 if bf16 else _capi.GRAD_F32
         a.stream = streams[r].cuda_stream
     return args
 
@@ -221,10 +223,10 @@ def _stacked(params, dtype):
 
 def _weight_grads(gate_up, down, stacked):
     """Where the weight gradients go: every parameter's fp32 `main_grad` (Megatron's convention,
-    accumulated into), else new fp32 buffers (written, then handed to autograd in the parameters'
-    dtype; a bf16 main_grad, Megatron's DDP without grad_reduce_in_fp32, takes this path and its
+    accumulated into), else new buffers in the parameters' dtype (bf16: the dW GEMMs write them,
+    no cast; a bf16 main_grad, Megatron's DDP without grad_reduce_in_fp32, takes this path and its
     hook adds the .grad in). With `stacked` (the eager path) the buffers of all experts are one
-    allocation per kind, so the backward allocates twice and casts twice, not once per expert.
+    allocation per kind, so the backward allocates twice, not once per expert.
     Returns (gate_up's, down's, accumulated, the stacked buffers or (None, None))."""
     params = (*gate_up, *down)
     if all(getattr(p, "main_grad", None) is not None for p in params):
@@ -237,12 +239,15 @@ def _weight_grads(gate_up, down, stacked):
                                  f"{tuple(p.shape)} on {p.device}")
         if all(p.main_grad.dtype == torch.float32 for p in params):
             return [p.main_grad for p in gate_up], [p.main_grad for p in down], True, (None, None)
+    # bf16 parameters get bf16 gradients the dW GEMMs write themselves (no fp32 buffer, no cast);
+    # others fp32 buffers, cast to the parameters' dtype afterwards.
+    dtype = torch.bfloat16 if all(p.dtype == torch.bfloat16 for p in params) else torch.float32
     out, bases = [], []
     for group in (gate_up, down):
-        base = _stacked(group, torch.float32) if stacked else None
+        base = _stacked(group, dtype) if stacked else None
         bases.append(base)
         out.append(list(base.unbind(0)) if base is not None else
-                   [torch.empty(p.shape, dtype=torch.float32, device=p.device) for p in group])
+                   [torch.empty(p.shape, dtype=dtype, device=p.device) for p in group])
     return out[0], out[1], False, tuple(bases)
 
 
@@ -264,8 +269,8 @@ def _placeholders(params, stacked):
 
 
 def _cast(grads, params, base):
-    """fp32 gradients in the parameters' dtype: one cast of the stacked buffer when there is one
-    (fp32 parameters: no copy at all), else one per parameter."""
+    """The gradients in the parameters' dtype: one cast of the stacked buffer when there is one,
+    else one per parameter; none at all where they already are (bf16 written by the GEMMs)."""
     dtype = params[0].dtype
     if base is not None and all(p.dtype == dtype for p in params):
         return list(base.to(dtype).unbind(0))
@@ -401,7 +406,7 @@ def _dispatched_grads(ctx, grads, impl):
     """The backward of a dispatched forward that saved its handles, parameters and R in `ctx`,
     through `impl` (the custom op, or its implementation): the rows' gradients, and the
     parameters' (gate_up's, down's)."""
-    (handles,) = ctx.saved_tensors
+    handles = ctx.saved_tensors[0]  # then the rows, kept alive for the backward's dW GEMMs
     gate_up, down = ctx.params
     stacked = impl is dispatched_backward_impl
     g_gu, g_dn, acc, bases = _weight_grads(gate_up, down, stacked)
@@ -411,7 +416,9 @@ def _dispatched_grads(ctx, grads, impl):
 
 def _dispatched_setup(ctx, inputs, output):
     rows, counts, gate_up, down, key, keep = inputs
-    ctx.save_for_backward(output[-1])
+    # The backward reads the forward's rows again (the dW GEMMs; MoeLayer::forward_dispatched: the
+    # caller keeps them until the backward): saved, so the caller's tensor outlives its last use.
+    ctx.save_for_backward(output[-1], *rows)
     ctx.params = (list(gate_up), list(down))
     ctx.key = key
     ctx.R = len(rows)
@@ -433,7 +440,7 @@ class DispatchedFunction(torch.autograd.Function):
         rows, params = list(tensors[:R]), tensors[R:]
         gate_up, down = list(params[:n]), list(params[n:])
         outs, handles = dispatched_forward_impl(rows, counts, gate_up, down, key, keep)
-        ctx.save_for_backward(handles)
+        ctx.save_for_backward(handles, *rows)  # the backward's dW GEMMs read the rows again
         ctx.params, ctx.key, ctx.R = (gate_up, down), key, R
         return (*outs, handles)
 
