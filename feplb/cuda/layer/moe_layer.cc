@@ -155,16 +155,16 @@ void MoeLayer::Impl::validate_grads(std::span<const ExpertGrads> grads, const ch
                       grads.size(), rt->experts_per_rank);
   for (size_t i = 0; i < grads.size(); ++i) {
     const ExpertGrads& g = grads[i];
-    const bool bf16 = g.bf16_pair();
+    const bool half = g.bf16_pair();
     FEPLB_REQUIRE_INPUT(
-        bf16 ? (g.gate_up_bf16 && g.down_bf16 && !g.gate_up && !g.down) : (g.gate_up && g.down),
+        half ? (g.gate_up_bf16 && g.down_bf16 && !g.gate_up && !g.down) : (g.gate_up && g.down),
         "{} of layer '{}': local expert {} needs both gradient pointers of one "
         "dtype (fp32 or bf16)",
         who, cfg.name, i);
-    FEPLB_REQUIRE_INPUT(bf16 == grads[0].bf16_pair(),
+    FEPLB_REQUIRE_INPUT(half == grads[0].bf16_pair(),
                         "{} of layer '{}': local expert {}'s gradients are {}, expert 0's {}: one "
                         "dtype per call",
-                        who, cfg.name, i, bf16 ? "bf16" : "fp32", bf16 ? "fp32" : "bf16");
+                        who, cfg.name, i, half ? "bf16" : "fp32", half ? "fp32" : "bf16");
   }
 }
 
