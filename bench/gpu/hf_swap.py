@@ -79,6 +79,9 @@ MODELS = {
 }
 
 
+# The parts of a C call's host time that the layer's stats report (feplb/cuda/stats.h, HostTimes).
+HOST_PARTS = ("call", "await", "gemm", "launch", "hooks", "build", "refine")
+
 def build(a):
     import transformers
 
@@ -260,6 +263,13 @@ def profile_variants(variants, block_names, ids, a, trace_dir):
                         "counts_to_host_ms": 1e-3 * sum(float(st.get("forward", {}).get("counts_to_host_us", 0.0))
                                                         for st in stats),
                     }
+                    # Where the C calls' host time went, summed over the blocks (stats.h HostTimes).
+                    for call in ("forward", "backward"):
+                        for part in HOST_PARTS:
+                            s["feplb"][f"c_{call}_{part}_ms"] = 1e-3 * sum(
+                                float(st.get(call, {}).get("host", {}).get(f"{part}_us", 0.0)) for st in stats)
+                        s["feplb"][f"c_{call}_gemms"] = sum(
+                            int(st.get(call, {}).get("host", {}).get("gemms", 0)) for st in stats)
                     s["feplb"]["python_fwd_host_ms"] = s["experts_fwd"]["host_ms"] - s["feplb"]["c_forward_host_ms"]
                     s["feplb"]["python_bwd_host_ms"] = s["experts_bwd"]["host_ms"] - s["feplb"]["c_backward_host_ms"]
                 per[name].append(s)
@@ -334,7 +344,11 @@ def print_profile(prof):
                        ("feplb C backward calls, host ms", "c_backward_host_ms"),
                        ("feplb Python around them fwd", "python_fwd_host_ms"),
                        ("feplb Python around them bwd", "python_bwd_host_ms"),
-                       ("feplb forward waits for counts", "counts_to_host_ms")):
+                       ("feplb forward waits for counts", "counts_to_host_ms"),
+                       *((f"feplb C {call}: {part}", f"c_{call}_{part}_ms")
+                         for call in ("forward", "backward") for part in HOST_PARTS),
+                       ("feplb C forward: GEMMs enqueued", "c_forward_gemms"),
+                       ("feplb C backward: GEMMs enqueued", "c_backward_gemms")):
         vals = [get(prof["variants"][n]["marks"], "feplb", key) for n in names]
         if any(v is not None for v in vals):
             rows.append((label, ["-" if v is None else f"{v:8.2f}" for v in vals]))

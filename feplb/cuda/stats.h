@@ -7,6 +7,21 @@
 
 namespace feplb::cuda {
 
+// Where one call's time on the caller's thread went (microseconds, steady clock). With counts on
+// the host the GPU has caught up by the time the plan is ready, so from there on every host
+// microsecond of the call is GPU time too. The rest of `call_us` is the argument and plan
+// checks.
+struct HostTimes {
+  double call_us = 0;    // the whole call
+  double await_us = 0;   // waiting for the scheduler thread (plan ready, copies issued)
+  double gemm_us = 0;    // enqueueing the expert GEMMs with their SwiGLU kernels (GEMM steps)
+  double launch_us = 0;  // enqueueing the rest: kernels, collectives, copies, signals, events
+  double hooks_us = 0;   // the layer's host work between steps (memory, handing the job over)
+  double build_us = 0;   // building the call's step programs
+  double refine_us = 0;  // choosing exact GEMM algorithms after the work is enqueued
+  int64_t gemms = 0;     // GEMMs enqueued
+};
+
 // Host-side measurements of a forward (microseconds, steady clock, taken on the scheduler thread)
 // and, with the runtime's `timing`, GPU times (ms, CUDA events).
 struct ForwardStats {
@@ -41,6 +56,7 @@ struct ForwardStats {
   float guest_ms = 0;
   float return_ms = 0;   // -> this rank's exported rows' outputs back from their helpers
   float combine_ms = 0;  // -> reverse all-to-all-v and weighted combine done
+  HostTimes host;        // the caller's thread
 };
 
 struct BackwardStats {
@@ -56,6 +72,7 @@ struct BackwardStats {
   float guest_ms = 0;
   float results_wait_ms = 0;  // idle waiting for the helpers' dX after the guests
   float combine_ms = 0;
+  HostTimes host;  // the caller's thread
 };
 
 }  // namespace feplb::cuda

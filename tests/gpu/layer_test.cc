@@ -628,8 +628,35 @@ TEST(LayerBackward, Bf16GradientsFromTheGemmsMatchTheReference) {
         guest_rows += r.stats.guest_rows;
         for (float v : r.main_grad) ASSERT_FALSE(std::isnan(v)) << what << ": a gradient unwritten";
       }
-      if (std::string(policy) == "feplb") EXPECT_GT(guest_rows, 0) << what << ": nothing split";
+      if (std::string(policy) == "feplb") {
+        EXPECT_GT(guest_rows, 0) << what << ": nothing split";
+      }
     }
+  }
+}
+
+// A call's host time is split by what it went to, and its parts add up to no more than the call.
+TEST(Layer, HostTimesSayWhereTheCallWent) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, 4, 1, 8, "static").runtime;
+  c.training = false;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer layer(rt, {1, "host"}, cuda::make_gpu_planner(rt, "static"));
+  cuda::LocalExperts w(4, kHidden, kFfn, false);
+  cuda::Stream s;
+  TokenBuffers b(8);  // every token to expert 0
+  for (int call = 0; call < 3; ++call) {
+    b.forward(layer, w, s.get());
+    cuda::sync_with_timeout(s.get(), 30, "forward");
+    const cuda::HostTimes& t = layer.last_forward_stats().host;
+    EXPECT_EQ(t.gemms, 2) << "one expert with rows: gate|up and down";
+    EXPECT_GT(t.call_us, 0);
+    EXPECT_GT(t.gemm_us, 0);
+    const double parts =
+        t.await_us + t.gemm_us + t.launch_us + t.hooks_us + t.build_us + t.refine_us;
+    EXPECT_LE(parts, t.call_us + 1.0) << "call " << call;
+    for (double v : {t.await_us, t.launch_us, t.hooks_us, t.build_us, t.refine_us}) EXPECT_GE(v, 0);
   }
 }
 
@@ -805,7 +832,9 @@ TEST_P(LayerPathTest, ForwardAndBackwardMatchFloat64Reference) {
   for (const auto& g : fwd) st.add(g.stats);
   expect_row_sources(fwd[0].plan, c.runtime.topo, mode);
   ASSERT_GT(st.guest_rows, 0) << mode.name << ": skewed input but nothing migrated";
-  if (mode.chooser) EXPECT_FALSE(fwd[0].plan.mode.empty()) << "the chooser names its mode";
+  if (mode.chooser) {
+    EXPECT_FALSE(fwd[0].plan.mode.empty()) << "the chooser names its mode";
+  }
   if (one_hop_of(fwd[0].plan, mode)) {
     EXPECT_EQ(st.dispatched_rows, st.guest_rows) << "one hop: every guest row arrives in phase 1";
   } else {

@@ -308,6 +308,13 @@ int per_rank(int n, Args* args, F&& f) {
   });
 }
 
+// Where a call's time on the caller's thread went (feplb/cuda/stats.h).
+json host_json(const feplb::cuda::HostTimes& t) {
+  return {{"call_us", t.call_us},     {"await_us", t.await_us}, {"gemm_us", t.gemm_us},
+          {"launch_us", t.launch_us}, {"hooks_us", t.hooks_us}, {"build_us", t.build_us},
+          {"refine_us", t.refine_us}, {"gemms", t.gemms}};
+}
+
 }  // namespace
 
 extern "C" {
@@ -520,12 +527,11 @@ int feplb_layer_stats_json(feplb_layer* layer, char* buf, size_t cap, size_t* le
                     {"guest_rows", f.guest_rows},
                     {"exported_rows", f.exported_rows},
                     {"forward_ms", f.forward_ms},
-                    {"copy_wait_ms", f.wait_ms}};
-    j["backward"] = {{"copies", b.copies},
-                     {"weight_recopies", b.weight_recopies},
-                     {"guest_rows", b.guest_rows},
-                     {"backward_ms", b.backward_ms},
-                     {"copy_wait_ms", b.wait_ms}};
+                    {"copy_wait_ms", f.wait_ms},
+                    {"host", host_json(f.host)}};
+    j["backward"] = {{"copies", b.copies},         {"weight_recopies", b.weight_recopies},
+                     {"guest_rows", b.guest_rows}, {"backward_ms", b.backward_ms},
+                     {"copy_wait_ms", b.wait_ms},  {"host", host_json(b.host)}};
     write_json(j, buf, cap, len);
   });
 }

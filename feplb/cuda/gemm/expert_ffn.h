@@ -41,4 +41,23 @@ void expert_ffn_backward(GemmEngine& gemm, cudaStream_t stream, const bf16* x, i
                          const bf16* dy, void* g_gate_up, void* g_down, bool g_f32, float beta,
                          bf16* dx, bf16* dgu, bf16* dact, int64_t hidden, int64_t ffn);
 
+// The same work in its GEMM stages, so that many experts whose rows lie next to each other in
+// gu/act share one SwiGLU kernel (kernels::swiglu, kernels::swiglu_backward) between the stages
+// (the layer's GEMM batches: one launch instead of one per expert). expert_ffn is
+// ffn_gate_up, swiglu, ffn_down; expert_ffn_backward is ffn_backward_down, swiglu_backward,
+// ffn_backward_gate_up. rows may be 0 in each (ffn_backward_down zeroes both gradients then when
+// beta is 0).
+void ffn_gate_up(GemmEngine& gemm, cudaStream_t stream, const bf16* x, int64_t rows,
+                 const bf16* w_gate_up, bf16* gu, int64_t hidden, int64_t ffn);  // gu = x Wgu
+void ffn_down(GemmEngine& gemm, cudaStream_t stream, const bf16* act, int64_t rows,
+              const bf16* w_down, bf16* y, int64_t hidden, int64_t ffn);  // y = act Wd
+// g_down = beta g_down + act^T dy; dact = dy Wd^T (dact may be act).
+void ffn_backward_down(GemmEngine& gemm, cudaStream_t stream, int64_t rows, const bf16* w_down,
+                       const bf16* act, const bf16* dy, void* g_gate_up, void* g_down, bool g_f32,
+                       float beta, bf16* dact, int64_t hidden, int64_t ffn);
+// g_gate_up = beta g_gate_up + x^T dgu; dx = dgu Wgu^T.
+void ffn_backward_gate_up(GemmEngine& gemm, cudaStream_t stream, const bf16* x, int64_t rows,
+                          const bf16* w_gate_up, const bf16* dgu, void* g_gate_up, bool g_f32,
+                          float beta, bf16* dx, int64_t hidden, int64_t ffn);
+
 }  // namespace feplb::cuda

@@ -52,6 +52,8 @@ class GemmEngine {
   int64_t pending() const { return static_cast<int64_t>(pending_.size()); }
   // Heuristic queries so far (for tests and benchmarks: it stops growing once warm).
   int64_t heuristic_queries() const { return queries_; }
+  // GEMMs enqueued so far.
+  int64_t launches() const { return launches_; }
 
   struct Key {
     int64_t m, n, k;
@@ -95,6 +97,7 @@ class GemmEngine {
   std::unordered_map<Key, bool, KeyHash> queued_;  // shapes this engine queued for refine()
   std::vector<Shape> pending_;
   int64_t queries_ = 0;
+  int64_t launches_ = 0;
 };
 
 }  // namespace feplb::cuda

@@ -46,6 +46,19 @@ MoeLayer::Impl::Impl(std::shared_ptr<RuntimeState> runtime, const LayerConfig& c
       exec(*rt, cfg.name, ev_grads_done, forward_timeline, backward_timeline),
       sched_exec(*rt, cfg.name, ev_grads_done, forward_timeline, backward_timeline) {}
 
+void MoeLayer::Impl::start_host(Bindings& b) {
+  call_host = HostTimes{};
+  b.host = &call_host;
+  call_start = Clock::now();
+  call_gemms0 = rt->gemm.launches();
+}
+
+HostTimes MoeLayer::Impl::finish_host() {
+  call_host.call_us = us_between(call_start, Clock::now());
+  call_host.gemms = rt->gemm.launches() - call_gemms0;
+  return call_host;
+}
+
 CallFacts MoeLayer::Impl::facts(bool dispatched) const {
   const RuntimeState& r = *rt;
   CallFacts f;
@@ -161,12 +174,13 @@ void MoeLayer::Impl::carve_plan(MicroBatchState& h, int64_t home_rows, bool own_
 // forward-only runtime keeps nothing in `handle`.
 void MoeLayer::Impl::run_forward_body(MicroBatch& handle, MicroBatchState& h, const CallFacts& f,
                                       Bindings& b) {
-  build_forward_body(body, h.layout, f);
+  timed(call_host.build_us, [&] { build_forward_body(body, h.layout, f); });
   exec.run(body, b, *this);
   fstats = h.stats;
   last_plan = h.plan;
   last_routing = h.routing;
-  rt->gemm.refine(kGemmRefineBudgetMs);
+  timed(call_host.refine_us, [&] { rt->gemm.refine(kGemmRefineBudgetMs); });
+  fstats.host = finish_host();
   if (!rt->cfg.training) handle.release();  // forward only: nothing to keep
 }
 
@@ -194,12 +208,13 @@ void MoeLayer::Impl::run_backward(MicroBatch& mb, MicroBatchState& h, GradMode m
   int64_t result_copies = 0;  // the caller's copies (the scheduler counts its own)
   b.copies = &result_copies;
   b.guest_rows = &bstats.guest_rows;
-  build_backward(body, h.layout, f);
+  timed(call_host.build_us, [&] { build_backward(body, h.layout, f); });
   exec.run(body, b, *this);
   bstats.copies += result_copies;
   r.release(mb.slot_, mb.generation_, b.stream);
   mb.release();
-  r.gemm.refine(kGemmRefineBudgetMs);
+  timed(call_host.refine_us, [&] { r.gemm.refine(kGemmRefineBudgetMs); });
+  bstats.host = finish_host();
 }
 
 void MoeLayer::Impl::host(HostAction action, Bindings& b) {

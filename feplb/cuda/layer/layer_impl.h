@@ -78,6 +78,18 @@ struct MoeLayer::Impl final : ProgramHooks {
 
   ForwardStats fstats;
   BackwardStats bstats;
+  // The current call's host time on the caller's thread (Bindings::host points here).
+  HostTimes call_host;
+  Clock::time_point call_start;
+  int64_t call_gemms0 = 0;
+  void start_host(Bindings& b);
+  HostTimes finish_host();
+  template <typename Fn>
+  void timed(double& acc_us, Fn&& fn) {
+    const auto t0 = Clock::now();
+    fn();
+    acc_us += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  }
   Plan last_plan;
   RoutingStep last_routing;
 

@@ -218,6 +218,7 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   CallGuard guard(r, "forward");
   MicroBatch handle;
   Bindings b;
+  m.start_host(b);
   b.stream = stream;
   b.num_tokens = num_tokens;
   b.top_k = static_cast<int>(m.K);
@@ -230,7 +231,7 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   MicroBatchState& h = m.begin_forward(handle, num_tokens, /*dispatched=*/false, b, f);
   m.carve_pairs = num_tokens * m.K;
   m.begin_job(h, /*backward=*/false, /*dispatched=*/false, experts);
-  build_forward_prologue(m.prologue, f);
+  m.timed(m.call_host.build_us, [&] { build_forward_prologue(m.prologue, f); });
   m.exec.run(m.prologue, b, m);
   m.check_plan(h, f, b);
   m.carve_plan(h, h.layout.recv_rows(r.rank), /*own_x_home=*/true, stream);
@@ -255,6 +256,7 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
       num_tokens);
   CallGuard guard(r, "backward");
   Bindings b;
+  m.start_host(b);
   b.stream = stream;
   b.num_tokens = num_tokens;
   b.top_k = static_cast<int>(m.K);
@@ -305,6 +307,7 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
       m.cfg.name, m.planner->name());
   MicroBatch handle;
   Bindings b;
+  m.start_host(b);
   b.stream = stream;
   b.caller_in = rows;
   b.caller_out = out_rows;
@@ -314,7 +317,7 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
   MicroBatchState& h = m.begin_forward(handle, n, /*dispatched=*/true, b, f);
   m.rows_per_expert = rows_per_expert;
   m.begin_job(h, /*backward=*/false, /*dispatched=*/true, experts);
-  build_forward_prologue(m.prologue, f);
+  m.timed(m.call_host.build_us, [&] { build_forward_prologue(m.prologue, f); });
   m.exec.run(m.prologue, b, m);
   m.check_plan(h, f, b);
   m.carve_plan(h, n, /*own_x_home=*/false, stream);
@@ -339,6 +342,7 @@ void MoeLayer::backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams
                       m.cfg.name, n);
   CallGuard guard(r, "backward_dispatched");
   Bindings b;
+  m.start_host(b);
   b.stream = stream;
   b.caller_in = grad_out_rows;
   b.caller_out = grad_rows;

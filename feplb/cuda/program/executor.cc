@@ -42,7 +42,32 @@ Executor::Executor(RuntimeState& rt, const std::string& name, Event& grads_done,
     : rt_(rt), name_(name), grads_done_(grads_done), forward_(forward), backward_(backward) {}
 
 void Executor::run(const StepList& list, Bindings& b, ProgramHooks& hooks) {
-  for (const Step& s : list.steps) step(list, s, b, hooks);
+  if (!b.host) {
+    for (const Step& s : list.steps) step(list, s, b, hooks);
+    return;
+  }
+  using Clock = std::chrono::steady_clock;
+  HostTimes& t = *b.host;
+  auto t0 = Clock::now();
+  for (const Step& s : list.steps) {
+    step(list, s, b, hooks);
+    const auto t1 = Clock::now();
+    const double us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    t0 = t1;
+    switch (s.op) {
+      case Op::kAwait:
+        t.await_us += us;
+        break;
+      case Op::kGemm:
+        t.gemm_us += us;
+        break;
+      case Op::kHost:
+        t.hooks_us += us;
+        break;
+      default:
+        t.launch_us += us;
+    }
+  }
 }
 
 void Executor::await(HostFlag flag, uint32_t call) const {
@@ -202,38 +227,87 @@ void Executor::exchange(const StepList& list, const Step& s, const Bindings& b, 
   rt_.transport.exchange(sends_, recvs_, st);
 }
 
+// A batch's experts in GEMM stages: the first GEMM of each, then one SwiGLU (or its backward) per
+// run of experts whose rows lie next to each other in gu/act, then the second GEMM of each. The
+// same GEMMs as one expert at a time, in the same order per expert, with a kernel per run instead
+// of one per expert (launches are what small experts cost).
 void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t st) {
   RuntimeState& r = rt_;
   const int64_t H = r.H, F = r.F;
   const MicroBatchState& h = *b.mb;
+  using Item = GemmOperands;
+  items_.clear();
   for (uint32_t i = s.begin; i < s.end; ++i) {
     const GemmItem& g = list.gemms[i];
     const bool slot = g.w.buf == Buf::kGuestSlot;
-    const bf16* w_gu = slot ? r.pool->slot(static_cast<int>(g.w.index))
-                            : b.experts[static_cast<size_t>(g.w.index)].gate_up;
-    const bf16* w_down = slot ? w_gu + 2 * H * F : b.experts[static_cast<size_t>(g.w.index)].down;
-    bf16* gu = (g.guest ? h.gu_guest : h.gu_home) + g.act_row * 2 * F;
-    bf16* act = (g.guest ? h.act_guest : h.act_home) + g.act_row * F;
-    if (!s.backward) {
-      expert_ffn(r.gemm, st, rows(g.x, b), g.rows, w_gu, w_down, gu, act, rows(g.y, b), H, F);
-      continue;
+    Item it{};
+    it.w_gu = slot ? r.pool->slot(static_cast<int>(g.w.index))
+                   : b.experts[static_cast<size_t>(g.w.index)].gate_up;
+    it.w_down = slot ? it.w_gu + 2 * H * F : b.experts[static_cast<size_t>(g.w.index)].down;
+    it.gu = (g.guest ? h.gu_guest : h.gu_home) + g.act_row * 2 * F;
+    it.act = (g.guest ? h.act_guest : h.act_home) + g.act_row * F;
+    it.x = rows(g.x, b);
+    it.y = rows(g.y, b);
+    if (s.backward) {
+      it.dy = rows(g.dy, b);
+      // dW into a guest's fp32 gradient slot, or the caller's gradients in their dtype.
+      it.g_f32 = true;
+      if (g.g.buf == Buf::kGradSlot) {
+        float* slot_gu = r.pool->grad_slot(static_cast<int>(g.g.index));
+        it.g_gu = slot_gu;
+        it.g_down = slot_gu + 2 * H * F;
+      } else {
+        const ExpertGrads& eg = b.grads[static_cast<size_t>(g.g.index)];
+        it.g_f32 = !eg.bf16_pair();
+        it.g_gu = it.g_f32 ? static_cast<void*>(eg.gate_up) : eg.gate_up_bf16;
+        it.g_down = it.g_f32 ? static_cast<void*>(eg.down) : eg.down_bf16;
+      }
     }
-    // dW into a guest's fp32 gradient slot, or the caller's gradients in their dtype.
-    void* g_gu = nullptr;
-    void* g_down = nullptr;
-    bool g_f32 = true;
-    if (g.g.buf == Buf::kGradSlot) {
-      float* slot_gu = r.pool->grad_slot(static_cast<int>(g.g.index));
-      g_gu = slot_gu;
-      g_down = slot_gu + 2 * H * F;
-    } else {
-      const ExpertGrads& eg = b.grads[static_cast<size_t>(g.g.index)];
-      g_f32 = !eg.bf16_pair();
-      g_gu = g_f32 ? static_cast<void*>(eg.gate_up) : eg.gate_up_bf16;
-      g_down = g_f32 ? static_cast<void*>(eg.down) : eg.down_bf16;
+    items_.push_back(it);
+  }
+  // One SwiGLU kernel (forward: act from gu; backward: dgu into gu from dact in act) per run.
+  const auto swiglu_runs = [&] {
+    for (uint32_t i = s.begin; i < s.end;) {
+      const GemmItem& g = list.gemms[i];
+      int64_t n = g.rows;
+      uint32_t j = i + 1;
+      for (; j < s.end; ++j) {
+        const GemmItem& next = list.gemms[j];
+        if (next.guest != g.guest || next.act_row != g.act_row + n) break;
+        n += next.rows;
+      }
+      const Item& it = items_[i - s.begin];
+      if (n > 0) {
+        FEPLB_CUDA_CHECK(s.backward ? kernels::swiglu_backward(it.gu, it.act, n, F, it.gu, st)
+                                    : kernels::swiglu(it.gu, n, F, it.act, st));
+      }
+      i = j;
     }
-    expert_ffn_backward(r.gemm, st, rows(g.x, b), g.rows, w_gu, w_down, gu, act, rows(g.dy, b),
-                        g_gu, g_down, g_f32, g.beta, rows(g.y, b), gu, act, H, F);
+  };
+  if (!s.backward) {
+    for (uint32_t i = s.begin; i < s.end; ++i) {
+      const Item& it = items_[i - s.begin];
+      ffn_gate_up(r.gemm, st, it.x, list.gemms[i].rows, it.w_gu, it.gu, H, F);
+    }
+    swiglu_runs();
+    for (uint32_t i = s.begin; i < s.end; ++i) {
+      const Item& it = items_[i - s.begin];
+      ffn_down(r.gemm, st, it.act, list.gemms[i].rows, it.w_down, it.y, H, F);
+    }
+    return;
+  }
+  for (uint32_t i = s.begin; i < s.end; ++i) {
+    const GemmItem& g = list.gemms[i];
+    const Item& it = items_[i - s.begin];
+    ffn_backward_down(r.gemm, st, g.rows, it.w_down, it.act, it.dy, it.g_gu, it.g_down, it.g_f32,
+                      g.beta, it.act, H, F);
+  }
+  swiglu_runs();
+  for (uint32_t i = s.begin; i < s.end; ++i) {
+    const GemmItem& g = list.gemms[i];
+    const Item& it = items_[i - s.begin];
+    ffn_backward_gate_up(r.gemm, st, it.x, g.rows, it.w_gu, it.gu, it.g_gu, it.g_f32, g.beta, it.y,
+                         H, F);
     if (g.guest && b.guest_rows) *b.guest_rows += g.rows;
   }
 }

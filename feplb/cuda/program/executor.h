@@ -17,6 +17,7 @@
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/program/step_program.h"
 #include "feplb/cuda/program/timeline.h"
+#include "feplb/cuda/stats.h"
 #include "feplb/cuda/transport.h"
 #include "feplb/cuda/transport/ce_copy.h"
 
@@ -48,6 +49,8 @@ struct Bindings {
   int64_t* copies = nullptr;
   int64_t* weight_copies = nullptr;
   int64_t* guest_rows = nullptr;
+  // Host time per kind of step (null: not clocked): kAwait, kGemm, kHost, the rest.
+  HostTimes* host = nullptr;
 };
 
 // The layer's host work at a program's kHost steps, and what it reads off the marks.
@@ -93,6 +96,14 @@ class Executor {
   Event& grads_done_;
   Timeline& forward_;
   Timeline& backward_;
+  // One GEMM item's operands, bound (gemms()).
+  struct GemmOperands {
+    const bf16 *w_gu, *w_down, *x, *dy;
+    bf16 *gu, *act, *y;  // y: forward out, backward dx
+    void *g_gu, *g_down;
+    bool g_f32;
+  };
+  std::vector<GemmOperands> items_;
   std::vector<CeCopy> batch_;
   std::vector<Chunk> sends_, recvs_;
 };
