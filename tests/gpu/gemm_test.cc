@@ -1,13 +1,16 @@
 // GemmEngine (cuBLASLt, one algorithm per bucket of row counts) against a float64 host product,
 // for every transpose combination, bf16 and fp32 outputs, beta 0 and 1, and row counts across
 // bucket boundaries (odd ones included); and the heuristic is asked once per bucket, not per row
-// count. Tolerance: bf16 inputs are exact in double; fp32 accumulation -> relative error of the
-// product <= 1e-2 for bf16 outputs (rounding of the result), <= 1e-4 for fp32 outputs.
+// count, and refine() given a busy event stops once the GPU reached it. Tolerance: bf16 inputs are
+// exact in double; fp32 accumulation -> relative error of the product <= 1e-2 for bf16 outputs
+// (rounding of the result), <= 1e-4 for fp32 outputs.
 #include "feplb/cuda/gemm/gemm.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "feplb/core/bf16.h"
 #include "feplb/core/rng.h"
@@ -108,4 +111,34 @@ TEST(GemmEngine, AsksTheHeuristicOncePerBucketNotPerRowCount) {
 }
 
 }  // namespace
+// refine() with a `busy` event queries only while the GPU has not reached it: none once it has,
+// all of them while the stream is held back.
+TEST(GemmEngine, RefinesOnlyWhileTheGpuIsBusy) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  cuda::GemmEngine gemm;
+  cuda::Stream stream;
+  const int64_t n = 152, k = 88, max_m = 96;  // a shape no other test uses
+  cuda::DeviceBuffer<__nv_bfloat16> a(static_cast<size_t>(max_m * k)),
+      b(static_cast<size_t>(k * n)), c(static_cast<size_t>(max_m * n));
+  FEPLB_CUDA_CHECK(cudaMemset(a.get(), 0, a.bytes()));
+  FEPLB_CUDA_CHECK(cudaMemset(b.get(), 0, b.bytes()));
+  for (int64_t m = 65; m <= 72; ++m)
+    gemm.run(stream.get(), false, false, m, n, k, a.get(), b.get(), c.get(), false, 0.f);
+  cuda::Event done;
+  FEPLB_CUDA_CHECK(cudaEventRecord(done.get(), stream.get()));
+  cuda::sync_with_timeout(stream.get(), 30, "gemm");
+  ASSERT_EQ(gemm.pending(), 8);
+  const int64_t queries = gemm.heuristic_queries();
+  gemm.refine(-1, done.get());
+  EXPECT_EQ(gemm.pending(), 8) << "the GPU is idle: no query";
+  EXPECT_EQ(gemm.heuristic_queries(), queries);
+  // The stream held back by a host function that sleeps for 2 s: the event stays pending.
+  FEPLB_CUDA_CHECK(cudaLaunchHostFunc(
+      stream.get(), [](void*) { std::this_thread::sleep_for(std::chrono::seconds(2)); }, nullptr));
+  FEPLB_CUDA_CHECK(cudaEventRecord(done.get(), stream.get()));
+  gemm.refine(-1, done.get());
+  EXPECT_EQ(gemm.pending(), 0) << "the GPU is busy: every queued shape refined";
+  cuda::sync_with_timeout(stream.get(), 30, "host function");
+}
+
 }  // namespace feplb

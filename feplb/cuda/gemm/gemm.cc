@@ -167,7 +167,7 @@ void GemmEngine::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m,
   FEPLB_CUBLAS_CHECK(matmul(algo));
 }
 
-void GemmEngine::refine(double budget_ms) {
+void GemmEngine::refine(double budget_ms, cudaEvent_t busy) {
   const auto t0 = std::chrono::steady_clock::now();
   Shared& sh = shared();
   while (!pending_.empty()) {
@@ -175,6 +175,11 @@ void GemmEngine::refine(double budget_ms) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() >=
             budget_ms) {
       return;
+    }
+    if (busy) {
+      const cudaError_t q = cudaEventQuery(busy);
+      if (q == cudaSuccess) return;  // the GPU caught up: the host's time is the GPU's now
+      if (q != cudaErrorNotReady) FEPLB_CUDA_CHECK(q);
     }
     const Shape shape = pending_.back();
     pending_.pop_back();

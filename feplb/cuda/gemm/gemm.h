@@ -11,10 +11,13 @@
 // query per bucket) and is queued; the algorithms are shared by every engine of the process (the
 // layers of a rank have the same shapes: the first layer's queries serve all); refine() asks the
 // heuristic for queued shapes when the caller has time to spare (the layer: after enqueueing a
-// forward or backward, bounded). Bucket algorithms measured 5-10% slower than exact ones on skewed
-// expert sizes, so the exact one takes over from the next use. The row count is m (activations, dX)
-// or k (weight gradients: rows are the reduction); keys also carry the other dimensions, the
-// transposes, the output type and the operands' alignment.
+// forward or backward, at most 1 ms and only while the GPU is still busy with that call's work:
+// where the host is what the GPU waits for, as with small experts, a query would be GPU time too,
+// and new row counts appear every micro-batch, so the bucket's algorithm stays). Bucket algorithms
+// measured 5-10% slower than exact ones on skewed expert sizes, so the exact one takes over from
+// the next use. The row count is m (activations, dX) or k (weight gradients: rows are the
+// reduction); keys also carry the other dimensions, the transposes, the output type and the
+// operands' alignment.
 //
 // One engine per stream at a time (it owns one workspace). Row-major operands throughout.
 #pragma once
@@ -47,8 +50,10 @@ class GemmEngine {
            const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, bool c_f32, float beta,
            bool rows_in_k = false);
 
-  // Chooses exact algorithms for queued shapes for at most `budget_ms` of host time (< 0: all).
-  void refine(double budget_ms);
+  // Chooses exact algorithms for queued shapes for at most `budget_ms` of host time (< 0: all),
+  // and, given `busy`, only while that event has not completed on the GPU (checked before each
+  // query).
+  void refine(double budget_ms, cudaEvent_t busy = nullptr);
   int64_t pending() const { return static_cast<int64_t>(pending_.size()); }
   // Heuristic queries so far (for tests and benchmarks: it stops growing once warm).
   int64_t heuristic_queries() const { return queries_; }
