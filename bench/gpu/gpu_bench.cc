@@ -874,6 +874,59 @@ int main(int argc, char** argv) {
           tf(f16, loop1), tf(f16, loop4), tf(f16, grouped), pct(best));
       save();
     }
+    if (want("small_experts")) {
+      // Where small experts are launch-bound: the per-expert loop as the layer runs it (paced by
+      // the host where the host is slower), the same loop with everything enqueued before the GPU
+      // starts (its own time) and the host's enqueue time per GEMM, and cuBLAS's grouped GEMM.
+      struct Case {
+        const char* name;
+        ExpertShape shape;
+        int experts;
+        int64_t rows;  // per expert, uniform
+      };
+      json cases = json::array();
+      for (const Case& c :
+           {Case{"qwen3-30b", kQwen3_30b, 32, 1024}, Case{"qwen3-30b", kQwen3_30b, 32, 2048},
+            Case{"qwen3-235b", kQwen3_235b, 16, 2048}}) {
+        const int64_t total = c.rows * c.experts;
+        ExpertBench sb(c.shape, total + 8192, c.experts, 1);
+        double harmonic = 0;
+        for (int e = 0; e < c.experts; ++e) harmonic += 1.0 / (e + 1);
+        std::vector<int64_t> zipf(static_cast<size_t>(c.experts));
+        for (int e = 0; e < c.experts; ++e)
+          zipf[static_cast<size_t>(e)] = std::max<int64_t>(
+              1, static_cast<int64_t>(static_cast<double>(total) / (e + 1) / harmonic));
+        const std::vector<int64_t> uniform(static_cast<size_t>(c.experts), c.rows);
+        for (const auto& [routing, rows] :
+             {std::pair<const char*, const std::vector<int64_t>&>{"uniform", uniform},
+              std::pair<const char*, const std::vector<int64_t>&>{"zipf1.0", zipf}}) {
+          const double paced = sb.run_ms(rows, 1, reps);
+          const ExpertBench::Queued q = sb.run_queued(rows, reps);
+          const double grouped = sb.run_grouped_ms(rows, reps);
+          const double gemms = 2.0 * c.experts;
+          cases.push_back({{"shape", c.name},
+                           {"hidden", c.shape.hidden},
+                           {"ffn", c.shape.ffn},
+                           {"experts", c.experts},
+                           {"rows_per_expert_mean", c.rows},
+                           {"routing", routing},
+                           {"loop_ms", paced},
+                           {"loop_gpu_only_ms", q.gpu_ms},
+                           {"loop_host_enqueue_ms", q.host_ms},
+                           {"host_us_per_gemm", q.host_ms * 1e3 / gemms},
+                           {"cublas_grouped_ms", grouped}});
+          log("small experts {} E={} {} rows {}: loop {:.3f} ms (GPU alone {:.3f}; host enqueue "
+              "{:.3f} ms = {:.1f} us per GEMM), cublasGemmGroupedBatchedEx {:.3f} ms",
+              c.name, c.experts, c.rows, routing, paced, q.gpu_ms, q.host_ms,
+              q.host_ms * 1e3 / gemms, grouped);
+        }
+      }
+      doc["small_experts"] = {{"what",
+                               "forward SwiGLU FFN of every local expert (gate|up GEMM, SwiGLU, "
+                               "down GEMM per expert; grouped: two grouped GEMMs and one SwiGLU)"},
+                              {"cases", cases}};
+      save();
+    }
     if (want("shape_tables")) {
       // Per-expert FFN time tables of other expert shapes, for the simulator's cost model.
       const std::vector<std::pair<std::string, ExpertShape>> shapes = {{"qwen3-235b", kQwen3_235b},

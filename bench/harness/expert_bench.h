@@ -38,6 +38,12 @@ class ExpertBench {
                Pass pass = Pass::kForward);
   // The same work through cublasGemmGroupedBatchedEx (one grouped call per GEMM, one SwiGLU).
   double run_grouped_ms(std::span<const int64_t> rows_per_expert, int reps = 5);
+  // The forward loop on one stream held back by a host function while the host enqueues it all:
+  // the GPU's own time (nothing paced by the host) and the host's enqueue time, medians of `reps`.
+  struct Queued {
+    double gpu_ms = 0, host_ms = 0;
+  };
+  Queued run_queued(std::span<const int64_t> rows_per_expert, int reps = 5);
 
   // Per GPU of `plan`: its slices' row counts (own and guest experts), for run_ms.
   static std::vector<std::vector<int64_t>> rows_per_gpu(const Plan& plan, int num_ranks);
