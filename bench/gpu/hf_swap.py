@@ -80,7 +80,7 @@ MODELS = {
 
 
 # The parts of a C call's host time that the layer's stats report (feplb/cuda/stats.h, HostTimes).
-HOST_PARTS = ("call", "await", "gemm", "launch", "hooks", "build", "refine")
+HOST_PARTS = ("call", "await", "gemm", "kernel", "exchange", "sync", "hooks", "build", "refine")
 
 def build(a):
     import transformers

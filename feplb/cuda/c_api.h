@@ -146,7 +146,8 @@ int feplb_layer_sync_gradients(feplb_layer* layer, void* stream);
 /* The layer's last forward and backward, as JSON: the plan (rows per GPU before and after
  * balancing, experts moved, weight and token bytes), planner and copy latencies, copy waits, and
  * per call ("forward", "backward") "host": where its time on the caller's thread went (call_us,
- * await_us, gemm_us, launch_us, hooks_us, build_us, refine_us, gemms; feplb/cuda/stats.h). GPU
+ * await_us, gemm_us, kernel_us, exchange_us, sync_us, hooks_us, build_us, refine_us, gemms;
+ * feplb/cuda/stats.h). GPU
  * times need the stream to have finished. */
 int feplb_layer_stats_json(feplb_layer* layer, char* buf, size_t cap, size_t* len);
 

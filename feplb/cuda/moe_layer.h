@@ -179,8 +179,8 @@ class MoeLayer {
   const ForwardStats& last_forward_stats() const;
   const BackwardStats& last_backward_stats() const;
   // Chooses exact GEMM algorithms for row counts met for the first time, for at most `budget_ms`
-  // of host time (< 0: all); forward and backward spend up to 1 ms on it themselves, while the
-  // GPU is still busy with their work.
+  // of host time (< 0: all, and waits for the runtime's background refinement too); forward and
+  // backward hand new row counts to a background thread of the runtime themselves.
   void refine_gemm_algorithms(double budget_ms);
 
   struct Impl;

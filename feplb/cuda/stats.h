@@ -12,14 +12,16 @@ namespace feplb::cuda {
 // microsecond of the call is GPU time too. The rest of `call_us` is the argument and plan
 // checks.
 struct HostTimes {
-  double call_us = 0;    // the whole call
-  double await_us = 0;   // waiting for the scheduler thread (plan ready, copies issued)
-  double gemm_us = 0;    // enqueueing the expert GEMMs with their SwiGLU kernels (GEMM steps)
-  double launch_us = 0;  // enqueueing the rest: kernels, collectives, copies, signals, events
-  double hooks_us = 0;   // the layer's host work between steps (memory, handing the job over)
-  double build_us = 0;   // building the call's step programs
-  double refine_us = 0;  // choosing exact GEMM algorithms after the work is enqueued
-  int64_t gemms = 0;     // GEMMs enqueued
+  double call_us = 0;      // the whole call
+  double await_us = 0;     // waiting for the scheduler thread (plan ready, copies issued)
+  double gemm_us = 0;      // enqueueing the expert GEMMs with their SwiGLU kernels (GEMM steps)
+  double kernel_us = 0;    // enqueueing the other kernels (permute, combine, reductions, memsets)
+  double exchange_us = 0;  // enqueueing collectives, all-to-all-v and copies
+  double sync_us = 0;      // events, signals and waits on the GPU, marks
+  double hooks_us = 0;     // the layer's host work between steps (memory, handing the job over)
+  double build_us = 0;     // building the call's step programs
+  double refine_us = 0;    // handing new GEMM shapes to the background refiner
+  int64_t gemms = 0;       // GEMMs enqueued
 };
 
 // Host-side measurements of a forward (microseconds, steady clock, taken on the scheduler thread)

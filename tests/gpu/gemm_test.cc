@@ -1,19 +1,18 @@
 // GemmEngine (cuBLASLt, one algorithm per bucket of row counts) against a float64 host product,
 // for every transpose combination, bf16 and fp32 outputs, beta 0 and 1, and row counts across
 // bucket boundaries (odd ones included); and the heuristic is asked once per bucket, not per row
-// count, and refine() given a busy event stops once the GPU reached it. Tolerance: bf16 inputs are
+// count; a GemmRefiner chooses exact algorithms on its own thread. Tolerance: bf16 inputs are
 // exact in double; fp32 accumulation -> relative error of the product <= 1e-2 for bf16 outputs
 // (rounding of the result), <= 1e-4 for fp32 outputs.
 #include "feplb/cuda/gemm/gemm.h"
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
-#include <thread>
 
 #include "feplb/core/bf16.h"
 #include "feplb/core/rng.h"
+#include "feplb/cuda/gemm/refiner.h"
 #include "gpu_test_util.h"
 
 namespace feplb {
@@ -111,34 +110,53 @@ TEST(GemmEngine, AsksTheHeuristicOncePerBucketNotPerRowCount) {
 }
 
 }  // namespace
-// refine() with a `busy` event queries only while the GPU has not reached it: none once it has,
-// all of them while the stream is held back.
-TEST(GemmEngine, RefinesOnlyWhileTheGpuIsBusy) {
+// A GemmRefiner takes an engine's new shapes and chooses their exact algorithms on its own
+// thread: the engine then runs them without asking the heuristic, and the results are right.
+TEST(GemmRefiner, ChoosesExactAlgorithmsInTheBackground) {
   FEPLB_SKIP_WITHOUT_GPU();
   cuda::GemmEngine gemm;
+  cuda::GemmRefiner refiner;
   cuda::Stream stream;
   const int64_t n = 152, k = 88, max_m = 96;  // a shape no other test uses
-  cuda::DeviceBuffer<__nv_bfloat16> a(static_cast<size_t>(max_m * k)),
-      b(static_cast<size_t>(k * n)), c(static_cast<size_t>(max_m * n));
-  FEPLB_CUDA_CHECK(cudaMemset(a.get(), 0, a.bytes()));
-  FEPLB_CUDA_CHECK(cudaMemset(b.get(), 0, b.bytes()));
+  std::vector<float> a(static_cast<size_t>(max_m * k)), b(static_cast<size_t>(k * n));
+  Rng rng(11);
+  for (float& x : a) x = round_to_bf16(static_cast<float>(rng.normal()));
+  for (float& x : b) x = round_to_bf16(static_cast<float>(rng.normal()));
+  const auto a16 = testing::to_bf16(a), b16 = testing::to_bf16(b);
+  cuda::DeviceBuffer<__nv_bfloat16> da(a16.size()), db(b16.size()),
+      dc(static_cast<size_t>(max_m * n));
+  FEPLB_CUDA_CHECK(cudaMemcpy(da.get(), a16.data(), da.bytes(), cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(db.get(), b16.data(), db.bytes(), cudaMemcpyHostToDevice));
   for (int64_t m = 65; m <= 72; ++m)
-    gemm.run(stream.get(), false, false, m, n, k, a.get(), b.get(), c.get(), false, 0.f);
-  cuda::Event done;
-  FEPLB_CUDA_CHECK(cudaEventRecord(done.get(), stream.get()));
-  cuda::sync_with_timeout(stream.get(), 30, "gemm");
+    gemm.run(stream.get(), false, false, m, n, k, da.get(), db.get(), dc.get(), false, 0.f);
   ASSERT_EQ(gemm.pending(), 8);
+  refiner.take(gemm);
+  EXPECT_EQ(gemm.pending(), 0) << "the refiner took the queued shapes";
+  refiner.drain();
+  // Each new row count needs one query unless the engine asked for it already (a bucket algorithm
+  // that refused the shape).
+  EXPECT_GT(refiner.queries(), 0);
+  EXPECT_LE(refiner.queries(), 8);
   const int64_t queries = gemm.heuristic_queries();
-  gemm.refine(-1, done.get());
-  EXPECT_EQ(gemm.pending(), 8) << "the GPU is idle: no query";
-  EXPECT_EQ(gemm.heuristic_queries(), queries);
-  // The stream held back by a host function that sleeps for 2 s: the event stays pending.
-  FEPLB_CUDA_CHECK(cudaLaunchHostFunc(
-      stream.get(), [](void*) { std::this_thread::sleep_for(std::chrono::seconds(2)); }, nullptr));
-  FEPLB_CUDA_CHECK(cudaEventRecord(done.get(), stream.get()));
-  gemm.refine(-1, done.get());
-  EXPECT_EQ(gemm.pending(), 0) << "the GPU is busy: every queued shape refined";
-  cuda::sync_with_timeout(stream.get(), 30, "host function");
+  for (int64_t m = 65; m <= 72; ++m) {
+    gemm.run(stream.get(), false, false, m, n, k, da.get(), db.get(), dc.get(), false, 0.f);
+    std::vector<uint16_t> c16(static_cast<size_t>(m * n));
+    FEPLB_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    FEPLB_CUDA_CHECK(cudaMemcpy(c16.data(), dc.get(), c16.size() * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> got(c16.size());
+    std::vector<double> ref(c16.size());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t l = 0; l < k; ++l) acc += static_cast<double>(a[i * k + l]) * b[l * n + j];
+        ref[i * n + j] = acc;
+        got[i * n + j] = bf16_to_float(c16[i * n + j]);
+      }
+    }
+    EXPECT_LE(testing::compare(got, ref).rel_l2, 1e-2) << "rows " << m;
+  }
+  EXPECT_EQ(gemm.heuristic_queries(), queries) << "exact algorithms known: no query";
+  EXPECT_EQ(gemm.pending(), 0);
 }
 
 }  // namespace feplb

@@ -653,10 +653,12 @@ TEST(Layer, HostTimesSayWhereTheCallWent) {
     EXPECT_EQ(t.gemms, 2) << "one expert with rows: gate|up and down";
     EXPECT_GT(t.call_us, 0);
     EXPECT_GT(t.gemm_us, 0);
-    const double parts =
-        t.await_us + t.gemm_us + t.launch_us + t.hooks_us + t.build_us + t.refine_us;
+    const double parts = t.await_us + t.gemm_us + t.kernel_us + t.exchange_us + t.sync_us +
+                         t.hooks_us + t.build_us + t.refine_us;
     EXPECT_LE(parts, t.call_us + 1.0) << "call " << call;
-    for (double v : {t.await_us, t.launch_us, t.hooks_us, t.build_us, t.refine_us}) EXPECT_GE(v, 0);
+    for (double v :
+         {t.await_us, t.kernel_us, t.exchange_us, t.sync_us, t.hooks_us, t.build_us, t.refine_us})
+      EXPECT_GE(v, 0);
   }
 }
 

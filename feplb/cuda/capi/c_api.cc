@@ -310,9 +310,10 @@ int per_rank(int n, Args* args, F&& f) {
 
 // Where a call's time on the caller's thread went (feplb/cuda/stats.h).
 json host_json(const feplb::cuda::HostTimes& t) {
-  return {{"call_us", t.call_us},     {"await_us", t.await_us}, {"gemm_us", t.gemm_us},
-          {"launch_us", t.launch_us}, {"hooks_us", t.hooks_us}, {"build_us", t.build_us},
-          {"refine_us", t.refine_us}, {"gemms", t.gemms}};
+  return {{"call_us", t.call_us},     {"await_us", t.await_us},       {"gemm_us", t.gemm_us},
+          {"kernel_us", t.kernel_us}, {"exchange_us", t.exchange_us}, {"sync_us", t.sync_us},
+          {"hooks_us", t.hooks_us},   {"build_us", t.build_us},       {"refine_us", t.refine_us},
+          {"gemms", t.gemms}};
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ bool GemmEngine::find(const std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHas
   return true;
 }
 
-GemmEngine::GemmEngine() : workspace_(kWorkspaceBytes) {
+GemmEngine::GemmEngine(bool workspace) : workspace_(workspace ? kWorkspaceBytes : 0) {
   FEPLB_CUDA_CHECK(cudaGetDevice(&device_));
   FEPLB_CUBLAS_CHECK(cublasLtCreate(&lt_));
   FEPLB_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -167,31 +167,36 @@ void GemmEngine::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m,
   FEPLB_CUBLAS_CHECK(matmul(algo));
 }
 
-void GemmEngine::refine(double budget_ms, cudaEvent_t busy) {
+void GemmEngine::refine(double budget_ms) {
   const auto t0 = std::chrono::steady_clock::now();
-  Shared& sh = shared();
   while (!pending_.empty()) {
     if (budget_ms >= 0 &&
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() >=
             budget_ms) {
       return;
     }
-    if (busy) {
-      const cudaError_t q = cudaEventQuery(busy);
-      if (q == cudaSuccess) return;  // the GPU caught up: the host's time is the GPU's now
-      if (q != cudaErrorNotReady) FEPLB_CUDA_CHECK(q);
-    }
     const Shape shape = pending_.back();
     pending_.pop_back();
-    cublasLtMatmulAlgo_t algo{};
-    if (find(sh.exact, shape.key, &algo)) continue;  // another engine chose it meanwhile
-    set_alignment((shape.key.flags >> 8) & 0xfff);
-    set_shape(shape.trans_a, shape.trans_b, shape.m, shape.n, shape.k, shape.c_f32);
-    if (query(&algo)) {  // else the bucket's stays in use
-      std::unique_lock<std::shared_mutex> lock(sh.mu);
-      sh.exact.emplace(shape.key, algo);
-    }
+    refine_shape(shape);
   }
+}
+
+void GemmEngine::take_pending(std::vector<Shape>& out) {
+  out.insert(out.end(), pending_.begin(), pending_.end());
+  pending_.clear();
+}
+
+bool GemmEngine::refine_shape(const Shape& shape) {
+  Shared& sh = shared();
+  cublasLtMatmulAlgo_t algo{};
+  if (find(sh.exact, shape.key, &algo)) return false;  // another engine chose it meanwhile
+  set_alignment((shape.key.flags >> 8) & 0xfff);
+  set_shape(shape.trans_a, shape.trans_b, shape.m, shape.n, shape.k, shape.c_f32);
+  if (query(&algo)) {  // else the bucket's stays in use
+    std::unique_lock<std::shared_mutex> lock(sh.mu);
+    sh.exact.emplace(shape.key, algo);
+  }
+  return true;
 }
 
 void GemmEngine::set_alignment(uint32_t align) {

@@ -10,10 +10,9 @@
 // algorithm of its bucket (row counts rounded up to 1/8 of their power of two, at least 64; one
 // query per bucket) and is queued; the algorithms are shared by every engine of the process (the
 // layers of a rank have the same shapes: the first layer's queries serve all); refine() asks the
-// heuristic for queued shapes when the caller has time to spare (the layer: after enqueueing a
-// forward or backward, at most 1 ms and only while the GPU is still busy with that call's work:
-// where the host is what the GPU waits for, as with small experts, a query would be GPU time too,
-// and new row counts appear every micro-batch, so the bucket's algorithm stays). Bucket algorithms
+// heuristic for queued shapes when the caller has time to spare; the layer hands them to a
+// GemmRefiner instead (gemm/refiner.h), which asks on a thread of its own: a query costs
+// 100-300 us of host time, and new row counts appear every micro-batch. Bucket algorithms
 // measured 5-10% slower than exact ones on skewed expert sizes, so the exact one takes over from
 // the next use. The row count is m (activations, dX) or k (weight gradients: rows are the
 // reduction); keys also carry the other dimensions, the transposes, the output type and the
@@ -37,7 +36,9 @@ namespace feplb::cuda {
 
 class GemmEngine {
  public:
-  GemmEngine();
+  // `workspace`: allocate the 32 MiB GEMM workspace (an engine that only chooses algorithms, a
+  // GemmRefiner's, needs none).
+  explicit GemmEngine(bool workspace = true);
   ~GemmEngine();
   GemmEngine(const GemmEngine&) = delete;
   GemmEngine& operator=(const GemmEngine&) = delete;
@@ -50,10 +51,8 @@ class GemmEngine {
            const __nv_bfloat16* a, const __nv_bfloat16* b, void* c, bool c_f32, float beta,
            bool rows_in_k = false);
 
-  // Chooses exact algorithms for queued shapes for at most `budget_ms` of host time (< 0: all),
-  // and, given `busy`, only while that event has not completed on the GPU (checked before each
-  // query).
-  void refine(double budget_ms, cudaEvent_t busy = nullptr);
+  // Chooses exact algorithms for queued shapes for at most `budget_ms` of host time (< 0: all).
+  void refine(double budget_ms);
   int64_t pending() const { return static_cast<int64_t>(pending_.size()); }
   // Heuristic queries so far (for tests and benchmarks: it stops growing once warm).
   int64_t heuristic_queries() const { return queries_; }
@@ -65,6 +64,18 @@ class GemmEngine {
     uint32_t flags;  // transposes, output type, alignment, device
     bool operator==(const Key&) const = default;
   };
+  // A shape queued for its exact algorithm.
+  struct Shape {
+    Key key;
+    bool trans_a, trans_b, c_f32;
+    int64_t m, n, k;
+  };
+  // Moves the queued shapes to the end of `out` (a GemmRefiner takes them); this engine does not
+  // queue them again.
+  void take_pending(std::vector<Shape>& out);
+  // Asks the heuristic for `shape`'s exact algorithm with this engine's descriptors and adds it to
+  // the process's table, unless some engine chose it already. False: no query was needed.
+  bool refine_shape(const Shape& shape);
   struct KeyHash {
     size_t operator()(const Key& x) const {
       uint64_t h = static_cast<uint64_t>(x.m) * 0x9E3779B97F4A7C15ull;
@@ -85,11 +96,6 @@ class GemmEngine {
   cublasLtMatmulPreference_t pref_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   DeviceBuffer<unsigned char> workspace_;
-  struct Shape {
-    Key key;
-    bool trans_a, trans_b, c_f32;
-    int64_t m, n, k;
-  };
   // The process's algorithms: buckets' and exact shapes', every engine's (thread-safe).
   struct Shared {
     std::shared_mutex mu;

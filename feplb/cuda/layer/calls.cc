@@ -9,11 +9,6 @@
 namespace feplb::cuda {
 namespace {
 
-// Host time a forward or backward may spend, after enqueueing its GPU work and while the GPU is
-// still busy with it, choosing exact GEMM algorithms for row counts it met for the first time
-// (feplb/cuda/gemm/gemm.h).
-constexpr double kGemmRefineBudgetMs = 1.0;
-
 double us_between(std::chrono::steady_clock::time_point a,
                   std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
@@ -180,7 +175,8 @@ void MoeLayer::Impl::run_forward_body(MicroBatch& handle, MicroBatchState& h, co
   fstats = h.stats;
   last_plan = h.plan;
   last_routing = h.routing;
-  timed(call_host.refine_us, [&] { rt->gemm.refine(kGemmRefineBudgetMs, rt->ev_call_done.get()); });
+  // Row counts met for the first time: their exact GEMM algorithms chosen in the background.
+  timed(call_host.refine_us, [&] { rt->refiner.take(rt->gemm); });
   fstats.host = finish_host();
   if (!rt->cfg.training) handle.release();  // forward only: nothing to keep
 }
@@ -214,7 +210,7 @@ void MoeLayer::Impl::run_backward(MicroBatch& mb, MicroBatchState& h, GradMode m
   bstats.copies += result_copies;
   r.release(mb.slot_, mb.generation_, b.stream);
   mb.release();
-  timed(call_host.refine_us, [&] { r.gemm.refine(kGemmRefineBudgetMs, r.ev_call_done.get()); });
+  timed(call_host.refine_us, [&] { r.refiner.take(r.gemm); });
   bstats.host = finish_host();
 }
 

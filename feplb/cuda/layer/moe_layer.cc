@@ -90,7 +90,10 @@ std::string_view MoeLayer::policy() const { return impl_->planner->name(); }
 int MoeLayer::layer_id() const { return impl_->layer_id; }
 const Plan& MoeLayer::last_plan() const { return impl_->last_plan; }
 const RoutingStep& MoeLayer::last_routing() const { return impl_->last_routing; }
-void MoeLayer::refine_gemm_algorithms(double budget_ms) { impl_->rt->gemm.refine(budget_ms); }
+void MoeLayer::refine_gemm_algorithms(double budget_ms) {
+  impl_->rt->gemm.refine(budget_ms);
+  if (budget_ms < 0) impl_->rt->refiner.drain();
+}
 
 // GPU times are spans of the forward's timeline.
 const ForwardStats& MoeLayer::last_forward_stats() const {

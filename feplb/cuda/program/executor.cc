@@ -64,8 +64,18 @@ void Executor::run(const StepList& list, Bindings& b, ProgramHooks& hooks) {
       case Op::kHost:
         t.hooks_us += us;
         break;
+      case Op::kKernel:
+        t.kernel_us += us;
+        break;
+      case Op::kAllGather:
+      case Op::kExchange:
+      case Op::kCopyBatch:
+      case Op::kMemcpy:
+      case Op::kKeepGuestRows:
+        t.exchange_us += us;
+        break;
       default:
-        t.launch_us += us;
+        t.sync_us += us;
     }
   }
 }

@@ -49,7 +49,7 @@ struct Bindings {
   int64_t* copies = nullptr;
   int64_t* weight_copies = nullptr;
   int64_t* guest_rows = nullptr;
-  // Host time per kind of step (null: not clocked): kAwait, kGemm, kHost, the rest.
+  // Host time per kind of step (null: not clocked; stats.h).
   HostTimes* host = nullptr;
 };
 

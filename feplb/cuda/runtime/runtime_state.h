@@ -15,6 +15,7 @@
 #include "feplb/core/plan.h"
 #include "feplb/core/routing.h"
 #include "feplb/cuda/gemm/gemm.h"
+#include "feplb/cuda/gemm/refiner.h"
 #include "feplb/cuda/host/job_thread.h"
 #include "feplb/cuda/host/step_layout.h"
 #include "feplb/cuda/runtime.h"
@@ -119,6 +120,7 @@ struct RuntimeState {
   Stream copy_in,
       copy_out;  // phase-2 inputs and prefetched weights (first in, first out), results back
   GemmEngine gemm;
+  GemmRefiner refiner;  // exact algorithms for the shapes `gemm` met first, in the background
   Event ev_counts, ev_dispatched, ev_copy_in_done, ev_guest_ready, ev_guest_done, ev_copy_out_done,
       ev_call_done;
   Event ev_prefetch_ready,
