@@ -203,7 +203,29 @@ class InProcessTransport final : public Transport {
  private:
   // Same-device copies in one batch call: they run on copy engines (tests/gpu/sm_free_test.cc: a
   // kernel using every SM is not slowed).
+  // Merges copies that continue each other on both sides (consecutive chunks of a rank to
+  // itself or to one peer are laid out back to back in both buffers: one copy instead of one per
+  // expert).
+  void coalesce() {
+    size_t n = 0;
+    for (size_t i = 0; i < sizes_.size(); ++i) {
+      if (n > 0 && static_cast<char*>(dsts_[n - 1]) + sizes_[n - 1] == dsts_[i] &&
+          static_cast<const char*>(srcs_[n - 1]) + sizes_[n - 1] == srcs_[i]) {
+        sizes_[n - 1] += sizes_[i];
+        continue;
+      }
+      dsts_[n] = dsts_[i];
+      srcs_[n] = srcs_[i];
+      sizes_[n] = sizes_[i];
+      ++n;
+    }
+    dsts_.resize(n);
+    srcs_.resize(n);
+    sizes_.resize(n);
+  }
+
   void copy_batch(cudaStream_t stream) {
+    coalesce();
     if (sizes_.empty()) return;
     // The batch call refuses the legacy default stream (a framework's usual current stream):
     // there, one cudaMemcpyAsync per chunk (same-device copies on copy engines as well).
