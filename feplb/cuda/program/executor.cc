@@ -237,85 +237,88 @@ void Executor::exchange(const StepList& list, const Step& s, const Bindings& b, 
   rt_.transport.exchange(sends_, recvs_, st);
 }
 
-// A batch's experts in GEMM stages: the first GEMM of each, then one SwiGLU (or its backward) per
-// run of experts whose rows lie next to each other in gu/act, then the second GEMM of each. The
-// same GEMMs as one expert at a time, in the same order per expert, with a kernel per run instead
-// of one per expert (launches are what small experts cost).
-void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t st) {
+// One GEMM item's operands: weights (the caller's or a guest slot's), its rows in gu/act, its
+// input and output rows, and in a backward dY and where dW goes (a guest's fp32 gradient slot, or
+// the caller's gradients in their dtype).
+Executor::GemmOperands Executor::bind(const GemmItem& g, const Bindings& b, bool backward) const {
   RuntimeState& r = rt_;
   const int64_t H = r.H, F = r.F;
   const MicroBatchState& h = *b.mb;
-  using Item = GemmOperands;
-  items_.clear();
-  for (uint32_t i = s.begin; i < s.end; ++i) {
-    const GemmItem& g = list.gemms[i];
-    const bool slot = g.w.buf == Buf::kGuestSlot;
-    Item it{};
-    it.w_gu = slot ? r.pool->slot(static_cast<int>(g.w.index))
-                   : b.experts[static_cast<size_t>(g.w.index)].gate_up;
-    it.w_down = slot ? it.w_gu + 2 * H * F : b.experts[static_cast<size_t>(g.w.index)].down;
-    it.gu = (g.guest ? h.gu_guest : h.gu_home) + g.act_row * 2 * F;
-    it.act = (g.guest ? h.act_guest : h.act_home) + g.act_row * F;
-    it.x = rows(g.x, b);
-    it.y = rows(g.y, b);
-    if (s.backward) {
-      it.dy = rows(g.dy, b);
-      // dW into a guest's fp32 gradient slot, or the caller's gradients in their dtype.
-      it.g_f32 = true;
-      if (g.g.buf == Buf::kGradSlot) {
-        float* slot_gu = r.pool->grad_slot(static_cast<int>(g.g.index));
-        it.g_gu = slot_gu;
-        it.g_down = slot_gu + 2 * H * F;
-      } else {
-        const ExpertGrads& eg = b.grads[static_cast<size_t>(g.g.index)];
-        it.g_f32 = !eg.bf16_pair();
-        it.g_gu = it.g_f32 ? static_cast<void*>(eg.gate_up) : eg.gate_up_bf16;
-        it.g_down = it.g_f32 ? static_cast<void*>(eg.down) : eg.down_bf16;
-      }
-    }
-    items_.push_back(it);
+  const bool slot = g.w.buf == Buf::kGuestSlot;
+  GemmOperands it{};
+  it.w_gu = slot ? r.pool->slot(static_cast<int>(g.w.index))
+                 : b.experts[static_cast<size_t>(g.w.index)].gate_up;
+  it.w_down = slot ? it.w_gu + 2 * H * F : b.experts[static_cast<size_t>(g.w.index)].down;
+  it.gu = (g.guest ? h.gu_guest : h.gu_home) + g.act_row * 2 * F;
+  it.act = (g.guest ? h.act_guest : h.act_home) + g.act_row * F;
+  it.x = rows(g.x, b);
+  it.y = rows(g.y, b);
+  if (!backward) return it;
+  it.dy = rows(g.dy, b);
+  it.g_f32 = true;
+  if (g.g.buf == Buf::kGradSlot) {
+    float* slot_gu = r.pool->grad_slot(static_cast<int>(g.g.index));
+    it.g_gu = slot_gu;
+    it.g_down = slot_gu + 2 * H * F;
+  } else {
+    const ExpertGrads& eg = b.grads[static_cast<size_t>(g.g.index)];
+    it.g_f32 = !eg.bf16_pair();
+    it.g_gu = it.g_f32 ? static_cast<void*>(eg.gate_up) : eg.gate_up_bf16;
+    it.g_down = it.g_f32 ? static_cast<void*>(eg.down) : eg.down_bf16;
   }
-  // One SwiGLU kernel (forward: act from gu; backward: dgu into gu from dact in act) per run.
-  const auto swiglu_runs = [&] {
-    for (uint32_t i = s.begin; i < s.end;) {
-      const GemmItem& g = list.gemms[i];
-      int64_t n = g.rows;
-      uint32_t j = i + 1;
-      for (; j < s.end; ++j) {
-        const GemmItem& next = list.gemms[j];
-        if (next.guest != g.guest || next.act_row != g.act_row + n) break;
-        n += next.rows;
-      }
-      const Item& it = items_[i - s.begin];
-      if (n > 0) {
-        FEPLB_CUDA_CHECK(s.backward ? kernels::swiglu_backward(it.gu, it.act, n, F, it.gu, st)
-                                    : kernels::swiglu(it.gu, n, F, it.act, st));
-      }
-      i = j;
+  return it;
+}
+
+// One SwiGLU kernel (forward: act from gu; backward: dgu into gu from dact in act) per run of a
+// batch's experts whose rows lie next to each other in gu/act.
+void Executor::swiglu_runs(const StepList& list, const Step& s, cudaStream_t st) {
+  const int64_t F = rt_.F;
+  for (uint32_t i = s.begin; i < s.end;) {
+    const GemmItem& g = list.gemms[i];
+    int64_t n = g.rows;
+    uint32_t j = i + 1;
+    for (; j < s.end; ++j) {
+      const GemmItem& next = list.gemms[j];
+      if (next.guest != g.guest || next.act_row != g.act_row + n) break;
+      n += next.rows;
     }
-  };
+    const GemmOperands& it = items_[i - s.begin];
+    if (n > 0) {
+      FEPLB_CUDA_CHECK(s.backward ? kernels::swiglu_backward(it.gu, it.act, n, F, it.gu, st)
+                                  : kernels::swiglu(it.gu, n, F, it.act, st));
+    }
+    i = j;
+  }
+}
+
+// A batch's experts in GEMM stages: the first GEMM of each, then one SwiGLU (or its backward) per
+// run of adjacent experts, then the second GEMM of each. The same GEMMs as one expert at a time,
+// in the same order per expert, with a kernel per run instead of one per expert (launches are
+// what small experts cost).
+void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t st) {
+  RuntimeState& r = rt_;
+  const int64_t H = r.H, F = r.F;
+  items_.clear();
+  for (uint32_t i = s.begin; i < s.end; ++i) items_.push_back(bind(list.gemms[i], b, s.backward));
+  const auto item = [&](uint32_t i) -> const GemmOperands& { return items_[i - s.begin]; };
   if (!s.backward) {
-    for (uint32_t i = s.begin; i < s.end; ++i) {
-      const Item& it = items_[i - s.begin];
-      ffn_gate_up(r.gemm, st, it.x, list.gemms[i].rows, it.w_gu, it.gu, H, F);
-    }
-    swiglu_runs();
-    for (uint32_t i = s.begin; i < s.end; ++i) {
-      const Item& it = items_[i - s.begin];
-      ffn_down(r.gemm, st, it.act, list.gemms[i].rows, it.w_down, it.y, H, F);
-    }
+    for (uint32_t i = s.begin; i < s.end; ++i)
+      ffn_gate_up(r.gemm, st, item(i).x, list.gemms[i].rows, item(i).w_gu, item(i).gu, H, F);
+    swiglu_runs(list, s, st);
+    for (uint32_t i = s.begin; i < s.end; ++i)
+      ffn_down(r.gemm, st, item(i).act, list.gemms[i].rows, item(i).w_down, item(i).y, H, F);
     return;
   }
   for (uint32_t i = s.begin; i < s.end; ++i) {
     const GemmItem& g = list.gemms[i];
-    const Item& it = items_[i - s.begin];
+    const GemmOperands& it = item(i);
     ffn_backward_down(r.gemm, st, g.rows, it.w_down, it.act, it.dy, it.g_gu, it.g_down, it.g_f32,
                       g.beta, it.act, H, F);
   }
-  swiglu_runs();
+  swiglu_runs(list, s, st);
   for (uint32_t i = s.begin; i < s.end; ++i) {
     const GemmItem& g = list.gemms[i];
-    const Item& it = items_[i - s.begin];
+    const GemmOperands& it = item(i);
     ffn_backward_gate_up(r.gemm, st, it.x, g.rows, it.w_gu, it.gu, it.g_gu, it.g_f32, g.beta, it.y,
                          H, F);
     if (g.guest && b.guest_rows) *b.guest_rows += g.rows;

@@ -82,6 +82,7 @@ class Executor {
   void kernel(const Step& s, Bindings& b, cudaStream_t stream);
   void exchange(const StepList& list, const Step& s, const Bindings& b, cudaStream_t stream);
   void gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
+  void swiglu_runs(const StepList& list, const Step& s, cudaStream_t stream);
   void copy_batch(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
   void memcpys(const StepList& list, const Step& s, const Bindings& b, cudaStream_t stream);
   void wait(const Step& s, const Bindings& b, cudaStream_t stream);
@@ -103,6 +104,7 @@ class Executor {
     void *g_gu, *g_down;
     bool g_f32;
   };
+  GemmOperands bind(const GemmItem& g, const Bindings& b, bool backward) const;
   std::vector<GemmOperands> items_;
   std::vector<CeCopy> batch_;
   std::vector<Chunk> sends_, recvs_;
