@@ -36,6 +36,7 @@ class LoadMeasure {
     by_time_ = time_weight > 0;
     units_ = by_time_ ? &unit_table(time_weight) : nullptr;
     fixed_units_ = by_time_ ? units(8192) - 8192 : 0;
+    shed_memo_.fill({});
   }
   bool by_time() const { return by_time_; }
 
@@ -61,9 +62,17 @@ class LoadMeasure {
   // `held` if none do).
   int64_t rows_shedding(int64_t held, int64_t u) const {
     if (!by_time_) return u;
+    // The spill asks the same (held, u) again while nothing moved: the last answers are kept.
+    for (const Shed& m : shed_memo_) {
+      if (m.held == held && m.u == u) return m.rows;
+    }
     // Where the GEMM is linear, giving u rows sheds u units: the search starts there.
     const int64_t at_held = units(held);
-    return first_true_near(0, held, u, [&](int64_t s) { return at_held - units(held - s) >= u; });
+    const int64_t rows =
+        first_true_near(0, held, u, [&](int64_t s) { return at_held - units(held - s) >= u; });
+    shed_memo_[shed_next_] = {held, u, rows};
+    shed_next_ = (shed_next_ + 1) % shed_memo_.size();
+    return rows;
   }
   // The most rows (at most `limit`) a receiver takes as a new slice within `u` units.
   int64_t rows_within(int64_t u, int64_t limit) const {
@@ -109,6 +118,12 @@ class LoadMeasure {
   std::vector<int64_t>* units_ = nullptr;  // by time: this blend's units by rows
   mutable std::array<UnitTable, kUnitTables> unit_tables_;
   int next_table_ = 0;  // the table a new blend takes
+  // rows_shedding()'s last answers (this blend's).
+  struct Shed {
+    int64_t held = -1, u = 0, rows = 0;
+  };
+  mutable std::array<Shed, 2> shed_memo_;
+  mutable size_t shed_next_ = 0;
 };
 
 // The loads of one plan being made, and the caps of the domain being balanced.
