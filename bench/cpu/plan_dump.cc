@@ -4,6 +4,9 @@
 // one line per plan: case, step, and a 64-bit FNV-1a hash and the length of serialize(plan).
 // Run it before and after the change and diff the outputs:
 //   build/bin/feplb_plan_dump [--policy feplb] > before.txt; (change, rebuild) ...; diff
+// With --schedule each line also hashes the plan's schedule (Plan::schedule, every time in hex
+// floating point), which serialize() leaves out: a change to the schedule writer or to the times
+// a planner models must leave it the same too.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +21,7 @@
 #include "feplb/core/planners/feplb/fixed_mode.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/routing.h"
+#include "feplb/core/schedule.h"
 #include "feplb/core/topology.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/workload.h"
@@ -61,6 +65,42 @@ uint64_t fnv1a(const std::string& s) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+// The schedule's bytes: every number it holds, times bit for bit (%a).
+void put(std::string& out, const char* tag, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " %s%a", tag, v);
+  out += buf;
+}
+void put(std::string& out, const char* tag, int64_t v) {
+  out += ' ';
+  out += tag;
+  out += std::to_string(v);
+}
+std::string schedule_bytes(const Schedule& s) {
+  std::string out;
+  put(out, "s", s.copy_start_ms);
+  for (const CopyTime& c : s.copies) {
+    put(out, "c", c.start_ms);
+    put(out, "", c.end_ms);
+    put(out, "", int64_t{c.timed});
+  }
+  for (size_t g = 0; g < s.own_ms.size(); ++g) {
+    put(out, "g", s.own_ms[g]);
+    put(out, "", s.prefetch_ms[g]);
+    put(out, "", s.ready_ms[g]);
+  }
+  for (int b : s.turn_begin) put(out, "tb", int64_t{b});
+  for (const OwnerTurn& t : s.turns) {
+    put(out, "t", int64_t{t.owner});
+    put(out, "", t.lands_ms);
+    put(out, "", t.gemm_ms);
+    put(out, "", t.wait_ms);
+  }
+  for (int b : s.helper_begin) put(out, "hb", int64_t{b});
+  for (int h : s.helpers) put(out, "h", int64_t{h});
+  return out;
 }
 
 struct KnobCase {
@@ -133,7 +173,7 @@ std::vector<KnobCase> knob_cases() {
   return out;
 }
 
-int run(const std::string& policy) {
+int run(const std::string& policy, bool with_schedule) {
   const TableCostModel table = read_gemm_table(kGlm5Table);
   for (const Config& cfg : kConfigs) {
     const Prior prior = cfg.olmoe ? expand_prior(read_prior(kOlmoePrior), cfg.experts, 1)
@@ -167,9 +207,15 @@ int run(const std::string& policy) {
           planner->plan(steps[i], plan);
           validate(plan, topo, steps[i], kGlm5Shape, planner->limits());
           const std::string bytes = serialize(plan);
-          std::printf("%s %s %s %zu %016llx %zu\n", cfg.label, kc.label.c_str(),
+          std::printf("%s %s %s %zu %016llx %zu", cfg.label, kc.label.c_str(),
                       use_table ? "table" : "roofline", i,
                       static_cast<unsigned long long>(fnv1a(bytes)), bytes.size());
+          if (with_schedule) {
+            std::printf(" %016llx %s",
+                        static_cast<unsigned long long>(fnv1a(schedule_bytes(plan.schedule))),
+                        plan.mode.c_str());
+          }
+          std::printf("\n");
           planner->observe(steps[i]);
         }
       }
@@ -183,13 +229,16 @@ int run(const std::string& policy) {
 
 int main(int argc, char** argv) {
   std::string policy = "feplb";
+  bool with_schedule = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--policy") == 0 && i + 1 < argc) {
       policy = argv[++i];
+    } else if (std::strcmp(argv[i], "--schedule") == 0) {
+      with_schedule = true;
     } else {
-      std::fprintf(stderr, "usage: feplb_plan_dump [--policy NAME]\n");
+      std::fprintf(stderr, "usage: feplb_plan_dump [--policy NAME] [--schedule]\n");
       return 2;
     }
   }
-  return feplb::run(policy);
+  return feplb::run(policy, with_schedule);
 }

@@ -54,26 +54,34 @@ std::span<const CopyTime> CopyTimer::time(const Plan& plan, const Topology& topo
 }  // namespace feplb
 
 namespace feplb {
+namespace {
+
+size_t rank(int g) { return static_cast<size_t>(g); }
+
+}  // namespace
+
+template <typename GpuOf>
+void ScheduleWriter::bucket(int num_ranks, size_t num_ids, GpuOf gpu_of, std::vector<int>& begin,
+                            std::vector<int>& by_gpu) {
+  begin.assign(rank(num_ranks) + 2, 0);
+  for (size_t i = 0; i < num_ids; ++i) ++begin[rank(gpu_of(i)) + 2];
+  for (int g = 0; g < num_ranks; ++g) begin[rank(g) + 2] += begin[rank(g) + 1];
+  by_gpu.resize(num_ids);
+  for (size_t i = 0; i < num_ids; ++i)
+    by_gpu[static_cast<size_t>(begin[rank(gpu_of(i)) + 1]++)] = static_cast<int>(i);
+}
 
 void ScheduleWriter::write(Plan& plan, const Topology& topo, const Knobs& knobs,
                            const GemmCostModel& cost) {
   const int R = topo.num_ranks();
   const int64_t E = topo.num_experts();
-  const auto rank = [](int g) { return static_cast<size_t>(g); };
-  const auto key = [E](int gpu, int expert) { return static_cast<int64_t>(gpu) * E + expert; };
   Schedule& s = plan.schedule;
   s.copy_start_ms = planned_copy_start_ms(plan, knobs, topo);
   const std::span<const CopyTime> times = timer_.time(plan, topo, knobs, s.copy_start_ms);
   s.copies.assign(times.begin(), times.end());
-  s.own_ms.assign(rank(R), 0.0);
-  s.ready_ms.assign(rank(R), 0.0);
   s.prefetch_ms.assign(rank(R), Schedule::kNever);
-
-  // The phase-2 copies a GPU waits for (weights, token rows) by (receiver, expert), and when each
-  // owner's last one into each receiver lands; the prefetches into each GPU.
-  copied_.clear();
-  held_.clear();
-  pairs_.clear();
+  // The phase-2 copies a GPU waits for (weights, token rows); the prefetches into each GPU.
+  copy_ids_.clear();
   for (size_t i = 0; i < plan.copies.size(); ++i) {
     const Copy& c = plan.copies[i];
     if (!times[i].timed) continue;
@@ -81,15 +89,101 @@ void ScheduleWriter::write(Plan& plan, const Topology& topo, const Knobs& knobs,
       s.prefetch_ms[rank(c.dst_gpu)] = std::max(s.prefetch_ms[rank(c.dst_gpu)], times[i].end_ms);
       continue;
     }
+    copy_ids_.push_back(static_cast<int>(i));
+  }
+  held_.clear();
+  for (const ResidentReplica& r : plan.resident) held_.push_back(r.gpu * E + r.expert);
+  std::sort(held_.begin(), held_.end());
+  if (!write_gpu_by_gpu(plan, topo, cost, times)) write_sorted(plan, topo, cost, times);
+  set_waits(s, R);
+  write_helpers(plan, R, times);
+}
+
+bool ScheduleWriter::write_gpu_by_gpu(Plan& plan, const Topology& topo, const GemmCostModel& cost,
+                                      std::span<const CopyTime> times) {
+  const int R = topo.num_ranks();
+  const int64_t E = topo.num_experts();
+  const std::vector<Copy>& copies = plan.copies;
+  const std::vector<Slice>& slices = plan.slices;
+  Schedule& s = plan.schedule;
+  bucket(
+      R, copy_ids_.size(), [&](size_t i) { return copies[rank(copy_ids_[i])].dst_gpu; },
+      copy_begin_, copy_by_gpu_);
+  bucket(
+      R, slices.size(), [&](size_t i) { return slices[i].gpu; }, slice_begin_, slice_by_gpu_);
+  expert_at_.assign(static_cast<size_t>(E), -1);
+  pair_gpu_.assign(rank(R), -1);
+  pair_at_.resize(rank(R));
+  s.own_ms.assign(rank(R), 0.0);
+  s.ready_ms.assign(rank(R), 0.0);
+  s.turn_begin.assign(rank(R) + 1, 0);
+  s.turns.clear();
+  for (int g = 0; g < R; ++g) {
+    // GPU g's pair with each owner: when the owner's last copy into g lands, its guests' time.
+    pairs_.clear();
+    guest_count_.clear();
+    const auto pair_with = [&](int other) -> size_t {
+      if (pair_gpu_[rank(other)] != g) {
+        pair_gpu_[rank(other)] = g;
+        pair_at_[rank(other)] = static_cast<int>(pairs_.size());
+        pairs_.push_back({g, other, Schedule::kNever, 0.0, false});
+        guest_count_.push_back(0);
+      }
+      return static_cast<size_t>(pair_at_[rank(other)]);
+    };
+    for (int k = copy_begin_[rank(g)]; k < copy_begin_[rank(g) + 1]; ++k) {
+      const size_t i = rank(copy_ids_[rank(copy_by_gpu_[rank(k)])]);
+      expert_at_[rank(copies[i].expert)] = g;
+      PairTime& t = pairs_[pair_with(copies[i].src_gpu)];
+      t.ms = std::max(t.ms, times[i].end_ms);
+    }
+    // Each slice's GEMM: own work (its home, a replica held there), a guest waiting for its
+    // owner's copies (a turn), or a guest whose inputs need no phase-2 copy (ready).
+    for (int k = slice_begin_[rank(g)]; k < slice_begin_[rank(g) + 1]; ++k) {
+      const Slice& sl = slices[rank(slice_by_gpu_[rank(k)])];
+      const double ms = cost.expert_ms(sl.rows);
+      const int home = topo.home(sl.expert);
+      if (home == g ||
+          (!held_.empty() && std::binary_search(held_.begin(), held_.end(), g * E + sl.expert))) {
+        s.own_ms[rank(g)] += ms;
+      } else if (expert_at_[rank(sl.expert)] == g) {
+        const size_t p = pair_with(home);
+        if (++guest_count_[p] > 2) return false;
+        pairs_[p].gemm_ms += ms;
+        pairs_[p].guests = true;
+      } else {
+        s.ready_ms[rank(g)] += ms;
+      }
+    }
+    // Turns: its owners whose guests wait for copies, in landing order.
+    std::erase_if(pairs_, [](const PairTime& t) { return !t.guests; });
+    std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
+      return a.ms != b.ms ? a.ms < b.ms : a.other < b.other;
+    });
+    for (const PairTime& t : pairs_) s.turns.push_back({t.other, t.ms, t.gemm_ms, 0.0});
+    s.turn_begin[rank(g) + 1] = static_cast<int>(s.turns.size());
+  }
+  return true;
+}
+
+void ScheduleWriter::write_sorted(Plan& plan, const Topology& topo, const GemmCostModel& cost,
+                                  std::span<const CopyTime> times) {
+  const int R = topo.num_ranks();
+  const int64_t E = topo.num_experts();
+  const auto key = [E](int gpu, int expert) { return static_cast<int64_t>(gpu) * E + expert; };
+  Schedule& s = plan.schedule;
+  s.own_ms.assign(rank(R), 0.0);
+  s.ready_ms.assign(rank(R), 0.0);
+  // The phase-2 copies a GPU waits for by (receiver, expert), and when each owner's last one into
+  // each receiver lands.
+  copied_.clear();
+  pairs_.clear();
+  for (const int i : copy_ids_) {
+    const Copy& c = plan.copies[rank(i)];
     copied_.push_back(key(c.dst_gpu, c.expert));
-    pairs_.push_back({c.dst_gpu, c.src_gpu, times[i].end_ms, 0.0, false});
+    pairs_.push_back({c.dst_gpu, c.src_gpu, times[rank(i)].end_ms, 0.0, false});
   }
   std::sort(copied_.begin(), copied_.end());
-  for (const ResidentReplica& r : plan.resident) held_.push_back(key(r.gpu, r.expert));
-  std::sort(held_.begin(), held_.end());
-
-  // Each slice's GEMM: own work (its home, a replica held there), a guest waiting for its
-  // owner's copies (a turn), or a guest whose inputs need no phase-2 copy (ready).
   for (const Slice& sl : plan.slices) {
     const double ms = cost.expert_ms(sl.rows);
     const int home = topo.home(sl.expert);
@@ -102,9 +196,7 @@ void ScheduleWriter::write(Plan& plan, const Topology& topo, const Knobs& knobs,
       s.ready_ms[rank(sl.gpu)] += ms;
     }
   }
-
-  // Turns: per receiver, its owners (last landing, guests' time), in landing order, with the
-  // waits the timeline gives them.
+  // Turns: per receiver, its owners (last landing, guests' time), in landing order.
   std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
     return a.gpu != b.gpu ? a.gpu < b.gpu : a.other < b.other;
   });
@@ -132,7 +224,10 @@ void ScheduleWriter::write(Plan& plan, const Topology& topo, const Knobs& knobs,
     s.turns.push_back({t.other, t.ms, t.gemm_ms, 0.0});
   }
   for (int g = 0; g < R; ++g) s.turn_begin[rank(g) + 1] += s.turn_begin[rank(g)];
-  for (int g = 0; g < R; ++g) {
+}
+
+void ScheduleWriter::set_waits(Schedule& s, int num_ranks) {
+  for (int g = 0; g < num_ranks; ++g) {
     const int begin = s.turn_begin[rank(g)], end = s.turn_begin[rank(g) + 1];
     if (begin == end) continue;
     // The timeline's steps 1 and 2, then each turn's wait (Schedule::timeline without slack).
@@ -143,35 +238,39 @@ void ScheduleWriter::write(Plan& plan, const Topology& topo, const Knobs& knobs,
       t = std::max(t, turn.lands_ms) + turn.gemm_ms;
     }
   }
+}
 
-  // Helpers: per sender, the GPUs it sends phase-2 copies to, by when the first one starts.
-  pairs_.clear();
-  for (size_t i = 0; i < plan.copies.size(); ++i) {
-    const Copy& c = plan.copies[i];
-    if (!times[i].timed || c.kind == CopyKind::kPrefetchWeights) continue;
-    pairs_.push_back({c.src_gpu, c.dst_gpu, times[i].start_ms, 0.0, true});
-  }
-  std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
-    if (a.gpu != b.gpu) return a.gpu < b.gpu;
-    return a.other != b.other ? a.other < b.other : a.ms < b.ms;
-  });
-  w = 0;  // each pair's first copy
-  for (size_t i = 0; i < pairs_.size(); ++i) {
-    if (w == 0 || pairs_[w - 1].gpu != pairs_[i].gpu || pairs_[w - 1].other != pairs_[i].other)
-      pairs_[w++] = pairs_[i];
-  }
-  pairs_.resize(w);
-  std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
-    if (a.gpu != b.gpu) return a.gpu < b.gpu;
-    return a.ms != b.ms ? a.ms < b.ms : a.other < b.other;
-  });
-  s.helper_begin.assign(rank(R) + 1, 0);
+void ScheduleWriter::write_helpers(Plan& plan, int num_ranks, std::span<const CopyTime> times) {
+  const std::vector<Copy>& copies = plan.copies;
+  Schedule& s = plan.schedule;
+  bucket(
+      num_ranks, copy_ids_.size(), [&](size_t i) { return copies[rank(copy_ids_[i])].src_gpu; },
+      copy_begin_, copy_by_gpu_);
+  pair_gpu_.assign(rank(num_ranks), -1);
+  pair_at_.resize(rank(num_ranks));
+  s.helper_begin.assign(rank(num_ranks) + 1, 0);
   s.helpers.clear();
-  for (const PairTime& t : pairs_) {
-    ++s.helper_begin[rank(t.gpu) + 1];
-    s.helpers.push_back(t.other);
+  for (int g = 0; g < num_ranks; ++g) {
+    // g's helpers, each with when g's first copy to it starts.
+    pairs_.clear();
+    for (int k = copy_begin_[rank(g)]; k < copy_begin_[rank(g) + 1]; ++k) {
+      const size_t i = rank(copy_ids_[rank(copy_by_gpu_[rank(k)])]);
+      const int h = copies[i].dst_gpu;
+      if (pair_gpu_[rank(h)] != g) {
+        pair_gpu_[rank(h)] = g;
+        pair_at_[rank(h)] = static_cast<int>(pairs_.size());
+        pairs_.push_back({g, h, times[i].start_ms, 0.0, true});
+      } else {
+        PairTime& t = pairs_[rank(pair_at_[rank(h)])];
+        t.ms = std::min(t.ms, times[i].start_ms);
+      }
+    }
+    std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
+      return a.ms != b.ms ? a.ms < b.ms : a.other < b.other;
+    });
+    for (const PairTime& t : pairs_) s.helpers.push_back(t.other);
+    s.helper_begin[rank(g) + 1] = static_cast<int>(s.helpers.size());
   }
-  for (int g = 0; g < R; ++g) s.helper_begin[rank(g) + 1] += s.helper_begin[rank(g)];
 }
 
 }  // namespace feplb

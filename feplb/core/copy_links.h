@@ -155,10 +155,36 @@ class ScheduleWriter {
     double ms, gemm_ms;
     bool guests;  // a receiver and an owner: some guest slice waits for these copies
   };
+  // Steps 1-3 of every GPU (own_ms, ready_ms, turns) GPU by GPU, with no sort over the whole
+  // plan: each GPU's slices and phase-2 copies in (bucketed in plan order), merged per owner.
+  // False, having written nothing of them, where an owner's guests on one GPU are three or more
+  // (their GEMM times' sum depends on the order the global sort leaves them in).
+  bool write_gpu_by_gpu(Plan& plan, const Topology& topo, const GemmCostModel& cost,
+                        std::span<const CopyTime> times);
+  // The same by sorting every (receiver, owner) pair of the plan.
+  void write_sorted(Plan& plan, const Topology& topo, const GemmCostModel& cost,
+                    std::span<const CopyTime> times);
+  // Per GPU, the turns' waits (the timeline without slack).
+  static void set_waits(Schedule& s, int num_ranks);
+  // Per sender, its helpers by when its first copy to each starts.
+  void write_helpers(Plan& plan, int num_ranks, std::span<const CopyTime> times);
+  // Stable counting sort of `ids` (indices into a list of items of GPU gpu_of(id)) by GPU:
+  // bucket g is by_gpu_[begin_[g] .. begin_[g + 1]).
+  template <typename GpuOf>
+  void bucket(int num_ranks, size_t num_ids, GpuOf gpu_of, std::vector<int>& begin,
+              std::vector<int>& by_gpu);
+
   CopyTimer timer_;
   std::vector<int64_t> copied_;  // gpu * E + expert of every phase-2 copy waited for, sorted
   std::vector<int64_t> held_;    // gpu * E + expert of every resident replica, sorted
   std::vector<PairTime> pairs_;
+  std::vector<int> copy_begin_, copy_by_gpu_;    // phase-2 copies waited for, by receiver/sender
+  std::vector<int> slice_begin_, slice_by_gpu_;  // slices by GPU
+  std::vector<int> copy_ids_;                    // the phase-2 copies waited for
+  std::vector<int> expert_at_;    // [num_experts] the last GPU a phase-2 copy of it went into
+  std::vector<int> pair_at_;      // [num_ranks] index into pairs_ of the other GPU's pair (stamped)
+  std::vector<int> pair_gpu_;     // [num_ranks] the GPU pair_at_ was set for
+  std::vector<int> guest_count_;  // per pair_ entry: guest slices merged into it
 };
 
 }  // namespace feplb

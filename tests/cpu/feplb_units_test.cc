@@ -143,6 +143,12 @@ struct RuleBench {
         topo(Topology::contiguous(static_cast<int>(counts.size()), static_cast<int>(counts.size()),
                                   static_cast<int>(counts.size()))),
         measure(&cost) {}
+  // Each GPU's own GEMM time, what the rules start from.
+  std::vector<double> own_ms() const {
+    std::vector<double> out;
+    feplb_detail::own_ms_at_home(topo, measure, counts, out);
+    return out;
+  }
   std::vector<int64_t> counts;
   Topology topo;
   MicrosecondPerRow cost;
@@ -152,7 +158,7 @@ struct RuleBench {
 TEST(FeplbCopyRules, IgnoreTakesAnyCopy) {
   RuleBench b({1000, 200, 100});
   IgnoreCopyTime rule;
-  rule.start(b.topo, b.measure, b.counts);
+  rule.start(b.topo, b.measure, b.own_ms());
   EXPECT_FALSE(IgnoreCopyTime::kTimed);
   EXPECT_TRUE(rule.fits(1000, 0, 1, 900, 100.0));  // lands long after every GPU is done
   EXPECT_EQ(rule.window_ms(1), 0.0);
@@ -163,7 +169,7 @@ TEST(FeplbCopyRules, IgnoreTakesAnyCopy) {
 TEST(FeplbCopyRules, HiddenCopiesLandBehindOwnWorkOrEarlierGuests) {
   RuleBench b({1000, 200, 100, 100});  // GPU 1's own work: 0.2 ms
   HiddenCopies rule;
-  rule.start(b.topo, b.measure, b.counts);
+  rule.start(b.topo, b.measure, b.own_ms());
   EXPECT_TRUE(rule.fits(1000, 0, 1, 100, 0.2));    // within its own work
   EXPECT_FALSE(rule.fits(1000, 0, 1, 100, 0.25));  // after it, and no guests yet
   // Donor 0's 100 rows land at 0.15: GPU 1 runs them from 0.2 to 0.3. Donor 2's 200 rows land at
@@ -186,7 +192,7 @@ TEST(FeplbCopyRules, HiddenCopiesLandBehindOwnWorkOrEarlierGuests) {
 TEST(FeplbCopyRules, ExposedCopiesFinishBeforeTheDonor) {
   RuleBench b({1000, 200, 100});
   ExposedBeforeDonor rule;
-  rule.start(b.topo, b.measure, b.counts);
+  rule.start(b.topo, b.measure, b.own_ms());
   // 300 rows landing at 0.5: GPU 1 ends at 0.8, after the donor (1.0 - 0.3 = 0.7).
   EXPECT_FALSE(rule.fits(1000, 0, 1, 300, 0.5));
   EXPECT_TRUE(rule.fits(1000, 0, 1, 200, 0.5));  // 0.7 <= 0.8
@@ -205,7 +211,7 @@ TEST(FeplbCopyRules, LateCopiesFinishByTheBusiestNonDonor) {
   Loads loads(&b.cost);
   loads.load = b.counts;
   LateByBusiest rule;
-  rule.start(b.topo, b.measure, b.counts);
+  rule.start(b.topo, b.measure, b.own_ms());
   const std::vector<int64_t> targets = {400};
   rule.targets_set(b.topo, loads, targets, 0);
   EXPECT_DOUBLE_EQ(rule.finish_by_ms(0), 0.4);  // GPU 1's own work

@@ -33,7 +33,14 @@ void BalancedPlan::plan(const FeplbConfig& mode, double time_weight, int64_t row
   out.reserve_us = mode.reserve_us;
   loads_.start(topo, routing, time_weight, row_budget);
   spill_.start(mode);
-  candidates_.choose(ctx_, mode, routing.expert_counts, loads_.rows_at, out.dynamic);
+  if (step_ == StepCandidates::kChosen) {
+    candidates_.mark(out.dynamic);
+  } else {
+    candidates_.choose(ctx_, mode, routing.expert_counts, loads_.rows_at, out.dynamic);
+    if (mode.copy_rule != FeplbCopyRule::kIgnore)
+      own_ms_at_home(topo, loads_.measure, routing.expert_counts, home_ms_);
+    if (step_ == StepCandidates::kToChoose) step_ = StepCandidates::kChosen;
+  }
   // Phase-2 copies start once the plan exists: after the counts round trip and the planner
   // (two-phase), or when the GEMMs start (one-hop: planned before the dispatch).
   copies_.start(topo.num_ranks(), planned_copy_start_ms(out, ctx_.knobs, ctx_.topo),
@@ -49,7 +56,7 @@ void BalancedPlan::plan_domains(const FeplbConfig& mode, Rule& rule, const Routi
                                 Plan& out, bool aim_added) {
   const Topology& topo = ctx_.topo;
   const int R = topo.num_ranks(), D = topo.num_domains(), n = topo.domain_size();
-  rule.start(topo, loads_.measure, routing.expert_counts);
+  rule.start(topo, loads_.measure, home_ms_);
   int64_t total = 0;
   for (int64_t l : loads_.load) total += l;
   const int64_t tol =

@@ -39,6 +39,12 @@ class BalancedPlan {
   void plan_aimed(const FeplbConfig& mode, double time_weight, int64_t row_budget,
                   std::span<const Copy> prefetches, const RoutingStep& routing, Plan& out);
 
+  // The plans made from now until end_step() are all of one step in one mode (a FeplbEngine's
+  // plan_with()): the candidates, which depend on nothing else, are chosen by the first of them
+  // only, the others mark the same ones.
+  void begin_step() { step_ = StepCandidates::kToChoose; }
+  void end_step() { step_ = StepCandidates::kOff; }
+
   // The token straggler (largest rows above the domain's mean) of the last plan made.
   double row_straggler() const { return loads_.row_straggler(ctx_.topo); }
   // The token straggler with every expert at home (overwrites the last plan's loads).
@@ -57,7 +63,11 @@ class BalancedPlan {
   // share; false if none.
   bool added_load();
 
+  // Whether plan() chooses the candidates: always (kOff), or once per step (begin_step()).
+  enum class StepCandidates { kOff, kToChoose, kChosen };
+
   const PlannerContext& ctx_;
+  StepCandidates step_ = StepCandidates::kOff;
   Loads loads_;
   CopyModel copies_;
   CopyRules rules_;
@@ -67,6 +77,7 @@ class BalancedPlan {
   std::vector<int64_t> dom_target_;  // [num_domains] ceil(load / GPUs)
   std::vector<int64_t> dom_load_;    // [num_domains] the domain's load before balancing
   std::vector<int64_t> added_;       // [num_domains] the load the last plan's slices added
+  std::vector<double> home_ms_;      // [num_ranks] own_ms_at_home() (timed copy rules)
 };
 
 }  // namespace feplb::feplb_detail

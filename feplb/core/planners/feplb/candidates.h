@@ -24,6 +24,10 @@ class CandidateSets {
   void choose(const PlannerContext& ctx, const FeplbConfig& mode,
               const std::vector<int64_t>& counts, const std::vector<int64_t>& rows_at,
               std::vector<uint8_t>& dynamic);
+  // Marks the candidates chosen last in `dynamic` (as choose() did).
+  void mark(std::vector<uint8_t>& dynamic) const {
+    for (int i = 0; i < begin_.back(); ++i) dynamic[static_cast<size_t>(candidates_[i])] = 1;
+  }
   // GPU g's candidates, busiest first: [begin(g), end(g)) into at().
   int begin(int g) const { return begin_[g]; }
   int end(int g) const { return begin_[g + 1]; }

@@ -4,19 +4,24 @@
 
 namespace feplb::feplb_detail {
 
-void TimedRule::start(const Topology& topo, const LoadMeasure& measure,
-                      const std::vector<int64_t>& counts) {
-  measure_ = &measure;
-  own_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
-  guest_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
+void own_ms_at_home(const Topology& topo, const LoadMeasure& measure,
+                    const std::vector<int64_t>& counts, std::vector<double>& out) {
+  out.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
   for (int g = 0; g < topo.num_ranks(); ++g) {
-    for (int e : topo.local_experts(g)) own_ms_[g] += measure.gemm_ms(counts[e]);
+    for (int e : topo.local_experts(g)) out[g] += measure.gemm_ms(counts[e]);
   }
 }
 
+void TimedRule::start(const Topology& topo, const LoadMeasure& measure,
+                      std::span<const double> own) {
+  measure_ = &measure;
+  own_ms_.assign(own.begin(), own.end());
+  guest_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
+}
+
 void HiddenCopies::start(const Topology& topo, const LoadMeasure& measure,
-                         const std::vector<int64_t>& counts) {
-  TimedRule::start(topo, measure, counts);
+                         std::span<const double> own) {
+  TimedRule::start(topo, measure, own);
   arrivals_.resize(static_cast<size_t>(topo.num_ranks()));
   for (auto& a : arrivals_) a.clear();
 }
@@ -47,8 +52,8 @@ bool HiddenCopies::guests_in_time(int h, int d, double lands_ms, double gemm) co
 }
 
 void ExposedBeforeDonor::start(const Topology& topo, const LoadMeasure& measure,
-                               const std::vector<int64_t>& counts) {
-  TimedRule::start(topo, measure, counts);
+                               std::span<const double> own) {
+  TimedRule::start(topo, measure, own);
   late_finish_ms_.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
 }
 

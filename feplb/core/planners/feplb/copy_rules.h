@@ -2,7 +2,8 @@
 // rule, each with the state it needs. The spill calls them through the same members (a template
 // parameter: no branch on the rule in its loops):
 //   kTimed, kTreeTiming             whether copies are timed; ReceiverTree::Need::timing
-//   start(topo, measure, counts)    per plan: each GPU's own GEMM time, the rule's state emptied
+//   start(topo, measure, own)       per plan: each GPU's own GEMM time (own_ms_at_home()), the
+//                                   rule's state emptied
 //   targets_set(topo, loads, ...)   per plan, once the domains' targets are known
 //   own_ms(g), guest_ms(g)          modelled GEMM time of g's work that needs no copy / waits
 //   window_ms(g)                    by when a hidden copy into g must land at the latest
@@ -28,12 +29,17 @@
 
 namespace feplb::feplb_detail {
 
+// Each GPU's modelled GEMM time with every expert at home, into `out` [num_ranks] (what the timed
+// rules start from; the same for every plan of one step).
+void own_ms_at_home(const Topology& topo, const LoadMeasure& measure,
+                    const std::vector<int64_t>& counts, std::vector<double>& out);
+
 // Copy time ignored (copy_timing = 0): any receiver, any slice; no times kept.
 class IgnoreCopyTime {
  public:
   static constexpr bool kTimed = false;
   static constexpr int kTreeTiming = 0;
-  void start(const Topology&, const LoadMeasure&, const std::vector<int64_t>&) {}
+  void start(const Topology&, const LoadMeasure&, std::span<const double>) {}
   void targets_set(const Topology&, const Loads&, std::span<const int64_t>, int64_t) {}
   double own_ms(int) const { return 0.0; }
   double guest_ms(int) const { return 0.0; }
@@ -51,7 +57,7 @@ class IgnoreCopyTime {
 class TimedRule {
  public:
   static constexpr bool kTimed = true;
-  void start(const Topology& topo, const LoadMeasure& measure, const std::vector<int64_t>& counts);
+  void start(const Topology& topo, const LoadMeasure& measure, std::span<const double> own);
   void targets_set(const Topology&, const Loads&, std::span<const int64_t>, int64_t) {}
   double own_ms(int g) const { return own_ms_[g]; }
   double guest_ms(int g) const { return guest_ms_[g]; }
@@ -79,7 +85,7 @@ class TimedRule {
 class HiddenCopies : public TimedRule {
  public:
   static constexpr int kTreeTiming = 1;
-  void start(const Topology& topo, const LoadMeasure& measure, const std::vector<int64_t>& counts);
+  void start(const Topology& topo, const LoadMeasure& measure, std::span<const double> own);
   // Its own work plus all its guests' (an upper bound: fits() checks the order).
   double window_ms(int g) const { return own_ms_[g] + guest_ms_[g]; }
   // A receiver whose window no longer fits the shortest copy (a weight copy) takes none.
@@ -123,7 +129,7 @@ class HiddenCopies : public TimedRule {
 class ExposedBeforeDonor : public TimedRule {
  public:
   static constexpr int kTreeTiming = 2;
-  void start(const Topology& topo, const LoadMeasure& measure, const std::vector<int64_t>& counts);
+  void start(const Topology& topo, const LoadMeasure& measure, std::span<const double> own);
   bool fits(int64_t held, int d, int h, int64_t rows, double lands_ms) const {
     if (lands_ms <= own_ms_[h]) return true;
     // d after giving the rows must still finish last among its late receivers, this one included.

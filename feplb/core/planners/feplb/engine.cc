@@ -8,18 +8,20 @@ FeplbEngine::FeplbEngine(const PlannerContext& ctx)
 void FeplbEngine::plan_with(const FeplbConfig& mode, const RoutingStep& routing, Plan& out) {
   const std::span<const Copy> prefetches =
       mode.prefetch == FeplbPrefetch::kOn ? prefetch(routing.layer) : std::span<const Copy>{};
+  balanced_.begin_step();  // every plan below is of this step in this mode
   switch (mode.balance) {
     case FeplbBalance::kRows:
       balanced_.plan(mode, 0.0, -1, prefetches, routing, out);
-      return;
+      break;
     case FeplbBalance::kTimeBlend:
       // A second plan aims at the load with the first one's added fixed costs.
       balanced_.plan_aimed(mode, mode.time_weight, -1, prefetches, routing, out);
-      return;
+      break;
     case FeplbBalance::kTimeBudget:
       budget_.plan(mode, prefetches, routing, balanced_, leveller_, out);
-      return;
+      break;
   }
+  balanced_.end_step();
 }
 
 }  // namespace feplb

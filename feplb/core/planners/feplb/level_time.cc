@@ -39,34 +39,39 @@ double TimeLeveller::gemm_straggler_ms(const LoadMeasure& measure, const Plan& p
 void TimeLeveller::index_slices(const std::vector<Slice>& slices) {
   const Topology& topo = ctx_.topo;
   const int E = topo.num_experts(), R = topo.num_ranks();
+  const size_t n = slices.size();
   level_ms_.assign(static_cast<size_t>(R), 0.0);
   level_rows_.assign(static_cast<size_t>(R), 0);
   home_slice_.assign(static_cast<size_t>(E), -1);
-  for (size_t i = 0; i < slices.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     const Slice& sl = slices[i];
     level_ms_[sl.gpu] += gemm_ms(sl.rows);
     level_rows_[sl.gpu] += sl.rows;
     if (topo.home(sl.expert) == sl.gpu) home_slice_[sl.expert] = static_cast<int>(i);
   }
-  const auto guest = [&](const Slice& sl) {
-    return topo.home(sl.expert) != sl.gpu && home_slice_[sl.expert] >= 0;
-  };
-  // The guest slices bucketed by `key` (a GPU or an expert, < num_keys): begin[key] .. begin[key
-  // + 1] in `index` (counting sort).
-  const auto bucket = [&](auto key, int num_keys, std::vector<int>& begin,
-                          std::vector<int>& index) {
-    begin.assign(static_cast<size_t>(num_keys) + 1, 0);
-    for (const Slice& sl : slices) begin[key(sl) + 1] += guest(sl) ? 1 : 0;
-    for (int i = 0; i < num_keys; ++i) begin[i + 1] += begin[i];
-    index.resize(static_cast<size_t>(begin[num_keys]));
-    fill_.assign(begin.begin(), begin.end() - 1);
-    for (size_t i = 0; i < slices.size(); ++i) {
-      if (guest(slices[i]))
-        index[static_cast<size_t>(fill_[key(slices[i])]++)] = static_cast<int>(i);
-    }
-  };
-  bucket([](const Slice& sl) { return sl.gpu; }, R, gpu_begin_, gpu_slice_);
-  bucket([](const Slice& sl) { return sl.expert; }, E, expert_begin_, expert_slice_);
+  // The guest slices (not at home, their expert has a slice at home), counted by GPU and by
+  // expert: gpu_begin_[g + 1], expert_begin_[e + 1].
+  guest_.resize(n);
+  gpu_begin_.assign(static_cast<size_t>(R) + 1, 0);
+  expert_begin_.assign(static_cast<size_t>(E) + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const Slice& sl = slices[i];
+    guest_[i] = topo.home(sl.expert) != sl.gpu && home_slice_[sl.expert] >= 0;
+    gpu_begin_[sl.gpu + 1] += guest_[i];
+    expert_begin_[sl.expert + 1] += guest_[i];
+  }
+  for (int g = 0; g < R; ++g) gpu_begin_[g + 1] += gpu_begin_[g];
+  for (int e = 0; e < E; ++e) expert_begin_[e + 1] += expert_begin_[e];
+  // Bucketed in slice order (counting sort): begin[key] .. begin[key + 1] in the index.
+  gpu_slice_.resize(static_cast<size_t>(gpu_begin_[R]));
+  expert_slice_.resize(static_cast<size_t>(expert_begin_[E]));
+  fill_.assign(gpu_begin_.begin(), gpu_begin_.end() - 1);
+  expert_fill_.assign(expert_begin_.begin(), expert_begin_.end() - 1);
+  for (size_t i = 0; i < n; ++i) {
+    if (!guest_[i]) continue;
+    gpu_slice_[static_cast<size_t>(fill_[slices[i].gpu]++)] = static_cast<int>(i);
+    expert_slice_[static_cast<size_t>(expert_fill_[slices[i].expert]++)] = static_cast<int>(i);
+  }
 }
 
 void TimeLeveller::level_domain(int dom, int64_t row_budget, Plan& out, bool& moved) {

@@ -69,7 +69,8 @@ class TimeLeveller {
   std::vector<int> home_slice_;                   // [num_experts] its slice at home (-1: none)
   std::vector<int> gpu_begin_, gpu_slice_;        // guest slices by GPU: [gpu_begin_[g], [g + 1])
   std::vector<int> expert_begin_, expert_slice_;  // guest slices by expert
-  std::vector<int> fill_;                         // index_slices()'s counting sort
+  std::vector<int> fill_, expert_fill_;           // index_slices()'s counting sorts
+  std::vector<uint8_t> guest_;                    // [slices] index_slices(): a guest slice
   Plan before_;                                   // the plan before levelling
   CopyTimer copy_timer_;
   std::vector<double> before_end_ms_;  // when before_'s copies land

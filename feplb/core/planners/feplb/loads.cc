@@ -16,6 +16,27 @@ void LoadMeasure::grow_gemm_table(int64_t rows) const {
   }
 }
 
+int64_t LoadMeasure::units_beyond(int64_t rows) const {
+  std::vector<int64_t>& table = *units_;
+  if (rows < 0 || rows >= kGemmTableRows) return blend_units(rows);
+  const size_t old = table.size();
+  table.resize(std::min<size_t>(std::max({static_cast<size_t>(rows) + 1, 2 * old, size_t{1024}}),
+                                kGemmTableRows));
+  for (size_t r = old; r < table.size(); ++r) table[r] = blend_units(static_cast<int64_t>(r));
+  return table[static_cast<size_t>(rows)];
+}
+
+std::vector<int64_t>& LoadMeasure::unit_table(double time_weight) {
+  for (UnitTable& t : unit_tables_) {
+    if (t.weight == time_weight) return t.units;
+  }
+  UnitTable& t = unit_tables_[static_cast<size_t>(next_table_)];
+  next_table_ = (next_table_ + 1) % kUnitTables;
+  t.weight = time_weight;
+  t.units.clear();
+  return t.units;
+}
+
 double LoadMeasure::row_unit_ms(const GemmCostModel& cost) {
   const double slope = (cost.expert_ms(16384) - cost.expert_ms(8192)) / 8192.0;
   return slope > 0 ? slope : cost.expert_ms(8192) / 8192.0;

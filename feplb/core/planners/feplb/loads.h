@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -26,26 +27,30 @@ class LoadMeasure {
  public:
   explicit LoadMeasure(const GemmCostModel* cost)
       : cost_(cost), unit_ms_(cost ? row_unit_ms(*cost) : 0.0) {}
+  LoadMeasure(const LoadMeasure&) = delete;  // units_ points into its own tables
+  LoadMeasure& operator=(const LoadMeasure&) = delete;
 
   // This plan's blend of rows and GEMM time in loads (0: rows).
   void set_time_weight(double time_weight) {
     time_weight_ = time_weight;
     by_time_ = time_weight > 0;
+    units_ = by_time_ ? &unit_table(time_weight) : nullptr;
     fixed_units_ = by_time_ ? units(8192) - 8192 : 0;
+    shed_memo_.fill({});
   }
   bool by_time() const { return by_time_; }
 
   int64_t units(int64_t rows) const {
     if (!by_time_) return rows;
-    const double time = gemm_ms(rows) / unit_ms_;
-    // Non-negative: rounds half up without libm's llround (this is the planner's inner loop).
-    return static_cast<int64_t>((1.0 - time_weight_) * static_cast<double>(rows) +
-                                time_weight_ * time + 0.5);
+    // Tabled per blend: the planner's inner loop (bisections over slice sizes) asks it most.
+    if (static_cast<uint64_t>(rows) < units_->size()) return (*units_)[static_cast<size_t>(rows)];
+    return units_beyond(rows);
   }
-  // The cost model's time for one expert GEMM over `rows` rows; balancing time, looked up in a
-  // table (units() asks it in the planner's inner loop).
+  // The cost model's time for one expert GEMM over `rows` rows, looked up in a table (the same
+  // numbers: units() and the copy rules ask it in the planner's inner loops).
   double gemm_ms(int64_t rows) const {
-    if (!by_time_ || rows >= kGemmTableRows) return cost_->expert_ms(rows);
+    if (static_cast<uint64_t>(rows) >= static_cast<uint64_t>(kGemmTableRows))
+      return cost_->expert_ms(rows);
     if (rows >= static_cast<int64_t>(gemm_ms_.size())) grow_gemm_table(rows);
     return gemm_ms_[static_cast<size_t>(rows)];
   }
@@ -57,8 +62,17 @@ class LoadMeasure {
   // `held` if none do).
   int64_t rows_shedding(int64_t held, int64_t u) const {
     if (!by_time_) return u;
+    // The spill asks the same (held, u) again while nothing moved: the last answers are kept.
+    for (const Shed& m : shed_memo_) {
+      if (m.held == held && m.u == u) return m.rows;
+    }
     // Where the GEMM is linear, giving u rows sheds u units: the search starts there.
-    return first_true_near(0, held, u, [&](int64_t s) { return give_units(held, s) >= u; });
+    const int64_t at_held = units(held);
+    const int64_t rows =
+        first_true_near(0, held, u, [&](int64_t s) { return at_held - units(held - s) >= u; });
+    shed_memo_[shed_next_] = {held, u, rows};
+    shed_next_ = (shed_next_ + 1) % shed_memo_.size();
+    return rows;
   }
   // The most rows (at most `limit`) a receiver takes as a new slice within `u` units.
   int64_t rows_within(int64_t u, int64_t limit) const {
@@ -71,6 +85,25 @@ class LoadMeasure {
   }
 
  private:
+  // A blend's units by rows, [0, size()), grown on demand like the GEMM-time table.
+  struct UnitTable {
+    double weight = -1;
+    std::vector<int64_t> units;
+  };
+  // Blends tabled at once (the time budget's tries use four); another one replaces the oldest.
+  static constexpr int kUnitTables = 6;
+
+  // units() of one blend, rounded half up without libm's llround.
+  int64_t blend_units(int64_t rows) const {
+    const double time = gemm_ms(rows) / unit_ms_;
+    return static_cast<int64_t>((1.0 - time_weight_) * static_cast<double>(rows) +
+                                time_weight_ * time + 0.5);
+  }
+  // units() beyond the blend's table: extends it to cover `rows` (doubling, at most
+  // kGemmTableRows), or computes it.
+  int64_t units_beyond(int64_t rows) const;
+  // The table of `time_weight` (emptied if it was another blend's).
+  std::vector<int64_t>& unit_table(double time_weight);
   // Extends gemm_ms_ to cover `rows` (doubling, at most kGemmTableRows: it grows only while the
   // steps' largest expert count does).
   void grow_gemm_table(int64_t rows) const;
@@ -81,7 +114,16 @@ class LoadMeasure {
   double time_weight_ = 0;   // this plan's blend (units())
   bool by_time_ = false;     // time_weight_ > 0
   int64_t fixed_units_ = 0;  // by time: a GEMM's fixed cost where it is linear (units(s) - s)
-  mutable std::vector<double> gemm_ms_;  // by time: GEMM time by rows (ms), grown on demand
+  mutable std::vector<double> gemm_ms_;    // GEMM time by rows (ms), grown on demand
+  std::vector<int64_t>* units_ = nullptr;  // by time: this blend's units by rows
+  mutable std::array<UnitTable, kUnitTables> unit_tables_;
+  int next_table_ = 0;  // the table a new blend takes
+  // rows_shedding()'s last answers (this blend's).
+  struct Shed {
+    int64_t held = -1, u = 0, rows = 0;
+  };
+  mutable std::array<Shed, 2> shed_memo_;
+  mutable size_t shed_next_ = 0;
 };
 
 // The loads of one plan being made, and the caps of the domain being balanced.
