@@ -46,14 +46,12 @@ void BalancedPlan::plan(const FeplbConfig& mode, double time_weight, int64_t row
   copies_.start(topo.num_ranks(), planned_copy_start_ms(out, ctx_.knobs, ctx_.topo),
                 mode.path == FeplbPath::kTwoPhase);
   prefetched_.add(ctx_, prefetches, out, loads_.guests, copies_.links);
-  rules_.with(mode.copy_rule,
-              [&](auto& rule) { plan_domains(mode, rule, routing, out, aim_added); });
+  rules_.with(mode.copy_rule, [&](auto& rule) { plan_domains(mode, rule, out, aim_added); });
   out.add_home_slices(topo, routing, loads_.moved);
 }
 
 template <typename Rule>
-void BalancedPlan::plan_domains(const FeplbConfig& mode, Rule& rule, const RoutingStep& routing,
-                                Plan& out, bool aim_added) {
+void BalancedPlan::plan_domains(const FeplbConfig& mode, Rule& rule, Plan& out, bool aim_added) {
   const Topology& topo = ctx_.topo;
   const int R = topo.num_ranks(), D = topo.num_domains(), n = topo.domain_size();
   rule.start(topo, loads_.measure, home_ms_);

@@ -57,8 +57,7 @@ class BalancedPlan {
             std::span<const Copy> prefetches, const RoutingStep& routing, Plan& out,
             bool aim_added);
   template <typename Rule>
-  void plan_domains(const FeplbConfig& mode, Rule& rule, const RoutingStep& routing, Plan& out,
-                    bool aim_added);
+  void plan_domains(const FeplbConfig& mode, Rule& rule, Plan& out, bool aim_added);
   // The load the plan just made added per domain (added_), for a second plan to aim at its
   // share; false if none.
   bool added_load();
