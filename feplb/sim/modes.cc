@@ -235,6 +235,12 @@ ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
                        8});
     }
   }
+  if (!c.only.empty()) {
+    std::erase_if(specs, [&](const Spec& s) {
+      return fmt::format("{}: {}", s.section, s.name).find(c.only) == std::string::npos;
+    });
+    FEPLB_REQUIRE_INPUT(!specs.empty(), "--workloads: no workload matches '{}'", c.only);
+  }
   Runner runner(c, result);
   int64_t done = 0;
   for (const Spec& s : specs) {

@@ -24,6 +24,7 @@ struct ModesConfig {
   WorkloadSpec workload;                 // tokens, seq_len, concentration, seed, num_steps (core)
   SimulationConfig sim;                  // knobs, GPU class (policies and shape set per workload)
   bool core = true, many_donor = true, rack = true;
+  std::string only;  // run only the workloads whose "section: name" contains this (empty: all)
   std::vector<BalanceVariant> modes = explicit_feplb_modes();
 };
 

@@ -9,9 +9,10 @@
 #include "feplb/core/stats.h"
 
 namespace feplb {
-namespace {
 
-double time_plan_us(Planner& planner, const RoutingStep& step, Plan& plan, int64_t reps) {
+double timed_plan_us(Planner& planner, const RoutingStep& step, Plan& plan, const Knobs& knobs) {
+  const bool charged = knobs.planner_time_us >= 0;
+  const int64_t reps = charged ? 1 : knobs.planner_reps;
   std::vector<double> us;
   us.reserve(static_cast<size_t>(reps));
   for (int64_t r = 0; r < reps; ++r) {
@@ -20,10 +21,8 @@ double time_plan_us(Planner& planner, const RoutingStep& step, Plan& plan, int64
     const auto t1 = std::chrono::steady_clock::now();
     us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
-  return quantile_of(std::move(us), 0.5);
+  return charged ? knobs.planner_time_us : quantile_of(std::move(us), 0.5);
 }
-
-}  // namespace
 
 PolicySummary summarise_steps(const std::vector<StepMetrics>& steps) {
   auto column = [&](auto field) {
@@ -272,7 +271,7 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
         Planner& planner = *planners[k];
         const Topology& topo = topos[k];
         if (!warmup(i)) {
-          const double us = time_plan_us(planner, step, plan, config.knobs.planner_reps);
+          const double us = timed_plan_us(planner, step, plan, config.knobs);
           validate(plan, topo, step, config.shape, planner.limits());
           GpuLoads loads;
           pr.steps.push_back(measure_plan(plan, topo, cost, knobs, us, &loads));

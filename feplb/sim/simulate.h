@@ -116,6 +116,10 @@ PolicySummary summarise_steps(const std::vector<StepMetrics>& steps);
 // Fills token/gemm_straggler_reduction of every summary against `base` (static's).
 void apply_reductions(std::vector<PolicySummary*> summaries, const PolicySummary& base);
 
+// Plans `step` into `plan` and returns the planner latency to charge it (us): the median of
+// knobs.planner_reps timed runs, or knobs.planner_time_us where that is set (>= 0).
+double timed_plan_us(Planner& planner, const RoutingStep& step, Plan& plan, const Knobs& knobs);
+
 // Throws InputError on an impossible configuration (unknown policy, topology mismatch).
 SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
                           const Progress& progress = {});

@@ -5,7 +5,6 @@
 
 #include <pybind11/stl.h>
 
-#include <chrono>
 #include <memory>
 #include <optional>
 
@@ -14,6 +13,7 @@
 #include "feplb/core/metrics.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/sim/cost_choice.h"
+#include "feplb/sim/simulate.h"
 #include "python/src/bindings.h"
 
 namespace feplb::python {
@@ -79,13 +79,9 @@ class PyPlanner {
   py::dict plan(const Int64Array& counts, int64_t layer, bool observe) {
     load(counts, layer);
     Plan plan;
-    double planner_us = 0;
     // The GIL stays held: planning takes microseconds, and it keeps two Python threads from
-    // planning on one Planner's state at once.
-    const auto t0 = std::chrono::steady_clock::now();
-    planner_->plan(step_, plan);
-    planner_us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    // planning on one Planner's state at once. Timed as the simulator times it.
+    const double planner_us = timed_plan_us(*planner_, step_, plan, knobs_);
     validate(plan, topo_, step_, shape_, planner_->limits());
     if (observe) planner_->observe(step_);
     ++steps_;

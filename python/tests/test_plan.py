@@ -128,10 +128,16 @@ def test_knobs_reach_the_planner(skewed):
     nothing = feplb.plan(skewed, "feplb", shape=SHAPE, copy_timing=0, dyn=0, **mode)
     assert len(nothing.copies) == 0
     # copy_timing=1 (two-phase's) takes only copies that land while the receiver is busy: no
-    # more than without the rule, and every one of them lands in time.
-    hidden = feplb.plan(skewed, "feplb", shape=SHAPE, copy_timing=1, **mode)
+    # more than without the rule, and every one of them lands in time when the plan is ready
+    # within the time it reserved (charged as given: the host's speed does not enter the test).
+    timed = dict(mode, copy_timing=1, planner_budget_us=30)
+    hidden = feplb.plan(skewed, "feplb", shape=SHAPE, planner_time_us=30, **timed)
     assert 0 < len(hidden.copies) <= len(loose.copies)
-    assert hidden.metrics["fits_static_window"]
+    assert hidden.metrics["fits_static_window"] and hidden.metrics["copy_exposed_ms"] == 0
+    assert hidden.metrics["planner_us"] == 30
+    # A plan ready 2 ms late: its copies land 2 ms later than the schedule it wrote.
+    late = feplb.plan(skewed, "feplb", shape=SHAPE, planner_time_us=2030, **timed)
+    assert not late.metrics["fits_static_window"] and late.metrics["copy_exposed_ms"] > 1.0
 
 
 def test_shape_sets_the_bytes(skewed):

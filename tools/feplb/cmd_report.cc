@@ -36,6 +36,7 @@ struct ReportOptions : ModelFlags {
   bool placement = false;
   bool rack = false;
   bool modes = false;
+  std::string workloads;  // --modes: only the workloads whose "section: name" contains it
   int experts_per_gpu = 4;
   std::string compare_gpus;  // --rack: default every class
   bool steps_given = false;
@@ -222,6 +223,7 @@ void run_modes_report(const ReportOptions& o, FileSet& files, const std::string&
   if (o.cost_model != "roofline") c.cost_dir = data_path("cost");
   c.workload = o.sweep.workload;
   c.sim = o.sweep.sim;
+  c.only = o.workloads;
   ProgressLine progress("report", !o.quiet);
   const ModesResult r = run_modes(c, std::ref(progress));
   const std::string md = format_modes_markdown(r, command, plot_link_dir(o));
@@ -269,7 +271,8 @@ void run_report(ReportOptions o, const std::string& command) {
                                 : "placement");
   FEPLB_REQUIRE_INPUT(!o.modes || (o.ranks.empty() && o.policies.empty()),
                       "--modes: its workloads, EP sizes and policies are fixed; drop "
-                      "--ranks/--policies");
+                      "--ranks/--policies (--workloads picks some of them)");
+  FEPLB_REQUIRE_INPUT(o.modes || o.cmd->count("--workloads") == 0, "--workloads: only with --modes");
   FEPLB_REQUIRE_INPUT(
       o.rack || (o.cmd->count("--experts-per-gpu") == 0 && o.cmd->count("--compare-gpus") == 0),
       "--experts-per-gpu/--compare-gpus: only with --rack");
@@ -370,6 +373,9 @@ void add_report_command(CLI::App& app) {
   cmd->add_flag("--modes", o->modes,
                 "feplb's default against every explicit mode and the anchors on every workload "
                 "of the other reports (docs/results/modes.md); with --plots, an SVG");
+  cmd->add_option("--workloads", o->workloads,
+                  "--modes: only the workloads whose 'section: name' contains this text (e.g. "
+                  "'many-donor: generator' or 'EP=72')");
   add_int(*cmd, "--experts-per-gpu", o->experts_per_gpu, 1, limits::kMaxExperts,
           "--rack: experts per GPU of the EP sweep (default 4)");
   cmd->add_option("--compare-gpus", o->compare_gpus,

@@ -153,6 +153,9 @@ void FeplbChooser::keep_rows_via_homes() {
     l.next_try = 0;
     l.gain_ms.assign(modes_.size(), 0.0);
     l.tries.assign(modes_.size(), 0);
+    l.explored = 0;  // the candidates changed: explore them again
+    l.explore_ms.assign(modes_.size(), 0.0);
+    l.explore_over.assign(modes_.size(), 0);
   }
 }
 
@@ -189,6 +192,8 @@ FeplbChooser::Layer& FeplbChooser::layer_state(int64_t layer) {
   l.next_try = 0;
   l.gain_ms.assign(modes_.size(), 0.0);
   l.tries.assign(modes_.size(), 0);
+  l.explore_ms.assign(modes_.size(), 0.0);
+  l.explore_over.assign(modes_.size(), 0);
   layers_.push_back(std::move(l));
   return layers_.back();
 }
@@ -232,13 +237,17 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   const PlanCost now = cost_of(l.mode, routing, current_);
   engine_.record(routing.layer, current_);
   if (n == 1) return;
+  // The bound on the token straggler: a fraction of the unbalanced one, within the domains.
+  home_loads(ctx_.topo, routing, home_scratch_);
+  const double bound = bound_ * domain_straggler(ctx_.topo, home_scratch_);
+  if (l.explored < kExploreSteps) {
+    explore(l, routing, now, bound);
+    return;
+  }
   const std::vector<int>& order = order_[static_cast<size_t>(l.mode)];
   const int cand = order[static_cast<size_t>(l.next_try)];
   l.next_try = (l.next_try + 1) % static_cast<int>(order.size());
   const PlanCost other = cost_of(cand, routing, candidate_);
-  // The bound on the token straggler: a fraction of the unbalanced one, within the domains.
-  home_loads(ctx_.topo, routing, home_scratch_);
-  const double bound = bound_ * domain_straggler(ctx_.topo, home_scratch_);
   const bool now_within = now.token_straggler <= bound;
   const bool other_within = other.token_straggler <= bound;
   double gain = now.layer_ms - other.layer_ms;
@@ -254,6 +263,29 @@ void FeplbChooser::observe(const RoutingStep& routing) {
     std::fill(l.gain_ms.begin(), l.gain_ms.end(), 0.0);
     std::fill(l.tries.begin(), l.tries.end(), 0);
   }
+}
+
+void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost& now,
+                           double bound) {
+  const int n = static_cast<int>(modes_.size());
+  for (int m = 0; m < n; ++m) {
+    const PlanCost c = m == l.mode ? now : cost_of(m, routing, candidate_);
+    l.explore_ms[static_cast<size_t>(m)] += c.layer_ms;
+    l.explore_over[static_cast<size_t>(m)] += c.token_straggler > bound ? 1 : 0;
+  }
+  ++l.explored;
+  // The fewest micro-batches above the bound, then the least cost; the layer's mode on a tie.
+  const auto better = [&](int a, int b) {
+    const auto ia = static_cast<size_t>(a), ib = static_cast<size_t>(b);
+    if (l.explore_over[ia] != l.explore_over[ib]) return l.explore_over[ia] < l.explore_over[ib];
+    return l.explore_ms[ia] < l.explore_ms[ib];
+  };
+  int best = l.mode;
+  for (int m = 0; m < n; ++m) {
+    if (better(m, best)) best = m;
+  }
+  l.mode = best;
+  l.next_try = 0;
 }
 
 }  // namespace feplb

@@ -48,7 +48,11 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    has at most kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the dispatch,
 //    into windows one or two static experts do not leave), else two-phase; prefetch on; time
 //    (both tries) where allowed, else rows; copies hidden (two-phase) or late (one-hop);
-//  - every micro-batch, off the critical path (observe(), after the copies are issued), the same
+//  - the first kExploreSteps micro-batches of a layer, off the critical path (observe(), after the
+//    copies are issued), its counts are planned and costed (plan_cost) in every candidate, and
+//    the layer plans the next one in the candidate with the fewest micro-batches above the token
+//    bound (token_bound x the unbalanced token straggler), then the least mean cost;
+//  - every micro-batch after, off the critical path, the same
 //    counts are planned in the layer's mode and in one other candidate (round robin over the
 //    others, those one switch away from the mode first, then two, ...) and both are
 //    costed (plan_cost); a candidate whose token straggler is above token_bound x the unbalanced
@@ -60,6 +64,7 @@ class FeplbChooser final : public Planner {
  public:
   static constexpr int kTimeDomainMax = 16;
   static constexpr int kOneHopExpertsMax = 2;
+  static constexpr int kExploreSteps = 3;
   static constexpr int kTriesToMove = 2;
   static constexpr double kMoveMargin = 0.03;
 
@@ -88,7 +93,12 @@ class FeplbChooser final : public Planner {
     int next_try = 0;             // the next candidate tried: a position in order_[mode]
     std::vector<double> gain_ms;  // [modes] summed (mode's cost - candidate's) since the last move
     std::vector<int> tries;       // [modes]
+    int explored = 0;             // micro-batches costed in every candidate (kExploreSteps)
+    std::vector<double> explore_ms;  // [modes] their summed cost
+    std::vector<int> explore_over;   // [modes] how many of them passed the token bound
   };
+  // observe() while the layer explores: every candidate costed; the layer takes the best so far.
+  void explore(Layer& l, const RoutingStep& routing, const PlanCost& now, double bound);
   Layer& layer_state(int64_t layer);
   const Layer* find_layer(int64_t layer) const;
   int first_mode() const;
