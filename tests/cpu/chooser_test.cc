@@ -48,8 +48,9 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   const Bench b(8, 8, 128, Knobs{});
   const FeplbChooser c(PlannerContext{b.topo, b.shape, b.knobs, b.cost.get()},
                        FeplbAuto::from_knobs(b.knobs));
-  // path x prefetch x (time within the bound: both tries, or the capped try; rows)
-  EXPECT_EQ(c.candidates().size(), 12u);
+  // prefetch x (time within the bound: both tries, or the capped try; rows) x the copy rules:
+  // hidden (two-phase), late by the busiest or hidden (one-hop).
+  EXPECT_EQ(c.candidates().size(), 6u + 12u);
   // 16 experts per GPU: two-phase first, weights prefetched, time within the bound.
   const FeplbConfig& first = c.mode_of(0);
   EXPECT_EQ(first.path, FeplbPath::kTwoPhase);
@@ -64,10 +65,12 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   }
   EXPECT_DOUBLE_EQ(first.time_budget, b.knobs.token_bound);
   EXPECT_EQ(first.copy_rule, FeplbCopyRule::kHidden);
+  int late = 0;
   for (const FeplbConfig& m : c.candidates()) {
-    EXPECT_EQ(m.copy_rule, m.path == FeplbPath::kOneHop ? FeplbCopyRule::kLateByBusiest
-                                                        : FeplbCopyRule::kHidden);
+    if (m.path == FeplbPath::kTwoPhase) EXPECT_EQ(m.copy_rule, FeplbCopyRule::kHidden);
+    late += m.copy_rule == FeplbCopyRule::kLateByBusiest;
   }
+  EXPECT_EQ(late, 6);
   // The path fixed by its knob: two-phase candidates only.
   Knobs two_phase;
   two_phase.one_hop = 0;
@@ -78,14 +81,21 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   for (const FeplbConfig& m : c2.candidates()) EXPECT_EQ(m.path, FeplbPath::kTwoPhase);
   EXPECT_TRUE(c2.limits().rows_via_homes);
   EXPECT_FALSE(c.limits().rows_via_homes);
-  // A domain of 64 GPUs: no time balancing (its planner time passes the reserve); two experts
-  // per GPU: one-hop first.
+  // A domain of 64 GPUs: time balancing only with two phases (one hop would wait for its four
+  // plans); two experts per GPU: one-hop first.
   const Bench big(64, 64, 128, Knobs{});
   const FeplbChooser c3(PlannerContext{big.topo, big.shape, big.knobs, big.cost.get()},
                         FeplbAuto::from_knobs(big.knobs));
-  EXPECT_EQ(c3.candidates().size(), 4u);
-  for (const FeplbConfig& m : c3.candidates()) EXPECT_EQ(m.balance, FeplbBalance::kRows);
+  EXPECT_EQ(c3.candidates().size(), 6u + 4u);
+  for (const FeplbConfig& m : c3.candidates()) {
+    if (m.path == FeplbPath::kOneHop) EXPECT_EQ(m.balance, FeplbBalance::kRows);
+  }
   EXPECT_EQ(c3.mode_of(0).path, FeplbPath::kOneHop);
+  // 256 GPUs: rows only (a time plan's planner time passes its reserve many times).
+  const Bench rack(256, 256, 1024, Knobs{});
+  const FeplbChooser c4(PlannerContext{rack.topo, rack.shape, rack.knobs, rack.cost.get()},
+                        FeplbAuto::from_knobs(rack.knobs));
+  for (const FeplbConfig& m : c4.candidates()) EXPECT_EQ(m.balance, FeplbBalance::kRows);
 }
 
 // A layer whose caller dispatched the rows (the GPU layer's forward_dispatched): the chooser drops

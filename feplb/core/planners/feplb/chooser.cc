@@ -57,12 +57,16 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 }
 
 FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
-    : Planner(ctx), engine_(ctx_), bound_(ctx.knobs.token_bound) {
+    : Planner(ctx), engine_(ctx_), bound_(ctx.knobs.token_bound), chooses_budget_(left.balance) {
   const Knobs& k = ctx_.knobs;
   const Topology& topo = ctx_.topo;
   reserve_ms_ = planner_reserve_us(k, topo) * 1e-3;
   // Every combination of the switches left to it; the others as the knobs set them.
-  const bool time_allowed = topo.domain_size() <= kTimeDomainMax;
+  // Time balancing plans a step two or four times, each plan's time growing with the GPUs: one-hop
+  // waits for its plan (few GPUs only), two-phase plans while the static experts compute.
+  const auto time_allowed = [&](int64_t hop) {
+    return topo.num_ranks() <= (hop ? kTimeGpusMaxOneHop : kTimeGpusMax);
+  };
   const std::vector<int64_t> hops =
       left.path ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{k.one_hop};
   const std::vector<int64_t> prefetches =
@@ -73,23 +77,24 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
     double budget;
     FeplbBudgetTries tries;
   };
-  std::vector<Balance> balances = {{std::max(k.time_balance_budget, 0.0), FeplbBudgetTries::kBoth}};
-  if (left.balance) {
-    balances = {{0.0, FeplbBudgetTries::kBoth}};
-    if (time_allowed) {
-      balances = {{bound_, FeplbBudgetTries::kBoth},
-                  {bound_, FeplbBudgetTries::kCapped},
-                  {0.0, FeplbBudgetTries::kBoth}};
-    }
-  }
+  const auto balances_of = [&](int64_t hop) {
+    if (!left.balance)
+      return std::vector<Balance>{{std::max(k.time_balance_budget, 0.0), FeplbBudgetTries::kBoth}};
+    if (!time_allowed(hop)) return std::vector<Balance>{{0.0, FeplbBudgetTries::kBoth}};
+    return std::vector<Balance>{{bound_, FeplbBudgetTries::kBoth},
+                                {bound_, FeplbBudgetTries::kCapped},
+                                {0.0, FeplbBudgetTries::kBoth}};
+  };
   std::vector<FeplbConfig> modes;
   for (int64_t hop : hops) {
     for (int64_t pre : prefetches) {
-      for (const Balance& balance : balances) {
-        // Copies: hidden with two phases, late by the busiest with one hop (the rows are there
-        // already: a GPU with little work of its own may wait for the weights).
-        const std::vector<int64_t> timings = left.copy_rule ? std::vector<int64_t>{hop ? 3 : 1}
-                                                            : std::vector<int64_t>{k.copy_timing};
+      for (const Balance& balance : balances_of(hop)) {
+        // Copies: hidden with two phases; with one hop late by the busiest (the rows are there
+        // already: a GPU with little work of its own may wait for the weights) or hidden.
+        const std::vector<int64_t> timings =
+            !left.copy_rule ? std::vector<int64_t>{k.copy_timing}
+            : hop           ? std::vector<int64_t>{3, 1}
+                            : std::vector<int64_t>{1};
         for (int64_t timing : timings) {
           Knobs m = k;
           m.one_hop = hop;
@@ -116,25 +121,6 @@ void FeplbChooser::set_modes(std::vector<FeplbConfig> modes) {
   modes_ = std::move(modes);
   labels_.clear();
   for (const FeplbConfig& m : modes_) labels_.push_back(m.label());
-  // Each mode's others in the order it tries them: those one switch away first (path, prefetch,
-  // balance, copy rule), then two, ...; ties by index.
-  const auto distance = [](const FeplbConfig& a, const FeplbConfig& b) {
-    return (a.path != b.path) + (a.prefetch != b.prefetch) +
-           (a.balance != b.balance || a.budget_tries != b.budget_tries) +
-           (a.copy_rule != b.copy_rule);
-  };
-  const int n = static_cast<int>(modes_.size());
-  order_.assign(modes_.size(), {});
-  for (int m = 0; m < n; ++m) {
-    std::vector<int>& o = order_[static_cast<size_t>(m)];
-    for (int i = 0; i < n; ++i) {
-      if (i != m) o.push_back(i);
-    }
-    std::stable_sort(o.begin(), o.end(), [&](int a, int b) {
-      return distance(modes_[static_cast<size_t>(m)], modes_[static_cast<size_t>(a)]) <
-             distance(modes_[static_cast<size_t>(m)], modes_[static_cast<size_t>(b)]);
-    });
-  }
 }
 
 void FeplbChooser::keep_rows_via_homes() {
@@ -150,12 +136,9 @@ void FeplbChooser::keep_rows_via_homes() {
   for (Layer& l : layers_) {
     const int now = index[static_cast<size_t>(l.mode)];
     l.mode = now >= 0 ? now : first_mode();
-    l.next_try = 0;
-    l.gain_ms.assign(modes_.size(), 0.0);
-    l.tries.assign(modes_.size(), 0);
-    l.explored = 0;  // the candidates changed: explore them again
-    l.explore_ms.assign(modes_.size(), 0.0);
-    l.explore_over.assign(modes_.size(), 0);
+    l.seen = 0;  // explore the candidates left from the next micro-batch
+    l.cost_ms.assign(modes_.size(), 0.0);
+    l.over.assign(modes_.size(), 0.0);
   }
 }
 
@@ -189,11 +172,8 @@ FeplbChooser::Layer& FeplbChooser::layer_state(int64_t layer) {
   Layer l;
   l.layer = layer;
   l.mode = first_mode();
-  l.next_try = 0;
-  l.gain_ms.assign(modes_.size(), 0.0);
-  l.tries.assign(modes_.size(), 0);
-  l.explore_ms.assign(modes_.size(), 0.0);
-  l.explore_over.assign(modes_.size(), 0);
+  l.cost_ms.assign(modes_.size(), 0.0);
+  l.over.assign(modes_.size(), 0.0);
   layers_.push_back(std::move(l));
   return layers_.back();
 }
@@ -217,14 +197,32 @@ std::span<const Copy> FeplbChooser::prefetch(int64_t layer) const {
 }
 
 void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
-  const Layer* l = find_layer(routing.layer);
-  const int mode = l ? l->mode : first_mode();
-  engine_.plan_with(modes_[static_cast<size_t>(mode)], routing, out);
-  out.mode = labels_[static_cast<size_t>(mode)];
+  Layer& l = layer_state(routing.layer);
+  l.budget = time_budget_now(routing);
+  engine_.plan_with(mode_at(l.mode, l.budget), routing, out);
+  out.mode = labels_[static_cast<size_t>(l.mode)];
 }
 
-PlanCost FeplbChooser::cost_of(int mode, const RoutingStep& routing, Plan& scratch) {
-  engine_.plan_with(modes_[static_cast<size_t>(mode)], routing, scratch);
+double FeplbChooser::time_budget_now(const RoutingStep& routing) {
+  // What keeps the token straggler, summed over the plans (the older ones decayed), within
+  // kAimShare of the bound: this plan may take what the earlier ones left, up to the bound.
+  home_loads(ctx_.topo, routing, home_scratch_);
+  const double unbalanced = domain_straggler(ctx_.topo, home_scratch_);
+  if (unbalanced <= 0) return bound_;
+  const double left = kAimShare * bound_ * (kTokenDecay * unbalanced_sum_ + unbalanced) -
+                      kTokenDecay * straggler_sum_;
+  return std::clamp(left / unbalanced, kMinBudgetShare * bound_, bound_);
+}
+
+FeplbConfig FeplbChooser::mode_at(int mode, double budget) const {
+  FeplbConfig m = modes_[static_cast<size_t>(mode)];
+  if (m.balance == FeplbBalance::kTimeBudget && chooses_budget_) m.time_budget = budget;
+  return m;
+}
+
+PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routing,
+                               Plan& scratch) {
+  engine_.plan_with(mode_at(mode, budget), routing, scratch);
   writer_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);
   const double latency_ms = scratch.reserve_us >= 0 ? scratch.reserve_us * 1e-3 : reserve_ms_;
   return plan_cost(scratch, ctx_.topo, latency_ms, gemm_scratch_, rows_scratch_);
@@ -233,59 +231,48 @@ PlanCost FeplbChooser::cost_of(int mode, const RoutingStep& routing, Plan& scrat
 void FeplbChooser::observe(const RoutingStep& routing) {
   Layer& l = layer_state(routing.layer);
   const int n = static_cast<int>(modes_.size());
-  // The plan this step got: its prefetch history, and its cost.
-  const PlanCost now = cost_of(l.mode, routing, current_);
+  // The plan this step got (at the budget it got): its prefetch history, and its cost.
+  const PlanCost now = cost_of(l.mode, l.budget, routing, current_);
   engine_.record(routing.layer, current_);
-  if (n == 1) return;
   // The bound on the token straggler: a fraction of the unbalanced one, within the domains.
   home_loads(ctx_.topo, routing, home_scratch_);
-  const double bound = bound_ * domain_straggler(ctx_.topo, home_scratch_);
-  if (l.explored < kExploreSteps) {
-    explore(l, routing, now, bound);
-    return;
+  const double unbalanced = domain_straggler(ctx_.topo, home_scratch_);
+  const double bound = bound_ * unbalanced;
+  unbalanced_sum_ = kTokenDecay * unbalanced_sum_ + unbalanced;
+  straggler_sum_ = kTokenDecay * straggler_sum_ + now.token_straggler;
+  const int64_t seen = l.seen++;
+  if (n == 1 || (seen >= kExploreFirst && (seen - kExploreFirst + 1) % kExploreEvery != 0)) return;
+  // Every candidate on these counts, at the budget the layer's plan got.
+  for (int m = 0; m < n; ++m) {
+    const auto i = static_cast<size_t>(m);
+    const PlanCost c = m == l.mode ? now : cost_of(m, l.budget, routing, candidate_);
+    l.cost_ms[i] = kDecay * l.cost_ms[i] + c.layer_ms;
+    l.over[i] = kDecay * l.over[i] + (c.token_straggler > bound ? 1.0 : 0.0);
   }
-  const std::vector<int>& order = order_[static_cast<size_t>(l.mode)];
-  const int cand = order[static_cast<size_t>(l.next_try)];
-  l.next_try = (l.next_try + 1) % static_cast<int>(order.size());
-  const PlanCost other = cost_of(cand, routing, candidate_);
-  const bool now_within = now.token_straggler <= bound;
-  const bool other_within = other.token_straggler <= bound;
-  double gain = now.layer_ms - other.layer_ms;
-  if (now_within && !other_within) gain = std::min(gain, 0.0);
-  if (!now_within && other_within) gain = std::max(gain, 0.0) + now.layer_ms;  // back within
-  l.gain_ms[static_cast<size_t>(cand)] += gain;
-  ++l.tries[static_cast<size_t>(cand)];
-  const int tries = l.tries[static_cast<size_t>(cand)];
-  const double mean_gain = l.gain_ms[static_cast<size_t>(cand)] / tries;
-  if (tries >= kTriesToMove && mean_gain > std::max(kMoveMargin * now.layer_ms, 2e-3)) {
-    l.mode = cand;
-    l.next_try = 0;
-    std::fill(l.gain_ms.begin(), l.gain_ms.end(), 0.0);
-    std::fill(l.tries.begin(), l.tries.end(), 0);
+  // The candidate that passed the bound least (by half a micro-batch or more), then cost least;
+  // the layer's mode unless another is better by the margin.
+  const auto better = [&](int a, int b, double margin) {
+    const auto ia = static_cast<size_t>(a), ib = static_cast<size_t>(b);
+    if (l.over[ia] < l.over[ib] - 0.5) return true;
+    if (l.over[ia] > l.over[ib] - 0.5 && l.over[ib] > l.over[ia] - 0.5)
+      return l.cost_ms[ia] < l.cost_ms[ib] - margin;
+    return false;
+  };
+  int best = 0;
+  for (int m = 1; m < n; ++m) {
+    if (better(m, best, 0.0)) best = m;
   }
+  const double margin =
+      std::max(kMoveMargin * l.cost_ms[static_cast<size_t>(l.mode)], 2e-3 * total_weight(l));
+  if (best != l.mode && better(best, l.mode, margin)) l.mode = best;
 }
 
-void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost& now,
-                           double bound) {
-  const int n = static_cast<int>(modes_.size());
-  for (int m = 0; m < n; ++m) {
-    const PlanCost c = m == l.mode ? now : cost_of(m, routing, candidate_);
-    l.explore_ms[static_cast<size_t>(m)] += c.layer_ms;
-    l.explore_over[static_cast<size_t>(m)] += c.token_straggler > bound ? 1 : 0;
-  }
-  ++l.explored;
-  // The fewest micro-batches above the bound, then the least cost; the layer's mode on a tie.
-  const auto better = [&](int a, int b) {
-    const auto ia = static_cast<size_t>(a), ib = static_cast<size_t>(b);
-    if (l.explore_over[ia] != l.explore_over[ib]) return l.explore_over[ia] < l.explore_over[ib];
-    return l.explore_ms[ia] < l.explore_ms[ib];
-  };
-  int best = l.mode;
-  for (int m = 0; m < n; ++m) {
-    if (better(m, best)) best = m;
-  }
-  l.mode = best;
-  l.next_try = 0;
+double FeplbChooser::total_weight(const Layer& l) const {
+  // The weight of the explored micro-batches (each new one 1, the older ones decayed).
+  const int64_t explored =
+      std::min<int64_t>(l.seen, kExploreFirst) +
+      std::max<int64_t>(0, (l.seen - kExploreFirst) / kExploreEvery);
+  return (1.0 - std::pow(kDecay, static_cast<double>(explored))) / (1.0 - kDecay);
 }
 
 }  // namespace feplb

@@ -42,31 +42,36 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    or time within token_bound by both of the time budget's tries (four plans a step: such a
 //    mode reserves twice the planner time ahead of its copies, Plan::reserve_us, where the
 //    reserve is left to feplb) or by the capped try alone (half the planner time), where the
-//    domain has at most kTimeDomainMax GPUs (beyond, its planner time passes the reserve);
-//    copies hidden, or late by the busiest with one hop;
+//    plan's planner time stays near its reserve: two-phase up to kTimeGpusMax GPUs (its plan
+//    overlaps the static experts), one-hop up to kTimeGpusMaxOneHop (the dispatch waits for
+//    it); the time budget the chooser's plans take keeps the token straggler summed over its
+//    plans within kAimShare of the bound (time_budget_now); copies hidden, or with one hop
+//    also late by the busiest;
 //  - the first mode of a layer (before any history) from what is known then: one-hop where a GPU
 //    has at most kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the dispatch,
 //    into windows one or two static experts do not leave), else two-phase; prefetch on; time
 //    (both tries) where allowed, else rows; copies hidden (two-phase) or late (one-hop);
-//  - the first kExploreSteps micro-batches of a layer, off the critical path (observe(), after the
-//    copies are issued), its counts are planned and costed (plan_cost) in every candidate, and
-//    the layer plans the next one in the candidate with the fewest micro-batches above the token
-//    bound (token_bound x the unbalanced token straggler), then the least mean cost;
-//  - every micro-batch after, off the critical path, the same
-//    counts are planned in the layer's mode and in one other candidate (round robin over the
-//    others, those one switch away from the mode first, then two, ...) and both are
-//    costed (plan_cost); a candidate whose token straggler is above token_bound x the unbalanced
-//    one, where the layer's mode's is not, gains nothing. Once a candidate has been tried
-//    kTriesToMove times since the layer's last move and its mean gain passes kMoveMargin of the
-//    mode's cost (and 2 us), the layer moves to it. Deterministic: every rank sees the same counts
-//    and makes the same moves.
+//  - revision, off the critical path (observe(), after the copies are issued): on the first
+//    kExploreFirst micro-batches of a layer and every kExploreEvery-th after, its counts are
+//    planned in every candidate and each plan costed (plan_cost): the same counts for all, so the
+//    candidates are compared pair by pair. The layer keeps, per candidate, its cost and how often
+//    its token straggler passed token_bound x the unbalanced one, over those micro-batches (each
+//    new one weighs 1, the older ones kDecay times less per explored micro-batch). It plans in the
+//    candidate that passed the bound least, then cost least, and moves off its mode only for one
+//    that passed it less often, or cost kMoveMargin less (and 2 us). Deterministic: every rank
+//    sees the same counts and makes the same moves.
 class FeplbChooser final : public Planner {
  public:
-  static constexpr int kTimeDomainMax = 16;
+  static constexpr int kTimeGpusMax = 72;
+  static constexpr int kTimeGpusMaxOneHop = 16;
   static constexpr int kOneHopExpertsMax = 2;
-  static constexpr int kExploreSteps = 3;
-  static constexpr int kTriesToMove = 2;
+  static constexpr int kExploreFirst = 3;
+  static constexpr int kExploreEvery = 8;
+  static constexpr double kDecay = 0.8;
   static constexpr double kMoveMargin = 0.03;
+  static constexpr double kTokenDecay = 0.95;
+  static constexpr double kMinBudgetShare = 0.5;
+  static constexpr double kAimShare = 0.9;
 
   FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left);
   std::string_view name() const override { return "feplb"; }
@@ -89,28 +94,37 @@ class FeplbChooser final : public Planner {
  private:
   struct Layer {
     int64_t layer = 0;
-    int mode = 0;                 // index into modes_
-    int next_try = 0;             // the next candidate tried: a position in order_[mode]
-    std::vector<double> gain_ms;  // [modes] summed (mode's cost - candidate's) since the last move
-    std::vector<int> tries;       // [modes]
-    int explored = 0;             // micro-batches costed in every candidate (kExploreSteps)
-    std::vector<double> explore_ms;  // [modes] their summed cost
-    std::vector<int> explore_over;   // [modes] how many of them passed the token bound
+    int mode = 0;                   // index into modes_
+    int64_t seen = 0;               // micro-batches observed
+    std::vector<double> cost_ms;    // [modes] decayed sums of plan_cost over the explored ones
+    std::vector<double> over;       // [modes] decayed counts of those above the token bound
+    double budget = 0;  // the time budget of this micro-batch's plan
   };
-  // observe() while the layer explores: every candidate costed; the layer takes the best so far.
-  void explore(Layer& l, const RoutingStep& routing, const PlanCost& now, double bound);
   Layer& layer_state(int64_t layer);
+  // The summed weight of a layer's explored micro-batches (the scale of its decayed sums).
+  double total_weight(const Layer& l) const;
   const Layer* find_layer(int64_t layer) const;
   int first_mode() const;
   // Sets the candidates (modes_), their labels and each one's order of tries.
   void set_modes(std::vector<FeplbConfig> modes);
-  PlanCost cost_of(int mode, const RoutingStep& routing, Plan& scratch);
+  // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it.
+  PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch);
+  // Candidate `mode` with its time budget at `budget` (where the chooser sets the balance).
+  FeplbConfig mode_at(int mode, double budget) const;
+  // The time budget of the plan of `routing`: what keeps the token straggler, summed over the
+  // plans of every layer, within kAimShare x the bound x the unbalanced one's sum (the margin
+  // is for the micro-batches no plan brings within it), at least kMinBudgetShare of the bound
+  // and at most all of it.
+  double time_budget_now(const RoutingStep& routing);
 
   FeplbEngine engine_;
   std::vector<FeplbConfig> modes_;
   std::vector<std::string> labels_;      // [modes] FeplbConfig::label()
-  std::vector<std::vector<int>> order_;  // [mode] the others, nearest first (observe() tries)
   double bound_ = 0;                     // token_bound
+  bool chooses_budget_ = false;          // the time budget is the chooser's (time_balance_budget -1)
+  // Its plans' token stragglers and the unbalanced ones, every layer's, summed (the older decayed
+  // by kTokenDecay per plan).
+  double straggler_sum_ = 0, unbalanced_sum_ = 0;
   double reserve_ms_ = 0;                // the planner's reserve, charged to one-hop plans
   std::vector<Layer> layers_;
   ScheduleWriter writer_;  // the schedules of the plans observe() costs
