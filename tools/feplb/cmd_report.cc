@@ -272,7 +272,8 @@ void run_report(ReportOptions o, const std::string& command) {
   FEPLB_REQUIRE_INPUT(!o.modes || (o.ranks.empty() && o.policies.empty()),
                       "--modes: its workloads, EP sizes and policies are fixed; drop "
                       "--ranks/--policies (--workloads picks some of them)");
-  FEPLB_REQUIRE_INPUT(o.modes || o.cmd->count("--workloads") == 0, "--workloads: only with --modes");
+  FEPLB_REQUIRE_INPUT(o.modes || o.cmd->count("--workloads") == 0,
+                      "--workloads: only with --modes");
   FEPLB_REQUIRE_INPUT(
       o.rack || (o.cmd->count("--experts-per-gpu") == 0 && o.cmd->count("--compare-gpus") == 0),
       "--experts-per-gpu/--compare-gpus: only with --rack");
