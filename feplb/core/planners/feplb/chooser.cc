@@ -91,10 +91,9 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
       for (const Balance& balance : balances_of(hop)) {
         // Copies: hidden with two phases; with one hop late by the busiest (the rows are there
         // already: a GPU with little work of its own may wait for the weights) or hidden.
-        const std::vector<int64_t> timings =
-            !left.copy_rule ? std::vector<int64_t>{k.copy_timing}
-            : hop           ? std::vector<int64_t>{3, 1}
-                            : std::vector<int64_t>{1};
+        const std::vector<int64_t> timings = !left.copy_rule ? std::vector<int64_t>{k.copy_timing}
+                                             : hop           ? std::vector<int64_t>{3, 1}
+                                                             : std::vector<int64_t>{1};
         for (int64_t timing : timings) {
           Knobs m = k;
           m.one_hop = hop;
@@ -220,8 +219,7 @@ FeplbConfig FeplbChooser::mode_at(int mode, double budget) const {
   return m;
 }
 
-PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routing,
-                               Plan& scratch) {
+PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch) {
   engine_.plan_with(mode_at(mode, budget), routing, scratch);
   writer_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);
   const double latency_ms = scratch.reserve_us >= 0 ? scratch.reserve_us * 1e-3 : reserve_ms_;
@@ -269,9 +267,8 @@ void FeplbChooser::observe(const RoutingStep& routing) {
 
 double FeplbChooser::total_weight(const Layer& l) const {
   // The weight of the explored micro-batches (each new one 1, the older ones decayed).
-  const int64_t explored =
-      std::min<int64_t>(l.seen, kExploreFirst) +
-      std::max<int64_t>(0, (l.seen - kExploreFirst) / kExploreEvery);
+  const int64_t explored = std::min<int64_t>(l.seen, kExploreFirst) +
+                           std::max<int64_t>(0, (l.seen - kExploreFirst) / kExploreEvery);
   return (1.0 - std::pow(kDecay, static_cast<double>(explored))) / (1.0 - kDecay);
 }
 

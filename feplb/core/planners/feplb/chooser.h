@@ -94,11 +94,11 @@ class FeplbChooser final : public Planner {
  private:
   struct Layer {
     int64_t layer = 0;
-    int mode = 0;                   // index into modes_
-    int64_t seen = 0;               // micro-batches observed
-    std::vector<double> cost_ms;    // [modes] decayed sums of plan_cost over the explored ones
-    std::vector<double> over;       // [modes] decayed counts of those above the token bound
-    double budget = 0;  // the time budget of this micro-batch's plan
+    int mode = 0;                 // index into modes_
+    int64_t seen = 0;             // micro-batches observed
+    std::vector<double> cost_ms;  // [modes] decayed sums of plan_cost over the explored ones
+    std::vector<double> over;     // [modes] decayed counts of those above the token bound
+    double budget = 0;            // the time budget of this micro-batch's plan
   };
   Layer& layer_state(int64_t layer);
   // The summed weight of a layer's explored micro-batches (the scale of its decayed sums).
@@ -119,13 +119,13 @@ class FeplbChooser final : public Planner {
 
   FeplbEngine engine_;
   std::vector<FeplbConfig> modes_;
-  std::vector<std::string> labels_;      // [modes] FeplbConfig::label()
-  double bound_ = 0;                     // token_bound
-  bool chooses_budget_ = false;          // the time budget is the chooser's (time_balance_budget -1)
+  std::vector<std::string> labels_;  // [modes] FeplbConfig::label()
+  double bound_ = 0;                 // token_bound
+  bool chooses_budget_ = false;      // the time budget is the chooser's (time_balance_budget -1)
   // Its plans' token stragglers and the unbalanced ones, every layer's, summed (the older decayed
   // by kTokenDecay per plan).
   double straggler_sum_ = 0, unbalanced_sum_ = 0;
-  double reserve_ms_ = 0;                // the planner's reserve, charged to one-hop plans
+  double reserve_ms_ = 0;  // the planner's reserve, charged to one-hop plans
   std::vector<Layer> layers_;
   ScheduleWriter writer_;  // the schedules of the plans observe() costs
   Plan current_, candidate_;
