@@ -67,7 +67,9 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   EXPECT_EQ(first.copy_rule, FeplbCopyRule::kHidden);
   int late = 0;
   for (const FeplbConfig& m : c.candidates()) {
-    if (m.path == FeplbPath::kTwoPhase) EXPECT_EQ(m.copy_rule, FeplbCopyRule::kHidden);
+    if (m.path == FeplbPath::kTwoPhase) {
+      EXPECT_EQ(m.copy_rule, FeplbCopyRule::kHidden);
+    }
     late += m.copy_rule == FeplbCopyRule::kLateByBusiest;
   }
   EXPECT_EQ(late, 6);
@@ -88,7 +90,9 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
                         FeplbAuto::from_knobs(big.knobs));
   EXPECT_EQ(c3.candidates().size(), 6u + 4u);
   for (const FeplbConfig& m : c3.candidates()) {
-    if (m.path == FeplbPath::kOneHop) EXPECT_EQ(m.balance, FeplbBalance::kRows);
+    if (m.path == FeplbPath::kOneHop) {
+      EXPECT_EQ(m.balance, FeplbBalance::kRows);
+    }
   }
   EXPECT_EQ(c3.mode_of(0).path, FeplbPath::kOneHop);
   // 256 GPUs: rows only (a time plan's planner time passes its reserve many times).
