@@ -875,7 +875,8 @@ TEST_P(LayerPathTest, ForwardAndBackwardMatchFloat64Reference) {
   if (plan_moves) {
     EXPECT_GT(bst.guest_rows, 0) << mode.name << ": no guest backward";
   }
-  if (prefetched) {
+  // (The training forwards run a fresh layer: a chooser may plan them in another mode.)
+  if (prefetched && !mode.chooser) {
     EXPECT_GT(bst.prefetch_hits, 0) << mode.name << ": training forward used no prefetch";
   }
 }
