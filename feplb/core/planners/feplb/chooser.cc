@@ -229,7 +229,9 @@ PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routi
 void FeplbChooser::observe(const RoutingStep& routing) {
   Layer& l = layer_state(routing.layer);
   const int n = static_cast<int>(modes_.size());
-  // The plan this step got (at the budget it got): its prefetch history, and its cost.
+  // The plan this step got (at the budget it got; a step observed without a plan, at the budget
+  // a plan would have got): its prefetch history, and its cost.
+  if (l.budget < 0) l.budget = time_budget_now(routing);
   const PlanCost now = cost_of(l.mode, l.budget, routing, current_);
   engine_.record(routing.layer, current_);
   // The bound on the token straggler: a fraction of the unbalanced one, within the domains.
@@ -239,7 +241,10 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   unbalanced_sum_ = kTokenDecay * unbalanced_sum_ + unbalanced;
   straggler_sum_ = kTokenDecay * straggler_sum_ + now.token_straggler;
   const int64_t seen = l.seen++;
-  if (n == 1 || (seen >= kExploreFirst && (seen - kExploreFirst + 1) % kExploreEvery != 0)) return;
+  if (n == 1 || (seen >= kExploreFirst && (seen - kExploreFirst + 1) % kExploreEvery != 0)) {
+    l.budget = -1;
+    return;
+  }
   // Every candidate on these counts, at the budget the layer's plan got.
   for (int m = 0; m < n; ++m) {
     const auto i = static_cast<size_t>(m);
@@ -263,6 +268,7 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   const double margin =
       std::max(kMoveMargin * l.cost_ms[static_cast<size_t>(l.mode)], 2e-3 * total_weight(l));
   if (best != l.mode && better(best, l.mode, margin)) l.mode = best;
+  l.budget = -1;  // set by the next plan, or by the next observe() without one
 }
 
 double FeplbChooser::total_weight(const Layer& l) const {

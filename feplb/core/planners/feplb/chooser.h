@@ -98,7 +98,7 @@ class FeplbChooser final : public Planner {
     int64_t seen = 0;             // micro-batches observed
     std::vector<double> cost_ms;  // [modes] decayed sums of plan_cost over the explored ones
     std::vector<double> over;     // [modes] decayed counts of those above the token bound
-    double budget = 0;            // the time budget of this micro-batch's plan
+    double budget = -1;  // the time budget of this micro-batch's plan (-1: none planned)
   };
   Layer& layer_state(int64_t layer);
   // The summed weight of a layer's explored micro-batches (the scale of its decayed sums).
