@@ -174,6 +174,29 @@ TEST(FeplbChooser, IsDeterministic) {
   }
 }
 
+// A history observed without plans (the simulator's warm-up) is costed at the time budget the
+// plans would have got: after it, the chooser moves and plans as one that planned every step.
+TEST(FeplbChooser, AHistoryObservedWithoutPlansCountsAsPlanned) {
+  const int R = 8, E = 64;
+  const Bench b(R, 8, E, Knobs{});
+  auto planned = b.make("feplb"), observed = b.make("feplb");
+  const std::vector<RoutingStep> steps = steps_of(lognormal_prior(E, 6.0, 1, 7), R, 21, 7);
+  Plan pa, pb;
+  const auto* a = dynamic_cast<const FeplbChooser*>(planned.get());
+  const auto* o = dynamic_cast<const FeplbChooser*>(observed.get());
+  ASSERT_TRUE(a && o);
+  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+    planned->plan(steps[i], pa);
+    planned->observe(steps[i]);
+    observed->observe(steps[i]);
+    ASSERT_EQ(a->mode_of(0).label(), o->mode_of(0).label()) << "after micro-batch " << i;
+  }
+  planned->plan(steps.back(), pa);
+  observed->plan(steps.back(), pb);
+  EXPECT_EQ(pa.mode, pb.mode);
+  EXPECT_EQ(serialize(pa), serialize(pb));
+}
+
 // plan_cost (the chooser's) is the metrics' GEMM straggler + exposed time, the plan's latency
 // charged at the reserve where the dispatch waits for it.
 TEST(FeplbChooser, CostIsTheMetricsGemmStragglerAndExposedTime) {

@@ -197,16 +197,19 @@ std::span<const Copy> FeplbChooser::prefetch(int64_t layer) const {
 
 void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   Layer& l = layer_state(routing.layer);
-  l.budget = time_budget_now(routing);
+  l.budget = time_budget_now(unbalanced_straggler(routing));
   engine_.plan_with(mode_at(l.mode, l.budget), routing, out);
   out.mode = labels_[static_cast<size_t>(l.mode)];
 }
 
-double FeplbChooser::time_budget_now(const RoutingStep& routing) {
+double FeplbChooser::unbalanced_straggler(const RoutingStep& routing) {
+  home_loads(ctx_.topo, routing, home_scratch_);
+  return domain_straggler(ctx_.topo, home_scratch_);
+}
+
+double FeplbChooser::time_budget_now(double unbalanced) const {
   // What keeps the token straggler, summed over the plans (the older ones decayed), within
   // kAimShare of the bound: this plan may take what the earlier ones left, up to the bound.
-  home_loads(ctx_.topo, routing, home_scratch_);
-  const double unbalanced = domain_straggler(ctx_.topo, home_scratch_);
   if (unbalanced <= 0) return bound_;
   const double left = kAimShare * bound_ * (kTokenDecay * unbalanced_sum_ + unbalanced) -
                       kTokenDecay * straggler_sum_;
@@ -231,12 +234,11 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   const int n = static_cast<int>(modes_.size());
   // The plan this step got (at the budget it got; a step observed without a plan, at the budget
   // a plan would have got): its prefetch history, and its cost.
-  if (l.budget < 0) l.budget = time_budget_now(routing);
+  const double unbalanced = unbalanced_straggler(routing);
+  if (l.budget < 0) l.budget = time_budget_now(unbalanced);
   const PlanCost now = cost_of(l.mode, l.budget, routing, current_);
   engine_.record(routing.layer, current_);
   // The bound on the token straggler: a fraction of the unbalanced one, within the domains.
-  home_loads(ctx_.topo, routing, home_scratch_);
-  const double unbalanced = domain_straggler(ctx_.topo, home_scratch_);
   const double bound = bound_ * unbalanced;
   unbalanced_sum_ = kTokenDecay * unbalanced_sum_ + unbalanced;
   straggler_sum_ = kTokenDecay * straggler_sum_ + now.token_straggler;

@@ -98,7 +98,7 @@ class FeplbChooser final : public Planner {
     int64_t seen = 0;             // micro-batches observed
     std::vector<double> cost_ms;  // [modes] decayed sums of plan_cost over the explored ones
     std::vector<double> over;     // [modes] decayed counts of those above the token bound
-    double budget = -1;  // the time budget of this micro-batch's plan (-1: none planned)
+    double budget = -1;           // the time budget of this micro-batch's plan (-1: none planned)
   };
   Layer& layer_state(int64_t layer);
   // The summed weight of a layer's explored micro-batches (the scale of its decayed sums).
@@ -114,8 +114,11 @@ class FeplbChooser final : public Planner {
   // The time budget of the plan of `routing`: what keeps the token straggler, summed over the
   // plans of every layer, within kAimShare x the bound x the unbalanced one's sum (the margin
   // is for the micro-batches no plan brings within it), at least kMinBudgetShare of the bound
-  // and at most all of it.
-  double time_budget_now(const RoutingStep& routing);
+  // and at most all of it. `unbalanced`: the token straggler of routing's home loads in the
+  // domains (unbalanced_straggler).
+  double time_budget_now(double unbalanced) const;
+  // The token straggler of `routing` without balancing, within the NVLink domains.
+  double unbalanced_straggler(const RoutingStep& routing);
 
   FeplbEngine engine_;
   std::vector<FeplbConfig> modes_;
