@@ -289,6 +289,9 @@ expect_unchanged save_placement_existing existing.json "$keep"
 expect_bad report_placement_anchors "--placement" -- report --quiet --placement --anchors
 expect_bad report_window_alone "--window|--placement" -- report --quiet --window 4
 expect_bad report_timing_steps "--timing-steps" -- report --quiet --placement --timing-steps 0
+expect_bad report_workloads_alone "--workloads|--modes" -- report --quiet --workloads EP=8
+expect_bad report_workloads_none "--workloads|zzzz-none" -- report --quiet --modes --workloads zzzz-none --md none.md
+[[ -e none.md ]] && fail report_workloads_none "wrote none.md for a selection that matched no workload"
 
 # --- Good input ------------------------------------------------------------------------------
 
