@@ -48,20 +48,22 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   const Bench b(8, 8, 128, Knobs{});
   const FeplbChooser c(PlannerContext{b.topo, b.shape, b.knobs, b.cost.get()},
                        FeplbAuto::from_knobs(b.knobs));
-  // prefetch x (time within the bound: both tries, or the capped try; rows) x the copy rules:
-  // hidden (two-phase), late by the busiest or hidden (one-hop).
-  EXPECT_EQ(c.candidates().size(), 6u + 12u);
+  // prefetch x (time within the bound by all tries; rows) x the copy rules: hidden (two-phase),
+  // late by the busiest or hidden (one-hop).
+  EXPECT_EQ(c.candidates().size(), 4u + 8u);
   // 16 experts per GPU: two-phase first, weights prefetched, time within the bound.
   const FeplbConfig& first = c.mode_of(0);
   EXPECT_EQ(first.path, FeplbPath::kTwoPhase);
   EXPECT_EQ(first.prefetch, FeplbPrefetch::kOn);
   EXPECT_EQ(first.balance, FeplbBalance::kTimeBudget);
-  EXPECT_EQ(first.budget_tries, FeplbBudgetTries::kBoth);
-  EXPECT_DOUBLE_EQ(first.reserve_us, 2 * planner_reserve_us(b.knobs, b.topo));  // four plans
+  EXPECT_EQ(first.budget_tries, FeplbBudgetTries::kAll);
+  EXPECT_DOUBLE_EQ(first.reserve_us, 2 * planner_reserve_us(b.knobs, b.topo));  // five plans
   for (const FeplbConfig& m : c.candidates()) {
-    const bool both =
-        m.balance == FeplbBalance::kTimeBudget && m.budget_tries == FeplbBudgetTries::kBoth;
-    EXPECT_EQ(m.reserve_us, both ? first.reserve_us : -1.0) << m.label();
+    const bool time = m.balance == FeplbBalance::kTimeBudget;
+    if (time) {
+      EXPECT_EQ(m.budget_tries, FeplbBudgetTries::kAll) << m.label();
+    }
+    EXPECT_EQ(m.reserve_us, time ? first.reserve_us : -1.0) << m.label();
   }
   EXPECT_DOUBLE_EQ(first.time_budget, b.knobs.token_bound);
   EXPECT_EQ(first.copy_rule, FeplbCopyRule::kHidden);
@@ -72,14 +74,14 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
     }
     late += m.copy_rule == FeplbCopyRule::kLateByBusiest;
   }
-  EXPECT_EQ(late, 6);
+  EXPECT_EQ(late, 4);
   // The path fixed by its knob: two-phase candidates only.
   Knobs two_phase;
   two_phase.one_hop = 0;
   const Bench b2(8, 8, 128, two_phase);
   const FeplbChooser c2(PlannerContext{b2.topo, b2.shape, b2.knobs, b2.cost.get()},
                         FeplbAuto::from_knobs(b2.knobs));
-  EXPECT_EQ(c2.candidates().size(), 6u);
+  EXPECT_EQ(c2.candidates().size(), 4u);
   for (const FeplbConfig& m : c2.candidates()) EXPECT_EQ(m.path, FeplbPath::kTwoPhase);
   EXPECT_TRUE(c2.limits().rows_via_homes);
   EXPECT_FALSE(c.limits().rows_via_homes);
@@ -88,7 +90,7 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   const Bench big(64, 64, 128, Knobs{});
   const FeplbChooser c3(PlannerContext{big.topo, big.shape, big.knobs, big.cost.get()},
                         FeplbAuto::from_knobs(big.knobs));
-  EXPECT_EQ(c3.candidates().size(), 6u + 4u);
+  EXPECT_EQ(c3.candidates().size(), 4u + 4u);
   for (const FeplbConfig& m : c3.candidates()) {
     if (m.path == FeplbPath::kOneHop) {
       EXPECT_EQ(m.balance, FeplbBalance::kRows);

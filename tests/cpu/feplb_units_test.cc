@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "feplb/core/errors.h"
+#include "feplb/core/metrics.h"
 #include "feplb/core/planners/feplb/config.h"
 #include "feplb/core/planners/feplb/copy_rules.h"
 #include "feplb/core/planners/feplb/engine.h"
@@ -347,6 +348,41 @@ TEST(FeplbEngine, TheTimeBudgetsTriesAloneAndBoth) {
     ++from_capped;
   }
   EXPECT_GT(from_capped, 0) << "the capped try never won: the test no longer tells them apart";
+}
+
+// All tries (the chooser's time candidates): both tries and rows levelled, the plan with the lowest
+// GEMM straggler kept. Its plan is one of both's or rows levelled's (the capped try's fallback,
+// kept where it is also the capped plan's), and never has a higher GEMM straggler than both's.
+TEST(FeplbEngine, TheTimeBudgetsAllTriesKeepRowsWhereTheyAreBetter) {
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 24; ++seed)
+    steps.push_back(testing::random_step(16, 128, 8, 4096, 3.0, seed));
+  Knobs k = testing::explicit_knobs();
+  k.time_balance_budget = 0.05;
+  testing::Bench b(16, 8, 128, k, ExpertShape{.hidden = 2048, .ffn = 768, .dtype = Dtype::kBf16});
+  FeplbEngine engine(PlannerContext{b.topo, b.shape, k, b.cost.get()});
+  FeplbConfig both = FeplbConfig::from_knobs(k, true), all = both, capped = both;
+  all.budget_tries = FeplbBudgetTries::kAll;
+  capped.budget_tries = FeplbBudgetTries::kCapped;
+  EXPECT_EQ(all.label(), "two-phase, time budget 0.05 (or rows), hidden copies");
+  const auto straggler_ms = [&](const Plan& p) {
+    return measure_plan(p, b.topo, *b.cost, k, 0.0).gemm_straggler_ms;
+  };
+  Plan p_both, p_all, p_capped;
+  int from_rows = 0;
+  for (const RoutingStep& s : steps) {
+    engine.plan_with(both, s, p_both);
+    engine.plan_with(all, s, p_all);
+    engine.plan_with(capped, s, p_capped);
+    validate(p_all, b.topo, s, b.shape, PlanLimits{});
+    if (serialize(p_all) == serialize(p_both)) continue;
+    // Not both's: rows levelled won against its plan, so it is the capped mode's plan (rows
+    // levelled, or the capped try where that is better still).
+    ASSERT_EQ(serialize(p_all), serialize(p_capped)) << "layer " << s.layer;
+    EXPECT_LT(straggler_ms(p_all), straggler_ms(p_both) + 1e-9);
+    ++from_rows;
+  }
+  EXPECT_GT(from_rows, 0) << "rows never won: the test no longer tells the tries apart";
 }
 
 }  // namespace

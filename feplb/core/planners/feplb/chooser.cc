@@ -71,8 +71,9 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
       left.path ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{k.one_hop};
   const std::vector<int64_t> prefetches =
       left.prefetch ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{k.prefetch};
-  // Balance: the knob's; or time within the bound by both of the budget's tries, or by the capped
-  // try alone (half the planner time), and rows.
+  // Balance: the knob's; or time within the bound by all the budget's tries (the blends, time
+  // under the row cap and rows, each levelled: the lowest GEMM straggler of the three, per
+  // micro-batch), and rows.
   struct Balance {
     double budget;
     FeplbBudgetTries tries;
@@ -81,9 +82,7 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
     if (!left.balance)
       return std::vector<Balance>{{std::max(k.time_balance_budget, 0.0), FeplbBudgetTries::kBoth}};
     if (!time_allowed(hop)) return std::vector<Balance>{{0.0, FeplbBudgetTries::kBoth}};
-    return std::vector<Balance>{{bound_, FeplbBudgetTries::kBoth},
-                                {bound_, FeplbBudgetTries::kCapped},
-                                {0.0, FeplbBudgetTries::kBoth}};
+    return std::vector<Balance>{{bound_, FeplbBudgetTries::kAll}, {0.0, FeplbBudgetTries::kBoth}};
   };
   std::vector<FeplbConfig> modes;
   for (int64_t hop : hops) {
@@ -103,10 +102,10 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
           modes.push_back(FeplbConfig::from_knobs(m, ctx_.cost != nullptr));
           FeplbConfig& mode = modes.back();
           mode.budget_tries = balance.tries;
-          // Both tries plan a step four times: where the reserve is the chooser's too (the knob
+          // All tries plan a step five times: where the reserve is the chooser's too (the knob
           // at -1), such a mode reserves twice the time for it.
           if (mode.balance == FeplbBalance::kTimeBudget &&
-              mode.budget_tries == FeplbBudgetTries::kBoth && k.planner_budget_us < 0)
+              mode.budget_tries == FeplbBudgetTries::kAll && k.planner_budget_us < 0)
             mode.reserve_us = 2 * planner_reserve_us(k, topo);
         }
       }
@@ -147,8 +146,7 @@ int FeplbChooser::first_mode() const {
     // Lower is preferred: the path the rule names, prefetch on, time where allowed (the
     // candidates hold it only where it is), copies as the path suggests (the candidates' own).
     return (m.path == (one_hop ? FeplbPath::kOneHop : FeplbPath::kTwoPhase) ? 0 : 4) +
-           (m.prefetch == FeplbPrefetch::kOn ? 0 : 2) + (m.balance == FeplbBalance::kRows ? 1 : 0) +
-           (m.budget_tries == FeplbBudgetTries::kBoth ? 0 : 0.5);
+           (m.prefetch == FeplbPrefetch::kOn ? 0 : 2) + (m.balance == FeplbBalance::kRows ? 1 : 0);
   };
   int best = 0;
   for (int i = 1; i < static_cast<int>(modes_.size()); ++i) {

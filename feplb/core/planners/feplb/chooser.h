@@ -39,10 +39,11 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 // The candidate modes the chooser keeps and the rule that moves between them:
 //  - candidates: from the switches left to it (every combination of their values below, the
 //    others as the knobs set them): path two-phase or one-hop; prefetch on or off; balance rows,
-//    or time within token_bound by both of the time budget's tries (four plans a step: such a
-//    mode reserves twice the planner time ahead of its copies, Plan::reserve_us, where the
-//    reserve is left to feplb) or by the capped try alone (half the planner time), where the
-//    plan's planner time stays near its reserve: two-phase up to kTimeGpusMax GPUs (its plan
+//    or time within token_bound by all of the time budget's tries (FeplbBudgetTries::kAll: the
+//    blends, time under the row cap and rows, each levelled, the lowest GEMM straggler of the
+//    micro-batch kept; five plans a step: such a mode reserves twice the planner time ahead of
+//    its copies, Plan::reserve_us, where the reserve is left to feplb), where the plan's
+//    planner time stays near its reserve: two-phase up to kTimeGpusMax GPUs (its plan
 //    overlaps the static experts), one-hop up to kTimeGpusMaxOneHop (the dispatch waits for
 //    it); the time budget the chooser's plans take keeps the token straggler summed over its
 //    plans within kAimShare of the bound (time_budget_now); copies hidden, or with one hop
@@ -50,7 +51,7 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //  - the first mode of a layer (before any history) from what is known then: one-hop where a GPU
 //    has at most kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the dispatch,
 //    into windows one or two static experts do not leave), else two-phase; prefetch on; time
-//    (both tries) where allowed, else rows; copies hidden (two-phase) or late (one-hop);
+//    where allowed, else rows; copies hidden (two-phase) or late (one-hop);
 //  - revision, off the critical path (observe(), after the copies are issued): on the first
 //    kExploreFirst micro-batches of a layer and every kExploreEvery-th after, its counts are
 //    planned in every candidate and each plan costed (plan_cost): the same counts for all, so the

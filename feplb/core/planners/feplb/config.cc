@@ -55,6 +55,8 @@ std::string balance_words(const FeplbConfig& c) {
           return fmt::format("time budget {:g} (blends)", c.time_budget);
         case FeplbBudgetTries::kCapped:
           return fmt::format("time budget {:g} (capped)", c.time_budget);
+        case FeplbBudgetTries::kAll:
+          return fmt::format("time budget {:g} (or rows)", c.time_budget);
       }
       return fmt::format("time budget {:g}", c.time_budget);
   }

@@ -22,13 +22,13 @@ enum class FeplbBalance : uint8_t {
   kTimeBlend,   // rows and modelled GEMM time blended by time_weight (1: time alone)
   kTimeBudget,  // the most time-balanced plan whose token straggler keeps within time_budget
 };
-// Which of the time budget's two tries a kTimeBudget plan makes (time_budget.h): both (the knob's
-// mode), or one of them (the chooser's candidates: half the planner time each, and the history
-// tells which one fits the layer).
+// Which of the time budget's tries a kTimeBudget plan makes (time_budget.h): both (the knob's
+// mode), one of them (half the planner time), or both and rows (the chooser's candidates).
 enum class FeplbBudgetTries : uint8_t {
   kBoth,    // the blends bisected and time under the row cap, the lower GEMM straggler kept
   kBlends,  // the blends bisected only
   kCapped,  // time under the row cap only (rows where that passes the budget)
+  kAll,     // kBoth, and rows levelled within the budget's cap (one plan more)
 };
 // Which copies a receiver may take, by when they land (copy_timing; copy_rules.h).
 enum class FeplbCopyRule : uint8_t {

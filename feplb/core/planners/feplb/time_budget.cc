@@ -27,6 +27,18 @@ void TimeBudget::plan(const FeplbConfig& mode, std::span<const Copy> prefetches,
   } else {
     blend_ms = plan_blends(mode, prefetches, routing, budget, row_budget, plans, leveller, out);
     if (mode.budget_tries == FeplbBudgetTries::kBlends) return;
+    if (mode.budget_tries == FeplbBudgetTries::kAll && !blends_gave_rows_) {
+      // Rows, levelled (what the blends fall back to where none keeps within the budget; a
+      // blend's time weight can also leave a higher GEMM straggler than rows once levelled).
+      kept_ = out;
+      plans.plan(mode, 0.0, -1, prefetches, routing, out);
+      leveller.level(mode, plans.measure(), row_budget, out);
+      const double rows_ms = leveller.gemm_straggler_ms(plans.measure(), out);
+      if (rows_ms < blend_ms)
+        blend_ms = rows_ms;
+      else
+        out = kept_;
+    }
   }
   kept_ = out;
   // Time balanced under the row cap (plan_capped): no GPU ends more than the budget's rows above
@@ -60,7 +72,8 @@ double TimeBudget::plan_blends(const FeplbConfig& mode, std::span<const Copy> pr
   // (Aiming the chosen blend again with its slices' added cost, as a fixed blend does, was
   // measured: it moved the GEMM straggler by at most 0.004 ms on balance.md §8's workloads for
   // one more plan per step.)
-  if (hi == kBlends)
+  blends_gave_rows_ = hi == kBlends;
+  if (blends_gave_rows_)
     plans.plan(mode, 0.0, -1, prefetches, routing, out);
   else if (!last_kept)
     out = kept_;

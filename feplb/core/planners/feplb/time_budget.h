@@ -20,8 +20,8 @@ namespace feplb::feplb_detail {
 // on the many-donor workloads of balance.md, the capped plan is the better one with small experts
 // (whose GEMMs' fixed costs make rows and time differ most), a blend often the better one with
 // large ones. Four plans and two levellings per step; no allocation once warm. A mode may make
-// one try alone (FeplbBudgetTries: the chooser's candidates): the blends, or the capped plan
-// against rows levelled.
+// one try alone (FeplbBudgetTries): the blends, or the capped plan against rows levelled; or
+// all three (the chooser's candidates: five plans).
 class TimeBudget {
  public:
   // A plan in `mode` (FeplbBalance::kTimeBudget) into `out`.
@@ -35,7 +35,8 @@ class TimeBudget {
                      const RoutingStep& routing, double budget, int64_t row_budget,
                      BalancedPlan& plans, TimeLeveller& leveller, Plan& out);
 
-  Plan kept_;  // the best plan kept within the budget so far
+  Plan kept_;                      // the best plan kept within the budget so far
+  bool blends_gave_rows_ = false;  // plan_blends: no blend kept within it (rows instead)
 };
 
 }  // namespace feplb::feplb_detail
