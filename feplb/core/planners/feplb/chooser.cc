@@ -82,7 +82,11 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
     if (!left.balance)
       return std::vector<Balance>{{std::max(k.time_balance_budget, 0.0), FeplbBudgetTries::kBoth}};
     if (!time_allowed(hop)) return std::vector<Balance>{{0.0, FeplbBudgetTries::kBoth}};
-    return std::vector<Balance>{{bound_, FeplbBudgetTries::kAll}, {0.0, FeplbBudgetTries::kBoth}};
+    // Beyond kTimeGpusMaxOneHop GPUs a plan takes long enough (hundreds of us at 72) that five
+    // of them outlast the reserve: the capped try alone there (two plans).
+    const FeplbBudgetTries tries =
+        topo.num_ranks() <= kTimeGpusMaxOneHop ? FeplbBudgetTries::kAll : FeplbBudgetTries::kCapped;
+    return std::vector<Balance>{{bound_, tries}, {0.0, FeplbBudgetTries::kBoth}};
   };
   std::vector<FeplbConfig> modes;
   for (int64_t hop : hops) {
