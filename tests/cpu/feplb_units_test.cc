@@ -321,18 +321,30 @@ TEST(FeplbEngine, ModesPlannedInAnyOrderOnOneEngineGiveTheirOwnBytes) {
   }
 }
 
+// The time budget's tries on 24 random steps at EP=16 with Qwen3-30B-sized experts, whose GEMMs'
+// fixed cost makes rows and time differ most; the knobs' mode (both tries) at a budget of 0.05.
+class FeplbTimeBudgetTries : public ::testing::Test {
+ protected:
+  static Knobs budget_knobs() {
+    Knobs k = testing::explicit_knobs();
+    k.time_balance_budget = 0.05;
+    return k;
+  }
+  FeplbTimeBudgetTries() {
+    for (uint64_t seed = 1; seed <= 24; ++seed)
+      steps.push_back(testing::random_step(16, 128, 8, 4096, 3.0, seed));
+  }
+  std::vector<RoutingStep> steps;
+  const Knobs k = budget_knobs();
+  const testing::Bench b{16, 8, 128, k,
+                         ExpertShape{.hidden = 2048, .ffn = 768, .dtype = Dtype::kBf16}};
+  FeplbEngine engine{PlannerContext{b.topo, b.shape, k, b.cost.get()}};
+};
+
 // The time budget's two tries alone (the chooser's candidates) and both (the knob's mode): both
 // keeps the blends' plan or the capped plan, so its bytes are one of theirs, and its GEMM
 // straggler is never above the blends'.
-TEST(FeplbEngine, TheTimeBudgetsTriesAloneAndBoth) {
-  // Qwen3-30B-sized experts, whose GEMMs' fixed cost makes rows and time differ most.
-  std::vector<RoutingStep> steps;
-  for (uint64_t seed = 1; seed <= 24; ++seed)
-    steps.push_back(testing::random_step(16, 128, 8, 4096, 3.0, seed));
-  Knobs k = testing::explicit_knobs();
-  k.time_balance_budget = 0.05;
-  testing::Bench b(16, 8, 128, k, ExpertShape{.hidden = 2048, .ffn = 768, .dtype = Dtype::kBf16});
-  FeplbEngine engine(PlannerContext{b.topo, b.shape, k, b.cost.get()});
+TEST_F(FeplbTimeBudgetTries, AloneAndBoth) {
   FeplbConfig both = FeplbConfig::from_knobs(k, true), blends = both, capped = both;
   blends.budget_tries = FeplbBudgetTries::kBlends;
   capped.budget_tries = FeplbBudgetTries::kCapped;
@@ -353,14 +365,7 @@ TEST(FeplbEngine, TheTimeBudgetsTriesAloneAndBoth) {
 // All tries (the chooser's time candidates): both tries and rows levelled, the plan with the lowest
 // GEMM straggler kept. Its plan is one of both's or rows levelled's (the capped try's fallback,
 // kept where it is also the capped plan's), and never has a higher GEMM straggler than both's.
-TEST(FeplbEngine, TheTimeBudgetsAllTriesKeepRowsWhereTheyAreBetter) {
-  std::vector<RoutingStep> steps;
-  for (uint64_t seed = 1; seed <= 24; ++seed)
-    steps.push_back(testing::random_step(16, 128, 8, 4096, 3.0, seed));
-  Knobs k = testing::explicit_knobs();
-  k.time_balance_budget = 0.05;
-  testing::Bench b(16, 8, 128, k, ExpertShape{.hidden = 2048, .ffn = 768, .dtype = Dtype::kBf16});
-  FeplbEngine engine(PlannerContext{b.topo, b.shape, k, b.cost.get()});
+TEST_F(FeplbTimeBudgetTries, AllKeepRowsWhereTheyAreBetter) {
   FeplbConfig both = FeplbConfig::from_knobs(k, true), all = both, capped = both;
   all.budget_tries = FeplbBudgetTries::kAll;
   capped.budget_tries = FeplbBudgetTries::kCapped;
