@@ -42,7 +42,8 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    or time within token_bound by all of the time budget's tries (FeplbBudgetTries::kAll: the
 //    blends, time under the row cap and rows, each levelled, the lowest GEMM straggler of the
 //    micro-batch kept; five plans a step: such a mode reserves twice the planner time ahead of
-//    its copies, Plan::reserve_us, where the reserve is left to feplb), where the plan's
+//    its copies, Plan::reserve_us, where the reserve is left to feplb; beyond
+//    kTimeGpusMaxOneHop GPUs the capped try alone, two plans), where the plan's
 //    planner time stays near its reserve: two-phase up to kTimeGpusMax GPUs (its plan
 //    overlaps the static experts), one-hop up to kTimeGpusMaxOneHop (the dispatch waits for
 //    it); the time budget the chooser's plans take keeps the token straggler summed over its
