@@ -152,10 +152,10 @@ const Workload& workload_for(const BenchConfig& cfg) {
   return *w;
 }
 
-// feplb's explicit modes timed on the EP=8 workloads beside its default (plan/feplb/..., which
-// chooses its mode): two-phase balancing rows; GEMM time balanced within a 5% token-straggler
-// budget with weights prefetched, without and with rows in one hop (the many-donor report's time
-// modes, docs/results/balance.md section 8).
+// feplb's explicit modes timed on the EP=8 and the one-domain EP=72 and EP=256 workloads beside
+// its default (plan/feplb/..., which chooses its mode): two-phase balancing rows; GEMM time
+// balanced within a 5% token-straggler budget with weights prefetched, without and with rows in
+// one hop (the many-donor report's time modes, docs/results/balance.md section 8).
 struct FeplbMode {
   std::string_view label;  // the planner part of the benchmark name
   std::vector<KnobOverride> knobs;
@@ -168,7 +168,8 @@ const FeplbMode kFeplbModes[] = {
     {"feplb+prefetch+one-hop+time",
      {{"one_hop", 1}, {"prefetch", 1}, {"copy_timing", 1}, {"time_balance_budget", 0.05}}},
 };
-constexpr std::string_view kModeConfigs[] = {"ep8_e128", "ep8_e128_skew5"};
+constexpr std::string_view kModeConfigs[] = {"ep8_e128", "ep8_e128_skew5", "ep72_e288_skew5_nvl72",
+                                             "ep256_e1024_skew5_nvl256"};
 
 void BM_Plan(benchmark::State& state, const std::string& planner_name, const BenchConfig& cfg,
              const std::vector<KnobOverride>& overrides) {

@@ -91,11 +91,19 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   const FeplbChooser c3(PlannerContext{big.topo, big.shape, big.knobs, big.cost.get()},
                         FeplbAuto::from_knobs(big.knobs));
   EXPECT_EQ(c3.candidates().size(), 4u + 4u);
+  int time = 0;
   for (const FeplbConfig& m : c3.candidates()) {
     if (m.path == FeplbPath::kOneHop) {
       EXPECT_EQ(m.balance, FeplbBalance::kRows);
     }
+    if (m.balance == FeplbBalance::kTimeBudget) {
+      // Beyond 16 GPUs the blends alone (two plans), at the knobs' reserve.
+      EXPECT_EQ(m.budget_tries, FeplbBudgetTries::kBlends) << m.label();
+      EXPECT_EQ(m.reserve_us, -1.0) << m.label();
+      ++time;
+    }
   }
+  EXPECT_EQ(time, 2);  // two-phase, with and without prefetch
   EXPECT_EQ(c3.mode_of(0).path, FeplbPath::kOneHop);
   // 256 GPUs: rows only (a time plan's planner time passes its reserve many times).
   const Bench rack(256, 256, 1024, Knobs{});

@@ -82,10 +82,11 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
     if (!left.balance)
       return std::vector<Balance>{{std::max(k.time_balance_budget, 0.0), FeplbBudgetTries::kBoth}};
     if (!time_allowed(hop)) return std::vector<Balance>{{0.0, FeplbBudgetTries::kBoth}};
-    // Beyond kTimeGpusMaxOneHop GPUs a plan takes long enough (hundreds of us at 72) that five
-    // of them outlast the reserve: the capped try alone there (two plans).
+    // Beyond kTimeGpusMaxOneHop GPUs a plan takes long enough (40-150 us at 72) that five of
+    // them outlast the static experts' window: the blends alone there (two plans and a levelling;
+    // on rack EP=72 they reach the GEMM straggler of all tries, the capped try 40% more).
     const FeplbBudgetTries tries =
-        topo.num_ranks() <= kTimeGpusMaxOneHop ? FeplbBudgetTries::kAll : FeplbBudgetTries::kCapped;
+        topo.num_ranks() <= kTimeGpusMaxOneHop ? FeplbBudgetTries::kAll : FeplbBudgetTries::kBlends;
     return std::vector<Balance>{{bound_, tries}, {0.0, FeplbBudgetTries::kBoth}};
   };
   std::vector<FeplbConfig> modes;
@@ -239,7 +240,6 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   const double unbalanced = unbalanced_straggler(routing);
   if (l.budget < 0) l.budget = time_budget_now(unbalanced);
   const PlanCost now = cost_of(l.mode, l.budget, routing, current_);
-  engine_.record(routing.layer, current_);
   // The bound on the token straggler: a fraction of the unbalanced one, within the domains.
   const double bound = bound_ * unbalanced;
   unbalanced_sum_ = kTokenDecay * unbalanced_sum_ + unbalanced;
@@ -247,9 +247,12 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   const int64_t seen = l.seen++;
   if (n == 1 || (seen >= kExploreFirst && (seen - kExploreFirst + 1) % kExploreEvery != 0)) {
     l.budget = -1;
+    engine_.record(routing.layer, current_);
     return;
   }
-  // Every candidate on these counts, at the budget the layer's plan got.
+  // Every candidate on these counts, at the budget the layer's plan got, with the weights this
+  // step had prefetched: the history records this step's plan only after (a prediction made
+  // from the step itself would favour the prefetch candidates).
   for (int m = 0; m < n; ++m) {
     const auto i = static_cast<size_t>(m);
     const PlanCost c = m == l.mode ? now : cost_of(m, l.budget, routing, candidate_);
@@ -273,6 +276,7 @@ void FeplbChooser::observe(const RoutingStep& routing) {
       std::max(kMoveMargin * l.cost_ms[static_cast<size_t>(l.mode)], 2e-3 * total_weight(l));
   if (best != l.mode && better(best, l.mode, margin)) l.mode = best;
   l.budget = -1;  // set by the next plan, or by the next observe() without one
+  engine_.record(routing.layer, current_);
 }
 
 double FeplbChooser::total_weight(const Layer& l) const {

@@ -43,7 +43,7 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    blends, time under the row cap and rows, each levelled, the lowest GEMM straggler of the
 //    micro-batch kept; five plans a step: such a mode reserves twice the planner time ahead of
 //    its copies, Plan::reserve_us, where the reserve is left to feplb; beyond
-//    kTimeGpusMaxOneHop GPUs the capped try alone, two plans), where the plan's
+//    kTimeGpusMaxOneHop GPUs the blends alone, two plans), where the plan's
 //    planner time stays near its reserve: two-phase up to kTimeGpusMax GPUs (its plan
 //    overlaps the static experts), one-hop up to kTimeGpusMaxOneHop (the dispatch waits for
 //    it); the time budget the chooser's plans take keeps the token straggler summed over its
@@ -55,8 +55,9 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    where allowed, else rows; copies hidden (two-phase) or late (one-hop);
 //  - revision, off the critical path (observe(), after the copies are issued): on the first
 //    kExploreFirst micro-batches of a layer and every kExploreEvery-th after, its counts are
-//    planned in every candidate and each plan costed (plan_cost): the same counts for all, so the
-//    candidates are compared pair by pair. The layer keeps, per candidate, its cost and how often
+//    planned in every candidate and each plan costed (plan_cost): the same counts and the same
+//    prefetched weights for all (the history records the step's plan after), so the candidates
+//    are compared pair by pair. The layer keeps, per candidate, its cost and how often
 //    its token straggler passed token_bound x the unbalanced one, over those micro-batches (each
 //    new one weighs 1, the older ones kDecay times less per explored micro-batch). It plans in the
 //    candidate that passed the bound least, then cost least, and moves off its mode only for one
