@@ -18,24 +18,26 @@ void TimeBudget::plan(const FeplbConfig& mode, std::span<const Copy> prefetches,
                       Plan& out) {
   const double budget = mode.time_budget * plans.unbalanced_row_straggler(routing);
   const auto row_budget = static_cast<int64_t>(std::floor(budget));
-  double blend_ms = 0;
-  if (mode.budget_tries == FeplbBudgetTries::kCapped) {
-    // Rows, levelled: what the capped try falls back to where it passes the budget.
+  // Rows, levelled within the budget's row cap, into `out`: its GEMM straggler (ms).
+  const auto rows_levelled = [&] {
     plans.plan(mode, 0.0, -1, prefetches, routing, out);
     leveller.level(mode, plans.measure(), row_budget, out);
-    blend_ms = leveller.gemm_straggler_ms(plans.measure(), out);
+    return leveller.gemm_straggler_ms(plans.measure(), out);
+  };
+  double best_ms = 0;
+  if (mode.budget_tries == FeplbBudgetTries::kCapped) {
+    // What the capped try falls back to where it passes the budget.
+    best_ms = rows_levelled();
   } else {
-    blend_ms = plan_blends(mode, prefetches, routing, budget, row_budget, plans, leveller, out);
+    best_ms = plan_blends(mode, prefetches, routing, budget, row_budget, plans, leveller, out);
     if (mode.budget_tries == FeplbBudgetTries::kBlends) return;
     if (mode.budget_tries == FeplbBudgetTries::kAll && !blends_gave_rows_) {
       // Rows, levelled (what the blends fall back to where none keeps within the budget; a
       // blend's time weight can also leave a higher GEMM straggler than rows once levelled).
       kept_ = out;
-      plans.plan(mode, 0.0, -1, prefetches, routing, out);
-      leveller.level(mode, plans.measure(), row_budget, out);
-      const double rows_ms = leveller.gemm_straggler_ms(plans.measure(), out);
-      if (rows_ms < blend_ms)
-        blend_ms = rows_ms;
+      const double rows_ms = rows_levelled();
+      if (rows_ms < best_ms)
+        best_ms = rows_ms;
       else
         out = kept_;
     }
@@ -47,7 +49,7 @@ void TimeBudget::plan(const FeplbConfig& mode, std::span<const Copy> prefetches,
   plans.plan_aimed(mode, 1.0, row_budget, prefetches, routing, out);
   if (plans.row_straggler() <= budget) {
     leveller.level(mode, plans.measure(), row_budget, out);
-    if (leveller.gemm_straggler_ms(plans.measure(), out) < blend_ms) return;
+    if (leveller.gemm_straggler_ms(plans.measure(), out) < best_ms) return;
   }
   out = kept_;
 }
