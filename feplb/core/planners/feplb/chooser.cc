@@ -240,19 +240,21 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   const double unbalanced = unbalanced_straggler(routing);
   if (l.budget < 0) l.budget = time_budget_now(unbalanced);
   const PlanCost now = cost_of(l.mode, l.budget, routing, current_);
-  // The bound on the token straggler: a fraction of the unbalanced one, within the domains.
-  const double bound = bound_ * unbalanced;
   unbalanced_sum_ = kTokenDecay * unbalanced_sum_ + unbalanced;
   straggler_sum_ = kTokenDecay * straggler_sum_ + now.token_straggler;
   const int64_t seen = l.seen++;
-  if (n == 1 || (seen >= kExploreFirst && (seen - kExploreFirst + 1) % kExploreEvery != 0)) {
-    l.budget = -1;
-    engine_.record(routing.layer, current_);
-    return;
-  }
-  // Every candidate on these counts, at the budget the layer's plan got, with the weights this
-  // step had prefetched: the history records this step's plan only after (a prediction made
-  // from the step itself would favour the prefetch candidates).
+  if (n > 1 && (seen < kExploreFirst || (seen - kExploreFirst + 1) % kExploreEvery == 0))
+    explore(l, routing, now, bound_ * unbalanced);
+  l.budget = -1;  // set by the next plan, or by the next observe() without one
+  // Recorded after exploring: the candidates were costed with the weights this step had
+  // prefetched (a prediction made from the step itself would favour the prefetch candidates).
+  engine_.record(routing.layer, current_);
+}
+
+void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost& now,
+                           double bound) {
+  const int n = static_cast<int>(modes_.size());
+  // Every candidate on these counts, at the budget the layer's plan got.
   for (int m = 0; m < n; ++m) {
     const auto i = static_cast<size_t>(m);
     const PlanCost c = m == l.mode ? now : cost_of(m, l.budget, routing, candidate_);
@@ -275,8 +277,6 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   const double margin =
       std::max(kMoveMargin * l.cost_ms[static_cast<size_t>(l.mode)], 2e-3 * total_weight(l));
   if (best != l.mode && better(best, l.mode, margin)) l.mode = best;
-  l.budget = -1;  // set by the next plan, or by the next observe() without one
-  engine_.record(routing.layer, current_);
 }
 
 double FeplbChooser::total_weight(const Layer& l) const {

@@ -110,6 +110,10 @@ class FeplbChooser final : public Planner {
   int first_mode() const;
   // Sets the candidates (modes_), their labels and each one's order of tries.
   void set_modes(std::vector<FeplbConfig> modes);
+  // On an explored micro-batch: every candidate planned on `routing` at the layer's budget and
+  // costed (`now`: the layer's own plan), their decayed sums updated, and the layer's mode moved
+  // by the rule above. `bound`: the token-straggler bound in rows.
+  void explore(Layer& l, const RoutingStep& routing, const PlanCost& now, double bound);
   // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it.
   PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch);
   // Candidate `mode` with its time budget at `budget` (where the chooser sets the balance).

@@ -23,7 +23,8 @@ enum class FeplbBalance : uint8_t {
   kTimeBudget,  // the most time-balanced plan whose token straggler keeps within time_budget
 };
 // Which of the time budget's tries a kTimeBudget plan makes (time_budget.h): both (the knob's
-// mode), one of them (half the planner time), or both and rows (the chooser's candidates).
+// mode), one of them (half the planner time; the chooser's candidates beyond 16 GPUs: the blends),
+// or both and rows (the chooser's candidates up to 16 GPUs).
 enum class FeplbBudgetTries : uint8_t {
   kBoth,    // the blends bisected and time under the row cap, the lower GEMM straggler kept
   kBlends,  // the blends bisected only

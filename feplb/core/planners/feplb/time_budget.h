@@ -20,8 +20,8 @@ namespace feplb::feplb_detail {
 // on the many-donor workloads of balance.md, the capped plan is the better one with small experts
 // (whose GEMMs' fixed costs make rows and time differ most), a blend often the better one with
 // large ones. Four plans and two levellings per step; no allocation once warm. A mode may make
-// one try alone (FeplbBudgetTries): the blends, or the capped plan against rows levelled; or
-// all three (the chooser's candidates: five plans).
+// one try alone (FeplbBudgetTries): the blends (the chooser's candidates beyond 16 GPUs), or the
+// capped plan against rows levelled; or all three (its candidates up to 16 GPUs: five plans).
 class TimeBudget {
  public:
   // A plan in `mode` (FeplbBalance::kTimeBudget) into `out`.
