@@ -156,6 +156,54 @@ struct RuleBench {
   LoadMeasure measure;
 };
 
+// rows_shedding() and rows_within() against their definitions, row by row: on a monotone cost
+// model (the roofline's wave-quantised steps) the one answer; on a measured table that dips (the
+// units then decrease somewhere) an answer where the predicate turns, as a bisection finds.
+TEST(FeplbLoadMeasure, ShedAndWithinRowsMatchTheirDefinitions) {
+  const ExpertShape shape{.hidden = 2048, .ffn = 768, .dtype = Dtype::kBf16};
+  const RooflineCostModel roofline(shape, Knobs{});
+  // 0.20 ms at 512 rows, 0.12 at 640: a dip (the units of weights above ~0.3 fall there).
+  const TableCostModel dipping({64, 512, 640, 4096}, {0.05, 0.20, 0.12, 1.0}, shape, "test");
+  for (const GemmCostModel* cost : {static_cast<const GemmCostModel*>(&roofline),
+                                    static_cast<const GemmCostModel*>(&dipping)}) {
+    const bool monotone = cost == &roofline;
+    for (const double weight : {0.1, 0.5, 1.0}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (monotone ? "roofline" : "dipping") << " weight " << weight);
+      LoadMeasure m(cost);
+      m.set_time_weight(weight);
+      for (const int64_t held : {1, 7, 300, 641, 2000}) {
+        for (int64_t u = -3; u <= m.units(held) + 3; u += 1 + m.units(held) / 97) {
+          const auto sheds = [&](int64_t s) { return m.units(held) - m.units(held - s) >= u; };
+          const int64_t s = m.rows_shedding(held, u);
+          ASSERT_TRUE(s >= 0 && s <= held) << held << " " << u;
+          ASSERT_TRUE(s == held || sheds(s)) << held << " " << u << " -> " << s;
+          ASSERT_TRUE(s == 0 || !sheds(s - 1)) << held << " " << u << " -> " << s;
+          if (monotone) {
+            int64_t first = 0;
+            while (first < held && !sheds(first)) ++first;
+            ASSERT_EQ(s, first) << held << " " << u;
+          }
+          const int64_t limit = held;
+          const int64_t r = m.rows_within(u, limit);
+          if (u <= 0) {
+            ASSERT_EQ(r, 0);
+            continue;
+          }
+          ASSERT_TRUE(r >= 0 && r <= limit) << u << " -> " << r;
+          ASSERT_TRUE(r == 0 || m.units(r) <= u) << u << " -> " << r;
+          ASSERT_TRUE(r == limit || m.units(r + 1) > u) << u << " -> " << r;
+          if (monotone) {
+            int64_t most = 0;
+            while (most < limit && m.units(most + 1) <= u) ++most;
+            ASSERT_EQ(r, most) << u;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(FeplbCopyRules, IgnoreTakesAnyCopy) {
   RuleBench b({1000, 200, 100});
   IgnoreCopyTime rule;

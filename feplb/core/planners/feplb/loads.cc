@@ -17,7 +17,7 @@ void LoadMeasure::grow_gemm_table(int64_t rows) const {
 }
 
 int64_t LoadMeasure::units_beyond(int64_t rows) const {
-  std::vector<int64_t>& table = *units_;
+  std::vector<int64_t>& table = table_->units;
   if (rows < 0 || rows >= kGemmTableRows) return blend_units(rows);
   const size_t old = table.size();
   table.resize(std::min<size_t>(std::max({static_cast<size_t>(rows) + 1, 2 * old, size_t{1024}}),
@@ -26,15 +26,29 @@ int64_t LoadMeasure::units_beyond(int64_t rows) const {
   return table[static_cast<size_t>(rows)];
 }
 
-std::vector<int64_t>& LoadMeasure::unit_table(double time_weight) {
+LoadMeasure::UnitTable& LoadMeasure::unit_table(double time_weight) {
   for (UnitTable& t : unit_tables_) {
-    if (t.weight == time_weight) return t.units;
+    if (t.weight == time_weight) return t;
   }
   UnitTable& t = unit_tables_[static_cast<size_t>(next_table_)];
   next_table_ = (next_table_ + 1) % kUnitTables;
   t.weight = time_weight;
   t.units.clear();
-  return t.units;
+  t.within_of = 0;
+  return t;
+}
+
+void LoadMeasure::make_within(UnitTable& t) {
+  const std::vector<int64_t>& u = t.units;
+  t.within_of = u.size();
+  t.monotone = !u.empty() && u[0] == 0 && std::is_sorted(u.begin(), u.end());
+  if (!t.monotone) return;
+  t.within.resize(static_cast<size_t>(u.back()) + 1);
+  size_t r = 0;
+  for (size_t v = 0; v < t.within.size(); ++v) {
+    while (r + 1 < u.size() && u[r + 1] <= static_cast<int64_t>(v)) ++r;
+    t.within[v] = static_cast<int32_t>(r);
+  }
 }
 
 double LoadMeasure::row_unit_ms(const GemmCostModel& cost) {

@@ -27,14 +27,14 @@ class LoadMeasure {
  public:
   explicit LoadMeasure(const GemmCostModel* cost)
       : cost_(cost), unit_ms_(cost ? row_unit_ms(*cost) : 0.0) {}
-  LoadMeasure(const LoadMeasure&) = delete;  // units_ points into its own tables
+  LoadMeasure(const LoadMeasure&) = delete;  // table_ points into its own tables
   LoadMeasure& operator=(const LoadMeasure&) = delete;
 
   // This plan's blend of rows and GEMM time in loads (0: rows).
   void set_time_weight(double time_weight) {
     time_weight_ = time_weight;
     by_time_ = time_weight > 0;
-    units_ = by_time_ ? &unit_table(time_weight) : nullptr;
+    table_ = by_time_ ? &unit_table(time_weight) : nullptr;
     fixed_units_ = by_time_ ? units(8192) - 8192 : 0;
     shed_memo_.fill({});
   }
@@ -43,7 +43,8 @@ class LoadMeasure {
   int64_t units(int64_t rows) const {
     if (!by_time_) return rows;
     // Tabled per blend: the planner's inner loop (bisections over slice sizes) asks it most.
-    if (static_cast<uint64_t>(rows) < units_->size()) return (*units_)[static_cast<size_t>(rows)];
+    if (static_cast<uint64_t>(rows) < table_->units.size())
+      return table_->units[static_cast<size_t>(rows)];
     return units_beyond(rows);
   }
   // The cost model's time for one expert GEMM over `rows` rows, looked up in a table (the same
@@ -62,6 +63,13 @@ class LoadMeasure {
   // `held` if none do).
   int64_t rows_shedding(int64_t held, int64_t u) const {
     if (!by_time_) return u;
+    // Giving s rows leaves units(held - s): the fewest s is held less the most rows within
+    // units(held) - u (none within it when that is below 0: all held).
+    if (held <= 0) return 0;
+    if (const std::vector<int32_t>* within = within_table(held)) {
+      const int64_t left = units(held) - u;
+      return left < 0 ? held : held - std::min(held, rows_within_tabled(*within, left));
+    }
     // The spill asks the same (held, u) again while nothing moved: the last answers are kept.
     for (const Shed& m : shed_memo_) {
       if (m.held == held && m.u == u) return m.rows;
@@ -78,6 +86,8 @@ class LoadMeasure {
   int64_t rows_within(int64_t u, int64_t limit) const {
     if (!by_time_) return u;
     if (u <= 0 || limit <= 0) return 0;
+    if (const std::vector<int32_t>* within = within_table(limit))
+      return std::min(limit, rows_within_tabled(*within, u));
     // Where the GEMM is linear, s rows cost s plus the fixed cost: the search starts there.
     return first_true_near(0, limit + 1, u - fixed_units_,
                            [&](int64_t s) { return s > limit || units(s) > u; }) -
@@ -86,9 +96,15 @@ class LoadMeasure {
 
  private:
   // A blend's units by rows, [0, size()), grown on demand like the GEMM-time table.
+  // Where its units never decrease with rows (the cost model's GEMM time never does), also the
+  // most rows within each number of units: rows_shedding() and rows_within() then look their
+  // answer up instead of searching (the same answer: a search of a monotone table has one).
   struct UnitTable {
     double weight = -1;
     std::vector<int64_t> units;
+    std::vector<int32_t> within;  // [units.back() + 1] the most rows r with units[r] <= index
+    size_t within_of = 0;         // units.size() when `within` was made (0: not yet)
+    bool monotone = false;        // units never decrease (`within` holds only then)
   };
   // Blends tabled at once (the time budget's tries use four); another one replaces the oldest.
   static constexpr int kUnitTables = 6;
@@ -99,11 +115,25 @@ class LoadMeasure {
     return static_cast<int64_t>((1.0 - time_weight_) * static_cast<double>(rows) +
                                 time_weight_ * time + 0.5);
   }
+  // This blend's most-rows-within table where it covers `rows` (tabled and monotone; made or
+  // remade on first use after the units table grew), else null: the caller searches.
+  const std::vector<int32_t>* within_table(int64_t rows) const {
+    UnitTable& t = *table_;
+    if (static_cast<uint64_t>(rows) >= t.units.size()) return nullptr;
+    if (t.within_of != t.units.size()) make_within(t);
+    return t.monotone ? &t.within : nullptr;
+  }
+  // The most rows within `u` >= 0 units by `within` (the table's last row beyond its units).
+  static int64_t rows_within_tabled(const std::vector<int32_t>& within, int64_t u) {
+    return within[static_cast<size_t>(
+        std::min<int64_t>(u, static_cast<int64_t>(within.size()) - 1))];
+  }
+  static void make_within(UnitTable& t);
   // units() beyond the blend's table: extends it to cover `rows` (doubling, at most
   // kGemmTableRows), or computes it.
   int64_t units_beyond(int64_t rows) const;
   // The table of `time_weight` (emptied if it was another blend's).
-  std::vector<int64_t>& unit_table(double time_weight);
+  UnitTable& unit_table(double time_weight);
   // Extends gemm_ms_ to cover `rows` (doubling, at most kGemmTableRows: it grows only while the
   // steps' largest expert count does).
   void grow_gemm_table(int64_t rows) const;
@@ -114,8 +144,8 @@ class LoadMeasure {
   double time_weight_ = 0;   // this plan's blend (units())
   bool by_time_ = false;     // time_weight_ > 0
   int64_t fixed_units_ = 0;  // by time: a GEMM's fixed cost where it is linear (units(s) - s)
-  mutable std::vector<double> gemm_ms_;    // GEMM time by rows (ms), grown on demand
-  std::vector<int64_t>* units_ = nullptr;  // by time: this blend's units by rows
+  mutable std::vector<double> gemm_ms_;  // GEMM time by rows (ms), grown on demand
+  UnitTable* table_ = nullptr;           // by time: this blend's units by rows
   mutable std::array<UnitTable, kUnitTables> unit_tables_;
   int next_table_ = 0;  // the table a new blend takes
   // rows_shedding()'s last answers (this blend's).
