@@ -40,13 +40,21 @@ LoadMeasure::UnitTable& LoadMeasure::unit_table(double time_weight) {
 
 void LoadMeasure::make_within(UnitTable& t) {
   const std::vector<int64_t>& u = t.units;
-  t.within_of = u.size();
-  t.monotone = !u.empty() && u[0] == 0 && std::is_sorted(u.begin(), u.end());
-  if (!t.monotone) return;
-  t.within.resize(static_cast<size_t>(u.back()) + 1);
-  size_t r = 0;
+  const size_t n = u.size();
+  t.within_of = n;
+  // The units never decrease from row `dip` (the last row with fewer than the row before);
+  // from the largest units before it, the rows within any number are a prefix of the table.
+  size_t dip = 0;
+  for (size_t r = 1; r < n; ++r) {
+    if (u[r] < u[r - 1]) dip = r;
+  }
+  t.within_from = *std::max_element(
+      u.begin(), u.begin() + static_cast<std::ptrdiff_t>(std::max<size_t>(dip, 1)));
+  t.within.resize(static_cast<size_t>(*std::max_element(u.begin(), u.end())) + 1);
+  // Below within_from the entries are never read.
+  size_t r = dip > 0 ? dip - 1 : 0;
   for (size_t v = 0; v < t.within.size(); ++v) {
-    while (r + 1 < u.size() && u[r + 1] <= static_cast<int64_t>(v)) ++r;
+    while (r + 1 < n && u[r + 1] <= static_cast<int64_t>(v)) ++r;
     t.within[v] = static_cast<int32_t>(r);
   }
 }

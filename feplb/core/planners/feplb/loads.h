@@ -65,10 +65,10 @@ class LoadMeasure {
     if (!by_time_) return u;
     // Giving s rows leaves units(held - s): the fewest s is held less the most rows within
     // units(held) - u (none within it when that is below 0: all held).
-    if (held <= 0) return 0;
-    if (const std::vector<int32_t>* within = within_table(held)) {
+    if (static_cast<uint64_t>(held) < table_->units.size()) {
       const int64_t left = units(held) - u;
-      return left < 0 ? held : held - std::min(held, rows_within_tabled(*within, left));
+      if (left < 0) return held;
+      if (const int64_t r = tabled_within(held, left); r >= 0) return held - std::min(held, r);
     }
     // The spill asks the same (held, u) again while nothing moved: the last answers are kept.
     for (const Shed& m : shed_memo_) {
@@ -86,8 +86,7 @@ class LoadMeasure {
   int64_t rows_within(int64_t u, int64_t limit) const {
     if (!by_time_) return u;
     if (u <= 0 || limit <= 0) return 0;
-    if (const std::vector<int32_t>* within = within_table(limit))
-      return std::min(limit, rows_within_tabled(*within, u));
+    if (const int64_t r = tabled_within(limit, u); r >= 0) return std::min(limit, r);
     // Where the GEMM is linear, s rows cost s plus the fixed cost: the search starts there.
     return first_true_near(0, limit + 1, u - fixed_units_,
                            [&](int64_t s) { return s > limit || units(s) > u; }) -
@@ -96,15 +95,17 @@ class LoadMeasure {
 
  private:
   // A blend's units by rows, [0, size()), grown on demand like the GEMM-time table.
-  // Where its units never decrease with rows (the cost model's GEMM time never does), also the
-  // most rows within each number of units: rows_shedding() and rows_within() then look their
-  // answer up instead of searching (the same answer: a search of a monotone table has one).
+  // Also the most rows within each number of units, from the least number at which the rows
+  // within it are a prefix of the table (all of them where the units never decrease with rows,
+  // as the roofline's; a measured table that dips at a few rows leaves out the numbers below
+  // its dip): rows_shedding() and rows_within() look their answer up there instead of searching,
+  // the same answer (a search of a predicate that turns once has one).
   struct UnitTable {
     double weight = -1;
     std::vector<int64_t> units;
-    std::vector<int32_t> within;  // [units.back() + 1] the most rows r with units[r] <= index
+    std::vector<int32_t> within;  // [largest units + 1] the most rows r with units[r] <= index
     size_t within_of = 0;         // units.size() when `within` was made (0: not yet)
-    bool monotone = false;        // units never decrease (`within` holds only then)
+    int64_t within_from = 0;      // `within` holds from this many units
   };
   // Blends tabled at once (the time budget's tries use four); another one replaces the oldest.
   static constexpr int kUnitTables = 6;
@@ -115,18 +116,15 @@ class LoadMeasure {
     return static_cast<int64_t>((1.0 - time_weight_) * static_cast<double>(rows) +
                                 time_weight_ * time + 0.5);
   }
-  // This blend's most-rows-within table where it covers `rows` (tabled and monotone; made or
-  // remade on first use after the units table grew), else null: the caller searches.
-  const std::vector<int32_t>* within_table(int64_t rows) const {
+  // The most rows with at most `u` units, looked up where the table covers `rows` and holds it
+  // for `u` (made or remade on first use after the units table grew); -1: the caller searches.
+  int64_t tabled_within(int64_t rows, int64_t u) const {
     UnitTable& t = *table_;
-    if (static_cast<uint64_t>(rows) >= t.units.size()) return nullptr;
+    if (static_cast<uint64_t>(rows) >= t.units.size()) return -1;
     if (t.within_of != t.units.size()) make_within(t);
-    return t.monotone ? &t.within : nullptr;
-  }
-  // The most rows within `u` >= 0 units by `within` (the table's last row beyond its units).
-  static int64_t rows_within_tabled(const std::vector<int32_t>& within, int64_t u) {
-    return within[static_cast<size_t>(
-        std::min<int64_t>(u, static_cast<int64_t>(within.size()) - 1))];
+    if (u < t.within_from) return -1;
+    return t.within[static_cast<size_t>(
+        std::min<int64_t>(u, static_cast<int64_t>(t.within.size()) - 1))];
   }
   static void make_within(UnitTable& t);
   // units() beyond the blend's table: extends it to cover `rows` (doubling, at most
