@@ -105,11 +105,25 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   }
   EXPECT_EQ(time, 2);  // two-phase, with and without prefetch
   EXPECT_EQ(c3.mode_of(0).path, FeplbPath::kOneHop);
-  // 256 GPUs: rows only (a time plan's planner time passes its reserve many times).
+  // 256 GPUs: time with two phases by the blends alone, as at 64.
   const Bench rack(256, 256, 1024, Knobs{});
   const FeplbChooser c4(PlannerContext{rack.topo, rack.shape, rack.knobs, rack.cost.get()},
                         FeplbAuto::from_knobs(rack.knobs));
-  for (const FeplbConfig& m : c4.candidates()) EXPECT_EQ(m.balance, FeplbBalance::kRows);
+  time = 0;
+  for (const FeplbConfig& m : c4.candidates()) {
+    if (m.balance != FeplbBalance::kTimeBudget) continue;
+    EXPECT_EQ(m.path, FeplbPath::kTwoPhase) << m.label();
+    EXPECT_EQ(m.budget_tries, FeplbBudgetTries::kBlends) << m.label();
+    ++time;
+  }
+  EXPECT_EQ(time, 2);
+  // Beyond FeplbChooser::kTimeGpusMax GPUs: rows only (a time plan's planner time is not measured
+  // there).
+  const Bench larger(FeplbChooser::kTimeGpusMax + 32, 32, 4 * (FeplbChooser::kTimeGpusMax + 32),
+                     Knobs{});
+  const FeplbChooser c5(PlannerContext{larger.topo, larger.shape, larger.knobs, larger.cost.get()},
+                        FeplbAuto::from_knobs(larger.knobs));
+  for (const FeplbConfig& m : c5.candidates()) EXPECT_EQ(m.balance, FeplbBalance::kRows);
 }
 
 // A layer whose caller dispatched the rows (the GPU layer's forward_dispatched): the chooser drops

@@ -65,7 +65,7 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    sees the same counts and makes the same moves.
 class FeplbChooser final : public Planner {
  public:
-  static constexpr int kTimeGpusMax = 72;
+  static constexpr int kTimeGpusMax = 288;  // the most measured: one domain of 256, 4 of 72
   static constexpr int kTimeGpusMaxOneHop = 16;
   static constexpr int kOneHopExpertsMax = 2;
   static constexpr int kExploreFirst = 3;
