@@ -82,9 +82,10 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
     if (!left.balance)
       return std::vector<Balance>{{std::max(k.time_balance_budget, 0.0), FeplbBudgetTries::kBoth}};
     if (!time_allowed(hop)) return std::vector<Balance>{{0.0, FeplbBudgetTries::kBoth}};
-    // Beyond kTimeGpusMaxOneHop GPUs a plan takes long enough (40-150 us at 72) that five of
-    // them outlast the static experts' window: the blends alone there (two plans and a levelling;
-    // on rack EP=72 they reach the GEMM straggler of all tries, the capped try 40% more).
+    // Beyond kTimeGpusMaxOneHop GPUs a plan takes long enough (rows: about 50 us at 72 GPUs and
+    // 180 at 256 on a 2-core VM) that five of them outlast the static experts' window: the blends
+    // alone there (two plans and a levelling; on rack EP=72 they reach the GEMM straggler of all
+    // tries, the capped try 40% more).
     const FeplbBudgetTries tries =
         topo.num_ranks() <= kTimeGpusMaxOneHop ? FeplbBudgetTries::kAll : FeplbBudgetTries::kBlends;
     return std::vector<Balance>{{bound_, tries}, {0.0, FeplbBudgetTries::kBoth}};
