@@ -165,6 +165,8 @@ TEST(FeplbLoadMeasure, ShedAndWithinRowsMatchTheirDefinitions) {
   const RooflineCostModel roofline(shape, Knobs{});
   // 0.20 ms at 512 rows, 0.12 at 640: a dip.
   const TableCostModel dipping({64, 512, 640, 4096}, {0.05, 0.20, 0.12, 1.0}, shape, "test");
+  // Nearly flat at large row counts: one row is a tiny unit, the units reach ~1e11 (no table).
+  const TableCostModel flat({64, 4096, 16384}, {0.05, 1.0, 1.0000001}, shape, "test");
   // The answer for predicate `p` over [0, n): the first x where it holds (n if none) when it
   // turns once, else any x where it turns.
   const auto check = [](int64_t n, int64_t x, const auto& p) {
@@ -180,16 +182,19 @@ TEST(FeplbLoadMeasure, ShedAndWithinRowsMatchTheirDefinitions) {
     }
   };
   int turning = 0;  // cases whose predicate turns more than once (the search's)
-  for (const GemmCostModel* cost : {static_cast<const GemmCostModel*>(&roofline),
-                                    static_cast<const GemmCostModel*>(&dipping)}) {
+  for (const GemmCostModel* cost :
+       {static_cast<const GemmCostModel*>(&roofline), static_cast<const GemmCostModel*>(&dipping),
+        static_cast<const GemmCostModel*>(&flat)}) {
     for (const double weight : {0.1, 0.5, 1.0}) {
       LoadMeasure m(cost);
       m.set_time_weight(weight);
       for (const int64_t held : {0, 1, 7, 300, 641, 2000}) {
         for (int64_t u = -3; u <= m.units(held) + 3; u += 1 + m.units(held) / 97) {
           SCOPED_TRACE(::testing::Message()
-                       << (cost == &roofline ? "roofline" : "dipping") << " weight " << weight
-                       << " held " << held << " u " << u);
+                       << (cost == &roofline  ? "roofline"
+                           : cost == &dipping ? "dipping"
+                                              : "flat")
+                       << " weight " << weight << " held " << held << " u " << u);
           const auto sheds = [&](int64_t s) { return m.units(held) - m.units(held - s) >= u; };
           check(held, m.rows_shedding(held, u), sheds);
           // rows_within(u, limit) is one less than the first s that is more than `limit` rows or

@@ -50,7 +50,15 @@ void LoadMeasure::make_within(UnitTable& t) {
   }
   t.within_from = *std::max_element(
       u.begin(), u.begin() + static_cast<std::ptrdiff_t>(std::max<size_t>(dip, 1)));
-  t.within.resize(static_cast<size_t>(*std::max_element(u.begin(), u.end())) + 1);
+  const int64_t most = *std::max_element(u.begin(), u.end());
+  if (most > kWithinUnitsPerRow * static_cast<int64_t>(n) + kWithinUnitsMin) {
+    // Units far above rows (a cost model whose GEMM time barely grows at large row counts, so
+    // one row is a tiny unit): no table; the searches answer.
+    t.within.clear();
+    t.within_from = std::numeric_limits<int64_t>::max();
+    return;
+  }
+  t.within.resize(static_cast<size_t>(most) + 1);
   // Below within_from the entries are never read.
   size_t r = dip > 0 ? dip - 1 : 0;
   for (size_t v = 0; v < t.within.size(); ++v) {

@@ -107,6 +107,10 @@ class LoadMeasure {
     size_t within_of = 0;         // units.size() when `within` was made (0: not yet)
     int64_t within_from = 0;      // `within` holds from this many units
   };
+  // The most-rows-within table is made only while the units stay below this many per tabled row
+  // (plus kWithinUnitsMin): its size is the largest units' (4 bytes each).
+  static constexpr int64_t kWithinUnitsPerRow = 8;
+  static constexpr int64_t kWithinUnitsMin = 1 << 16;
   // Blends tabled at once (the time budget's tries use four); another one replaces the oldest.
   static constexpr int kUnitTables = 6;
 
