@@ -85,38 +85,39 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   for (const FeplbConfig& m : c2.candidates()) EXPECT_EQ(m.path, FeplbPath::kTwoPhase);
   EXPECT_TRUE(c2.limits().rows_via_homes);
   EXPECT_FALSE(c.limits().rows_via_homes);
-  // A domain of 64 GPUs: time balancing only with two phases (one hop would wait for its four
-  // plans); two experts per GPU: one-hop first.
+  // A domain of 64 GPUs: time balancing by the blends alone (two plans) on both paths, at the
+  // knobs' reserve (the one-hop ones charged it: the dispatch waits for them); two experts per
+  // GPU: one-hop first, with time.
   const Bench big(64, 64, 128, Knobs{});
   const FeplbChooser c3(PlannerContext{big.topo, big.shape, big.knobs, big.cost.get()},
                         FeplbAuto::from_knobs(big.knobs));
-  EXPECT_EQ(c3.candidates().size(), 4u + 4u);
-  int time = 0;
+  EXPECT_EQ(c3.candidates().size(), 4u + 8u);
+  int time = 0, one_hop_time = 0;
   for (const FeplbConfig& m : c3.candidates()) {
-    if (m.path == FeplbPath::kOneHop) {
-      EXPECT_EQ(m.balance, FeplbBalance::kRows);
-    }
     if (m.balance == FeplbBalance::kTimeBudget) {
       // Beyond 16 GPUs the blends alone (two plans), at the knobs' reserve.
       EXPECT_EQ(m.budget_tries, FeplbBudgetTries::kBlends) << m.label();
       EXPECT_EQ(m.reserve_us, -1.0) << m.label();
       ++time;
+      one_hop_time += m.path == FeplbPath::kOneHop;
     }
   }
-  EXPECT_EQ(time, 2);  // two-phase, with and without prefetch
+  EXPECT_EQ(time, 6);  // two-phase with and without prefetch; one-hop x prefetch x copy rules
+  EXPECT_EQ(one_hop_time, 4);
   EXPECT_EQ(c3.mode_of(0).path, FeplbPath::kOneHop);
-  // 256 GPUs: time with two phases by the blends alone, as at 64.
+  EXPECT_EQ(c3.mode_of(0).balance, FeplbBalance::kTimeBudget);
+  // 256 GPUs: time by the blends alone, as at 64.
   const Bench rack(256, 256, 1024, Knobs{});
   const FeplbChooser c4(PlannerContext{rack.topo, rack.shape, rack.knobs, rack.cost.get()},
                         FeplbAuto::from_knobs(rack.knobs));
   time = 0;
   for (const FeplbConfig& m : c4.candidates()) {
     if (m.balance != FeplbBalance::kTimeBudget) continue;
-    EXPECT_EQ(m.path, FeplbPath::kTwoPhase) << m.label();
     EXPECT_EQ(m.budget_tries, FeplbBudgetTries::kBlends) << m.label();
     ++time;
   }
-  EXPECT_EQ(time, 2);
+  EXPECT_EQ(time, 6);
+  EXPECT_EQ(c4.mode_of(0).path, FeplbPath::kTwoPhase);  // 4 experts per GPU
   // Beyond FeplbChooser::kTimeGpusMax GPUs: rows only (a time plan's planner time is not measured
   // there).
   const Bench larger(FeplbChooser::kTimeGpusMax + 32, 32, 4 * (FeplbChooser::kTimeGpusMax + 32),

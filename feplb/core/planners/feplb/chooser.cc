@@ -62,11 +62,10 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
   const Topology& topo = ctx_.topo;
   reserve_ms_ = planner_reserve_us(k, topo) * 1e-3;
   // Every combination of the switches left to it; the others as the knobs set them.
-  // Time balancing plans a step two or four times, each plan's time growing with the GPUs: one-hop
-  // waits for its plan (few GPUs only), two-phase plans while the static experts compute.
-  const auto time_allowed = [&](int64_t hop) {
-    return topo.num_ranks() <= (hop ? kTimeGpusMaxOneHop : kTimeGpusMax);
-  };
+  // Time balancing plans a step two or five times, each plan's time growing with the GPUs: where
+  // the dispatch waits for the plan (one-hop) the chooser charges it its reserve, so it takes a
+  // one-hop time plan only where the GEMM time it saves is more than that (few experts per GPU).
+  const bool time_allowed = topo.num_ranks() <= kTimeGpusMax;
   const std::vector<int64_t> hops =
       left.path ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{k.one_hop};
   const std::vector<int64_t> prefetches =
@@ -78,22 +77,22 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
     double budget;
     FeplbBudgetTries tries;
   };
-  const auto balances_of = [&](int64_t hop) {
+  const auto balances = [&] {
     if (!left.balance)
       return std::vector<Balance>{{std::max(k.time_balance_budget, 0.0), FeplbBudgetTries::kBoth}};
-    if (!time_allowed(hop)) return std::vector<Balance>{{0.0, FeplbBudgetTries::kBoth}};
-    // Beyond kTimeGpusMaxOneHop GPUs a plan takes long enough (rows: about 50 us at 72 GPUs and
-    // 180 at 256 on a 2-core VM) that five of them outlast the static experts' window: the blends
-    // alone there (two plans and a levelling; on rack EP=72 they reach the GEMM straggler of all
-    // tries, the capped try 40% more).
+    if (!time_allowed) return std::vector<Balance>{{0.0, FeplbBudgetTries::kBoth}};
+    // Beyond kAllTriesGpusMax GPUs a plan takes long enough (rows: about 20-50 us at 72 GPUs and
+    // 90-180 at 256 on a 2-core VM) that five of them outlast the static experts' window: the
+    // blends alone there (two plans and a levelling; on rack EP=72 they reach the GEMM straggler
+    // of all tries, the capped try 40% more).
     const FeplbBudgetTries tries =
-        topo.num_ranks() <= kTimeGpusMaxOneHop ? FeplbBudgetTries::kAll : FeplbBudgetTries::kBlends;
+        topo.num_ranks() <= kAllTriesGpusMax ? FeplbBudgetTries::kAll : FeplbBudgetTries::kBlends;
     return std::vector<Balance>{{bound_, tries}, {0.0, FeplbBudgetTries::kBoth}};
-  };
+  }();
   std::vector<FeplbConfig> modes;
   for (int64_t hop : hops) {
     for (int64_t pre : prefetches) {
-      for (const Balance& balance : balances_of(hop)) {
+      for (const Balance& balance : balances) {
         // Copies: hidden with two phases; with one hop late by the busiest (the rows are there
         // already: a GPU with little work of its own may wait for the weights) or hidden.
         const std::vector<int64_t> timings = !left.copy_rule ? std::vector<int64_t>{k.copy_timing}
@@ -244,8 +243,7 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   unbalanced_sum_ = kTokenDecay * unbalanced_sum_ + unbalanced;
   straggler_sum_ = kTokenDecay * straggler_sum_ + now.token_straggler;
   const int64_t seen = l.seen++;
-  if (n > 1 && (seen < kExploreFirst || (seen - kExploreFirst + 1) % kExploreEvery == 0))
-    explore(l, routing, now, bound_ * unbalanced);
+  if (n > 1 && explores(seen)) explore(l, routing, now, bound_ * unbalanced);
   l.budget = -1;  // set by the next plan, or by the next observe() without one
   // Recorded after exploring: the candidates were costed with the weights this step had
   // prefetched (a prediction made from the step itself would favour the prefetch candidates).
@@ -262,13 +260,29 @@ void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost&
     l.cost_ms[i] = kDecay * l.cost_ms[i] + c.layer_ms;
     l.over[i] = kDecay * l.over[i] + (c.token_straggler > bound ? 1.0 : 0.0);
   }
-  // The candidate that passed the bound least (by half a micro-batch or more), then cost least;
-  // the layer's mode unless another is better by the margin.
+  // Pooled over the layers seen (each layer's sums as above): one candidate's cost differs from
+  // micro-batch to micro-batch far more than two candidates differ on average, so a layer's own
+  // few micro-batches rank them by chance.
+  pooled_cost_.assign(static_cast<size_t>(n), 0.0);
+  pooled_over_.assign(static_cast<size_t>(n), 0.0);
+  double weight = 0;  // the pooled sums' scale: explored micro-batches, decayed
+  for (const Layer& o : layers_) {
+    weight += total_weight(o);
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+      pooled_cost_[i] += o.cost_ms[i];
+      pooled_over_[i] += o.over[i];
+    }
+  }
+  const auto layers_in = static_cast<double>(layers_.size());
+  // The candidate that passed the bound least (by half a micro-batch per layer or more), then cost
+  // least; the layer's mode unless another is better by the margin.
   const auto better = [&](int a, int b, double margin) {
-    const auto ia = static_cast<size_t>(a), ib = static_cast<size_t>(b);
-    if (l.over[ia] < l.over[ib] - 0.5) return true;
-    if (l.over[ia] > l.over[ib] - 0.5 && l.over[ib] > l.over[ia] - 0.5)
-      return l.cost_ms[ia] < l.cost_ms[ib] - margin;
+    const double over_a = pooled_over_[static_cast<size_t>(a)];
+    const double over_b = pooled_over_[static_cast<size_t>(b)];
+    const double half = 0.5 * layers_in;
+    if (over_a < over_b - half) return true;
+    if (over_a > over_b - half && over_b > over_a - half)
+      return pooled_cost_[static_cast<size_t>(a)] < pooled_cost_[static_cast<size_t>(b)] - margin;
     return false;
   };
   int best = 0;
@@ -276,14 +290,21 @@ void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost&
     if (better(m, best, 0.0)) best = m;
   }
   const double margin =
-      std::max(kMoveMargin * l.cost_ms[static_cast<size_t>(l.mode)], 2e-3 * total_weight(l));
+      std::max(kMoveMargin * pooled_cost_[static_cast<size_t>(l.mode)], 2e-3 * weight);
   if (best != l.mode && better(best, l.mode, margin)) l.mode = best;
+}
+
+bool FeplbChooser::explores(int64_t seen) const {
+  return seen < kExploreFirst || ctx_.topo.num_ranks() <= kExploreAllGpusMax ||
+         (seen - kExploreFirst + 1) % kExploreEvery == 0;
 }
 
 double FeplbChooser::total_weight(const Layer& l) const {
   // The weight of the explored micro-batches (each new one 1, the older ones decayed).
-  const int64_t explored = std::min<int64_t>(l.seen, kExploreFirst) +
-                           std::max<int64_t>(0, (l.seen - kExploreFirst) / kExploreEvery);
+  const int64_t explored = ctx_.topo.num_ranks() <= kExploreAllGpusMax
+                               ? l.seen
+                               : std::min<int64_t>(l.seen, kExploreFirst) +
+                                     std::max<int64_t>(0, (l.seen - kExploreFirst) / kExploreEvery);
   return (1.0 - std::pow(kDecay, static_cast<double>(explored))) / (1.0 - kDecay);
 }
 

@@ -43,33 +43,36 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    blends, time under the row cap and rows, each levelled, the lowest GEMM straggler of the
 //    micro-batch kept; five plans a step: such a mode reserves twice the planner time ahead of
 //    its copies, Plan::reserve_us, where the reserve is left to feplb; beyond
-//    kTimeGpusMaxOneHop GPUs the blends alone, two plans), where the plan's
-//    planner time stays near its reserve: two-phase up to kTimeGpusMax GPUs (its plan
-//    overlaps the static experts), one-hop up to kTimeGpusMaxOneHop (the dispatch waits for
-//    it); the time budget the chooser's plans take keeps the token straggler summed over its
-//    plans within kAimShare of the bound (time_budget_now); copies hidden, or with one hop
-//    also late by the busiest;
+//    kAllTriesGpusMax GPUs the blends alone, two plans), up to kTimeGpusMax GPUs, the most
+//    measured (a one-hop plan, which the dispatch waits for, is charged its reserve, so a one-hop
+//    time candidate wins only where the GEMM time it saves is more); the time budget the
+//    chooser's plans take keeps the token straggler summed over its plans within kAimShare of
+//    the bound (time_budget_now); copies hidden, or with one hop also late by the busiest;
 //  - the first mode of a layer (before any history) from what is known then: one-hop where a GPU
 //    has at most kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the dispatch,
 //    into windows one or two static experts do not leave), else two-phase; prefetch on; time
 //    where allowed, else rows; copies hidden (two-phase) or late (one-hop);
-//  - revision, off the critical path (observe(), after the copies are issued): on the first
-//    kExploreFirst micro-batches of a layer and every kExploreEvery-th after, its counts are
-//    planned in every candidate and each plan costed (plan_cost): the same counts and the same
+//  - revision, off the critical path (observe(), after the copies are issued): on every
+//    micro-batch up to kExploreAllGpusMax GPUs (its plans take microseconds), else on a layer's
+//    first kExploreFirst micro-batches and every kExploreEvery-th after, its counts are planned
+//    in every candidate and each plan costed (plan_cost): the same counts and the same
 //    prefetched weights for all (the history records the step's plan after), so the candidates
 //    are compared pair by pair. The layer keeps, per candidate, its cost and how often
 //    its token straggler passed token_bound x the unbalanced one, over those micro-batches (each
-//    new one weighs 1, the older ones kDecay times less per explored micro-batch). It plans in the
-//    candidate that passed the bound least, then cost least, and moves off its mode only for one
-//    that passed it less often, or cost kMoveMargin less (and 2 us). Deterministic: every rank
-//    sees the same counts and makes the same moves.
+//    new one weighs 1, the older ones kDecay times less per explored micro-batch). Summed over
+//    the layers (pooled: the candidates' costs vary between micro-batches far more than their
+//    means differ), it plans in the candidate that passed the bound least, then cost least, and
+//    moves off its mode only for one that passed it less often (by half a micro-batch per
+//    layer), or cost kMoveMargin less (and 2 us per explored micro-batch). Deterministic: every
+//    rank sees the same counts and makes the same moves.
 class FeplbChooser final : public Planner {
  public:
   static constexpr int kTimeGpusMax = 288;  // the most measured: one domain of 256, 4 of 72
-  static constexpr int kTimeGpusMaxOneHop = 16;
+  static constexpr int kAllTriesGpusMax = 16;
   static constexpr int kOneHopExpertsMax = 2;
   static constexpr int kExploreFirst = 3;
   static constexpr int kExploreEvery = 8;
+  static constexpr int kExploreAllGpusMax = 16;
   static constexpr double kDecay = 0.8;
   static constexpr double kMoveMargin = 0.03;
   static constexpr double kTokenDecay = 0.95;
@@ -104,6 +107,8 @@ class FeplbChooser final : public Planner {
     double budget = -1;           // the time budget of this micro-batch's plan (-1: none planned)
   };
   Layer& layer_state(int64_t layer);
+  // Whether a layer's micro-batch `seen` (0: its first) is explored.
+  bool explores(int64_t seen) const;
   // The summed weight of a layer's explored micro-batches (the scale of its decayed sums).
   double total_weight(const Layer& l) const;
   const Layer* find_layer(int64_t layer) const;
@@ -142,6 +147,7 @@ class FeplbChooser final : public Planner {
   std::vector<double> gemm_scratch_;
   std::vector<int64_t> rows_scratch_;
   std::vector<int64_t> home_scratch_;
+  std::vector<double> pooled_cost_, pooled_over_;  // explore(): every layer's sums, summed
 };
 
 }  // namespace feplb
