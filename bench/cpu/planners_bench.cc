@@ -171,6 +171,36 @@ const FeplbMode kFeplbModes[] = {
 constexpr std::string_view kModeConfigs[] = {"ep8_e128", "ep8_e128_skew5", "ep72_e288_skew5_nvl72",
                                              "ep256_e1024_skew5_nvl256"};
 
+// What the machine takes from a busy core: the gaps (above kStallUs) a loop of clock reads on it
+// sees over kStallSpinMs, measured once per process on the core the benchmark runs on. On a
+// virtual machine these are mostly the hypervisor's timer interrupts (on the 2-core development
+// VM about 2,000 per second of about 15 us each); a planner call of t us is hit by one with a
+// probability of about per_s x t x 1e-6, which sets the p99 where that is above 1%.
+struct MachineStalls {
+  double per_s = 0;   // gaps per second
+  double p50_us = 0;  // their median length
+};
+constexpr double kStallUs = 2.0;
+constexpr int kStallSpinMs = 300;
+
+const MachineStalls& machine_stalls() {
+  static const MachineStalls stalls = [] {
+    using Clock = std::chrono::steady_clock;
+    std::vector<double> gaps;
+    const auto start = Clock::now();
+    auto prev = start;
+    for (auto t = start; t - start < std::chrono::milliseconds(kStallSpinMs); prev = t) {
+      t = Clock::now();
+      const double gap_us = std::chrono::duration<double, std::micro>(t - prev).count();
+      if (gap_us > kStallUs) gaps.push_back(gap_us);
+    }
+    std::sort(gaps.begin(), gaps.end());
+    return MachineStalls{static_cast<double>(gaps.size()) * 1e3 / kStallSpinMs,
+                         gaps.empty() ? 0.0 : gaps[gaps.size() / 2]};
+  }();
+  return stalls;
+}
+
 void BM_Plan(benchmark::State& state, const std::string& planner_name, const BenchConfig& cfg,
              const std::vector<KnobOverride>& overrides) {
   const Workload* w = nullptr;
@@ -179,6 +209,7 @@ void BM_Plan(benchmark::State& state, const std::string& planner_name, const Ben
   std::unique_ptr<RooflineCostModel> cost;
   std::unique_ptr<Planner> planner;
   Plan plan;
+  double reserve_us = 0;
   try {
     w = &workload_for(cfg);
     cost = std::make_unique<RooflineCostModel>(kGlm5Shape, knobs);
@@ -188,10 +219,14 @@ void BM_Plan(benchmark::State& state, const std::string& planner_name, const Ben
     // prediction; for the others observe() is a no-op.
     for (const RoutingStep& s : w->warmup) planner->observe(s);
     // One untimed pass: the planners' "first call" (buffers sized, cost-model cache filled), and
-    // every plan is checked, so a broken planner fails here instead of being timed.
+    // every plan is checked, so a broken planner fails here instead of being timed. The reserve
+    // is the most any of these plans charges itself (a mode that plans a step five times
+    // reserves twice the knobs' reserve: Plan::reserve_us).
     for (const RoutingStep& s : w->timed) {
       planner->plan(s, plan);
       validate(plan, w->topo, s, kGlm5Shape, planner->limits());
+      reserve_us = std::max(
+          reserve_us, plan.reserve_us >= 0 ? plan.reserve_us : planner_reserve_us(knobs, w->topo));
     }
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -213,6 +248,8 @@ void BM_Plan(benchmark::State& state, const std::string& planner_name, const Ben
 
   // Per-call latency: each of kClockedCalls calls clocked on its own (steady_clock; its ~20 ns
   // read is within the figures' resolution), against the reserve the planner charges itself.
+  // A call that an interrupt lands in is that much longer: the machine's stalls are reported
+  // beside it (MachineStalls), so that a p99 they set can be told from the planner's.
   std::vector<double> call_us(kClockedCalls);
   for (int c = 0; c < kClockedCalls; ++c) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -222,8 +259,12 @@ void BM_Plan(benchmark::State& state, const std::string& planner_name, const Ben
   }
   std::sort(call_us.begin(), call_us.end());
   state.counters["p50_us"] = call_us[call_us.size() / 2];
+  state.counters["p95_us"] = call_us[call_us.size() * 95 / 100];
   state.counters["p99_us"] = call_us[call_us.size() * 99 / 100];
-  state.counters["reserve_us"] = planner_reserve_us(knobs, w->topo);
+  state.counters["reserve_us"] = reserve_us;
+  const MachineStalls& stalls = machine_stalls();
+  state.counters["stalls_per_s"] = stalls.per_s;
+  state.counters["stall_p50_us"] = stalls.p50_us;
 
   state.counters["ranks"] = cfg.ranks;
   state.counters["experts"] = cfg.experts;

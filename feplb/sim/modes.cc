@@ -8,6 +8,7 @@
 #include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/internal/report_util.h"
 #include "feplb/sim/prior.h"
+#include "feplb/sim/rack.h"
 
 namespace feplb {
 namespace {
@@ -195,16 +196,15 @@ ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
   // GPU with hot experts (real top-8 priors at EP=64, lognormal max/mean 13 at EP=72). 8
   // micro-batches of history, 8 measured.
   if (c.rack) {
-    struct Point {
-      int domains, domain_size;
-    };
-    for (const Point p : {Point{1, 8}, Point{1, 72}, Point{1, 256}, Point{4, 72}}) {
-      const int ranks = p.domains * p.domain_size, experts = 4 * ranks;
+    const RackConfig rack;  // rack.md's workloads, as `feplb report --rack` runs them by default
+    for (const RackPoint& p : rack.points) {
+      const int ranks = p.ranks(), experts = rack.experts_per_gpu * ranks;
       Spec s{"rack",
-             fmt::format("lognormal max/mean 5, 4 experts per GPU, EP={}{}", ranks,
+             fmt::format("lognormal max/mean {:g}, {} experts per GPU, EP={}{}", rack.skew,
+                         rack.experts_per_gpu, ranks,
                          p.domains > 1 ? fmt::format(" ({}x{})", p.domains, p.domain_size) : ""),
              kGlm5,
-             {lognormal_prior(experts, 5.0, 1, c.workload.seed)},
+             {lognormal_prior(experts, rack.skew, rack.skew_layers, c.workload.seed)},
              ranks,
              p.domain_size,
              experts,
@@ -212,27 +212,31 @@ ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
              8};
       specs.push_back(std::move(s));
     }
-    for (int k : {1, 2, 4}) {
+    for (int k : rack.few_experts_per_gpu) {
+      const int prior_experts = k * rack.prior_ranks, hot_experts = k * rack.hot_ranks;
       std::vector<Prior> real;
       for (const std::string& path : c.prior_paths) {
         Prior p = read_prior(path);
-        if (p.top_k != 8 || (k * 64) % p.num_experts() != 0) continue;
-        real.push_back(expand_prior(p, k * 64, c.workload.seed));
+        if (p.top_k != rack.top_k || prior_experts % p.num_experts() != 0) continue;
+        real.push_back(expand_prior(p, prior_experts, c.workload.seed));
       }
       if (!real.empty()) {
-        specs.push_back({"few experts",
-                         fmt::format("real priors ({}), {} per GPU, EP=64", real.size(), k), kGlm5,
-                         std::move(real), 64, 64, k * 64, 8, 8});
+        specs.push_back(
+            {"few experts",
+             fmt::format("real priors ({}), {} per GPU, EP={}", real.size(), k, rack.prior_ranks),
+             kGlm5, std::move(real), rack.prior_ranks, rack.prior_ranks, prior_experts, 8, 8});
       }
-      specs.push_back({"few experts",
-                       fmt::format("lognormal max/mean 13, {} per GPU, EP=72", k),
-                       kGlm5,
-                       {lognormal_prior(k * 72, 13.0, 1, c.workload.seed)},
-                       72,
-                       72,
-                       k * 72,
-                       8,
-                       8});
+      specs.push_back(
+          {"few experts",
+           fmt::format("lognormal max/mean {:g}, {} per GPU, EP={}", rack.hot_skew, k,
+                       rack.hot_ranks),
+           kGlm5,
+           {lognormal_prior(hot_experts, rack.hot_skew, rack.skew_layers, c.workload.seed)},
+           rack.hot_ranks,
+           rack.hot_ranks,
+           hot_experts,
+           8,
+           8});
     }
   }
   if (!c.only.empty()) {

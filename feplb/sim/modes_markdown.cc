@@ -7,6 +7,7 @@
 
 #include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/modes.h"
+#include "feplb/sim/rack.h"
 #include "feplb/sim/svg_plot.h"
 
 namespace feplb {
@@ -47,13 +48,19 @@ std::string format_modes_markdown(const ModesResult& r, const std::string& comma
         "the anchors]({}modes.svg)\n\n",
         plot_dir);
   }
+  const RackConfig rack;  // the rack workloads' (run_modes)
+  std::string rack_points = format_rack_points(rack.points);
+  for (size_t at = rack_points.find(','); at != std::string::npos;
+       at = rack_points.find(',', at + 2)) {
+    rack_points.replace(at, 1, ", ");
+  }
   out += fmt::format(
       "**Workloads** (every one the other reports run): the real priors at EP 2, 4 and 8 with "
       "GLM-5 experts (core.md; no history); the many-donor workloads at EP=8 with three expert "
-      "shapes (balance.md section 8; 16 micro-batches of history); lognormal max/mean 5 with 4 "
-      "experts per GPU at EP 8, 72, 256 and 4x72, and few experts per GPU with hot experts "
-      "(rack.md sections 1 and 2; 8 micro-batches of history). GEMM times from the measured H200 "
-      "table of each shape.\n\n"
+      "shapes (balance.md section 8; 16 micro-batches of history); lognormal max/mean {:g} with "
+      "{} experts per GPU at EP {} (NxD: N NVLink domains of D GPUs), and few experts per GPU "
+      "with hot experts (rack.md sections 1 and 2; 8 micro-batches of history). GEMM times from "
+      "the measured H200 table of each shape.\n\n"
       "**Columns.** Each cell: token straggler removed against static / GEMM straggler + "
       "exposed time (ms, mean over steps; exposed = late copies plus, for a plan the dispatch "
       "waits for, the planner's time). `feplb` is the default (no knob set). The best explicit "
@@ -63,7 +70,7 @@ std::string format_modes_markdown(const ModesResult& r, const std::string& comma
       "higher than LLEP's and MoonEP's wherever the best mode is, and at least 95% of the token "
       "straggler removed wherever the best mode removes that much. **Met on {} of {} "
       "workloads.**\n\n",
-      modes.size(), met, r.workloads.size());
+      rack.skew, rack.experts_per_gpu, rack_points, modes.size(), met, r.workloads.size());
   out +=
       "| # | section | workload | default | best explicit mode | default / best | llep | moonep | "
       "met |\n|---|---|---|---|---|---|---|---|---|\n";

@@ -75,6 +75,15 @@ std::string RackPoint::label() const {
                       : fmt::format("{} ({}x{})", ranks(), domains, domain_size);
 }
 
+std::string format_rack_points(const std::vector<RackPoint>& points) {
+  std::vector<std::string> items;
+  for (const RackPoint& p : points) {
+    items.push_back(p.domains == 1 ? fmt::format("{}", p.domain_size)
+                                   : fmt::format("{}x{}", p.domains, p.domain_size));
+  }
+  return fmt::format("{}", fmt::join(items, ","));
+}
+
 std::vector<RackPoint> parse_rack_points(const std::string& text, const char* flag) {
   std::vector<RackPoint> out;
   std::stringstream ss(text);

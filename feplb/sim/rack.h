@@ -21,9 +21,11 @@ struct RackPoint {
   std::string label() const;  // "72", or "288 (4x72)" for several domains
 };
 
-// Parses "8,72,256,4x72": R is one NVLink domain of R GPUs, NxD is N domains of D GPUs.
+// Parses "8,8x8,72,256,4x72": R is one NVLink domain of R GPUs, NxD is N domains of D GPUs.
 // InputError naming `flag` otherwise.
 std::vector<RackPoint> parse_rack_points(const std::string& text, const char* flag);
+// The list parse_rack_points() reads back, e.g. "8,8x8,72,256,4x72".
+std::string format_rack_points(const std::vector<RackPoint>& points);
 
 // A GPU class as the report runs it: its knobs (the class applied, the user's knob flags kept)
 // and its GEMM cost model.
@@ -36,8 +38,10 @@ struct RackGpu {
 
 struct RackConfig {
   // 1. EP from one node to racks: lognormal popularity of max/mean `skew` over experts (as
-  // `feplb trace gen --skew`, `skew_layers` layers), `experts_per_gpu` experts per GPU.
-  std::vector<RackPoint> points = {{1, 8}, {1, 72}, {1, 256}, {4, 72}};
+  // `feplb trace gen --skew`, `skew_layers` layers), `experts_per_gpu` experts per GPU. The points:
+  // one 8-GPU node, eight of them joined by the network, NVLink domains of 72 and 256, and four
+  // racks of 72.
+  std::vector<RackPoint> points = {{1, 8}, {8, 8}, {1, 72}, {1, 256}, {4, 72}};
   double skew = 5.0;
   int experts_per_gpu = 4;
   int skew_layers = 1;

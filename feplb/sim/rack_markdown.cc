@@ -274,10 +274,8 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
   if (ep.size() >= 2) {
     const RackGroup* lo = ep.front();
     const RackGroup* hi = nullptr;  // the largest single-domain point
-    const RackGroup* multi = nullptr;
     for (const RackGroup* g : ep) {
       if (g->group.domains == 1 && (!hi || g->group.ranks > hi->group.ranks)) hi = g;
-      if (g->group.domains > 1 && (!multi || g->group.ranks > multi->group.ranks)) multi = g;
     }
     out += "\n## 4. What changes at rack scale\n\n";
     const auto series = [&](const std::string& policy, const auto& value) {
@@ -342,27 +340,30 @@ std::string format_rack_markdown(const RackResult& r, const std::string& command
       out += fmt::format("- **The copies.** At {}; at {}.\n", copies(*lo, *fe_lo),
                          copies(*hi, *fe_hi));
     }
-    if (multi) {
-      const BalanceCell* st = cell_of(multi, "static");
-      const BalanceCell* fe = cell_of(multi, "feplb");
+    // Every point of several NVLink domains: the floor between them, and who crosses the network.
+    for (const RackGroup* m : ep) {
+      if (m->group.domains == 1) continue;
+      const BalanceCell* st = cell_of(m, "static");
+      const BalanceCell* fe = cell_of(m, "feplb");
+      if (!st || !fe) continue;
       std::string anchors;
       for (const char* a : {"llep", "moonep", "eplb", "fastermoe"}) {
-        const BalanceCell* x = cell_of(multi, a);
+        const BalanceCell* x = cell_of(m, a);
         if (!x) continue;
-        anchors += fmt::format("{}{} {} with {} MiB per step of balancing bytes on the network",
-                               anchors.empty() ? "" : "; ", a,
-                               pct_of(x->summary.token_straggler, multi->group.mean_rows),
-                               md::mib(x->summary.network_bytes_per_step));
+        anchors += fmt::format(
+            "{}{} {} ({:.3f} ms) with {} MiB per step of balancing bytes on the network",
+            anchors.empty() ? "" : "; ", a, pct_of(x->summary.token_straggler, m->group.mean_rows),
+            gemm_plus_exposed(*x), md::mib(x->summary.network_bytes_per_step));
       }
-      if (st && fe) {
-        out += fmt::format(
-            "- **Several racks** (EP={}): the imbalance between NVLink domains is a floor of {} "
-            "of the mean load that in-domain balancing cannot remove; feplb ends at {} with {} "
-            "bytes on the network. Policies that move across the network: {}.\n",
-            multi->group.ranks, pct_of(st->oracle_straggler, multi->group.mean_rows),
-            pct_of(fe->summary.token_straggler, multi->group.mean_rows),
-            md::mib(fe->summary.network_bytes_per_step), anchors.empty() ? "none run" : anchors);
-      }
+      out += fmt::format(
+          "- **{} NVLink domains of {}** (EP={}): the imbalance between the domains is a floor of "
+          "{} of the mean load that in-domain balancing cannot remove; feplb ends at {} (GEMM "
+          "straggler + exposed time {:.3f} ms) with {} bytes on the network. Policies that move "
+          "across the network (token straggler, GEMM straggler + exposed time): {}.\n",
+          m->group.domains, m->domain_size, m->group.ranks,
+          pct_of(st->oracle_straggler, m->group.mean_rows),
+          pct_of(fe->summary.token_straggler, m->group.mean_rows), gemm_plus_exposed(*fe),
+          md::mib(fe->summary.network_bytes_per_step), anchors.empty() ? "none run" : anchors);
     }
   }
   return out;

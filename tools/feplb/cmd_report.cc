@@ -28,7 +28,7 @@ constexpr int64_t kUnset = std::numeric_limits<int64_t>::min();
 
 struct ReportOptions : ModelFlags {
   std::string priors_dir, out_md, out_json, plots_dir;
-  std::string ranks;        // default: 2,4,8 (core), 2,4,8,16 (--anchors), 8,72,256,4x72 (--rack)
+  std::string ranks;        // default: 2,4,8 (core), 2,4,8,16 (--anchors), RackConfig's (--rack)
   std::string policies;     // default: the five core ones, or every planner (--anchors, --rack)
   std::string skews;        // default: 1.2,2,5,10 (--anchors), 5 (--rack)
   int64_t warmup = kUnset;  // default: 0 (core), 16 (--anchors), 32 (--placement), 8 (--rack)
@@ -169,7 +169,7 @@ void run_placement(const ReportOptions& o, FileSet& files, const std::string& co
 // experts per GPU with hot experts, GPU classes side by side; Markdown, JSON and SVG plots.
 void run_rack_report(const ReportOptions& o, FileSet& files, const std::string& command) {
   RackConfig c;
-  c.points = parse_rack_points(o.ranks, "--ranks");
+  if (!o.ranks.empty()) c.points = parse_rack_points(o.ranks, "--ranks");
   if (!o.skews.empty()) {
     const std::vector<double> skews = parse_list<double>(o.skews, "--skews");
     FEPLB_REQUIRE_INPUT(skews.size() == 1, "--skews: --rack takes one lognormal max/mean, not '{}'",
@@ -285,7 +285,7 @@ void run_report(ReportOptions o, const std::string& command) {
                       "--skews: only with --anchors or --rack");
   FEPLB_REQUIRE_INPUT(!o.placement || (o.ranks.empty() && o.policies.empty()),
                       "--placement: its EP sizes and policies are fixed; drop --ranks/--policies");
-  if (o.ranks.empty()) o.ranks = o.rack ? "8,72,256,4x72" : o.anchors ? "2,4,8,16" : "2,4,8";
+  if (o.ranks.empty() && !o.rack) o.ranks = o.anchors ? "2,4,8,16" : "2,4,8";
   if (o.policies.empty()) {
     o.policies =
         o.anchors || o.rack ? fmt::format("{}", fmt::join(planner_names(), ",")) : kCorePolicies;
@@ -392,8 +392,10 @@ void add_report_command(CLI::App& app) {
   add_int(*cmd, "--timing-steps", o->timing_steps, 1, limits::kMaxStepId,
           "--placement: micro-batches of history the placer is timed on (default 1000)");
   cmd->add_option("--ranks", o->ranks,
-                  "comma-separated EP sizes (default 2,4,8; --anchors: 2,4,8,16; --rack: "
-                  "8,72,256,4x72, where R is one NVLink domain of R GPUs and NxD N domains of D)");
+                  fmt::format("comma-separated EP sizes (default 2,4,8; --anchors: 2,4,8,16; "
+                              "--rack: {}, where R is one NVLink domain of R GPUs and NxD N "
+                              "domains of D)",
+                              format_rack_points(RackConfig{}.points)));
   add_policies(*cmd, o->policies,
                "comma-separated policies (default: the five core ones; --anchors, --rack: every "
                "planner)");
