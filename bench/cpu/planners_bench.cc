@@ -9,11 +9,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -201,7 +203,41 @@ const MachineStalls& machine_stalls() {
   return stalls;
 }
 
-void BM_Plan(benchmark::State& state, const std::string& planner_name, const BenchConfig& cfg,
+// With FEPLB_BENCH_CALLS=DIR set, each benchmark also writes DIR/<name>.csv (the name's '/' as
+// '_'): per clocked call, its micro-batch, its time, and that micro-batch's time planned alone
+// kWarmRepeats times in a row (median), so that slow calls can be told apart: those of one
+// micro-batch, or those the machine's stalls land in (docs/planners.md, "Its planner time").
+constexpr int kWarmRepeats = 41;
+
+void write_calls(const std::string& dir, const std::string& bench_name, Planner& planner,
+                 const Workload& w, Plan& plan, const std::vector<double>& call_us) {
+  std::vector<double> warm_us(w.timed.size());
+  std::vector<double> repeat_us(kWarmRepeats);
+  for (size_t mb = 0; mb < w.timed.size(); ++mb) {
+    for (double& us : repeat_us) {
+      const auto t0 = std::chrono::steady_clock::now();
+      planner.plan(w.timed[mb], plan);
+      const auto t1 = std::chrono::steady_clock::now();
+      us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    }
+    std::sort(repeat_us.begin(), repeat_us.end());
+    warm_us[mb] = repeat_us[repeat_us.size() / 2];
+  }
+  std::string file = bench_name;
+  std::replace(file.begin(), file.end(), '/', '_');
+  const std::string path = dir + "/" + file + ".csv";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) throw std::runtime_error("FEPLB_BENCH_CALLS: cannot write " + path);
+  std::fprintf(f, "call,micro_batch,us,warm_us\n");
+  for (size_t c = 0; c < call_us.size(); ++c) {
+    const size_t mb = c % w.timed.size();
+    std::fprintf(f, "%zu,%zu,%.3f,%.3f\n", c, mb, call_us[c], warm_us[mb]);
+  }
+  if (std::fclose(f) != 0) throw std::runtime_error("FEPLB_BENCH_CALLS: cannot write " + path);
+}
+
+void BM_Plan(benchmark::State& state, const std::string& bench_name,
+             const std::string& planner_name, const BenchConfig& cfg,
              const std::vector<KnobOverride>& overrides) {
   const Workload* w = nullptr;
   Knobs knobs;
@@ -257,6 +293,14 @@ void BM_Plan(benchmark::State& state, const std::string& planner_name, const Ben
     const auto t1 = std::chrono::steady_clock::now();
     call_us[static_cast<size_t>(c)] = std::chrono::duration<double, std::micro>(t1 - t0).count();
   }
+  if (const char* dir = std::getenv("FEPLB_BENCH_CALLS")) {
+    try {
+      write_calls(dir, bench_name, *planner, *w, plan, call_us);
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      return;
+    }
+  }
   std::sort(call_us.begin(), call_us.end());
   state.counters["p50_us"] = call_us[call_us.size() / 2];
   state.counters["p95_us"] = call_us[call_us.size() * 95 / 100];
@@ -278,7 +322,7 @@ int register_benchmarks() {
   for (const BenchConfig& cfg : kConfigs) {
     for (const std::string& name : planner_names()) {
       const std::string bench_name = "plan/" + name + "/" + std::string(cfg.label);
-      benchmark::RegisterBenchmark(bench_name.c_str(), BM_Plan, name, cfg,
+      benchmark::RegisterBenchmark(bench_name.c_str(), BM_Plan, bench_name, name, cfg,
                                    std::vector<KnobOverride>{})
           ->Unit(benchmark::kMicrosecond)
           ->Repetitions(kRepetitions)
@@ -290,7 +334,8 @@ int register_benchmarks() {
     for (const FeplbMode& mode : kFeplbModes) {
       const std::string bench_name =
           "plan/" + std::string(mode.label) + "/" + std::string(cfg.label);
-      benchmark::RegisterBenchmark(bench_name.c_str(), BM_Plan, "feplb", cfg, mode.knobs)
+      benchmark::RegisterBenchmark(bench_name.c_str(), BM_Plan, bench_name, "feplb", cfg,
+                                   mode.knobs)
           ->Unit(benchmark::kMicrosecond)
           ->Repetitions(kRepetitions)
           ->ReportAggregatesOnly(true);
