@@ -176,7 +176,7 @@ constexpr std::string_view kModeConfigs[] = {"ep8_e128", "ep8_e128_skew5", "ep72
 // What the machine takes from a busy core: the gaps (above kStallUs) a loop of clock reads on it
 // sees over kStallSpinMs, measured once per process on the core the benchmark runs on. On a
 // virtual machine these are mostly the hypervisor's timer interrupts (on the 2-core development
-// VM about 2,000 per second of about 15 us each); a planner call of t us is hit by one with a
+// VM 1,300-2,200 per second of 15-23 us each); a planner call of t us is hit by one with a
 // probability of about per_s x t x 1e-6, which sets the p99 where that is above 1%.
 struct MachineStalls {
   double per_s = 0;   // gaps per second
