@@ -77,7 +77,7 @@ class FeplbChooser final : public Planner {
   static constexpr double kMoveMargin = 0.03;
   static constexpr double kTokenDecay = 0.95;
   static constexpr double kMinBudgetShare = 0.5;
-  static constexpr double kAimShare = 0.9;
+  static constexpr double kAimShare = 0.95;
 
   FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left);
   std::string_view name() const override { return "feplb"; }
