@@ -13,18 +13,10 @@
 namespace feplb {
 namespace {
 
-// The expert shapes the workloads use: GLM-5's (core.md, rack.md) and balance.md section 8's.
-struct NamedShape {
-  std::string name;
-  ExpertShape shape;
-};
+// The expert shapes the workloads use: GLM-5's (core.md, rack.md) and balance.md section 8's
+// (BalanceConfig::many_donor_shapes).
+using NamedShape = BalanceConfig::Shape;
 const NamedShape kGlm5{"GLM-5", {6144, 2048, Dtype::kBf16}};
-const std::vector<NamedShape>& many_donor_shapes() {
-  static const std::vector<NamedShape> kShapes = {{"Qwen3-235B-like", {4096, 1536, Dtype::kBf16}},
-                                                  kGlm5,
-                                                  {"Qwen3-30B-like", {2048, 768, Dtype::kBf16}}};
-  return kShapes;
-}
 
 // What one workload needs: its traces' priors, EP size and domain, shape, history and steps.
 struct Spec {
@@ -175,26 +167,41 @@ ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
       }
     }
   }
-  // balance.md section 8: many donors at EP=8, three shapes, 16 micro-batches of history.
+  // balance.md section 8: many donors at EP=8, its three shapes, its history and measured
+  // micro-batches (16 and 16).
   if (c.many_donor) {
-    for (const NamedShape& sh : many_donor_shapes()) {
+    const BalanceConfig md;  // balance.md's workloads, as `feplb report --anchors` runs them
+    const int ranks = 8;
+    for (const NamedShape& sh : md.many_donor_shapes) {
       Spec gen{"many-donor",
                fmt::format("generator, many donors, {}", sh.name),
                sh,
-               {many_donor_prior(128, 8, 8, {1.87, 1.65, 1.21}, 0.2, 2.0, 3, 1)}};
-      gen.warmup = 16;
+               {many_donor_prior(md.num_experts, ranks, md.gpus_per_node, md.many_donor_hot,
+                                 md.many_donor_cold_min, md.many_donor_expert_skew, md.skew_layers,
+                                 md.skew_seed)},
+               ranks,
+               md.gpus_per_node,
+               md.num_experts,
+               md.warmup_steps,
+               md.workload.num_steps};
       specs.push_back(std::move(gen));
       for (const auto& [stem, prior] : widened) {
-        if (!shows_many_donors(prior, 8)) continue;
-        Spec s{"many-donor", fmt::format("{}, {}", stem, sh.name), sh, {prior}};
-        s.warmup = 16;
-        specs.push_back(std::move(s));
+        if (!shows_many_donors(prior, ranks)) continue;
+        specs.push_back({"many-donor",
+                         fmt::format("{}, {}", stem, sh.name),
+                         sh,
+                         {prior},
+                         ranks,
+                         md.gpus_per_node,
+                         md.num_experts,
+                         md.warmup_steps,
+                         md.workload.num_steps});
       }
     }
   }
   // rack.md: lognormal max/mean 5, 4 experts per GPU, from one node to racks; few experts per
-  // GPU with hot experts (real top-8 priors at EP=64, lognormal max/mean 13 at EP=72). 8
-  // micro-batches of history, 8 measured.
+  // GPU with hot experts (real top-8 priors at EP=64, lognormal max/mean 13 at EP=72); its
+  // history and measured micro-batches (8 and 8).
   if (c.rack) {
     const RackConfig rack;  // rack.md's workloads, as `feplb report --rack` runs them by default
     for (const RackPoint& p : rack.points) {
@@ -208,8 +215,8 @@ ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
              ranks,
              p.domain_size,
              experts,
-             8,
-             8};
+             rack.warmup_steps,
+             rack.workload.num_steps};
       specs.push_back(std::move(s));
     }
     for (int k : rack.few_experts_per_gpu) {
@@ -224,7 +231,8 @@ ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
         specs.push_back(
             {"few experts",
              fmt::format("real priors ({}), {} per GPU, EP={}", real.size(), k, rack.prior_ranks),
-             kGlm5, std::move(real), rack.prior_ranks, rack.prior_ranks, prior_experts, 8, 8});
+             kGlm5, std::move(real), rack.prior_ranks, rack.prior_ranks, prior_experts,
+             rack.warmup_steps, rack.workload.num_steps});
       }
       specs.push_back(
           {"few experts",
@@ -235,8 +243,8 @@ ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
            rack.hot_ranks,
            rack.hot_ranks,
            hot_experts,
-           8,
-           8});
+           rack.warmup_steps,
+           rack.workload.num_steps});
     }
   }
   if (!c.only.empty()) {

@@ -45,7 +45,8 @@ struct PlacementReportConfig {
   int num_experts = 128;
   int top_k = 8;
   int gpus_per_node = 8;
-  WorkloadSpec workload;      // num_steps: measured micro-batches; concentration per group
+  WorkloadSpec workload{.num_steps = 96};  // num_steps: measured micro-batches (`--steps`);
+                                           // concentration per group
   int64_t warmup_steps = 32;  // history before the first measured micro-batch (and first replan)
   int64_t replan_interval = 32;
   int64_t replan_window = 32;

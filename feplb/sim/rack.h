@@ -58,7 +58,8 @@ struct RackConfig {
   std::vector<RackGpu> gpus;
   RackPoint gpu_point = {1, 72};
   int top_k = 8;
-  WorkloadSpec workload;     // num_steps: measured micro-batches (num_ranks, top_k set per run)
+  WorkloadSpec workload{.num_steps = 8};  // num_steps: measured micro-batches (`--steps`;
+                                          // num_ranks, top_k set per run)
   int64_t warmup_steps = 8;  // history micro-batches before them (observed, not measured)
   SimulationConfig sim;      // policies (static first), shape, knobs, cost, GPU class
   // feplb's modes, simulated next to the policies wherever feplb is one (balance.h).

@@ -152,7 +152,7 @@ void run_placement(const ReportOptions& o, FileSet& files, const std::string& co
   c.top_k = o.sweep.top_k;
   c.gpus_per_node = o.sweep.gpus_per_node;
   c.workload = o.sweep.workload;
-  if (!o.steps_given) c.workload.num_steps = 96;
+  if (!o.steps_given) c.workload.num_steps = PlacementReportConfig{}.workload.num_steps;
   c.warmup_steps = o.warmup;
   c.replan_interval = o.walk_forward;
   c.replan_window = o.window;
@@ -292,8 +292,13 @@ void run_report(ReportOptions o, const std::string& command) {
   }
   FEPLB_REQUIRE_INPUT(o.placement || !o.placement_flags_given,
                       "--walk-forward/--window/--timing-steps: only with --placement");
-  if (o.warmup == kUnset) o.warmup = o.anchors ? 16 : o.placement ? 32 : o.rack ? 8 : 0;
-  if (o.rack && !o.steps_given) o.sweep.workload.num_steps = 8;
+  if (o.warmup == kUnset) {
+    o.warmup = o.anchors     ? BalanceConfig{}.warmup_steps
+               : o.placement ? PlacementReportConfig{}.warmup_steps
+               : o.rack      ? RackConfig{}.warmup_steps
+                             : 0;
+  }
+  if (o.rack && !o.steps_given) o.sweep.workload.num_steps = RackConfig{}.workload.num_steps;
   FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || o.anchors || o.rack || o.modes,
                       "--plots: only with --anchors, --rack or --modes");
   FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || fs::is_directory(o.plots_dir, ec),
@@ -403,8 +408,10 @@ void add_report_command(CLI::App& app) {
                   "--anchors: lognormal max/mean over experts, comma-separated, or none (default "
                   "1.2,2,5,10); --rack: one value (default 5)");
   add_int(*cmd, "--warmup", o->warmup, 0, limits::kMaxStepId,
-          "micro-batches of history observed before the measured ones (default 0; --anchors: 16; "
-          "--placement: 32; --rack: 8)");
+          fmt::format("micro-batches of history observed before the measured ones (default 0; "
+                      "--anchors: {}; --placement: {}; --rack: {})",
+                      BalanceConfig{}.warmup_steps, PlacementReportConfig{}.warmup_steps,
+                      RackConfig{}.warmup_steps));
   cmd->add_option("--plots", o->plots_dir,
                   "--anchors, --rack: write the balance-*.svg / rack-*.svg plots into this "
                   "directory");
@@ -414,7 +421,9 @@ void add_report_command(CLI::App& app) {
   add_int(*cmd, "--tokens-per-rank", o->sweep.workload.tokens_per_rank, 0, int64_t{1} << 24,
           "tokens per GPU (default 4096)");
   add_int(*cmd, "--steps", o->sweep.workload.num_steps, 1, limits::kMaxStepId,
-          "measured micro-batches per prior (default 16; --placement: 96; --rack: 8)");
+          fmt::format("measured micro-batches per prior (default {}; --placement: {}; --rack: {})",
+                      o->sweep.workload.num_steps, PlacementReportConfig{}.workload.num_steps,
+                      RackConfig{}.workload.num_steps));
   add_int(*cmd, "--seq-len", o->sweep.workload.seq_len, 1, int64_t{1} << 24,
           "tokens per sequence (default 4096)");
   add_real(*cmd, "--concentration", o->sweep.workload.concentration, 0.0, 1e12,
