@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -449,6 +450,63 @@ TEST_F(FeplbTimeBudgetTries, AllKeepRowsWhereTheyAreBetter) {
     ++from_rows;
   }
   EXPECT_GT(from_rows, 0) << "rows never won: the test no longer tells the tries apart";
+}
+
+// One hop refined from the previous micro-batch (knob one_hop_refine): a layer's first
+// micro-batch gets the full one-hop plan; the later ones re-split their rows over the previous
+// plan's helpers: every row computed once (validate), the prefetch() copies listed, a helper's
+// slice at least min_slice_rows, made before the dispatch, the same bytes when planned again.
+TEST(FeplbRefinedOneHop, RefinesThePreviousPlansHelpersOnTheNewCounts) {
+  Knobs k = testing::explicit_knobs();
+  k.one_hop = 1;
+  k.one_hop_refine = 1;
+  k.copy_timing = 3;
+  k.prefetch_window_us = 500;
+  testing::Bench b(16, 8, 128, k);
+  const PlannerContext ctx{b.topo, b.shape, k, b.cost.get()};
+  auto planner = make_planner("feplb", ctx);
+  const std::vector<RoutingStep> steps = engine_steps();
+  Plan plan, again;
+  int64_t guest_rows = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const RoutingStep& s = steps[i];
+    const std::span<const Copy> p = planner->prefetch(s.layer);
+    const std::vector<Copy> predicted(p.begin(), p.end());
+    planner->plan(s, plan);
+    validate(plan, b.topo, s, b.shape, planner->limits());
+    EXPECT_TRUE(plan.planned_before_dispatch);
+    planner->plan(s, again);
+    EXPECT_EQ(serialize(plan), serialize(again));
+    std::vector<Copy> listed;
+    for (const Copy& c : plan.copies) {
+      if (c.kind == CopyKind::kPrefetchWeights) listed.push_back(c);
+    }
+    ASSERT_EQ(listed.size(), predicted.size()) << "micro-batch " << i;
+    for (size_t j = 0; j < listed.size(); ++j) {
+      EXPECT_EQ(listed[j].expert, predicted[j].expert);
+      EXPECT_EQ(listed[j].dst_gpu, predicted[j].dst_gpu);
+    }
+    const bool refined = plan.mode.find("refined") != std::string::npos;
+    EXPECT_EQ(refined, i > 0) << plan.mode;
+    for (const Slice& sl : plan.slices) {
+      if (!refined || sl.gpu == b.topo.home(sl.expert)) continue;
+      EXPECT_GE(sl.rows, k.min_slice_rows);
+      guest_rows += sl.rows;
+    }
+    planner->observe(s);
+  }
+  EXPECT_GT(guest_rows, 0)
+      << "no refined plan moved a row: the test no longer tests the refinement";
+}
+
+TEST(FeplbRefinedOneHop, NeedsOneHop) {
+  Knobs k = testing::explicit_knobs();
+  k.one_hop = 0;
+  k.one_hop_refine = 1;
+  testing::Bench b(16, 8, 128, k);
+  const PlannerContext ctx{b.topo, b.shape, k, b.cost.get()};
+  EXPECT_EQ(input_error([&] { make_planner("feplb", ctx); }),
+            "one_hop_refine: 1 needs one_hop = 1, not 0");
 }
 
 }  // namespace

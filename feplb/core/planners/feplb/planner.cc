@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <memory>
 
+#include "feplb/core/error.h"
 #include "feplb/core/planners/feplb/chooser.h"
 #include "feplb/core/planners/feplb/config.h"
 #include "feplb/core/planners/feplb/engine.h"
+#include "feplb/core/planners/feplb/refined.h"
 #include "feplb/core/planners/policies.h"
 
 namespace feplb {
@@ -50,6 +52,17 @@ class FeplbPlanner final : public Planner {
 }  // namespace
 
 std::unique_ptr<Planner> make_feplb_planner(const PlannerContext& ctx) {
+  if (ctx.knobs.one_hop_refine == 1) {
+    FEPLB_REQUIRE_INPUT(ctx.knobs.one_hop == 1, "one_hop_refine: 1 needs one_hop = 1, not {}",
+                        ctx.knobs.one_hop);
+    FEPLB_REQUIRE_INPUT(ctx.cost != nullptr, "one_hop_refine: 1 needs a GEMM cost model");
+    PlannerContext one = ctx;
+    Knobs& k = one.knobs;
+    k.prefetch = 0;  // the refinement prefetches the full plan's weights itself
+    k.copy_timing = std::max<int64_t>(k.copy_timing, 0);
+    k.time_balance_budget = std::max(k.time_balance_budget, 0.0);
+    return std::make_unique<FeplbRefinedOneHop>(one, FeplbConfig::from_knobs(k, true));
+  }
   // A switch left at -1 (the default) is the chooser's; with every one set, one mode. Without a
   // GEMM cost model nothing can be costed or timed: the switches left are two-phase, no
   // prefetch, rows, copy time ignored.

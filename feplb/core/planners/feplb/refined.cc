@@ -1,0 +1,136 @@
+#include "feplb/core/planners/feplb/refined.h"
+
+#include <algorithm>
+
+namespace feplb {
+
+FeplbRefinedOneHop::FeplbRefinedOneHop(const PlannerContext& ctx, const FeplbConfig& prediction)
+    : Planner(ctx),
+      prediction_(prediction),
+      label_(prediction.label() + ", refined from the previous micro-batch"),
+      engine_(ctx) {}
+
+PlanLimits FeplbRefinedOneHop::limits() const {
+  PlanLimits l = Planner::limits();
+  l.rows_via_homes = false;  // migrated rows go straight to their helpers
+  return l;
+}
+
+FeplbRefinedOneHop::Layer* FeplbRefinedOneHop::find_layer(int64_t layer) {
+  for (Layer& l : layers_) {
+    if (l.layer == layer) return &l;
+  }
+  return nullptr;
+}
+
+std::span<const Copy> FeplbRefinedOneHop::prefetch(int64_t layer) const {
+  return engine_.prefetch(layer);
+}
+
+void FeplbRefinedOneHop::observe(const RoutingStep& routing) {
+  // The full plan of these counts predicts the next micro-batch's helpers: all its pairs, and of
+  // them as many as land within the prefetch window and fit the guest slots go before routing
+  // (PrefetchHistory).
+  engine_.plan_with(prediction_, routing, full_);
+  engine_.record(routing.layer, full_);
+  Layer* l = find_layer(routing.layer);
+  if (!l) {
+    layers_.push_back({routing.layer, {}});
+    l = &layers_.back();
+  }
+  l->pairs.clear();
+  for (const Slice& s : full_.slices) {
+    const int home = ctx_.topo.home(s.expert);
+    if (s.gpu != home) l->pairs.push_back({CopyKind::kWeights, s.expert, home, s.gpu, 0, 0});
+  }
+}
+
+void FeplbRefinedOneHop::make_plan(const RoutingStep& routing, Plan& out) {
+  const Layer* l = find_layer(routing.layer);
+  if (!l) {  // no prediction yet: the full plan on these counts
+    engine_.plan_with(prediction_, routing, out);
+    out.mode = prediction_.label();
+    return;
+  }
+  refine(l->pairs, engine_.prefetch(routing.layer), routing, out);
+  out.mode = label_;
+}
+
+void FeplbRefinedOneHop::refine(std::span<const Copy> pairs, std::span<const Copy> prefetched,
+                                const RoutingStep& routing, Plan& out) {
+  const Topology& topo = ctx_.topo;
+  const int E = topo.num_experts(), R = topo.num_ranks();
+  const int64_t min_rows = prediction_.min_slice_rows;
+  out.clear(E);
+  out.planned_before_dispatch = true;
+  // The predicted helpers by expert (CSR).
+  helper_begin_.assign(static_cast<size_t>(E) + 1, 0);
+  for (const Copy& c : pairs) ++helper_begin_[static_cast<size_t>(c.expert) + 1];
+  for (int e = 0; e < E; ++e) helper_begin_[e + 1] += helper_begin_[e];
+  helpers_.resize(pairs.size());
+  moved_.assign(static_cast<size_t>(E), 0);  // fill cursor per expert for now
+  for (const Copy& c : prefetched) out.copies.push_back(c);
+  for (const Copy& c : pairs) {
+    helpers_[static_cast<size_t>(helper_begin_[c.expert] + moved_[c.expert]++)] = c.dst_gpu;
+  }
+  // Experts without helpers stay home; the others, busiest first, are water-filled.
+  load_.assign(static_cast<size_t>(R), 0);
+  shared_.clear();
+  for (int e = 0; e < E; ++e) {
+    moved_[e] = 0;
+    const int64_t c = routing.expert_counts[e];
+    if (helper_begin_[e + 1] == helper_begin_[e]) {
+      load_[topo.home(e)] += c;
+    } else if (c > 0) {
+      shared_.push_back(e);
+    }
+  }
+  sort_ids_descending(shared_, [&](int e) { return routing.expert_counts[e]; });
+  for (int e : shared_) {
+    const int home = topo.home(e);
+    const int64_t c = routing.expert_counts[e];
+    holders_.assign(helpers_.begin() + helper_begin_[e], helpers_.begin() + helper_begin_[e + 1]);
+    holders_.push_back(home);
+    // Water-fill over the holders; a helper whose share is below a minimum slice is dropped (the
+    // smallest first) and the rest filled again, until every helper's share is 0 or a slice.
+    for (;;) {
+      sort_ids_ascending(holders_, [&](int g) { return load_[g]; });
+      const size_t n = holders_.size();
+      int64_t sum = 0;
+      size_t k = 0;  // the first k holders are filled to a common level
+      while (k < n && (k == 0 || (c + sum) / static_cast<int64_t>(k) > load_[holders_[k]])) {
+        sum += load_[holders_[k]];
+        ++k;
+      }
+      const int64_t level = (c + sum) / static_cast<int64_t>(k);
+      share_.assign(n, 0);
+      int64_t given = 0;
+      for (size_t i = 0; i < k; ++i) {
+        share_[i] = std::max<int64_t>(0, level - load_[holders_[i]]);
+        given += share_[i];
+      }
+      share_[0] += c - given;  // the rounding, to the least loaded
+      size_t smallest = n;
+      for (size_t i = 0; i < n; ++i) {
+        if (holders_[i] == home || share_[i] == 0 || share_[i] >= min_rows) continue;
+        if (smallest == n || share_[i] < share_[smallest]) smallest = i;
+      }
+      if (smallest == n) break;
+      holders_.erase(holders_.begin() + static_cast<std::ptrdiff_t>(smallest));
+    }
+    for (size_t i = 0; i < holders_.size(); ++i) {
+      const int g = holders_[i];
+      load_[g] += share_[i];
+      if (g == home || share_[i] == 0) continue;
+      const bool there = std::any_of(prefetched.begin(), prefetched.end(), [&](const Copy& c) {
+        return c.expert == e && c.dst_gpu == g;
+      });
+      out.add_migration(e, home, g, share_[i], ctx_.shape, there, /*one_hop=*/true);
+      moved_[e] += share_[i];
+    }
+    out.dynamic[e] = 1;
+  }
+  out.add_home_slices(topo, routing, moved_);
+}
+
+}  // namespace feplb

@@ -1,0 +1,65 @@
+// One hop from the previous micro-batch, refined (knob one_hop_refine = 1): what shortens a
+// one-hop plan on the critical path. The full plan is made from the layer's previous micro-batch
+// while that one runs (observe(), off the critical path); its (expert, helper) pairs become weight
+// copies issued before routing (kPrefetchWeights), and on this micro-batch's counts the dispatch
+// waits only for the refinement: each expert's rows re-split between its home and the GPUs that
+// hold its weights, levelling their loads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "feplb/core/plan.h"
+#include "feplb/core/planners/feplb/config.h"
+#include "feplb/core/planners/feplb/engine.h"
+#include "feplb/core/planners/planner.h"
+
+namespace feplb {
+
+// The refinement, by rows, O(E + P log P) for P predicted pairs, no allocation once warm:
+//  - an expert with no predicted helper stays home;
+//  - the others, busiest first, are water-filled over their holders (home and helpers): the
+//    least loaded holders are filled to a common level that takes all of the expert's rows;
+//  - a helper's share below min_slice_rows goes back home (a GEMM's fixed cost per slice).
+// Every prefetched pair is listed in the plan whether or not it gets rows (its bytes are spent).
+// The first micro-batch of a layer, with no prediction yet, gets the full one-hop plan, charged
+// as such.
+class FeplbRefinedOneHop final : public Planner {
+ public:
+  // `prediction`: the mode the previous micro-batch is planned in (one hop, no prefetch).
+  FeplbRefinedOneHop(const PlannerContext& ctx, const FeplbConfig& prediction);
+  std::string_view name() const override { return "feplb"; }
+  PlanLimits limits() const override;
+  // Plans this micro-batch's counts in full: the next micro-batch's prediction.
+  void observe(const RoutingStep& routing) override;
+  std::span<const Copy> prefetch(int64_t layer) const override;
+
+ protected:
+  void make_plan(const RoutingStep& routing, Plan& out) override;
+
+ private:
+  struct Layer {
+    int64_t layer = 0;
+    std::vector<Copy> pairs;  // the previous micro-batch's (expert, helper) pairs, as kWeights
+  };
+  Layer* find_layer(int64_t layer);
+  // Re-splits `routing`'s rows over the predicted holders (`pairs`) into `out` (see above); the
+  // `prefetched` pairs' weights were copied before routing, the others' are copied now.
+  void refine(std::span<const Copy> pairs, std::span<const Copy> prefetched,
+              const RoutingStep& routing, Plan& out);
+
+  const FeplbConfig prediction_;
+  const std::string label_;
+  FeplbEngine engine_;
+  std::vector<Layer> layers_;
+  Plan full_;  // observe()'s plan
+  // refine()'s scratch: the predicted helpers by expert (CSR over the layer's prefetch copies),
+  // the GPUs' loads, the shared experts busiest first, one expert's holders, the rows moved.
+  std::vector<int> helper_begin_, helpers_, shared_, holders_;
+  std::vector<int64_t> load_, moved_, share_;
+};
+
+}  // namespace feplb
