@@ -63,21 +63,34 @@ void FeplbRefinedOneHop::refine(std::span<const Copy> pairs, std::span<const Cop
   const int64_t min_rows = prediction_.min_slice_rows;
   out.clear(E);
   out.planned_before_dispatch = true;
-  // The predicted helpers by expert (CSR).
-  helper_begin_.assign(static_cast<size_t>(E) + 1, 0);
-  for (const Copy& c : pairs) ++helper_begin_[static_cast<size_t>(c.expert) + 1];
-  for (int e = 0; e < E; ++e) helper_begin_[e + 1] += helper_begin_[e];
-  helpers_.resize(pairs.size());
-  moved_.assign(static_cast<size_t>(E), 0);  // fill cursor per expert for now
-  for (const Copy& c : prefetched) out.copies.push_back(c);
-  for (const Copy& c : pairs) {
-    helpers_[static_cast<size_t>(helper_begin_[c.expert] + moved_[c.expert]++)] = c.dst_gpu;
+  // The predicted helpers by expert (CSR): the previous plan's pairs and the prefetched ones
+  // (the same with prefetch_history = 1; older pairs too above it), each once, flagged when its
+  // weights were prefetched.
+  entries_.clear();
+  for (const Copy& c : pairs) entries_.push_back({c.expert, c.dst_gpu, false});
+  for (const Copy& c : prefetched) {
+    entries_.push_back({c.expert, c.dst_gpu, true});
+    out.copies.push_back(c);
   }
+  std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+    return a.expert != b.expert ? a.expert < b.expert
+           : a.gpu != b.gpu     ? a.gpu < b.gpu
+                                : a.prefetched > b.prefetched;
+  });
+  entries_.erase(std::unique(entries_.begin(), entries_.end(),
+                             [](const Entry& a, const Entry& b) {
+                               return a.expert == b.expert && a.gpu == b.gpu;
+                             }),
+                 entries_.end());
+  helper_begin_.assign(static_cast<size_t>(E) + 1, 0);
+  for (const Entry& h : entries_) ++helper_begin_[static_cast<size_t>(h.expert) + 1];
+  for (int e = 0; e < E; ++e) helper_begin_[e + 1] += helper_begin_[e];
+  moved_.assign(static_cast<size_t>(E), 0);
+  prefetched_at_.assign(static_cast<size_t>(R), 0);
   // Experts without helpers stay home; the others, busiest first, are water-filled.
   load_.assign(static_cast<size_t>(R), 0);
   shared_.clear();
   for (int e = 0; e < E; ++e) {
-    moved_[e] = 0;
     const int64_t c = routing.expert_counts[e];
     if (helper_begin_[e + 1] == helper_begin_[e]) {
       load_[topo.home(e)] += c;
@@ -89,7 +102,12 @@ void FeplbRefinedOneHop::refine(std::span<const Copy> pairs, std::span<const Cop
   for (int e : shared_) {
     const int home = topo.home(e);
     const int64_t c = routing.expert_counts[e];
-    holders_.assign(helpers_.begin() + helper_begin_[e], helpers_.begin() + helper_begin_[e + 1]);
+    holders_.clear();
+    for (int i = helper_begin_[e]; i < helper_begin_[e + 1]; ++i) {
+      const Entry& h = entries_[static_cast<size_t>(i)];
+      holders_.push_back(h.gpu);
+      prefetched_at_[h.gpu] = h.prefetched ? 1 : 0;
+    }
     holders_.push_back(home);
     // Water-fill over the holders; a helper whose share is below a minimum slice is dropped (the
     // smallest first) and the rest filled again, until every helper's share is 0 or a slice.
@@ -122,10 +140,8 @@ void FeplbRefinedOneHop::refine(std::span<const Copy> pairs, std::span<const Cop
       const int g = holders_[i];
       load_[g] += share_[i];
       if (g == home || share_[i] == 0) continue;
-      const bool there = std::any_of(prefetched.begin(), prefetched.end(), [&](const Copy& c) {
-        return c.expert == e && c.dst_gpu == g;
-      });
-      out.add_migration(e, home, g, share_[i], ctx_.shape, there, /*one_hop=*/true);
+      out.add_migration(e, home, g, share_[i], ctx_.shape, prefetched_at_[g] != 0,
+                        /*one_hop=*/true);
       moved_[e] += share_[i];
     }
     out.dynamic[e] = 1;

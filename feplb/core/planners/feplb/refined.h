@@ -19,7 +19,8 @@
 
 namespace feplb {
 
-// The refinement, by rows, O(E + P log P) for P predicted pairs, no allocation once warm:
+// The refinement, by rows, O(E + P log P) for P predicted pairs (and the water-filling's sorts of
+// each shared expert's holders), no allocation once warm:
 //  - an expert with no predicted helper stays home;
 //  - the others, busiest first, are water-filled over their holders (home and helpers): the
 //    least loaded holders are filled to a common level that takes all of the expert's rows;
@@ -56,9 +57,16 @@ class FeplbRefinedOneHop final : public Planner {
   FeplbEngine engine_;
   std::vector<Layer> layers_;
   Plan full_;  // observe()'s plan
-  // refine()'s scratch: the predicted helpers by expert (CSR over the layer's prefetch copies),
-  // the GPUs' loads, the shared experts busiest first, one expert's holders, the rows moved.
-  std::vector<int> helper_begin_, helpers_, shared_, holders_;
+  // refine()'s scratch: the predicted (expert, helper) pairs, by expert (CSR), whether the one
+  // expert's helpers hold prefetched weights, the GPUs' loads, the shared experts busiest first,
+  // one expert's holders, the rows moved, their shares.
+  struct Entry {
+    int expert = 0, gpu = 0;
+    bool prefetched = false;
+  };
+  std::vector<Entry> entries_;
+  std::vector<int> helper_begin_, shared_, holders_;
+  std::vector<uint8_t> prefetched_at_;  // [num_ranks]
   std::vector<int64_t> load_, moved_, share_;
 };
 
