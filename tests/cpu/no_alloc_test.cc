@@ -197,6 +197,35 @@ TEST(NoAlloc, FeplbModesAndLargeDomainsDoNotAllocateOnceWarm) {
   }
 }
 
+// One hop refined from the previous micro-batch (one_hop_refine): its refinement (plan()) and the
+// full plan of the step that predicts the next (observe()), once both have seen the steps.
+TEST(NoAlloc, RefinedOneHopDoesNotAllocateOnceWarm) {
+  Knobs k = testing::explicit_knobs();
+  k.one_hop = 1;
+  k.one_hop_refine = 1;
+  k.copy_timing = 3;
+  k.prefetch_window_us = 500;
+  testing::Bench b(16, 8, 128, k);
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
+  }
+  auto planner = b.make("feplb");
+  Plan plan;
+  for (int round = 0; round < 2; ++round) {
+    for (const RoutingStep& s : steps) {
+      planner->plan(s, plan);
+      planner->observe(s);
+    }
+  }
+  for (const RoutingStep& s : steps) {
+    const int64_t before = g_news.load();
+    planner->plan(s, plan);
+    planner->observe(s);
+    EXPECT_EQ(g_news.load() - before, 0) << plan.mode;
+  }
+}
+
 // A chooser's use of FeplbEngine: every step planned in several modes (every copy rule, both
 // paths, prefetch, a time blend and a time budget) on one engine allocates nothing once each mode
 // has planned every step.
