@@ -1,9 +1,11 @@
 // One hop from the previous micro-batch, refined (knob one_hop_refine = 1): what shortens a
 // one-hop plan on the critical path. The full plan is made from the layer's previous micro-batch
-// while that one runs (observe(), off the critical path); its (expert, helper) pairs become weight
-// copies issued before routing (kPrefetchWeights), and on this micro-batch's counts the dispatch
-// waits only for the refinement: each expert's rows re-split between its home and the GPUs that
-// hold its weights, levelling their loads.
+// while that one runs (observe(), off the critical path); of its (expert, helper) pairs those that
+// land within the prefetch window go before routing (kPrefetchWeights, PrefetchHistory), the rest
+// when the GPUs start, and on this micro-batch's counts the dispatch waits only for the
+// refinement: each expert's rows re-split between its home and those helpers, levelling their
+// loads. Measured in simulation (docs/metrics.md): it takes the plan off the critical path but
+// the previous micro-batch's helpers are the wrong ones; the default does not use it.
 #pragma once
 
 #include <algorithm>
@@ -24,8 +26,10 @@ namespace feplb {
 //  - an expert with no predicted helper stays home;
 //  - the others, busiest first, are water-filled over their holders (home and helpers): the
 //    least loaded holders are filled to a common level that takes all of the expert's rows;
-//  - a helper's share below min_slice_rows goes back home (a GEMM's fixed cost per slice).
-// Every prefetched pair is listed in the plan whether or not it gets rows (its bytes are spent).
+//  - a helper whose share is below min_slice_rows (a GEMM's fixed cost per slice) is dropped, the
+//    smallest first, and the rest filled again;
+// every prefetched pair is listed in the plan whether or not it gets rows (its bytes are spent);
+// a pair not prefetched gets its weights copied only where it gets rows.
 // The first micro-batch of a layer, with no prediction yet, gets the full one-hop plan, charged
 // as such.
 class FeplbRefinedOneHop final : public Planner {
