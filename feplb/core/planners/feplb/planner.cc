@@ -59,7 +59,7 @@ std::unique_ptr<Planner> make_feplb_planner(const PlannerContext& ctx) {
     PlannerContext one = ctx;
     Knobs& k = one.knobs;
     k.prefetch = 0;  // the refinement prefetches the full plan's weights itself
-    k.copy_timing = std::max<int64_t>(k.copy_timing, 0);
+    if (k.copy_timing < 0) k.copy_timing = 3;  // left: late copies, as the chooser's one-hop modes
     k.time_balance_budget = std::max(k.time_balance_budget, 0.0);
     return std::make_unique<FeplbRefinedOneHop>(one, FeplbConfig::from_knobs(k, true));
   }
