@@ -65,6 +65,7 @@ struct BalanceConfig {
                                           {"GLM-5", {6144, 2048, Dtype::kBf16}},
                                           {"Qwen3-30B-like", {2048, 768, Dtype::kBf16}}};
   std::vector<int> many_donor_ranks = {8, 16};
+  int many_donor_target_ranks = 8;  // its targets (and the modes report's workloads) at this EP
   std::vector<double> many_donor_hot = {1.87, 1.65, 1.21};  // x the mean, per NVLink domain
   double many_donor_cold_min = 0.2;
   double many_donor_expert_skew = 2.0;  // max/mean over a GPU's experts

@@ -81,13 +81,13 @@ std::string group_table(const BalanceGroup& g) {
   return t.str();
 }
 
-// Section 8's summary: feplb's target against the anchors at EP=8, every workload and shape.
-std::string many_donor_targets(const std::vector<BalanceGroup>& groups) {
-  constexpr int kRanks = 8;
+// Section 8's summary: feplb's target against the anchors at EP = `ranks` (the config's
+// many_donor_target_ranks), every workload and shape.
+std::string many_donor_targets(const std::vector<BalanceGroup>& groups, int ranks) {
   constexpr double kMinFits = 0.95;
-  std::vector<std::string> settings;  // feplb and its modes, as the first EP=8 group lists them
+  std::vector<std::string> settings;  // feplb and its modes, as the first such group lists them
   for (const BalanceGroup& g : groups) {
-    if (g.ranks != kRanks) continue;
+    if (g.ranks != ranks) continue;
     for (const BalanceCell& c : g.cells) {
       if (c.label == "feplb" || c.label.rfind("feplb ", 0) == 0) settings.push_back(c.label);
     }
@@ -105,7 +105,7 @@ std::string many_donor_targets(const std::vector<BalanceGroup>& groups) {
   };
   int rows = 0, met_rows = 0;
   for (const BalanceGroup& g : groups) {
-    if (g.ranks != kRanks) continue;
+    if (g.ranks != ranks) continue;
     const BalanceCell* st = g.find("static");
     const BalanceCell* ll = g.find("llep");
     const BalanceCell* mo = g.find("moonep");
@@ -130,7 +130,7 @@ std::string many_donor_targets(const std::vector<BalanceGroup>& groups) {
       "static, copies fitting the window in at least {:.0f}% of the steps, and GEMM straggler + "
       "exposed time no higher than LLEP's and MoonEP's. Each setting: token-straggler reduction / "
       "S_G + exposed ms. Met on {} of {} workloads.\n\n{}",
-      kRanks, kAnchorTargetReduction * 100, kMinFits * 100, met_rows, rows, t.str());
+      ranks, kAnchorTargetReduction * 100, kMinFits * 100, met_rows, rows, t.str());
 }
 
 // Section 8: many-donor skew, per shape, EP size and workload.
@@ -176,7 +176,7 @@ std::string many_donor_section(const BalanceResult& r) {
                         "layer at EP=8",
                         fmt::join(r.many_donor_priors, ", ")),
       c.workload.tokens_per_rank, c.top_k, c.num_experts, c.warmup_steps, c.workload.num_steps);
-  out += many_donor_targets(r.many_donor);
+  out += many_donor_targets(r.many_donor, r.config.many_donor_target_ranks);
   std::string last_shape;
   for (const BalanceGroup& g : r.many_donor) {
     if (g.shape_name != last_shape) {

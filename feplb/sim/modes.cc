@@ -167,11 +167,11 @@ ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
       }
     }
   }
-  // balance.md section 8: many donors at EP=8, its three shapes, its history and measured
-  // micro-batches (16 and 16).
+  // balance.md section 8: many donors at the EP of its targets (8), its three shapes, its history
+  // and measured micro-batches (16 and 16).
   if (c.many_donor) {
     const BalanceConfig md;  // balance.md's workloads, as `feplb report --anchors` runs them
-    const int ranks = 8;
+    const int ranks = md.many_donor_target_ranks;
     for (const NamedShape& sh : md.many_donor_shapes) {
       Spec gen{"many-donor",
                fmt::format("generator, many donors, {}", sh.name),
