@@ -41,7 +41,7 @@ void FeplbRefinedOneHop::observe(const RoutingStep& routing) {
   l->pairs.clear();
   for (const Slice& s : full_.slices) {
     const int home = ctx_.topo.home(s.expert);
-    if (s.gpu != home) l->pairs.push_back({CopyKind::kWeights, s.expert, home, s.gpu, 0, 0});
+    if (s.gpu != home) l->pairs.push_back({s.expert, s.gpu, false});
   }
 }
 
@@ -56,7 +56,7 @@ void FeplbRefinedOneHop::make_plan(const RoutingStep& routing, Plan& out) {
   out.mode = label_;
 }
 
-void FeplbRefinedOneHop::refine(std::span<const Copy> pairs, std::span<const Copy> prefetched,
+void FeplbRefinedOneHop::refine(std::span<const Entry> pairs, std::span<const Copy> prefetched,
                                 const RoutingStep& routing, Plan& out) {
   const Topology& topo = ctx_.topo;
   const int E = topo.num_experts(), R = topo.num_ranks();
@@ -66,8 +66,7 @@ void FeplbRefinedOneHop::refine(std::span<const Copy> pairs, std::span<const Cop
   // The predicted helpers by expert (CSR): the previous plan's pairs and the prefetched ones
   // (the same with prefetch_history = 1; older pairs too above it), each once, flagged when its
   // weights were prefetched.
-  entries_.clear();
-  for (const Copy& c : pairs) entries_.push_back({c.expert, c.dst_gpu, false});
+  entries_.assign(pairs.begin(), pairs.end());
   for (const Copy& c : prefetched) {
     entries_.push_back({c.expert, c.dst_gpu, true});
     out.copies.push_back(c);
@@ -86,7 +85,7 @@ void FeplbRefinedOneHop::refine(std::span<const Copy> pairs, std::span<const Cop
   for (const Entry& h : entries_) ++helper_begin_[static_cast<size_t>(h.expert) + 1];
   for (int e = 0; e < E; ++e) helper_begin_[e + 1] += helper_begin_[e];
   moved_.assign(static_cast<size_t>(E), 0);
-  prefetched_at_.assign(static_cast<size_t>(R), 0);
+  prefetched_at_.resize(static_cast<size_t>(R));  // set for each shared expert's helpers
   // Experts without helpers stay home; the others, busiest first, are water-filled.
   load_.assign(static_cast<size_t>(R), 0);
   shared_.clear();

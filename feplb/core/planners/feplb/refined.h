@@ -46,14 +46,19 @@ class FeplbRefinedOneHop final : public Planner {
   void make_plan(const RoutingStep& routing, Plan& out) override;
 
  private:
+  // A predicted (expert, helper) pair; `prefetched`: its weights were copied before routing.
+  struct Entry {
+    int expert = 0, gpu = 0;
+    bool prefetched = false;
+  };
   struct Layer {
     int64_t layer = 0;
-    std::vector<Copy> pairs;  // the previous micro-batch's (expert, helper) pairs, as kWeights
+    std::vector<Entry> pairs;  // the previous micro-batch's plan's pairs
   };
   Layer* find_layer(int64_t layer);
   // Re-splits `routing`'s rows over the predicted holders (`pairs`) into `out` (see above); the
   // `prefetched` pairs' weights were copied before routing, the others' are copied now.
-  void refine(std::span<const Copy> pairs, std::span<const Copy> prefetched,
+  void refine(std::span<const Entry> pairs, std::span<const Copy> prefetched,
               const RoutingStep& routing, Plan& out);
 
   const FeplbConfig prediction_;
@@ -61,13 +66,9 @@ class FeplbRefinedOneHop final : public Planner {
   FeplbEngine engine_;
   std::vector<Layer> layers_;
   Plan full_;  // observe()'s plan
-  // refine()'s scratch: the predicted (expert, helper) pairs, by expert (CSR), whether the one
-  // expert's helpers hold prefetched weights, the GPUs' loads, the shared experts busiest first,
-  // one expert's holders, the rows moved, their shares.
-  struct Entry {
-    int expert = 0, gpu = 0;
-    bool prefetched = false;
-  };
+  // refine()'s scratch: the predicted pairs, by expert (CSR), whether the one expert's helpers
+  // hold prefetched weights, the GPUs' loads, the shared experts busiest first, one expert's
+  // holders, the rows moved, their shares.
   std::vector<Entry> entries_;
   std::vector<int> helper_begin_, shared_, holders_;
   std::vector<uint8_t> prefetched_at_;  // [num_ranks]
