@@ -457,11 +457,7 @@ TEST_F(FeplbTimeBudgetTries, AllKeepRowsWhereTheyAreBetter) {
 // plan's helpers: every row computed once (validate), the prefetch() copies listed, a helper's
 // slice at least min_slice_rows, made before the dispatch, the same bytes when planned again.
 TEST(FeplbRefinedOneHop, RefinesThePreviousPlansHelpersOnTheNewCounts) {
-  Knobs k = testing::explicit_knobs();
-  k.one_hop = 1;
-  k.one_hop_refine = 1;
-  k.copy_timing = 3;
-  k.prefetch_window_us = 500;
+  const Knobs k = testing::refined_one_hop_knobs();
   testing::Bench b(16, 8, 128, k);
   const PlannerContext ctx{b.topo, b.shape, k, b.cost.get()};
   auto planner = make_planner("feplb", ctx);

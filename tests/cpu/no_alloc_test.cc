@@ -200,11 +200,7 @@ TEST(NoAlloc, FeplbModesAndLargeDomainsDoNotAllocateOnceWarm) {
 // One hop refined from the previous micro-batch (one_hop_refine): its refinement (plan()) and the
 // full plan of the step that predicts the next (observe()), once both have seen the steps.
 TEST(NoAlloc, RefinedOneHopDoesNotAllocateOnceWarm) {
-  Knobs k = testing::explicit_knobs();
-  k.one_hop = 1;
-  k.one_hop_refine = 1;
-  k.copy_timing = 3;
-  k.prefetch_window_us = 500;
+  const Knobs k = testing::refined_one_hop_knobs();
   testing::Bench b(16, 8, 128, k);
   std::vector<RoutingStep> steps;
   for (uint64_t seed = 1; seed <= 8; ++seed) {

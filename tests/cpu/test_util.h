@@ -30,6 +30,17 @@ inline RoutingStep step_from(const std::vector<std::vector<int64_t>>& counts, in
 // one mode's behaviour start from these; Knobs{} leaves the mode to feplb's chooser.
 inline Knobs explicit_knobs() { return fixed_mode_knobs(); }
 
+// feplb's one hop refined from the previous micro-batch (one_hop_refine), late copies, with a
+// prefetch window of 500 us.
+inline Knobs refined_one_hop_knobs() {
+  Knobs k = explicit_knobs();
+  k.one_hop = 1;
+  k.one_hop_refine = 1;
+  k.copy_timing = 3;
+  k.prefetch_window_us = 500;
+  return k;
+}
+
 // Owns a cost model and builds planners over one topology (by default in one explicit mode).
 struct Bench {
   Bench(int ranks, int gpus_per_node, int experts, Knobs k = explicit_knobs(),
