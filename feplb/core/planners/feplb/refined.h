@@ -8,7 +8,6 @@
 // the previous micro-batch's helpers are the wrong ones; the default does not use it.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
