@@ -10,9 +10,10 @@ std::span<const CopyTime> CopyTimer::time(const Plan& plan, const Topology& topo
   const auto& copies = plan.copies;
   std::vector<CopyTime>& out = times_;
   out.assign(copies.size(), CopyTime{});
+  const bool one_domain = topo.num_domains() == 1;
   const auto copy_ms = [&](const Copy& c) {
-    const double gbps =
-        topo.same_domain(c.src_gpu, c.dst_gpu) ? knobs.copy_gbps : knobs.internode_gbps;
+    const double gbps = one_domain || topo.same_domain(c.src_gpu, c.dst_gpu) ? knobs.copy_gbps
+                                                                             : knobs.internode_gbps;
     return link_ms(c.bytes, gbps, knobs.copy_setup_us);
   };
   const auto waited_for = [](CopyKind k) {
@@ -44,7 +45,7 @@ std::span<const CopyTime> CopyTimer::time(const Plan& plan, const Topology& topo
                            copies[i + 1].dst_gpu == c.dst_gpu;
     const double rows_t = with_rows ? copy_ms(copies[i + 1]) : 0.0;
     const double at = links.start(c.src_gpu, c.dst_gpu, t + rows_t);
-    const double end = links.add(c.src_gpu, c.dst_gpu, t + rows_t);  // at + (t + rows_t)
+    const double end = links.add_at(c.src_gpu, c.dst_gpu, at, t + rows_t);
     out[i] = {at, with_rows ? at + t : end, true};
     if (with_rows) out[++i] = {at + t, end, true};
   }
@@ -104,63 +105,79 @@ bool ScheduleWriter::write_gpu_by_gpu(Plan& plan, const Topology& topo, const Ge
   const int R = topo.num_ranks();
   const int64_t E = topo.num_experts();
   const std::vector<Copy>& copies = plan.copies;
-  const std::vector<Slice>& slices = plan.slices;
   Schedule& s = plan.schedule;
   bucket(
       R, copy_ids_.size(), [&](size_t i) { return copies[rank(copy_ids_[i])].dst_gpu; },
       copy_begin_, copy_by_gpu_);
-  bucket(
-      R, slices.size(), [&](size_t i) { return slices[i].gpu; }, slice_begin_, slice_by_gpu_);
-  expert_at_.assign(static_cast<size_t>(E), -1);
+  // Each receiver's pairs (contiguous, pair_begin_), with when each owner's last copy into it
+  // lands; and per expert, the receivers its phase-2 copies go into (a list from into_head_).
+  pairs_.clear();
+  guest_count_.clear();
+  into_.clear();
+  into_head_.assign(static_cast<size_t>(E), -1);
+  pair_begin_.resize(rank(R) + 1);
   pair_gpu_.assign(rank(R), -1);
   pair_at_.resize(rank(R));
+  for (int g = 0; g < R; ++g) {
+    pair_begin_[rank(g)] = static_cast<int>(pairs_.size());
+    for (int k = copy_begin_[rank(g)]; k < copy_begin_[rank(g) + 1]; ++k) {
+      const size_t i = rank(copy_ids_[rank(copy_by_gpu_[rank(k)])]);
+      const Copy& c = copies[i];
+      int& head = into_head_[rank(c.expert)];
+      if (head < 0 || into_[rank(head)].gpu != g) {  // g's copies are in a row: one entry each
+        into_.push_back({g, head});
+        head = static_cast<int>(into_.size()) - 1;
+      }
+      if (pair_gpu_[rank(c.src_gpu)] != g) {
+        pair_gpu_[rank(c.src_gpu)] = g;
+        pair_at_[rank(c.src_gpu)] = static_cast<int>(pairs_.size());
+        pairs_.push_back({g, c.src_gpu, Schedule::kNever, 0.0, false});
+        guest_count_.push_back(0);
+      }
+      PairTime& t = pairs_[rank(pair_at_[rank(c.src_gpu)])];
+      t.ms = std::max(t.ms, times[i].end_ms);
+    }
+  }
+  pair_begin_[rank(R)] = static_cast<int>(pairs_.size());
+  // Each slice's GEMM, in plan order (each GPU's sums in the order a bucket by GPU gives): own
+  // work (its home, a replica held there), a guest waiting for its owner's copies (a turn), or a
+  // guest whose inputs need no phase-2 copy (ready).
   s.own_ms.assign(rank(R), 0.0);
   s.ready_ms.assign(rank(R), 0.0);
+  for (const Slice& sl : plan.slices) {
+    const int g = sl.gpu;
+    const double ms = cost.expert_ms(sl.rows);
+    const int home = topo.home(sl.expert);
+    if (home == g ||
+        (!held_.empty() && std::binary_search(held_.begin(), held_.end(), g * E + sl.expert))) {
+      s.own_ms[rank(g)] += ms;
+      continue;
+    }
+    bool copied = false;
+    for (int k = into_head_[rank(sl.expert)]; k >= 0 && !copied; k = into_[rank(k)].next)
+      copied = into_[rank(k)].gpu == g;
+    if (!copied) {
+      s.ready_ms[rank(g)] += ms;
+      continue;
+    }
+    // Its owner's pair on g; none (its copies came from another GPU) is left to write_sorted().
+    int p = pair_begin_[rank(g)];
+    while (p < pair_begin_[rank(g) + 1] && pairs_[rank(p)].other != home) ++p;
+    if (p == pair_begin_[rank(g) + 1] || ++guest_count_[rank(p)] > 2) return false;
+    pairs_[rank(p)].gemm_ms += ms;
+    pairs_[rank(p)].guests = true;
+  }
+  // Turns: per receiver, its owners whose guests wait for copies, in landing order.
   s.turn_begin.assign(rank(R) + 1, 0);
   s.turns.clear();
   for (int g = 0; g < R; ++g) {
-    // GPU g's pair with each owner: when the owner's last copy into g lands, its guests' time.
-    pairs_.clear();
-    guest_count_.clear();
-    const auto pair_with = [&](int other) -> size_t {
-      if (pair_gpu_[rank(other)] != g) {
-        pair_gpu_[rank(other)] = g;
-        pair_at_[rank(other)] = static_cast<int>(pairs_.size());
-        pairs_.push_back({g, other, Schedule::kNever, 0.0, false});
-        guest_count_.push_back(0);
-      }
-      return static_cast<size_t>(pair_at_[rank(other)]);
-    };
-    for (int k = copy_begin_[rank(g)]; k < copy_begin_[rank(g) + 1]; ++k) {
-      const size_t i = rank(copy_ids_[rank(copy_by_gpu_[rank(k)])]);
-      expert_at_[rank(copies[i].expert)] = g;
-      PairTime& t = pairs_[pair_with(copies[i].src_gpu)];
-      t.ms = std::max(t.ms, times[i].end_ms);
-    }
-    // Each slice's GEMM: own work (its home, a replica held there), a guest waiting for its
-    // owner's copies (a turn), or a guest whose inputs need no phase-2 copy (ready).
-    for (int k = slice_begin_[rank(g)]; k < slice_begin_[rank(g) + 1]; ++k) {
-      const Slice& sl = slices[rank(slice_by_gpu_[rank(k)])];
-      const double ms = cost.expert_ms(sl.rows);
-      const int home = topo.home(sl.expert);
-      if (home == g ||
-          (!held_.empty() && std::binary_search(held_.begin(), held_.end(), g * E + sl.expert))) {
-        s.own_ms[rank(g)] += ms;
-      } else if (expert_at_[rank(sl.expert)] == g) {
-        const size_t p = pair_with(home);
-        if (++guest_count_[p] > 2) return false;
-        pairs_[p].gemm_ms += ms;
-        pairs_[p].guests = true;
-      } else {
-        s.ready_ms[rank(g)] += ms;
-      }
-    }
-    // Turns: its owners whose guests wait for copies, in landing order.
-    std::erase_if(pairs_, [](const PairTime& t) { return !t.guests; });
-    std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
+    const auto first = pairs_.begin() + pair_begin_[rank(g)];
+    const auto last = std::remove_if(first, pairs_.begin() + pair_begin_[rank(g) + 1],
+                                     [](const PairTime& t) { return !t.guests; });
+    std::sort(first, last, [](const PairTime& a, const PairTime& b) {
       return a.ms != b.ms ? a.ms < b.ms : a.other < b.other;
     });
-    for (const PairTime& t : pairs_) s.turns.push_back({t.other, t.ms, t.gemm_ms, 0.0});
+    for (auto t = first; t != last; ++t) s.turns.push_back({t->other, t->ms, t->gemm_ms, 0.0});
     s.turn_begin[rank(g) + 1] = static_cast<int>(s.turns.size());
   }
   return true;

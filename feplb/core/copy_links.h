@@ -53,8 +53,10 @@ class CopyLinks {
     return std::max(in.free, out.free);
   }
   // Queues that copy; returns when it lands.
-  double add(int src, int dst, double ms) {
-    const double at = start(src, dst, ms), end = at + ms;
+  double add(int src, int dst, double ms) { return add_at(src, dst, start(src, dst, ms), ms); }
+  // Queues it from `at`, where start() placed it; returns when it lands.
+  double add_at(int src, int dst, double at, double ms) {
+    const double end = at + ms;
     out_[static_cast<size_t>(src)].hold(at, end);
     in_[static_cast<size_t>(dst)].hold(at, end);
     return end;
@@ -155,10 +157,11 @@ class ScheduleWriter {
     double ms, gemm_ms;
     bool guests;  // a receiver and an owner: some guest slice waits for these copies
   };
-  // Steps 1-3 of every GPU (own_ms, ready_ms, turns) GPU by GPU, with no sort over the whole
-  // plan: each GPU's slices and phase-2 copies in (bucketed in plan order), merged per owner.
-  // False, having written nothing of them, where an owner's guests on one GPU are three or more
-  // (their GEMM times' sum depends on the order the global sort leaves them in).
+  // Steps 1-3 of every GPU (own_ms, ready_ms, turns) with no sort over the whole plan: the
+  // phase-2 copies bucketed by receiver and merged per owner, then the slices in plan order.
+  // False where an owner's guests on one GPU are three or more (their GEMM times' sum depends on
+  // the order the global sort leaves them in) or a guest's copies came from a GPU other than its
+  // owner: write_sorted() then writes them all.
   bool write_gpu_by_gpu(Plan& plan, const Topology& topo, const GemmCostModel& cost,
                         std::span<const CopyTime> times);
   // The same by sorting every (receiver, owner) pair of the plan.
@@ -178,13 +181,19 @@ class ScheduleWriter {
   std::vector<int64_t> copied_;  // gpu * E + expert of every phase-2 copy waited for, sorted
   std::vector<int64_t> held_;    // gpu * E + expert of every resident replica, sorted
   std::vector<PairTime> pairs_;
-  std::vector<int> copy_begin_, copy_by_gpu_;    // phase-2 copies waited for, by receiver/sender
-  std::vector<int> slice_begin_, slice_by_gpu_;  // slices by GPU
-  std::vector<int> copy_ids_;                    // the phase-2 copies waited for
-  std::vector<int> expert_at_;    // [num_experts] the last GPU a phase-2 copy of it went into
+  std::vector<int> copy_begin_, copy_by_gpu_;  // phase-2 copies waited for, by receiver/sender
+  std::vector<int> copy_ids_;                  // the phase-2 copies waited for
+  std::vector<int> pair_begin_;   // [num_ranks + 1] receiver g's pairs: [pair_begin_[g], [g + 1])
   std::vector<int> pair_at_;      // [num_ranks] index into pairs_ of the other GPU's pair (stamped)
   std::vector<int> pair_gpu_;     // [num_ranks] the GPU pair_at_ was set for
   std::vector<int> guest_count_;  // per pair_ entry: guest slices merged into it
+  // The receivers of each expert's phase-2 copies: a list per expert from into_head_ ([num_experts]
+  // index into into_, -1: none), each entry with the next (-1: last).
+  struct Into {
+    int gpu, next;
+  };
+  std::vector<Into> into_;
+  std::vector<int> into_head_;
 };
 
 }  // namespace feplb

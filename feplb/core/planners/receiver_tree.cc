@@ -121,6 +121,18 @@ int ReceiverTree::search(const Need& need) const {
     const double start = need.timing == 3 ? std::max(leaf.window_ms, lands) : lands;
     return start + leaf.guest_ms <= by;
   };
+  const size_t first_leaf = static_cast<size_t>(size_);
+  // Most often the least loaded GPU takes the copy: where its own bounds may hold it and it
+  // accepts it, it is the answer (the subtrees above it hold bounds at least as wide, so the
+  // search below would reach it first), found by following the least key down.
+  if (hot[1].key == kNone) return -1;
+  size_t least_leaf = 1;
+  while (least_leaf < first_leaf) {
+    least_leaf *= 2;
+    if (hot[least_leaf].key != hot[least_leaf / 2].key) ++least_leaf;
+  }
+  if (may_hold(least_leaf) && accepts(least_leaf))
+    return static_cast<int>(hot[1].key & ((uint64_t{1} << kGpuBits) - 1));
   // Best first: from the waiting subtrees (at first, the root) the one with the least loaded GPU,
   // then down its lighter child while that may hold the copy, the heavier one waiting. The first
   // leaf that accepts the copy is the answer. The waiting list is short (one node per level
@@ -131,7 +143,6 @@ int ReceiverTree::search(const Need& need) const {
     if (hot[i].key != kNone && may_hold(i)) wait[num_waiting++] = {hot[i].key, i};
   };
   offer(1);
-  const size_t first_leaf = static_cast<size_t>(size_);
   uint64_t best = kNone;
   while (num_waiting > 0) {
     size_t least = 0;
