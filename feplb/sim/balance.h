@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "feplb/core/expert_shape.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/simulate.h"
 
@@ -61,8 +62,8 @@ struct BalanceConfig {
     std::string name;
     ExpertShape shape;
   };
-  std::vector<Shape> many_donor_shapes = {{"Qwen3-235B-like", {4096, 1536, Dtype::kBf16}},
-                                          {"GLM-5", {6144, 2048, Dtype::kBf16}},
+  std::vector<Shape> many_donor_shapes = {{"Qwen3-235B-like", *shape_for_model("qwen3-235b")},
+                                          {"GLM-5", *shape_for_model("glm5")},
                                           {"Qwen3-30B-like", {2048, 768, Dtype::kBf16}}};
   std::vector<int> many_donor_ranks = {8, 16};
   int many_donor_target_ranks = 8;  // its targets (and the modes report's workloads) at this EP

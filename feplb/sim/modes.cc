@@ -4,6 +4,7 @@
 #include <map>
 
 #include "feplb/core/error.h"
+#include "feplb/core/expert_shape.h"
 #include "feplb/sim/gemm_tables.h"
 #include "feplb/sim/internal/report_parts.h"
 #include "feplb/sim/internal/report_util.h"
@@ -13,10 +14,10 @@
 namespace feplb {
 namespace {
 
-// The expert shapes the workloads use: GLM-5's (core.md, rack.md) and balance.md section 8's
-// (BalanceConfig::many_donor_shapes).
+// The expert shapes the workloads use: GLM-5's (core.md, rack.md: the known model shape,
+// expert_shape.h) and balance.md section 8's (BalanceConfig::many_donor_shapes).
 using NamedShape = BalanceConfig::Shape;
-const NamedShape kGlm5{"GLM-5", {6144, 2048, Dtype::kBf16}};
+const NamedShape kGlm5{"GLM-5", *shape_for_model("glm5")};
 
 // What one workload needs: its traces' priors, EP size and domain, shape, history and steps.
 struct Spec {
