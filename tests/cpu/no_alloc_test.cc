@@ -50,6 +50,25 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 namespace feplb {
 namespace {
 
+// Plans and observes every step `warm_rounds` times, then expects one more round of plan() and
+// observe() calls to allocate nothing (`what` names the case in a failure).
+void expect_warm_plans_allocate_nothing(Planner& planner, const std::vector<RoutingStep>& steps,
+                                        int warm_rounds, const std::string& what) {
+  Plan plan;
+  for (int round = 0; round < warm_rounds; ++round) {
+    for (const RoutingStep& s : steps) {
+      planner.plan(s, plan);
+      planner.observe(s);
+    }
+  }
+  for (const RoutingStep& s : steps) {
+    const int64_t before = g_news.load();
+    planner.plan(s, plan);
+    planner.observe(s);
+    EXPECT_EQ(g_news.load() - before, 0) << what << ": " << plan.mode;
+  }
+}
+
 TEST(NoAlloc, PlannersDoNotAllocateOnceWarm) {
   testing::Bench b(16, 8, 128);
   std::vector<RoutingStep> steps;
@@ -83,20 +102,9 @@ TEST(NoAlloc, TheChooserDoesNotAllocateOnceWarm) {
     std::vector<RoutingStep> steps;
     for (uint64_t seed = 1; seed <= 4; ++seed)
       steps.push_back(testing::random_step(c.ranks, c.experts, 8, 2048, 4.0, seed));
-    auto planner = b.make("feplb");
-    Plan plan;
-    for (int round = 0; round < 32; ++round) {  // every candidate costed twice or more
-      for (const RoutingStep& s : steps) {
-        planner->plan(s, plan);
-        planner->observe(s);
-      }
-    }
-    for (const RoutingStep& s : steps) {
-      const int64_t before = g_news.load();
-      planner->plan(s, plan);
-      planner->observe(s);
-      EXPECT_EQ(g_news.load() - before, 0) << "EP=" << c.ranks << ": " << plan.mode;
-    }
+    // Every candidate costed twice or more.
+    expect_warm_plans_allocate_nothing(*b.make("feplb"), steps, 32,
+                                       "EP=" + std::to_string(c.ranks));
   }
 }
 
@@ -206,20 +214,7 @@ TEST(NoAlloc, RefinedOneHopDoesNotAllocateOnceWarm) {
   for (uint64_t seed = 1; seed <= 8; ++seed) {
     steps.push_back(testing::random_step(16, 128, 8, 2048, 4.0, seed));
   }
-  auto planner = b.make("feplb");
-  Plan plan;
-  for (int round = 0; round < 2; ++round) {
-    for (const RoutingStep& s : steps) {
-      planner->plan(s, plan);
-      planner->observe(s);
-    }
-  }
-  for (const RoutingStep& s : steps) {
-    const int64_t before = g_news.load();
-    planner->plan(s, plan);
-    planner->observe(s);
-    EXPECT_EQ(g_news.load() - before, 0) << plan.mode;
-  }
+  expect_warm_plans_allocate_nothing(*b.make("feplb"), steps, 2, "refined one hop");
 }
 
 // A chooser's use of FeplbEngine: every step planned in several modes (every copy rule, both
