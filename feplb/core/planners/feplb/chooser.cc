@@ -107,8 +107,8 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
           modes.push_back(FeplbConfig::from_knobs(m, ctx_.cost != nullptr));
           FeplbConfig& mode = modes.back();
           mode.budget_tries = balance.tries;
-          // All tries plan a step five times, the blends alone two to four (each blend aimed
-          // twice, bisected): where the reserve is the chooser's too (the knob at -1), such a
+          // All tries plan a step four or five times, the blends alone one or three times
+          // (time_budget.h): where the reserve is the chooser's too (the knob at -1), such a
           // mode reserves twice the time for it when it makes all tries (two-phase: its copies
           // start later) or when the dispatch waits for it (one-hop: the chooser charges it so).
           if (mode.balance == FeplbBalance::kTimeBudget && k.planner_budget_us < 0 &&

@@ -26,8 +26,8 @@ enum class FeplbBalance : uint8_t {
 // mode), one of them (half the planner time; the chooser's candidates beyond 16 GPUs: the blends),
 // or both and rows (the chooser's candidates up to 16 GPUs).
 enum class FeplbBudgetTries : uint8_t {
-  kBoth,    // the blends bisected and time under the row cap, the lower GEMM straggler kept
-  kBlends,  // the blends bisected only
+  kBoth,    // the blends and time under the row cap, the lower GEMM straggler kept
+  kBlends,  // the blends only
   kCapped,  // time under the row cap only (rows where that passes the budget)
   kAll,     // kBoth, and rows levelled within the budget's cap (one plan more)
 };
