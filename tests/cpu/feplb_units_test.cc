@@ -3,6 +3,8 @@
 // bytes; modes planned in any order on one engine).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <span>
 #include <string>
@@ -14,6 +16,8 @@
 #include "feplb/core/planners/feplb/config.h"
 #include "feplb/core/planners/feplb/copy_rules.h"
 #include "feplb/core/planners/feplb/engine.h"
+#include "feplb/core/planners/feplb/level_time.h"
+#include "feplb/core/planners/feplb/time_budget.h"
 #include "test_util.h"
 
 namespace feplb {
@@ -450,6 +454,57 @@ TEST_F(FeplbTimeBudgetTries, AllKeepRowsWhereTheyAreBetter) {
     ++from_rows;
   }
   EXPECT_GT(from_rows, 0) << "rows never won: the test no longer tells the tries apart";
+}
+
+// The blends alone: each step's plan is the blend the documented order gives (the most time
+// first: kept, the answer; then the least: not kept, rows; then those between), levelled, checked
+// against every blend planned on its own. Where the blends keep within the budget in order (a
+// blend nearer rows whenever one nearer time does) that is the most time-weighted one that keeps.
+TEST_F(FeplbTimeBudgetTries, BlendsTakeTheMostTimeThatKeepsWithinTheBudget) {
+  FeplbConfig blends = FeplbConfig::from_knobs(k, true);
+  blends.budget_tries = FeplbBudgetTries::kBlends;
+  const PlannerContext ctx{b.topo, b.shape, k, b.cost.get()};
+  feplb_detail::BalancedPlan plans(ctx);
+  feplb_detail::TimeLeveller leveller(ctx);
+  const std::span<const double> weights = feplb_detail::TimeBudget::kTimeWeights;
+  const int n = static_cast<int>(weights.size());
+  Plan got, want, scratch;
+  std::vector<int> taken(static_cast<size_t>(n) + 1, 0);  // [blend, or n: rows] steps
+  // Budgets from the knob's 0.05 up, so that every outcome occurs.
+  for (const double fraction : {0.05, 0.15, 0.4}) {
+    blends.time_budget = fraction;
+    for (const RoutingStep& s : steps) {
+      engine.plan_with(blends, s, got);
+      plans.begin_step();
+      const double budget = blends.time_budget * plans.unbalanced_row_straggler(s);
+      std::vector<bool> keeps;
+      for (const double w : weights) {
+        plans.plan(blends, w, -1, {}, s, scratch);
+        keeps.push_back(plans.row_straggler() <= budget);
+      }
+      int chosen = n;
+      if (keeps[0]) {
+        chosen = 0;
+      } else if (keeps[static_cast<size_t>(n - 1)]) {
+        chosen = n - 1;
+        for (int i = 1; i < n - 1 && chosen == n - 1; ++i) {
+          if (keeps[static_cast<size_t>(i)]) chosen = i;
+        }
+      }
+      if (std::is_sorted(keeps.begin(), keeps.end())) {  // in order: not kept, ..., kept, ...
+        EXPECT_EQ(chosen, std::find(keeps.begin(), keeps.end(), true) - keeps.begin())
+            << "layer " << s.layer;
+      }
+      plans.plan(blends, chosen < n ? weights[static_cast<size_t>(chosen)] : 0.0, -1, {}, s, want);
+      leveller.level(blends, plans.measure(), static_cast<int64_t>(std::floor(budget)), want);
+      plans.end_step();
+      ASSERT_EQ(serialize(got), serialize(want))
+          << "budget " << fraction << ", layer " << s.layer << ", blend " << chosen;
+      ++taken[static_cast<size_t>(chosen)];
+    }
+  }
+  // Every outcome occurs: the most time kept (one plan), one between, the least, none (rows).
+  for (int i = 0; i <= n; ++i) EXPECT_GT(taken[static_cast<size_t>(i)], 0) << "outcome " << i;
 }
 
 // One hop refined from the previous micro-batch (knob one_hop_refine): a layer's first

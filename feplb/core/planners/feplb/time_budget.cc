@@ -5,13 +5,6 @@
 #include <iterator>
 
 namespace feplb::feplb_detail {
-namespace {
-
-// The blends of GEMM time and rows, most time first (all time is tried apart, balanced within the
-// budget's row cap).
-constexpr double kTimeWeights[] = {0.5, 0.25, 0.1};
-
-}  // namespace
 
 void TimeBudget::plan(const FeplbConfig& mode, std::span<const Copy> prefetches,
                       const RoutingStep& routing, BalancedPlan& plans, TimeLeveller& leveller,

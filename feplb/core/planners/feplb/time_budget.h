@@ -26,6 +26,10 @@ namespace feplb::feplb_detail {
 // four or five plans).
 class TimeBudget {
  public:
+  // The blends of GEMM time and rows, most time first (all time is tried apart, balanced within
+  // the budget's row cap).
+  static constexpr double kTimeWeights[] = {0.5, 0.25, 0.1};
+
   // A plan in `mode` (FeplbBalance::kTimeBudget) into `out`.
   void plan(const FeplbConfig& mode, std::span<const Copy> prefetches, const RoutingStep& routing,
             BalancedPlan& plans, TimeLeveller& leveller, Plan& out);
