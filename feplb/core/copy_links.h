@@ -104,15 +104,22 @@ inline double link_ms(int64_t bytes, double gbps, double setup_us) {
 }
 
 // The planner time reserved ahead of a two-phase plan's copies, us: planner_budget_us, or where
-// it is -1 (the default) one that grows with what is planned: 20 us, or 0.1 us per expert and per
-// GPU where that is more (EP=72 with 288 experts: 36 us; EP=256 with 1,024: 128 us), 1.5 to 2
-// times the default planner's median at the sizes docs/planners.md measures (its p99 on a VM with
-// hypervisor stalls can pass it: 39 us at EP=72 there; 0.125 us per expert and per GPU, which
-// covers it, moved the default by -5% to +37% on rack.md's workloads:
-// bench/results/planner-reserve-ab.txt).
-inline double planner_reserve_us(const Knobs& knobs, const Topology& topo) {
+// it is -1 (the default) one that grows with what is planned: 20 us, or `per_unit_us` per expert
+// and per GPU where that is more.
+//  - kReservePerUnitUs, 0.1 us (EP=72 with 288 experts: 36 us; EP=256 with 1,024: 128 us): an
+//    explicit mode's plans, and the latency feplb's chooser expects of a one-hop plan: 1.5 to 2
+//    times the default planner's median at the sizes docs/planners.md measures;
+//  - kDefaultReservePerUnitUs, 0.125 us (45 and 160 us there): feplb's own two-phase plans (the
+//    chooser's), whose p99 on a VM with hypervisor stalls passes the first (its median plus one
+//    16-23 us stall: 38-41 us at EP=72, 120-134 at EP=256). On rack.md's and modes.md's workloads,
+//    every plan charged 20 us, the default moved by -9.5% to +1.7% and met 56 of 56 targets
+//    instead of 55 (bench/results/planner-reserve-ab.txt).
+inline constexpr double kReservePerUnitUs = 0.1;
+inline constexpr double kDefaultReservePerUnitUs = 0.125;
+inline double planner_reserve_us(const Knobs& knobs, const Topology& topo,
+                                 double per_unit_us = kReservePerUnitUs) {
   if (knobs.planner_budget_us >= 0) return knobs.planner_budget_us;
-  return std::max(20.0, 0.1 * (topo.num_experts() + topo.num_ranks()));
+  return std::max(20.0, per_unit_us * static_cast<double>(topo.num_experts() + topo.num_ranks()));
 }
 
 // When the planner assumes a plan's phase-2 copies start (ms from when the GEMMs start): once the

@@ -57,13 +57,18 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   EXPECT_EQ(first.prefetch, FeplbPrefetch::kOn);
   EXPECT_EQ(first.balance, FeplbBalance::kTimeBudget);
   EXPECT_EQ(first.budget_tries, FeplbBudgetTries::kAll);
-  EXPECT_DOUBLE_EQ(first.reserve_us, 2 * planner_reserve_us(b.knobs, b.topo));  // five plans
+  // Five plans: twice the reserve of the default's two-phase plans (20 us here, its floor).
+  EXPECT_DOUBLE_EQ(first.reserve_us,
+                   2 * planner_reserve_us(b.knobs, b.topo, kDefaultReservePerUnitUs));
+  EXPECT_DOUBLE_EQ(first.reserve_us, 40.0);
   for (const FeplbConfig& m : c.candidates()) {
     const bool time = m.balance == FeplbBalance::kTimeBudget;
     if (time) {
       EXPECT_EQ(m.budget_tries, FeplbBudgetTries::kAll) << m.label();
     }
-    EXPECT_EQ(m.reserve_us, time ? first.reserve_us : -1.0) << m.label();
+    // Time modes twice the reserve; two-phase rows the default's reserve; one-hop rows the knobs'.
+    const double expected = time ? first.reserve_us : m.path == FeplbPath::kTwoPhase ? 20.0 : -1.0;
+    EXPECT_EQ(m.reserve_us, expected) << m.label();
   }
   EXPECT_DOUBLE_EQ(first.time_budget, b.knobs.token_bound);
   EXPECT_EQ(first.copy_rule, FeplbCopyRule::kHidden);
@@ -94,12 +99,11 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   int time = 0, one_hop_time = 0;
   for (const FeplbConfig& m : c3.candidates()) {
     if (m.balance == FeplbBalance::kTimeBudget) {
-      // Beyond 16 GPUs the blends alone (two to four plans): two-phase at the knobs' reserve,
-      // one-hop charged twice that (the dispatch waits for it).
+      // Beyond 16 GPUs the blends alone (one to three plans): two-phase at the default's
+      // reserve (0.125 us per expert and per GPU: 24 us), one-hop charged twice the knobs'
+      // (0.1 us per expert and per GPU, at least 20 us; the dispatch waits for it).
       EXPECT_EQ(m.budget_tries, FeplbBudgetTries::kBlends) << m.label();
-      EXPECT_EQ(m.reserve_us,
-                m.path == FeplbPath::kOneHop ? 2 * planner_reserve_us(big.knobs, big.topo) : -1.0)
-          << m.label();
+      EXPECT_DOUBLE_EQ(m.reserve_us, m.path == FeplbPath::kOneHop ? 40.0 : 24.0) << m.label();
       ++time;
       one_hop_time += m.path == FeplbPath::kOneHop;
     }

@@ -107,13 +107,21 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
           modes.push_back(FeplbConfig::from_knobs(m, ctx_.cost != nullptr));
           FeplbConfig& mode = modes.back();
           mode.budget_tries = balance.tries;
-          // All tries plan a step four or five times, the blends alone one or three times
-          // (time_budget.h): where the reserve is the chooser's too (the knob at -1), such a
-          // mode reserves twice the time for it when it makes all tries (two-phase: its copies
-          // start later) or when the dispatch waits for it (one-hop: the chooser charges it so).
-          if (mode.balance == FeplbBalance::kTimeBudget && k.planner_budget_us < 0 &&
-              (mode.budget_tries == FeplbBudgetTries::kAll || mode.path == FeplbPath::kOneHop))
-            mode.reserve_us = 2 * planner_reserve_us(k, topo);
+          // Where the reserve is the chooser's (the knob at -1): a two-phase mode reserves
+          // kDefaultReservePerUnitUs (copy_links.h: its p99); all tries plan a step four or five
+          // times, the blends alone one or three times (time_budget.h), so a time mode reserves
+          // twice the time when it makes all tries (two-phase: its copies start later) or when
+          // the dispatch waits for it (one-hop: the chooser charges it so).
+          if (k.planner_budget_us < 0) {
+            const bool twice =
+                mode.balance == FeplbBalance::kTimeBudget &&
+                (mode.budget_tries == FeplbBudgetTries::kAll || mode.path == FeplbPath::kOneHop);
+            if (mode.path == FeplbPath::kTwoPhase)
+              mode.reserve_us =
+                  (twice ? 2 : 1) * planner_reserve_us(k, topo, kDefaultReservePerUnitUs);
+            else if (twice)
+              mode.reserve_us = 2 * planner_reserve_us(k, topo);
+          }
         }
       }
     }
