@@ -133,24 +133,18 @@ int ReceiverTree::search(const Need& need) const {
   }
   if (may_hold(least_leaf) && accepts(least_leaf))
     return static_cast<int>(hot[1].key & ((uint64_t{1} << kGpuBits) - 1));
-  // Best first: from the waiting subtrees (at first, the root) the one with the least loaded GPU,
-  // then down its lighter child while that may hold the copy, the heavier one waiting. The first
-  // leaf that accepts the copy is the answer. The waiting list is short (one node per level
-  // descended): a linear scan finds its least.
-  Entry* const wait = wait_.data();
-  size_t num_waiting = 0;
-  const auto offer = [&](size_t i) {
-    if (hot[i].key != kNone && may_hold(i)) wait[num_waiting++] = {hot[i].key, i};
-  };
-  offer(1);
+  // Depth first, the lighter child first and the heavier one waiting on a stack, skipping any
+  // subtree whose least loaded GPU is no lighter than the best accepted so far (or that cannot
+  // hold the copy): the answer is the least loaded leaf that may hold and accepts the copy, as a
+  // best-first search finds it, without ordering the waiting subtrees. The stack holds at most one
+  // subtree per level.
+  size_t* const stack = wait_.data();
+  size_t depth = 0;
+  if (may_hold(1)) stack[depth++] = 1;
   uint64_t best = kNone;
-  while (num_waiting > 0) {
-    size_t least = 0;
-    for (size_t w = 1; w < num_waiting; ++w) {
-      if (wait[w].key < wait[least].key) least = w;
-    }
-    size_t i = wait[least].node;
-    wait[least] = wait[--num_waiting];
+  while (depth > 0) {
+    size_t i = stack[--depth];
+    if (hot[i].key >= best) continue;
     for (;;) {
       if (i >= first_leaf) {
         if (accepts(i)) best = hot[i].key;
@@ -159,11 +153,10 @@ int ReceiverTree::search(const Need& need) const {
       const size_t left = 2 * i, right = left + 1;
       const bool left_first = hot[left].key < hot[right].key;
       const size_t lighter = left_first ? left : right, heavier = left_first ? right : left;
-      offer(heavier);
-      if (!may_hold(lighter)) break;  // its key is i's, the least: no need to check it
+      if (hot[heavier].key < best && may_hold(heavier)) stack[depth++] = heavier;
+      if (!may_hold(lighter)) break;  // its key is i's, below the best: no need to check it
       i = lighter;
     }
-    if (best != kNone) break;
   }
   return best == kNone ? -1 : static_cast<int>(best & ((uint64_t{1} << kGpuBits) - 1));
 }

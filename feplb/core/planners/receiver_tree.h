@@ -86,14 +86,10 @@ class ReceiverTree {
   int size_ = 1;  // leaves, a power of two >= n
   uint64_t version_ = 1;
   bool late_ok_ = false;
-  std::vector<Hot> hot_;      // [2 * size_], root at 1, leaf i at size_ + i
-  std::vector<Late> late_;    // [2 * size_] (only with late copies)
-  std::vector<Leaf> leaves_;  // [size_] each leaf's state
-  struct Entry {
-    uint64_t key;
-    size_t node;
-  };
-  mutable std::vector<Entry> wait_;  // search(): the subtrees waiting to be searched
+  std::vector<Hot> hot_;              // [2 * size_], root at 1, leaf i at size_ + i
+  std::vector<Late> late_;            // [2 * size_] (only with late copies)
+  std::vector<Leaf> leaves_;          // [size_] each leaf's state
+  mutable std::vector<size_t> wait_;  // search(): the subtrees waiting to be searched
 };
 
 }  // namespace feplb
