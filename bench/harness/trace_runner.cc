@@ -32,7 +32,7 @@ int64_t worst_receiver_rows(const Trace& t, const Topology& topo) {
 
 VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
                                     const std::string& policy, const Knobs& knobs, int steps,
-                                    int gpus_per_node, double timeout_s) {
+                                    int gpus_per_node, double timeout_s, bool measure_planner) {
   const int R = t.num_ranks;
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   FEPLB_REQUIRE_INPUT(
@@ -54,6 +54,7 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
   c.sync_before_counts = true;
   c.timeout_s = timeout_s;
   c.name = "run." + policy;
+  c.measure_planner = measure_planner;
   InProcessGroup group(R, timeout_s);
   std::vector<VirtualLayerStats> per(static_cast<size_t>(R));
   run_rank_threads(R, [&](int r) {
@@ -87,6 +88,10 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
       VirtualLayerStats& p = per[r];
       p.counts_to_host_us.push_back(st.counts_to_host_us);
       p.plan_us.push_back(st.plan_us);
+      if (st.plan_reserve_us > 0) {
+        p.plan_reserve_us.push_back(st.plan_reserve_us);
+        p.reserved_plan_us.push_back(st.plan_us);
+      }
       p.counts_to_plan_us.push_back(st.counts_to_host_us + st.plan_us);
       if (st.copies > 0) p.counts_to_first_copy_us.push_back(st.counts_to_first_copy_us);
       p.wait_ms.push_back(st.wait_ms);
@@ -103,6 +108,8 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
     cat(all.counts_to_first_copy_us, p.counts_to_first_copy_us);
     cat(all.counts_to_host_us, p.counts_to_host_us);
     cat(all.plan_us, p.plan_us);
+    cat(all.plan_reserve_us, p.plan_reserve_us);
+    cat(all.reserved_plan_us, p.reserved_plan_us);
     cat(all.counts_to_plan_us, p.counts_to_plan_us);
     cat(all.wait_ms, p.wait_ms);
     cat(all.wait_pct, p.wait_pct);

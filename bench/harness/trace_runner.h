@@ -26,6 +26,9 @@ int64_t worst_receiver_rows(const Trace& trace, const Topology& topo);
 struct VirtualLayerStats {
   std::vector<double> counts_to_first_copy_us;  // ranks that issued phase-2 copies
   std::vector<double> counts_to_host_us, plan_us;
+  // Two-phase plans (every rank's): the planner time each reserved ahead of its copies, and its
+  // plan_us in the same order.
+  std::vector<double> plan_reserve_us, reserved_plan_us;
   std::vector<double> counts_to_plan_us;              // counts ready -> plan ready (every rank)
   std::vector<double> wait_ms, wait_pct, forward_ms;  // per rank and forward
   int forwards = 0;
@@ -35,7 +38,8 @@ struct VirtualLayerStats {
 // and activations, 2 warm-up forwards not counted). Throws on a timeout instead of hanging.
 VirtualLayerStats run_virtual_layer(const Trace& trace, const ExpertShape& shape,
                                     const std::string& policy, const Knobs& knobs, int steps,
-                                    int gpus_per_node, double timeout_s);
+                                    int gpus_per_node, double timeout_s,
+                                    bool measure_planner = true);
 
 // Each rank's GEMM time (ms) for `plan`, each rank timed alone: median of `reps`.
 std::vector<double> rank_gemm_ms(ExpertBench& bench, const Plan& plan, int num_ranks, int reps);

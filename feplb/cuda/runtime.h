@@ -20,11 +20,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "feplb/core/errors.h"
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/knobs.h"
+#include "feplb/core/planners/planner.h"
 #include "feplb/core/topology.h"
 #include "feplb/cuda/transport.h"
 
@@ -60,6 +62,12 @@ struct RuntimeConfig {
   bool sync_before_counts = false;  // benchmarks: the host waits for the counts all-gather, so
                                     // counts -> plan latency excludes waiting for slower ranks
   std::string name = "feplb";       // names the peer buffers: unique per runtime in a process
+  // feplb's default planner (planner_budget_us -1) reserves, ahead of a two-phase plan's copies,
+  // at least its plans' time on this host: measured when the runtime is made (each two-phase
+  // mode's p99 on synthetic micro-batches, tens to hundreds of milliseconds once) and agreed
+  // (every rank's largest), so that every rank's plans still agree. false: the knobs' reserve
+  // alone (planner_reserve_us), as in simulation.
+  bool measure_planner = true;
 };
 
 // Staging slots a training runtime gets by default: every expert slice a rank may export under
@@ -92,6 +100,10 @@ class EpRuntime {
   int micro_batches_in_flight() const;
   // CPU time the scheduler thread has used so far (seconds).
   double scheduler_cpu_seconds() const;
+  // RuntimeConfig::measure_planner: feplb's two-phase modes and their planning time (us) measured
+  // when the runtime was made, every rank's largest; a layer's feplb planner reserves at least
+  // these. Empty when not measured (or where the reserve is the knob's).
+  std::span<const ModeTime> planner_times() const;
   // Waits for `stream`'s work, bounded by the configuration's timeout_s: Error if it does not
   // finish, and as soon as the transport reports a failed peer (Transport::peer_failure: a peer
   // process that exited, the communicator's asynchronous error), naming it. Use it instead of

@@ -29,6 +29,10 @@ struct HostTimes {
 struct ForwardStats {
   double counts_to_host_us = 0;  // counts D2H issued (caller's thread) -> seen by the scheduler
   double plan_us = 0;            // the planner call alone
+  // The planner time the plan reserved ahead of its phase-2 copies (us: its schedule's copy
+  // start; 0 for a plan the dispatch waited for, one-hop): plan_us above it, the copies start
+  // later than the plan modelled.
+  double plan_reserve_us = 0;
   // Counts seen on the host (the scheduler's poll of the event after their D2H copy succeeds) ->
   // plan ready (routing assembled, planned, its step layout built and checked).
   double counts_to_plan_us = 0;

@@ -44,6 +44,75 @@ TEST(FeplbChooser, TheDefaultKnobsLeaveEverySwitchToIt) {
   EXPECT_EQ(dynamic_cast<FeplbChooser*>(b.make("feplb").get()), nullptr);
 }
 
+TEST(FeplbChooser, ReservesAtLeastWhatItsTwoPhaseModesTakeOnThisHost) {
+  const Bench b(8, 8, 128, Knobs{});
+  const PlannerContext ctx{b.topo, b.shape, b.knobs, b.cost.get()};
+  FeplbChooser c(ctx, FeplbAuto::from_knobs(b.knobs));
+  const std::vector<ModeTime> times = c.measure_mode_times(8 * 4096);
+  // One time per two-phase candidate (a one-hop plan reserves nothing), positive.
+  size_t two_phase = 0;
+  for (const FeplbConfig& m : c.candidates()) two_phase += m.path == FeplbPath::kTwoPhase;
+  ASSERT_EQ(times.size(), two_phase);
+  for (const ModeTime& t : times) EXPECT_GT(t.us, 0.0) << t.mode;
+  // Measuring plans on a fresh chooser: this one's plans are unchanged.
+  const auto steps = steps_of(lognormal_prior(128, 5.0, 1, 3), 8, 3, 5);
+  const auto plans_of = [&](Planner& p) {
+    std::vector<std::string> out;
+    for (const RoutingStep& s : steps) {
+      Plan plan;
+      p.plan(s, plan);
+      out.push_back(serialize(plan));
+      p.observe(s);
+    }
+    return out;
+  };
+  FeplbChooser fresh(ctx, FeplbAuto::from_knobs(b.knobs));
+  const std::vector<std::string> expected = plans_of(fresh);
+  EXPECT_EQ(plans_of(c), expected);
+  // Tables grown ahead (Planner::warm): the same plans.
+  FeplbChooser warmed(ctx, FeplbAuto::from_knobs(b.knobs));
+  warmed.warm(1 << 16);
+  EXPECT_EQ(plans_of(warmed), expected);
+  Knobs time_mode = b.knobs;  // one mode, the time budget's tries
+  time_mode.one_hop = 0;
+  time_mode.prefetch = 0;
+  time_mode.copy_timing = 1;
+  time_mode.time_balance_budget = 0.05;
+  const PlannerContext fixed{b.topo, b.shape, time_mode, b.cost.get()};
+  auto cold = make_planner("feplb", fixed), hot = make_planner("feplb", fixed);
+  hot->warm(1 << 16);
+  for (const RoutingStep& s : steps) {
+    Plan a, h;
+    cold->plan(s, a);
+    hot->plan(s, h);
+    EXPECT_EQ(serialize(a), serialize(h));
+  }
+  // A slower host: each two-phase mode reserves its time, rounded up; a faster one changes
+  // nothing; unknown modes are ignored.
+  std::vector<ModeTime> slow;
+  for (const FeplbConfig& m : c.candidates()) slow.push_back({m.label(), 1000.5});
+  slow.push_back({"no such mode", 1e5});
+  FeplbChooser d(ctx, FeplbAuto::from_knobs(b.knobs));
+  d.reserve_at_least(slow);
+  for (size_t i = 0; i < d.candidates().size(); ++i) {
+    const FeplbConfig& m = d.candidates()[i];
+    const double before = c.candidates()[i].reserve_us;
+    EXPECT_EQ(m.reserve_us, m.path == FeplbPath::kTwoPhase ? 1001.0 : before) << m.label();
+  }
+  std::vector<ModeTime> fast = slow;
+  for (ModeTime& t : fast) t.us = 0.5;
+  FeplbChooser e(ctx, FeplbAuto::from_knobs(b.knobs));
+  e.reserve_at_least(fast);
+  for (size_t i = 0; i < e.candidates().size(); ++i)
+    EXPECT_EQ(e.candidates()[i].reserve_us, c.candidates()[i].reserve_us);
+  // The reserve set by the knob: nothing to measure.
+  Knobs set = b.knobs;
+  set.planner_budget_us = 30;
+  const FeplbChooser k(PlannerContext{b.topo, b.shape, set, b.cost.get()},
+                       FeplbAuto::from_knobs(set));
+  EXPECT_TRUE(k.measure_mode_times(8 * 4096).empty());
+}
+
 TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   const Bench b(8, 8, 128, Knobs{});
   const FeplbChooser c(PlannerContext{b.topo, b.shape, b.knobs, b.cost.get()},

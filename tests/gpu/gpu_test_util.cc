@@ -131,6 +131,8 @@ std::vector<RankResult> run_layer(const LayerSetup& setup, const ReferenceMoe& e
     results[r].out = download_bf16(out);
     results[r].plan = layer.last_plan();
     results[r].stats = layer.last_forward_stats();
+    const auto times = runtime.planner_times();
+    results[r].planner_times.assign(times.begin(), times.end());
   });
   return results;
 }

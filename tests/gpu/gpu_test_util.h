@@ -103,6 +103,7 @@ struct RankResult {
   std::vector<float> out;  // [S, H]
   Plan plan;
   cuda::ForwardStats stats;
+  std::vector<ModeTime> planner_times;  // its runtime's (EpRuntime::planner_times)
 };
 
 // Runs `setup` on R = topo ranks virtual ranks (one thread each) for `forwards` forwards of the

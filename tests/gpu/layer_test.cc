@@ -929,6 +929,51 @@ TEST(LayerPaths, EdgeCases) {
   }
 }
 
+// feplb's default measures its planner when the runtime is made (RuntimeConfig::measure_planner):
+// every rank ends with the same times (the largest), and a two-phase plan reserves at least its
+// mode's; off, or with the reserve set by the knob, nothing is measured. Outputs stay exact.
+TEST(LayerPaths, TheDefaultReservesWhatItsPlannerTakesOnThisHost) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 2, experts = 16, top_k = 2;
+  const ReferenceMoe m = experts_for(61, experts);
+  const auto in = skewed_inputs(62, ranks, experts, top_k, 96, 8.0);
+  testing::LayerSetup c = path_config(ranks, experts, top_k, 96, kPathModes[8]);
+  for (const bool measure : {true, false}) {
+    c.runtime.measure_planner = measure;
+    const auto got = run_layer(c, m, in, /*forwards=*/3);
+    expect_matches_reference(got, m, in, top_k, measure ? "measured" : "knobs");
+    for (const testing::RankResult& g : got) {
+      // The last forward's plan: two-phase, its reserve at least its mode's time here.
+      if (g.plan.planned_before_dispatch) {
+        EXPECT_EQ(g.stats.plan_reserve_us, 0.0);
+      } else {
+        EXPECT_DOUBLE_EQ(g.stats.plan_reserve_us, g.plan.schedule.copy_start_ms * 1e3);
+        for (const ModeTime& t : g.planner_times) {
+          if (t.mode == g.plan.mode) {
+            EXPECT_GE(g.stats.plan_reserve_us, t.us) << t.mode;
+          }
+        }
+      }
+      if (!measure) {
+        EXPECT_TRUE(g.planner_times.empty());
+      }
+    }
+    if (!measure) continue;
+    // Every two-phase candidate, positive, the same on both ranks (every rank's largest).
+    ASSERT_FALSE(got[0].planner_times.empty());
+    for (const ModeTime& t : got[0].planner_times) EXPECT_GT(t.us, 0.0) << t.mode;
+    ASSERT_EQ(got[0].planner_times.size(), got[1].planner_times.size());
+    for (size_t i = 0; i < got[0].planner_times.size(); ++i) {
+      EXPECT_EQ(got[0].planner_times[i].mode, got[1].planner_times[i].mode);
+      EXPECT_EQ(got[0].planner_times[i].us, got[1].planner_times[i].us);
+    }
+  }
+  // The reserve set by the knob: nothing to measure.
+  c.runtime.measure_planner = true;
+  c.runtime.knobs.planner_budget_us = 30;
+  for (const testing::RankResult& g : run_layer(c, m, in)) EXPECT_TRUE(g.planner_times.empty());
+}
+
 // Three layers share the slot pool: each layer's prefetch and forward refill the slots the one
 // before used, so layer 0's and 1's backwards copy their weights again, the last layer's finds
 // them in place; every gradient is still exact.

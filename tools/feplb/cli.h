@@ -113,6 +113,7 @@ int run_app(CLI::App& app, int argc, char** argv);
 void add_simulate_command(CLI::App& app);
 void add_trace_commands(CLI::App& app);
 void add_knobs_command(CLI::App& app);
+void add_planner_time_command(CLI::App& app);
 void add_report_command(CLI::App& app);
 void add_place_command(CLI::App& app);
 // feplb-gpu's commands (cmd_devices.cc, cmd_run.cc).

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   feplb::cli::add_place_command(app);
   feplb::cli::add_trace_commands(app);
   feplb::cli::add_knobs_command(app);
+  feplb::cli::add_planner_time_command(app);
   feplb::cli::add_report_command(app);
   // Listed in --help; never parsed here (exec_gpu_binary above).
   app.add_subcommand("devices", "List the GPUs feplb can use (exit 2 if none; runs feplb-gpu)");

@@ -45,6 +45,12 @@ struct DataMovement {
   bool balance_every_micro_batch = true;  // false: only at replans, between micro-batches
 };
 
+// One of a planner's modes and its planning time on this host (us): measure_mode_times().
+struct ModeTime {
+  std::string mode;
+  double us = 0;
+};
+
 class Planner {
  public:
   explicit Planner(const PlannerContext& ctx) : ctx_(ctx) {}
@@ -72,6 +78,20 @@ class Planner {
   // where this planner can: a GPU layer whose caller dispatched the rows itself asks for it. The
   // default changes nothing (limits() says what it plans); feplb's chooser drops its one-hop modes.
   virtual void keep_rows_via_homes() {}
+  // Grows the tables its plans read (feplb's GEMM time by rows) to cover micro-batches whose
+  // busiest expert has up to `max_expert_rows` rows, so that no later plan grows them: a plan that
+  // grows them computes each new entry (about 1,000 instructions each with the roofline model:
+  // milliseconds for a few thousand rows). Plans are the same either way. The default: nothing.
+  virtual void warm(int64_t /*max_expert_rows*/) {}
+  // Where the planner keeps a reserve of its own ahead of its copies (feplb's chooser, the
+  // planner_budget_us knob at -1): the planning time of each of its modes that reserves one, on
+  // this host, measured on a fresh planner of the same context (synthetic micro-batches of
+  // `rows_per_rank` rows per rank). Empty otherwise. Takes milliseconds; changes nothing here.
+  virtual std::vector<ModeTime> measure_mode_times(int64_t /*rows_per_rank*/) const { return {}; }
+  // From now on, each named mode reserves at least `times`' us (modes not named, or that reserve
+  // nothing, are left as they are). Every rank must pass the same times (the GPU runtime passes
+  // every rank's largest), or their plans differ. Call before the first plan.
+  virtual void reserve_at_least(std::span<const ModeTime> /*times*/) {}
 
  protected:
   // The policy's plan of one step, as plan() says, without the schedule.

@@ -37,15 +37,8 @@ bool gpu_runnable(const Planner& planner) {
 
 std::unique_ptr<Planner> make_gpu_planner(const EpRuntime& runtime, std::string_view policy,
                                           const GemmCostModel* cost) {
-  const RuntimeConfig& c = runtime.config();
-  Knobs knobs = c.knobs;
-  knobs.prefetch_window_us = prefetch_window_us(c.shape, c.max_tokens, knobs);
-  PlannerContext ctx{c.topo, c.shape, knobs, cost};
-  if (!cost) {
-    ctx.cost_owner = std::make_shared<RooflineCostModel>(c.shape, knobs);
-    ctx.cost = ctx.cost_owner.get();
-  }
-  std::unique_ptr<Planner> planner = make_planner(policy, ctx);
+  std::unique_ptr<Planner> planner =
+      make_planner(policy, gpu_planner_context(runtime.config(), cost));
   FEPLB_REQUIRE_INPUT(gpu_runnable(*planner),
                       "layer: policy '{}' runs in simulation only (its plans keep rows at their "
                       "source or on resident "
@@ -73,6 +66,9 @@ MoeLayer::MoeLayer(EpRuntime& runtime, const LayerConfig& config,
       r.world == 1 || r.transport.supports_peer_copies() || limits.max_guest_experts == 0,
       "layer '{}': transport '{}' cannot copy into peers' buffers; use policy static", config.name,
       r.transport.name());
+  // feplb's own reserve covers its plans' time on the slowest rank's host (modes named alike:
+  // a planner made with other knobs keeps the reserves it has).
+  planner->reserve_at_least(r.planner_times);
   impl_ = std::make_unique<Impl>(state, config, std::move(planner));
   Impl& m = *impl_;
   m.K = config.top_k;

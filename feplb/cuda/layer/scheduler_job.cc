@@ -132,6 +132,8 @@ void MoeLayer::Impl::plan_job() {
   h.stats = ForwardStats{};
   h.stats.counts_to_host_us = us_between(forward_timeline.host(Mark::kCountsIssued), t_seen);
   h.stats.plan_us = us_between(t0, t1);
+  h.stats.plan_reserve_us =
+      h.plan.planned_before_dispatch ? 0.0 : h.plan.schedule.copy_start_ms * 1e3;
   h.stats.counts_to_plan_us = us_between(t_seen, job.plan_ready);
   h.stats.exported_rows = h.layout.exported_rows();
   h.stats.guest_rows = h.layout.guest_rows_here();

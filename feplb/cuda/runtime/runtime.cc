@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <thread>
@@ -138,6 +139,46 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
     }
   }
   handles.resize(static_cast<size_t>(cfg.max_in_flight));
+  if (cfg.measure_planner) measure_planner_times();
+}
+
+PlannerContext gpu_planner_context(const RuntimeConfig& c, const GemmCostModel* cost) {
+  Knobs knobs = c.knobs;
+  knobs.prefetch_window_us = prefetch_window_us(c.shape, c.max_tokens, knobs);
+  PlannerContext ctx{c.topo, c.shape, knobs, cost};
+  if (!cost) {
+    ctx.cost_owner = std::make_shared<RooflineCostModel>(c.shape, knobs);
+    ctx.cost = ctx.cost_owner.get();
+  }
+  return ctx;
+}
+
+void RuntimeState::measure_planner_times() {
+  const std::unique_ptr<Planner> planner = make_planner("feplb", gpu_planner_context(cfg, nullptr));
+  planner_times = planner->measure_mode_times(max_pairs);
+  const size_t n = planner_times.size();
+  if (n == 0) return;
+  // Every rank's times (whole us, rounded up), gathered: each mode's largest. Every rank measures
+  // the same modes (one configuration), in the same order.
+  const size_t count = n * static_cast<size_t>(world);
+  PinnedBuffer<int32_t> mine(n), all(count);  // pinned: the copies stay asynchronous (sync bounds
+                                              // the wait for a silent peer)
+  for (size_t i = 0; i < n; ++i) {
+    mine.get()[i] = static_cast<int32_t>(std::min(
+        std::ceil(planner_times[i].us), static_cast<double>(std::numeric_limits<int32_t>::max())));
+  }
+  DeviceBuffer<int32_t> mine_d(n), all_d(count);
+  FEPLB_CUDA_CHECK(cudaMemcpyAsync(mine_d.get(), mine.get(), n * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, copy_in.get()));
+  transport.all_gather_i32(mine_d.get(), all_d.get(), n, copy_in.get());
+  FEPLB_CUDA_CHECK(cudaMemcpyAsync(all.get(), all_d.get(), count * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, copy_in.get()));
+  sync(copy_in.get(), "the planner times' all-gather");
+  for (size_t r = 0; r < static_cast<size_t>(world); ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      planner_times[i].us = std::max<double>(planner_times[i].us, all.get()[r * n + i]);
+    }
+  }
 }
 
 RuntimeState::~RuntimeState() {
@@ -271,6 +312,8 @@ int EpRuntime::micro_batches_in_flight() const {
 }
 
 double EpRuntime::scheduler_cpu_seconds() const { return state_->scheduler.cpu_seconds(); }
+
+std::span<const ModeTime> EpRuntime::planner_times() const { return state_->planner_times; }
 
 void EpRuntime::synchronize(cudaStream_t stream) const { state_->sync(stream, "synchronize"); }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "feplb/core/plan.h"
+#include "feplb/core/planners/planner.h"
 #include "feplb/core/routing.h"
 #include "feplb/cuda/gemm/gemm.h"
 #include "feplb/cuda/gemm/refiner.h"
@@ -87,9 +88,14 @@ struct RuntimeState {
   void release(int slot, uint64_t generation, cudaStream_t stream) noexcept;
   void* allocate(size_t bytes, cudaStream_t stream);
   size_t saved_bytes() const;
+  // RuntimeConfig::measure_planner: planner_times, measured here and agreed (collective).
+  void measure_planner_times();
 
   RuntimeConfig cfg;
   Transport& transport;
+  // RuntimeConfig::measure_planner: feplb's modes and their planning time on the slowest rank's
+  // host (us); empty when not measured. Layers' planners reserve at least these.
+  std::vector<ModeTime> planner_times;
   int rank = 0, world = 1, experts_per_rank = 0;
   int64_t H = 0, F = 0, E = 0, max_pairs = 0, recv_cap = 0, guest_cap = 0;
   std::atomic<bool> open{true};
@@ -143,6 +149,11 @@ struct RuntimeState {
 
   JobThread scheduler;  // last: joined first, before the buffers its jobs use go away
 };
+
+// The context of a planner for a layer of a runtime of configuration `c` (make_gpu_planner):
+// its topology, shape and knobs, prefetch_window_us = 0 becoming the attention block's time for
+// max_tokens; `cost` null: the roofline from the knobs, owned by the context.
+PlannerContext gpu_planner_context(const RuntimeConfig& c, const GemmCostModel* cost);
 
 // The layer's way to its runtime's state (EpRuntime keeps it private).
 struct RuntimeAccess {

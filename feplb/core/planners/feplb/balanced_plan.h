@@ -51,6 +51,10 @@ class BalancedPlan {
   double unbalanced_row_straggler(const RoutingStep& routing);
   // The GEMM times the last plan was made with.
   const LoadMeasure& measure() const { return loads_.measure; }
+  // LoadMeasure::warm.
+  void warm(int64_t rows, std::span<const double> time_weights) {
+    loads_.measure.warm(rows, time_weights);
+  }
 
  private:
   void plan(const FeplbConfig& mode, double time_weight, int64_t row_budget,

@@ -57,7 +57,11 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 }
 
 FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
-    : Planner(ctx), engine_(ctx_), bound_(ctx.knobs.token_bound), chooses_budget_(left.balance) {
+    : Planner(ctx),
+      left_(left),
+      engine_(ctx_),
+      bound_(ctx.knobs.token_bound),
+      chooses_budget_(left.balance) {
   const Knobs& k = ctx_.knobs;
   const Topology& topo = ctx_.topo;
   reserve_ms_ = planner_reserve_us(k, topo) * 1e-3;

@@ -88,6 +88,17 @@ class FeplbChooser final : public Planner {
   // Drops the one-hop candidates (where a two-phase one is left): a layer in a one-hop mode
   // moves to its first mode among the rest, and every layer's tries start again.
   void keep_rows_via_homes() override;
+  // Its two-phase candidates' planning time on this host: per candidate, the p99 of
+  // kProbeSteps - kProbeWarmSteps plans (each with its schedule, as plan() makes it) of
+  // synthetic micro-batches (synthetic_step), on a fresh chooser that observes them as plan()'s
+  // caller would. Empty where the reserve is the knob's (planner_budget_us set).
+  std::vector<ModeTime> measure_mode_times(int64_t rows_per_rank) const override;
+  void warm(int64_t max_expert_rows) override;
+  // A two-phase candidate reserves at least its time (rounded up to a whole us).
+  void reserve_at_least(std::span<const ModeTime> times) override;
+  static constexpr int kProbeSteps = 136;
+  static constexpr int kProbeWarmSteps = 8;
+  static constexpr uint64_t kProbeSeed = 0x7e57;
 
   // The candidate modes, in order (the first modes' rule picks among them).
   std::span<const FeplbConfig> candidates() const { return modes_; }
@@ -132,6 +143,7 @@ class FeplbChooser final : public Planner {
   // The token straggler of `routing` without balancing, within the NVLink domains.
   double unbalanced_straggler(const RoutingStep& routing);
 
+  FeplbAuto left_;  // the switches the knobs leave to it
   FeplbEngine engine_;
   std::vector<FeplbConfig> modes_;
   std::vector<std::string> labels_;  // [modes] FeplbConfig::label()

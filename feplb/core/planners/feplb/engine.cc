@@ -1,5 +1,8 @@
 #include "feplb/core/planners/feplb/engine.h"
 
+#include <algorithm>
+#include <iterator>
+
 namespace feplb {
 
 FeplbEngine::FeplbEngine(const PlannerContext& ctx)
@@ -22,6 +25,25 @@ void FeplbEngine::plan_with(const FeplbConfig& mode, const RoutingStep& routing,
       break;
   }
   balanced_.end_step();
+}
+
+void FeplbEngine::warm(const FeplbConfig& mode, int64_t rows) {
+  switch (mode.balance) {
+    case FeplbBalance::kRows:
+      balanced_.warm(rows, {});
+      break;
+    case FeplbBalance::kTimeBlend:
+      balanced_.warm(rows, std::span<const double>(&mode.time_weight, 1));
+      break;
+    case FeplbBalance::kTimeBudget: {
+      // Its tries: the blends, time under the row cap (1), rows (0).
+      constexpr auto& blends = feplb_detail::TimeBudget::kTimeWeights;
+      double weights[std::size(blends) + 1] = {1.0};
+      std::copy(std::begin(blends), std::end(blends), weights + 1);
+      balanced_.warm(rows, weights);
+      break;
+    }
+  }
 }
 
 }  // namespace feplb

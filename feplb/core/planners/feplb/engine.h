@@ -50,6 +50,8 @@ class FeplbEngine {
   // plan_with() lists with prefetch on. Valid until the next record().
   std::span<const Copy> prefetch(int64_t layer) const { return history_.predicted(layer); }
   const PlannerContext& context() const { return ctx_; }
+  // Grows the tables plans in `mode` read to cover experts of up to `rows` rows (Planner::warm).
+  void warm(const FeplbConfig& mode, int64_t rows);
 
  private:
   const PlannerContext ctx_;

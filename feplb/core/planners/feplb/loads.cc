@@ -9,8 +9,7 @@ namespace feplb::feplb_detail {
 
 void LoadMeasure::grow_gemm_table(int64_t rows) const {
   const size_t old = gemm_ms_.size();
-  gemm_ms_.resize(
-      std::min<size_t>(std::max<size_t>(static_cast<size_t>(rows) + 1, 2 * old), kGemmTableRows));
+  gemm_ms_.resize(std::min<size_t>(table_rows_for(rows), kGemmTableRows));
   for (size_t r = old; r < gemm_ms_.size(); ++r) {
     gemm_ms_[r] = r == 0 ? 0.0 : cost_->expert_ms(static_cast<int64_t>(r));
   }
@@ -20,10 +19,21 @@ int64_t LoadMeasure::units_beyond(int64_t rows) const {
   std::vector<int64_t>& table = table_->units;
   if (rows < 0 || rows >= kGemmTableRows) return blend_units(rows);
   const size_t old = table.size();
-  table.resize(std::min<size_t>(std::max({static_cast<size_t>(rows) + 1, 2 * old, size_t{1024}}),
-                                kGemmTableRows));
+  table.resize(std::min<size_t>(table_rows_for(rows), kGemmTableRows));
   for (size_t r = old; r < table.size(); ++r) table[r] = blend_units(static_cast<int64_t>(r));
   return table[static_cast<size_t>(rows)];
+}
+
+void LoadMeasure::warm(int64_t rows, std::span<const double> time_weights) {
+  rows = std::min<int64_t>(rows, kGemmTableRows - 1);
+  if (rows <= 0) return;
+  if (rows >= static_cast<int64_t>(gemm_ms_.size())) grow_gemm_table(rows);
+  for (const double w : time_weights) {
+    if (w <= 0) continue;
+    set_time_weight(w);
+    tabled_within(rows, units(rows));  // grows the blend's units, then makes its within table
+  }
+  set_time_weight(0);
 }
 
 LoadMeasure::UnitTable& LoadMeasure::unit_table(double time_weight) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "feplb/core/cost_model.h"
@@ -39,6 +40,10 @@ class LoadMeasure {
     shed_memo_.fill({});
   }
   bool by_time() const { return by_time_; }
+  // Grows the GEMM-time table, and the unit tables of the blends `time_weights` (0: rows, no
+  // table), to cover `rows` (at most kGemmTableRows), so that no later plan of experts with at
+  // most that many rows grows them. Leaves the measure by rows.
+  void warm(int64_t rows, std::span<const double> time_weights);
 
   int64_t units(int64_t rows) const {
     if (!by_time_) return rows;
@@ -131,13 +136,21 @@ class LoadMeasure {
         std::min<int64_t>(u, static_cast<int64_t>(t.within.size()) - 1))];
   }
   static void make_within(UnitTable& t);
-  // units() beyond the blend's table: extends it to cover `rows` (doubling, at most
-  // kGemmTableRows), or computes it.
+  // units() beyond the blend's table: extends it to cover `rows` (at most kGemmTableRows), or
+  // computes it.
   int64_t units_beyond(int64_t rows) const;
   // The table of `time_weight` (emptied if it was another blend's).
   UnitTable& unit_table(double time_weight);
-  // Extends gemm_ms_ to cover `rows` (doubling, at most kGemmTableRows: it grows only while the
-  // steps' largest expert count does).
+  // A table's size to cover `rows`: the next multiple of kTableChunkRows. Grown by what the
+  // steps ask and no more (not doubled: each entry of the GEMM-time table is a cost-model call,
+  // about 1,000 instructions with the roofline, so doubling 16,384 rows to 32,768 made one plan
+  // at EP=8 take 4 to 9 ms).
+  static constexpr size_t kTableChunkRows = 1024;
+  static size_t table_rows_for(int64_t rows) {
+    return (static_cast<size_t>(rows) / kTableChunkRows + 1) * kTableChunkRows;
+  }
+  // Extends gemm_ms_ to cover `rows` (at most kGemmTableRows: it grows only while the steps'
+  // largest expert count does).
   void grow_gemm_table(int64_t rows) const;
   static double row_unit_ms(const GemmCostModel& cost);
 

@@ -35,6 +35,7 @@ class FeplbPlanner final : public Planner {
     engine_.record(routing.layer, observed_);
   }
   std::span<const Copy> prefetch(int64_t layer) const override { return engine_.prefetch(layer); }
+  void warm(int64_t max_expert_rows) override { engine_.warm(config_, max_expert_rows); }
 
  protected:
   void make_plan(const RoutingStep& routing, Plan& out) override {

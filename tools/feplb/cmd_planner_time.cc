@@ -1,0 +1,99 @@
+// feplb planner-time: what feplb's default planner takes on this host, mode by mode, against the
+// planner time its two-phase plans reserve ahead of their copies (the GPU layer reserves at least
+// the measured time: RuntimeConfig::measure_planner; a simulation of this host can set
+// --planner-budget-us from it).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "cli.h"
+#include "feplb/core/error.h"
+#include "feplb/core/planners/feplb/chooser.h"
+#include "feplb/core/planners/planner.h"
+
+namespace feplb::cli {
+namespace {
+
+struct PlannerTimeOptions : ModelFlags {
+  int ranks = 8;
+  int64_t experts = 128;
+  int64_t rows_per_rank = 4096 * 8;
+  std::string model;  // sets the expert shape (default: default_shape())
+};
+
+void run_planner_time(const PlannerTimeOptions& o) {
+  FEPLB_REQUIRE_INPUT(o.experts % o.ranks == 0,
+                      "--experts {} must be a multiple of --ranks {} (experts per GPU)", o.experts,
+                      o.ranks);
+  FEPLB_REQUIRE_INPUT(o.ranks % o.gpus_per_node == 0 || o.gpus_per_node >= o.ranks,
+                      "--ranks {} must be a multiple of --gpus-per-node {} (whole NVLink domains)",
+                      o.ranks, o.gpus_per_node);
+  const Topology topo = Topology::contiguous(o.ranks, std::min(o.gpus_per_node, o.ranks),
+                                             static_cast<int>(o.experts));
+  ShapeFlags flags = o.shape;
+  if (o.model.empty() && !flags.hidden) flags.hidden = default_shape().hidden;
+  if (o.model.empty() && !flags.ffn) flags.ffn = default_shape().ffn;
+  const ExpertShape shape = resolve_shape(flags, nullptr, o.model);
+  FEPLB_REQUIRE_INPUT(shape.hidden > 0 && shape.ffn > 0,
+                      "--model '{}' names no known expert shape; give --hidden and --ffn", o.model);
+  const CostChoice cost = resolve_cost(o.cost_model, shape, o.knobs, *o.gpu_class);
+  const RooflineCostModel roofline(shape, o.knobs);  // where no measured table was chosen
+  const PlannerContext ctx{topo, shape, o.knobs, cost.model ? cost.model.get() : &roofline};
+  const auto planner = make_planner("feplb", ctx);
+  const auto* chooser = dynamic_cast<const FeplbChooser*>(planner.get());
+  FEPLB_REQUIRE_INPUT(chooser != nullptr,
+                      "feplb plans in one mode with these knobs (every mode switch set): it keeps "
+                      "the knobs' reserve, planner_budget_us; leave a switch at -1 to measure");
+  FEPLB_REQUIRE_INPUT(o.knobs.planner_budget_us < 0,
+                      "--planner-budget-us {} sets the reserve; leave it at -1 to measure",
+                      o.knobs.planner_budget_us);
+  std::printf("%s | %s | %lld rows per rank | GEMM model: %s\n", topo.describe().c_str(),
+              shape.describe().c_str(), static_cast<long long>(o.rows_per_rank),
+              cost.label.c_str());
+  std::printf("measuring %d synthetic micro-batches per two-phase mode...\n",
+              FeplbChooser::kProbeSteps);
+  std::fflush(stdout);
+  const std::vector<ModeTime> times = planner->measure_mode_times(o.rows_per_rank);
+  std::printf("\n%-64s %12s %12s %14s\n", "two-phase mode", "p99 here us", "reserve us",
+              "GPU layer us");
+  for (const ModeTime& t : times) {
+    double reserve = 0;
+    for (const FeplbConfig& m : chooser->candidates()) {
+      if (m.label() == t.mode) reserve = m.reserve_us;
+    }
+    std::printf("%-64s %12.1f %12.1f %14.0f\n", t.mode.c_str(), t.us, reserve,
+                std::max(reserve, std::ceil(t.us)));
+  }
+  std::printf(
+      "\np99 of %d plans each (their schedules written), one thread, after the planner's tables "
+      "cover the\nstream; reserve: what the plans reserve ahead of their copies in simulation "
+      "(planner_budget_us -1);\nGPU layer: what they reserve there (at least the time measured on "
+      "the slowest rank's host)\n",
+      FeplbChooser::kProbeSteps - FeplbChooser::kProbeWarmSteps);
+}
+
+}  // namespace
+
+void add_planner_time_command(CLI::App& app) {
+  auto o = std::make_shared<PlannerTimeOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "planner-time",
+      "Time feplb's default planner on this host, mode by mode, against the reserve its plans "
+      "keep ahead of their copies");
+  add_int(*cmd, "--ranks", o->ranks, 1, 1 << 16, "GPUs (expert-parallel ranks; default 8)");
+  add_int(*cmd, "--experts", o->experts, 1, 1 << 20,
+          "experts, a multiple of --ranks (default 128)");
+  add_int(*cmd, "--rows-per-rank", o->rows_per_rank, 0, int64_t{1} << 40,
+          "token-expert rows each rank routes per micro-batch: tokens x top_k (default 32768)");
+  add_model_flag(*cmd, o->model, "model whose experts to plan (default GLM-5's)");
+  add_model_flags(*cmd, *o);
+  cmd->callback([o, cmd] {
+    apply_model_flags(*cmd, *o);
+    run_planner_time(*o);
+  });
+}
+
+}  // namespace feplb::cli
