@@ -92,6 +92,10 @@ class Planner {
   // nothing, are left as they are). Every rank must pass the same times (the GPU runtime passes
   // every rank's largest), or their plans differ. Call before the first plan.
   virtual void reserve_at_least(std::span<const ModeTime> /*times*/) {}
+  // The next plans whose copies wait for a reserve of the planner's own (feplb's chooser) reserve
+  // at least `us` (0: no floor), e.g. what its recent plans took on the slowest rank's host. Every
+  // rank must pass the same, or their plans differ.
+  virtual void set_reserve_floor_us(double /*us*/) {}
 
  protected:
   // The policy's plan of one step, as plan() says, without the schedule.

@@ -2,6 +2,7 @@
 // pending prefetch, the micro-batch's memory, the scheduler's job, the plan's checks, and the
 // host work the programs call back for (ProgramHooks).
 #include <algorithm>
+#include <atomic>
 
 #include "feplb/cuda/layer/layer_impl.h"
 #include "feplb/cuda/runtime/check.h"
@@ -45,6 +46,7 @@ MoeLayer::Impl::Impl(std::shared_ptr<RuntimeState> runtime, const LayerConfig& c
 void MoeLayer::Impl::start_host(Bindings& b) {
   call_host = HostTimes{};
   b.host = &call_host;
+  b.planner_us = planner_us.get();
   call_start = Clock::now();
   call_gemms0 = rt->gemm.launches();
 }
@@ -234,6 +236,8 @@ void MoeLayer::Impl::host(HostAction action, Bindings& b) {
     case HostAction::kStageCounts:  // the previous call's D2H into the pinned buffer is done
       for (int i = 0; i < r.experts_per_rank; ++i)
         r.counts_host.get()[i] = static_cast<int32_t>(rows_per_expert[static_cast<size_t>(i)]);
+      r.counts_host.get()[r.experts_per_rank] =
+          std::atomic_ref<int32_t>(*planner_us.get()).load(std::memory_order_relaxed);
       break;
     case HostAction::kStartJob:
       r.scheduler.post(&Impl::run_job, this);

@@ -13,6 +13,7 @@
 //              the caller awaits it before the call ends. Nothing of the job is written after.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <memory>
 #include <span>
@@ -92,6 +93,22 @@ struct MoeLayer::Impl final : ProgramHooks {
   }
   Plan last_plan;
   RoutingStep last_routing;
+
+  // The layer's recent planner time, sent with every forward's counts (KernelId::kPlannerTime,
+  // kStageCounts): the longest of its last kClockPlans two-phase plans in the mode they were made
+  // in, whole us (0 after a change of mode, or none yet: the mode's time measured when the runtime
+  // was made stands). Every rank's largest is the floor of the next plan's reserve
+  // (Planner::set_reserve_floor_us), so that all plan alike.
+  static constexpr int kClockPlans = 64;
+  struct PlannerClock {
+    std::string mode;
+    std::array<double, kClockPlans> us{};
+    int count = 0, next = 0;
+    // After a plan in `mode` (two-phase: `reserved`) that took `us`; returns the time to send.
+    int32_t add(const std::string& plan_mode, bool reserved, double plan_us);
+  } clock;
+  PinnedBuffer<int32_t> planner_us{1};  // written by the scheduler, read by the copy and the host
+  int32_t floor_us = 0;                 // the job's: every rank's largest (routing_from_counts)
 
   // ProgramHooks.
   void host(HostAction action, Bindings& b) override;

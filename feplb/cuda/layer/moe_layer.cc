@@ -71,6 +71,7 @@ MoeLayer::MoeLayer(EpRuntime& runtime, const LayerConfig& config,
   planner->reserve_at_least(r.planner_times);
   impl_ = std::make_unique<Impl>(state, config, std::move(planner));
   Impl& m = *impl_;
+  *m.planner_us.get() = 0;  // no plan yet
   m.K = config.top_k;
   m.layer_id = r.next_layer_id++;
   m.capacity.recv_rows = r.recv_cap;

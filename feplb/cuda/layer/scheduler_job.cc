@@ -2,6 +2,8 @@
 // phase-2 input copies as a step program (forward and backward; the backward reuses the
 // forward's plan).
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 
 #include "feplb/cuda/layer/layer_impl.h"
 #include "feplb/cuda/runtime/check.h"
@@ -48,7 +50,8 @@ void MoeLayer::Impl::wait_counts() const {
 }
 
 // The routing step from the gathered counts (dispatched rows: each rank's rows per local expert;
-// otherwise every rank's rows per expert, and the first rank that sent out-of-range ids).
+// otherwise every rank's rows per expert, and the first rank that sent out-of-range ids), and
+// every rank's planner time: the largest is the plan's reserve floor (floor_us).
 void MoeLayer::Impl::routing_from_counts(MicroBatchState& h) {
   const RuntimeState& r = *rt;
   const int R = r.world;
@@ -57,18 +60,23 @@ void MoeLayer::Impl::routing_from_counts(MicroBatchState& h) {
   h.routing.step = static_cast<int>(job.seq);
   h.routing.layer = layer_id;
   job.bad_ids = 0;
+  floor_us = 0;
   if (job.dispatched) {
-    // Each rank's rows per local expert; planners need every expert's total (at its home).
+    // Each rank's rows per local expert, then its planner time; planners need every expert's
+    // total (at its home).
     std::fill(h.routing.counts.begin(), h.routing.counts.end(), 0);
     const int L = r.experts_per_rank;
     for (int d = 0; d < R; ++d) {
+      const int32_t* row = r.counts_host.get() + static_cast<size_t>(d) * (L + 1);
       const auto local = r.cfg.topo.local_experts(d);
-      for (int i = 0; i < L; ++i) h.routing.at(d, local[i]) = r.counts_host.get()[d * L + i];
+      for (int i = 0; i < L; ++i) h.routing.at(d, local[i]) = row[i];
+      floor_us = std::max(floor_us, row[L]);
     }
     return;
   }
   for (int d = 0; d < R; ++d) {
-    const int32_t* row = r.counts_host.get() + static_cast<size_t>(d) * (E + 1);
+    const int32_t* row = r.counts_host.get() + static_cast<size_t>(d) * (E + 2);
+    floor_us = std::max(floor_us, row[E + 1]);
     std::copy(row, row + E, h.routing.counts.begin() + static_cast<std::ptrdiff_t>(d) * E);
     if (row[E] > 0 && job.bad_ids == 0) {
       job.bad_ids = row[E];
@@ -100,6 +108,20 @@ void MoeLayer::Impl::check_prefetched(const MicroBatchState& h, int64_t& hits) {
   }
 }
 
+int32_t MoeLayer::Impl::PlannerClock::add(const std::string& plan_mode, bool reserved,
+                                          double plan_us) {
+  if (!reserved || plan_mode != mode) {
+    mode = reserved ? plan_mode : std::string();
+    count = next = 0;
+  }
+  if (!reserved) return 0;
+  us[static_cast<size_t>(next)] = plan_us;
+  next = (next + 1) % kClockPlans;
+  count = std::min(count + 1, kClockPlans);
+  return static_cast<int32_t>(
+      std::ceil(*std::max_element(us.begin(), us.begin() + static_cast<std::ptrdiff_t>(count))));
+}
+
 void MoeLayer::Impl::plan_job() {
   RuntimeState& r = *rt;
   MicroBatchState& h = *job.h;
@@ -114,6 +136,9 @@ void MoeLayer::Impl::plan_job() {
     return;
   }
   h.routing.sum_experts();
+  // RuntimeConfig::measure_planner: the reserve covers what the layer's plans took lately on every
+  // rank's host (the same on every rank: the gathered times).
+  if (r.cfg.measure_planner) planner->set_reserve_floor_us(floor_us);
   const auto t0 = Clock::now();
   planner->plan(h.routing, h.plan);
   const auto t1 = Clock::now();
@@ -132,6 +157,11 @@ void MoeLayer::Impl::plan_job() {
   h.stats = ForwardStats{};
   h.stats.counts_to_host_us = us_between(forward_timeline.host(Mark::kCountsIssued), t_seen);
   h.stats.plan_us = us_between(t0, t1);
+  if (r.cfg.measure_planner) {
+    std::atomic_ref<int32_t>(*planner_us.get())
+        .store(clock.add(h.plan.mode, !h.plan.planned_before_dispatch, h.stats.plan_us),
+               std::memory_order_relaxed);
+  }
   h.stats.plan_reserve_us =
       h.plan.planned_before_dispatch ? 0.0 : h.plan.schedule.copy_start_ms * 1e3;
   h.stats.counts_to_plan_us = us_between(t_seen, job.plan_ready);

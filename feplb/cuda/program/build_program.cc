@@ -332,22 +332,24 @@ void build_forward_prologue(StepList& out, const CallFacts& f) {
   if (f.settle && !f.prefetched_here) prefetch_waits(out, f, kCompute);
   if (f.dispatched) {
     host(out, HostAction::kStageCounts);
-    kernel(out, KernelId::kCountsFromCaller, kCompute, f.experts_per_rank);
-    all_gather(out, f.experts_per_rank);
+    // The rows per local expert, then the planner time (kStageCounts staged both).
+    kernel(out, KernelId::kCountsFromCaller, kCompute, f.experts_per_rank + 1);
+    all_gather(out, f.experts_per_rank + 1);
     mark(out, Mark::kCounts, false);
     mark(out, Mark::kCountsIssued, false);
-    kernel(out, KernelId::kCountsToHost, kCompute, int64_t{f.world} * f.experts_per_rank);
+    kernel(out, KernelId::kCountsToHost, kCompute, int64_t{f.world} * (f.experts_per_rank + 1));
   } else {
     host(out, HostAction::kCarveTokens);
     kernel(out, KernelId::kZeroCounts);
     kernel(out, KernelId::kCountExperts);
     kernel(out, KernelId::kSendOffsets);
     kernel(out, KernelId::kScatterRows);
-    all_gather(out, f.num_experts + 1);
+    kernel(out, KernelId::kPlannerTime);
+    all_gather(out, f.num_experts + 2);
     mark(out, Mark::kCounts, false);
     if (f.sync_before_counts) kernel(out, KernelId::kSyncCounts);
     mark(out, Mark::kCountsIssued, false);
-    kernel(out, KernelId::kCountsToHost, kCompute, int64_t{f.world} * (f.num_experts + 1));
+    kernel(out, KernelId::kCountsToHost, kCompute, int64_t{f.world} * (f.num_experts + 2));
   }
   record(out, EventId::kCounts, kCompute);
   host(out, HostAction::kStartJob);

@@ -165,6 +165,11 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
     case KernelId::kCountExperts:
       FEPLB_CUDA_CHECK(kernels::count_experts(b.topk_idx, pairs, E, r.counts.get(), st));
       break;
+    case KernelId::kPlannerTime:  // read when the copy runs: any rank's value is agreed by all
+      if (b.planner_us)
+        FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts.get() + E + 1, b.planner_us, sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, st));
+      break;
     case KernelId::kSendOffsets:
       FEPLB_CUDA_CHECK(
           kernels::send_offsets(r.counts.get(), r.order.get(), E, r.offsets.get(), st));

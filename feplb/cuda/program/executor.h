@@ -51,6 +51,8 @@ struct Bindings {
   int64_t* guest_rows = nullptr;
   // Host time per kind of step (null: not clocked; stats.h).
   HostTimes* host = nullptr;
+  // Forward: the layer's recent planner time, us (pinned host; KernelId::kPlannerTime sends it).
+  const int32_t* planner_us = nullptr;
 };
 
 // The layer's host work at a program's kHost steps, and what it reads off the marks.

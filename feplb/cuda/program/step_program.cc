@@ -146,6 +146,8 @@ std::string_view kernel_name(KernelId kernel) {
       return "zero_counts";
     case KernelId::kCountExperts:
       return "count_experts";
+    case KernelId::kPlannerTime:
+      return "planner_time";
     case KernelId::kSendOffsets:
       return "send_offsets";
     case KernelId::kScatterRows:

@@ -155,6 +155,7 @@ enum class Value : uint8_t {
 enum class KernelId : uint8_t {
   kZeroCounts,        // counts, cursor = 0
   kCountExperts,      // topk_idx -> counts [E + 1]
+  kPlannerTime,       // the layer's recent planner time (pinned host) -> counts[E + 1] (H2D)
   kSendOffsets,       // counts -> offsets in send order
   kScatterRows,       // hidden -> send, pair_pos
   kScatterGrad,       // grad_out -> send (dY), d topk_weight
@@ -162,7 +163,7 @@ enum class KernelId : uint8_t {
   kCombineGrad,       // back -> grad_hidden (unweighted)
   kZeroGrads,         // a = 0: one expert's gradients no home dW GEMM writes (kOverwrite)
   kAddStagedGrad,     // the caller's gradient of local expert a.index += staging slot b.index
-  kCountsFromCaller,  // rows per local expert (host) -> counts (H2D)
+  kCountsFromCaller,  // rows per local expert, then the planner time (host) -> counts (H2D)
   kCountsToHost,      // counts_all -> counts_host (D2H)
   kSyncCounts,        // the host waits for the stream (sync_before_counts)
 };
@@ -170,7 +171,7 @@ std::string_view kernel_name(KernelId kernel);
 
 enum class Op : uint8_t {
   kKernel,         // kernel
-  kAllGather,      // count ints of every rank (counts: E + 1; dispatched rows: L; ordering: 1)
+  kAllGather,      // count ints of every rank (counts: E + 2; dispatched rows: L + 1; ordering: 1)
   kExchange,       // all-to-all-v: sends [begin, mid), recvs [mid, end) of exchanges
   kGemm,           // forward or backward FFNs [begin, end) of gemms
   kCopyBatch,      // copy-engine batch [begin, end) of copies (ce_copy_and_signal, no flag)

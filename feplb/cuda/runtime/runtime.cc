@@ -111,12 +111,12 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
     ybuf = DeviceBuffer<bf16>(static_cast<size_t>(max_pairs * H));
     dyrecv = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap * H));
   }
-  counts = DeviceBuffer<int32_t>(static_cast<size_t>(E + 1));
+  counts = DeviceBuffer<int32_t>(static_cast<size_t>(E + 2));
   cursor = DeviceBuffer<int32_t>(static_cast<size_t>(E));
   offsets = DeviceBuffer<int32_t>(static_cast<size_t>(E));
   order = DeviceBuffer<int32_t>(static_cast<size_t>(E));
-  counts_all = DeviceBuffer<int32_t>(static_cast<size_t>(world * (E + 1)));
-  counts_host = PinnedBuffer<int32_t>(static_cast<size_t>(world * (E + 1)));
+  counts_all = DeviceBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
+  counts_host = PinnedBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
 
   // Send order: experts grouped by home rank, each rank's experts in its local order.
   std::vector<int32_t> send_order;

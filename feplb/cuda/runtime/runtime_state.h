@@ -113,11 +113,13 @@ struct RuntimeState {
   DeviceBuffer<bf16> dyrecv;    // [recv_cap, H] backward: dY at the experts' homes
   DeviceBuffer<bf16> yrecv;     // [recv_cap, H] Y (forward) or dX (backward) at home; peers write
   DeviceBuffer<bf16> guest_in;  // [guest_cap, H] guests' X (forward) or dY (backward); owners write
-  DeviceBuffer<bf16> guest_out;                  // [guest_cap, H] guests' Y or dX
-  DeviceBuffer<int32_t> counts;                  // [E + 1]: rows per expert, then out-of-range ids
+  DeviceBuffer<bf16> guest_out;  // [guest_cap, H] guests' Y or dX
+  // [E + 2]: rows per expert, then out-of-range ids, then the layer's recent planner time (us;
+  // MoeLayer's planner clock), gathered with them so that every rank reserves alike.
+  DeviceBuffer<int32_t> counts;
   DeviceBuffer<int32_t> cursor, offsets, order;  // [E]
-  DeviceBuffer<int32_t> counts_all;              // [R, E + 1] every rank's counts
-  PinnedBuffer<int32_t> counts_host;  // [R, E + 1] (dispatched rows: [R, experts_per_rank])
+  DeviceBuffer<int32_t> counts_all;              // [R, E + 2] every rank's counts
+  PinnedBuffer<int32_t> counts_host;  // [R, E + 2] (dispatched rows: [R, experts_per_rank + 1])
   std::vector<bf16*> peer_yrecv, peer_guest_in;  // [R] peers' arenas as addressed here
   // The named signals (weights and rows landed, results back, dW back, slots quiet, prefetch
   // landed), their slot layout and value sequences: the call numbers, each rank's slots-quiet

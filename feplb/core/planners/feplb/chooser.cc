@@ -215,7 +215,7 @@ std::span<const Copy> FeplbChooser::prefetch(int64_t layer) const {
 void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   Layer& l = layer_state(routing.layer);
   l.budget = time_budget_now(unbalanced_straggler(routing));
-  engine_.plan_with(mode_at(l.mode, l.budget), routing, out);
+  engine_.plan_with(planned_mode(l.mode, l.budget), routing, out);
   out.mode = labels_[static_cast<size_t>(l.mode)];
 }
 
@@ -239,8 +239,16 @@ FeplbConfig FeplbChooser::mode_at(int mode, double budget) const {
   return m;
 }
 
-PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch) {
-  engine_.plan_with(mode_at(mode, budget), routing, scratch);
+FeplbConfig FeplbChooser::planned_mode(int mode, double budget) const {
+  FeplbConfig m = mode_at(mode, budget);
+  if (m.path == FeplbPath::kTwoPhase && m.reserve_us >= 0)
+    m.reserve_us = std::max(m.reserve_us, floor_us_);
+  return m;
+}
+
+PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch,
+                               bool planned) {
+  engine_.plan_with(planned ? planned_mode(mode, budget) : mode_at(mode, budget), routing, scratch);
   writer_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);
   const double latency_ms = scratch.reserve_us >= 0 ? scratch.reserve_us * 1e-3 : reserve_ms_;
   return plan_cost(scratch, ctx_.topo, latency_ms, gemm_scratch_, rows_scratch_);
@@ -253,7 +261,7 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   // a plan would have got): its prefetch history, and its cost.
   const double unbalanced = unbalanced_straggler(routing);
   if (l.budget < 0) l.budget = time_budget_now(unbalanced);
-  const PlanCost now = cost_of(l.mode, l.budget, routing, current_);
+  const PlanCost now = cost_of(l.mode, l.budget, routing, current_, /*planned=*/true);
   unbalanced_sum_ = kTokenDecay * unbalanced_sum_ + unbalanced;
   straggler_sum_ = kTokenDecay * straggler_sum_ + now.token_straggler;
   const int64_t seen = l.seen++;

@@ -96,6 +96,9 @@ class FeplbChooser final : public Planner {
   void warm(int64_t max_expert_rows) override;
   // A two-phase candidate reserves at least its time (rounded up to a whole us).
   void reserve_at_least(std::span<const ModeTime> times) override;
+  // A two-phase plan (and the plan observe() records for the prefetch history) reserves at least
+  // `us` (where the reserve is feplb's: planner_budget_us -1).
+  void set_reserve_floor_us(double us) override { floor_us_ = us; }
   static constexpr int kProbeSteps = 136;
   static constexpr int kProbeWarmSteps = 8;
   static constexpr uint64_t kProbeSeed = 0x7e57;
@@ -130,10 +133,14 @@ class FeplbChooser final : public Planner {
   // costed (`now`: the layer's own plan), their decayed sums updated, and the layer's mode moved
   // by the rule above. `bound`: the token-straggler bound in rows.
   void explore(Layer& l, const RoutingStep& routing, const PlanCost& now, double bound);
-  // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it.
-  PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch);
+  // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it; `planned`: as
+  // the layer's own plan was made (planned_mode).
+  PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch,
+                   bool planned = false);
   // Candidate `mode` with its time budget at `budget` (where the chooser sets the balance).
   FeplbConfig mode_at(int mode, double budget) const;
+  // mode_at, with the reserve floor (set_reserve_floor_us) where it reserves: a layer's own plan.
+  FeplbConfig planned_mode(int mode, double budget) const;
   // The time budget of the plan of `routing`: what keeps the token straggler, summed over the
   // plans of every layer, within kAimShare x the bound x the unbalanced one's sum (the margin
   // is for the micro-batches no plan brings within it), at least kMinBudgetShare of the bound
@@ -153,6 +160,7 @@ class FeplbChooser final : public Planner {
   // by kTokenDecay per plan).
   double straggler_sum_ = 0, unbalanced_sum_ = 0;
   double reserve_ms_ = 0;  // the planner's reserve, charged to one-hop plans
+  double floor_us_ = 0;    // set_reserve_floor_us
   std::vector<Layer> layers_;
   ScheduleWriter writer_;  // the schedules of the plans observe() costs
   Plan current_, candidate_;
