@@ -521,6 +521,7 @@ int feplb_layer_stats_json(feplb_layer* layer, char* buf, size_t cap, size_t* le
     j["token_bytes"] = plan.token_bytes();
     j["forward"] = {{"counts_to_host_us", f.counts_to_host_us},
                     {"plan_us", f.plan_us},
+                    {"plan_reserve_us", f.plan_reserve_us},
                     {"counts_to_plan_us", f.counts_to_plan_us},
                     {"plan_to_first_copy_us", f.plan_to_first_copy_us},
                     {"counts_to_first_copy_us", f.counts_to_first_copy_us},
