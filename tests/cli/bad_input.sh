@@ -294,6 +294,7 @@ expect_bad report_workloads_none "--workloads|zzzz-none" -- report --quiet --mod
 expect_bad planner_time_experts "--experts|--ranks" -- planner-time --ranks 8 --experts 100
 expect_bad planner_time_domains "--ranks|--gpus-per-node" -- planner-time --ranks 12 --experts 48 --gpus-per-node 8
 expect_bad planner_time_budget "--planner-budget-us" -- planner-time --planner-budget-us 30
+expect_bad planner_time_size "--ranks|--experts" -- planner-time --ranks 16384 --experts 65536
 expect_bad planner_time_one_mode "planner_budget_us" -- planner-time --one-hop 0 --prefetch 0 --copy-timing 1 --time-balance-budget 0
 [[ -e none.md ]] && fail report_workloads_none "wrote none.md for a selection that matched no workload"
 

@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "feplb/core/error.h"
+#include "feplb/core/limits.h"
 #include "feplb/core/planners/feplb/chooser.h"
 #include "feplb/core/planners/planner.h"
 
@@ -25,6 +26,9 @@ struct PlannerTimeOptions : ModelFlags {
 };
 
 void run_planner_time(const PlannerTimeOptions& o) {
+  FEPLB_REQUIRE_INPUT(o.ranks * o.experts <= limits::kMaxTraceCounts,
+                      "--ranks {} x --experts {}: at most {} counts per micro-batch", o.ranks,
+                      o.experts, limits::kMaxTraceCounts);
   FEPLB_REQUIRE_INPUT(o.experts % o.ranks == 0,
                       "--experts {} must be a multiple of --ranks {} (experts per GPU)", o.experts,
                       o.ranks);
@@ -83,10 +87,11 @@ void add_planner_time_command(CLI::App& app) {
       "planner-time",
       "Time feplb's default planner on this host, mode by mode, against the reserve its plans "
       "keep ahead of their copies");
-  add_int(*cmd, "--ranks", o->ranks, 1, 1 << 16, "GPUs (expert-parallel ranks; default 8)");
-  add_int(*cmd, "--experts", o->experts, 1, 1 << 20,
+  add_int(*cmd, "--ranks", o->ranks, 1, limits::kMaxRanks,
+          "GPUs (expert-parallel ranks; default 8)");
+  add_int(*cmd, "--experts", o->experts, 1, limits::kMaxExperts,
           "experts, a multiple of --ranks (default 128)");
-  add_int(*cmd, "--rows-per-rank", o->rows_per_rank, 0, int64_t{1} << 40,
+  add_int(*cmd, "--rows-per-rank", o->rows_per_rank, 0, limits::kMaxTokensPerRank,
           "token-expert rows each rank routes per micro-batch: tokens x top_k (default 32768)");
   add_model_flag(*cmd, o->model, "model whose experts to plan (default GLM-5's)");
   add_model_flags(*cmd, *o);
