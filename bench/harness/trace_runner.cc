@@ -88,6 +88,7 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
       VirtualLayerStats& p = per[r];
       p.counts_to_host_us.push_back(st.counts_to_host_us);
       p.plan_us.push_back(st.plan_us);
+      if (r == 0) p.plan_modes.push_back(layer.last_plan().mode);
       if (st.plan_reserve_us > 0) {
         p.plan_reserve_us.push_back(st.plan_reserve_us);
         p.reserved_plan_us.push_back(st.plan_us);
@@ -110,6 +111,7 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
     cat(all.plan_us, p.plan_us);
     cat(all.plan_reserve_us, p.plan_reserve_us);
     cat(all.reserved_plan_us, p.reserved_plan_us);
+    all.plan_modes.insert(all.plan_modes.end(), p.plan_modes.begin(), p.plan_modes.end());
     cat(all.counts_to_plan_us, p.counts_to_plan_us);
     cat(all.wait_ms, p.wait_ms);
     cat(all.wait_pct, p.wait_pct);

@@ -29,7 +29,8 @@ struct VirtualLayerStats {
   // Two-phase plans (every rank's): the planner time each reserved ahead of its copies, and its
   // plan_us in the same order.
   std::vector<double> plan_reserve_us, reserved_plan_us;
-  std::vector<double> counts_to_plan_us;              // counts ready -> plan ready (every rank)
+  std::vector<std::string> plan_modes;    // rank 0's plans' modes (Plan::mode), in order
+  std::vector<double> counts_to_plan_us;  // counts ready -> plan ready (every rank)
   std::vector<double> wait_ms, wait_pct, forward_ms;  // per rank and forward
   int forwards = 0;
 };

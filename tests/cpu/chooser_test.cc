@@ -105,6 +105,19 @@ TEST(FeplbChooser, ReservesAtLeastWhatItsTwoPhaseModesTakeOnThisHost) {
   e.reserve_at_least(fast);
   for (size_t i = 0; i < e.candidates().size(); ++i)
     EXPECT_EQ(e.candidates()[i].reserve_us, c.candidates()[i].reserve_us);
+  // A reserve floor (the GPU layer's: what its recent plans took): a two-phase plan reserves at
+  // least that, and its copies are modelled from then.
+  FeplbChooser f(ctx, FeplbAuto::from_knobs(b.knobs));
+  f.set_reserve_floor_us(500);
+  for (const RoutingStep& s : steps) {
+    Plan plan;
+    f.plan(s, plan);
+    if (!plan.planned_before_dispatch) {
+      EXPECT_GE(plan.reserve_us, 500.0) << plan.mode;
+      EXPECT_GE(plan.schedule.copy_start_ms, 0.5) << plan.mode;
+    }
+    f.observe(s);
+  }
   // The reserve set by the knob: nothing to measure.
   Knobs set = b.knobs;
   set.planner_budget_us = 30;

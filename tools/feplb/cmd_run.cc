@@ -70,6 +70,7 @@ void run_gpu(const RunOptions& o) {
     double fwd_ms = 0, wait_ms = 0;
     std::vector<double> latency_us, plan_us, to_host_us, to_plan_us;
     std::vector<double> reserve_us, reserved_plan_us;  // two-phase plans
+    std::vector<std::string> modes;                    // rank 0's plans' modes
   };
   std::vector<Row> rows;
   int64_t max_rows = 1;
@@ -121,6 +122,7 @@ void run_gpu(const RunOptions& o) {
       r.to_plan_us = lay.counts_to_plan_us;
       r.reserve_us = lay.plan_reserve_us;
       r.reserved_plan_us = lay.reserved_plan_us;
+      r.modes = lay.plan_modes;
     }
   }
   std::printf("\n%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "policy", "token straggler",
@@ -151,7 +153,8 @@ void run_gpu(const RunOptions& o) {
                                  {"counts_to_host_us", r.to_host_us},
                                  {"counts_to_plan_us", r.to_plan_us},
                                  {"two_phase_plan_reserve_us", r.reserve_us},
-                                 {"two_phase_plan_us", r.reserved_plan_us}};
+                                 {"two_phase_plan_us", r.reserved_plan_us},
+                                 {"plan_modes", r.modes}};
   }
   for (const Row& r : rows) {
     if (r.latency_us.empty()) continue;
@@ -177,6 +180,12 @@ void run_gpu(const RunOptions& o) {
         quantile_of(r.reserved_plan_us, 0.99), quantile_of(r.reserve_us, 0.5),
         o.reserve_from_knobs ? "the knobs' reserve" : "at least the time measured on this host",
         late, r.reserve_us.size());
+    size_t changes = 0;
+    for (size_t i = 1; i < r.modes.size(); ++i) changes += r.modes[i] != r.modes[i - 1];
+    if (!r.modes.empty() && !r.modes.front().empty()) {
+      std::printf("%-12s modes of rank 0's %zu plans: %zu changes, the last \"%s\"\n",
+                  r.policy.c_str(), r.modes.size(), changes, r.modes.back().c_str());
+    }
   }
   std::printf(
       "\nmeasured GEMM straggler and experts fwd/bwd: each rank's experts (own + guests) timed "

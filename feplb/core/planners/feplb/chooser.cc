@@ -278,7 +278,10 @@ void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost&
   // Every candidate on these counts, at the budget the layer's plan got.
   for (int m = 0; m < n; ++m) {
     const auto i = static_cast<size_t>(m);
-    const PlanCost c = m == l.mode ? now : cost_of(m, l.budget, routing, candidate_);
+    // The layer's own plan is reused where it was made as every candidate is (no reserve floor:
+    // the floor measures the layer's mode alone, so it would weigh against it).
+    const PlanCost c =
+        m == l.mode && floor_us_ <= 0 ? now : cost_of(m, l.budget, routing, candidate_);
     l.cost_ms[i] = kDecay * l.cost_ms[i] + c.layer_ms;
     l.over[i] = kDecay * l.over[i] + (c.token_straggler > bound ? 1.0 : 0.0);
   }
