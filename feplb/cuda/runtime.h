@@ -64,10 +64,10 @@ struct RuntimeConfig {
   std::string name = "feplb";       // names the peer buffers: unique per runtime in a process
   // feplb's default planner (planner_budget_us -1) reserves, ahead of a two-phase plan's copies,
   // at least its plans' time on this host: measured when the runtime is made (each two-phase
-  // mode's p99 on synthetic micro-batches, tens to hundreds of milliseconds once), then the
-  // longest of the layer's last 64 plans in its mode, sent with every forward's counts; every
-  // rank's largest, so that every rank's plans still agree. false: the knobs' reserve alone
-  // (planner_reserve_us), as in simulation.
+  // mode's p90 on synthetic micro-batches, tens to hundreds of milliseconds once), then the
+  // third longest of the layer's last 64 plans in its mode (about their p97), sent with every
+  // forward's counts; every rank's largest, so that every rank's plans still agree. false: the
+  // knobs' reserve alone (planner_reserve_us), as in simulation.
   bool measure_planner = true;
 };
 

@@ -54,6 +54,9 @@ testing::LayerSetup config_for(int ranks, int experts, int top_k, int64_t max_to
   c.knobs.balance_tolerance = 0;
   c.knobs.max_num_dyn = experts;  // the oracle may use many helpers
   c.timeout_s = 30;
+  // The knobs' reserve: the same plans on every run (a reserve measured on the host moves them
+  // with its speed; TheDefaultReservesWhatItsPlannerTakesOnThisHost tests it).
+  c.measure_planner = false;
   setup.policy = policy;
   setup.top_k = top_k;
   return setup;

@@ -61,21 +61,21 @@ void run_planner_time(const PlannerTimeOptions& o) {
               FeplbChooser::kProbeSteps);
   std::fflush(stdout);
   const std::vector<ModeTime> times = planner->measure_mode_times(o.rows_per_rank);
-  std::printf("\n%-64s %12s %12s %14s\n", "two-phase mode", "p99 here us", "reserve us",
+  std::printf("\n%-64s %10s %10s %11s %13s\n", "two-phase mode", "p90 us", "p99 us", "reserve us",
               "GPU layer us");
   for (const ModeTime& t : times) {
     double reserve = 0;
     for (const FeplbConfig& m : chooser->candidates()) {
       if (m.label() == t.mode) reserve = m.reserve_us;
     }
-    std::printf("%-64s %12.1f %12.1f %14.0f\n", t.mode.c_str(), t.us, reserve,
+    std::printf("%-64s %10.1f %10.1f %11.1f %13.0f\n", t.mode.c_str(), t.us, t.p99_us, reserve,
                 std::max(reserve, std::ceil(t.us)));
   }
   std::printf(
-      "\np99 of %d plans each (their schedules written), one thread, after the planner's tables "
-      "cover the\nstream; reserve: what the plans reserve ahead of their copies in simulation "
-      "(planner_budget_us -1);\nGPU layer: what they reserve there (at least the time measured on "
-      "the slowest rank's host)\n",
+      "\n%d plans each (their schedules written), one thread, after the planner's tables cover the "
+      "stream;\nreserve: what the plans reserve ahead of their copies in simulation "
+      "(planner_budget_us -1);\nGPU layer: what they reserve there before the layer's own plans "
+      "are timed (at least the p90\nmeasured on the slowest rank's host)\n",
       FeplbChooser::kProbeSteps - FeplbChooser::kProbeWarmSteps);
 }
 

@@ -48,7 +48,8 @@ struct DataMovement {
 // One of a planner's modes and its planning time on this host (us): measure_mode_times().
 struct ModeTime {
   std::string mode;
-  double us = 0;
+  double us = 0;      // what a plan in the mode reserves at least: the p90 of the measured plans
+  double p99_us = 0;  // their p99 (shown; not reserved: one rank's start-up spikes would hold it)
 };
 
 class Planner {
@@ -86,7 +87,8 @@ class Planner {
   // Where the planner keeps a reserve of its own ahead of its copies (feplb's chooser, the
   // planner_budget_us knob at -1): the planning time of each of its modes that reserves one, on
   // this host, measured on a fresh planner of the same context (synthetic micro-batches of
-  // `rows_per_rank` rows per rank). Empty otherwise. Takes milliseconds; changes nothing here.
+  // `rows_per_rank` rows per rank): a prior, until the layer's own plans are timed. Empty
+  // otherwise. Takes milliseconds; changes nothing here.
   virtual std::vector<ModeTime> measure_mode_times(int64_t /*rows_per_rank*/) const { return {}; }
   // From now on, each named mode reserves at least `times`' us (modes not named, or that reserve
   // nothing, are left as they are). Every rank must pass the same times (the GPU runtime passes

@@ -95,11 +95,12 @@ struct MoeLayer::Impl final : ProgramHooks {
   RoutingStep last_routing;
 
   // The layer's recent planner time, sent with every forward's counts (KernelId::kPlannerTime,
-  // kStageCounts): the longest of its last kClockPlans two-phase plans in the mode they were made
-  // in, whole us (0 after a change of mode, or none yet: the mode's time measured when the runtime
-  // was made stands). Every rank's largest is the floor of the next plan's reserve
-  // (Planner::set_reserve_floor_us), so that all plan alike.
+  // kStageCounts): the third longest of its last kClockPlans two-phase plans in the mode they were
+  // made in (about their p97), whole us (0 after a change of mode, or none yet: the mode's time
+  // measured when the runtime was made stands). Every rank's largest is the floor of the next
+  // plan's reserve (Planner::set_reserve_floor_us), so that all plan alike.
   static constexpr int kClockPlans = 64;
+  static constexpr int kClockOutliers = 2;
   struct PlannerClock {
     std::string mode;
     std::array<double, kClockPlans> us{};

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 
 #include "feplb/cuda/layer/layer_impl.h"
 #include "feplb/cuda/runtime/check.h"
@@ -118,8 +119,13 @@ int32_t MoeLayer::Impl::PlannerClock::add(const std::string& plan_mode, bool res
   us[static_cast<size_t>(next)] = plan_us;
   next = (next + 1) % kClockPlans;
   count = std::min(count + 1, kClockPlans);
-  return static_cast<int32_t>(
-      std::ceil(*std::max_element(us.begin(), us.begin() + static_cast<std::ptrdiff_t>(count))));
+  // The kClockOutliers + 1-th longest (the longest while there are fewer plans): a spike of
+  // milliseconds (the host's, or a table grown) does not hold the reserve for 64 plans.
+  std::array<double, kClockPlans> sorted;
+  std::copy(us.begin(), us.begin() + count, sorted.begin());
+  const int k = count > kClockOutliers ? kClockOutliers : 0;
+  std::nth_element(sorted.begin(), sorted.begin() + k, sorted.begin() + count, std::greater<>());
+  return static_cast<int32_t>(std::ceil(sorted[static_cast<size_t>(k)]));
 }
 
 void MoeLayer::Impl::plan_job() {

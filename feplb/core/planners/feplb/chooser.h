@@ -88,7 +88,7 @@ class FeplbChooser final : public Planner {
   // Drops the one-hop candidates (where a two-phase one is left): a layer in a one-hop mode
   // moves to its first mode among the rest, and every layer's tries start again.
   void keep_rows_via_homes() override;
-  // Its two-phase candidates' planning time on this host: per candidate, the p99 of
+  // Its two-phase candidates' planning time on this host: per candidate, the p90 (and p99) of
   // kProbeSteps - kProbeWarmSteps plans (each with its schedule, as plan() makes it) of
   // synthetic micro-batches (synthetic_step), on a fresh chooser that observes them as plan()'s
   // caller would. Empty where the reserve is the knob's (planner_budget_us set).

@@ -82,8 +82,11 @@ std::vector<ModeTime> FeplbChooser::measure_mode_times(int64_t rows_per_rank) co
   for (const size_t m : timed) {
     std::vector<double>& t = us[m];
     std::sort(t.begin(), t.end());
-    const auto p99 = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(t.size()))) - 1;
-    times.push_back({probe.labels_[m], t[std::min(p99, t.size() - 1)]});
+    const auto at = [&](double q) {
+      const auto i = static_cast<size_t>(std::ceil(q * static_cast<double>(t.size()))) - 1;
+      return t[std::min(i, t.size() - 1)];
+    };
+    times.push_back({probe.labels_[m], at(0.90), at(0.99)});
   }
   return times;
 }

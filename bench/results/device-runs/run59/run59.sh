@@ -1,0 +1,23 @@
+#!/bin/bash
+# run59: the floor each forward carries is now the third longest of the layer's last 64 plans (a
+# spike of milliseconds held run58's reserve at 2-4 ms), and the GPU tests plan with the knobs'
+# reserve (deterministic) except the measured-reserve test; the GPU tests, then `feplb run` of the
+# default on the bundled trace with the measured reserve and with the knobs'
+# (--reserve-from-knobs), A B A B, with rank 0's changes of mode.
+set -u
+B=.devbundle
+export FEPLB_DATA_DIR=$PWD/data
+export CUDA_DEVICE_MAX_CONNECTIONS=32  # feplb run: the trace's ranks as virtual ranks
+mkdir -p $OUT/b /tmp/runs
+t=$(date +%s)
+$B/bin/feplb_gpu_tests > $OUT/b/gpu_tests.log 2>&1; echo "gpu_tests rc=$? in $(( $(date +%s) - t )) s"; tail -n 1 $OUT/b/gpu_tests.log
+for round in 1 2; do
+  for v in measured knobs; do
+    flag=""; [[ $v == knobs ]] && flag="--reserve-from-knobs"
+    t=$(date +%s)
+    timeout 240 $B/bin/feplb run --policies feplb --steps 32 $flag --json /tmp/runs/run_${v}_r$round.json > /tmp/runs/run_${v}_r$round.log 2>&1
+    echo "feplb run ($v) round $round rc=$? in $(( $(date +%s) - t )) s"
+    grep -E "two-phase plans|modes of|^feplb  " /tmp/runs/run_${v}_r$round.log
+  done
+done
+tar -czf $OUT/b/runs.tar.gz -C /tmp runs
