@@ -101,9 +101,10 @@ class EpRuntime {
   int micro_batches_in_flight() const;
   // CPU time the scheduler thread has used so far (seconds).
   double scheduler_cpu_seconds() const;
-  // RuntimeConfig::measure_planner: feplb's two-phase modes and their planning time (us) measured
-  // when the runtime was made, every rank's largest; a layer's feplb planner reserves at least
-  // these. Empty when not measured (or where the reserve is the knob's).
+  // RuntimeConfig::measure_planner: feplb's two-phase modes and their planning time measured
+  // when the runtime was made (ModeTime::us: every rank's largest p90, which a layer's feplb
+  // planner reserves at least; p99_us: this rank's). Empty when not measured (or where the
+  // reserve is the knob's).
   std::span<const ModeTime> planner_times() const;
   // Waits for `stream`'s work, bounded by the configuration's timeout_s: Error if it does not
   // finish, and as soon as the transport reports a failed peer (Transport::peer_failure: a peer
