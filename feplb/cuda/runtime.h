@@ -62,12 +62,13 @@ struct RuntimeConfig {
   bool sync_before_counts = false;  // benchmarks: the host waits for the counts all-gather, so
                                     // counts -> plan latency excludes waiting for slower ranks
   std::string name = "feplb";       // names the peer buffers: unique per runtime in a process
-  // feplb's default planner (planner_budget_us -1) reserves, ahead of a two-phase plan's copies,
-  // at least its plans' time on this host: measured when the runtime is made (each two-phase
-  // mode's p90 on synthetic micro-batches, tens to hundreds of milliseconds once), then the
-  // third longest of the layer's last 64 plans in its mode (about their p97), sent with every
-  // forward's counts; every rank's largest, so that every rank's plans still agree. false: the
-  // knobs' reserve alone (planner_reserve_us), as in simulation.
+  // feplb's default planner (planner_budget_us -1) compares its modes at its plans' time on the
+  // slowest rank's host (FeplbChooser::set_recent_plan_us: a two-phase plan's copies start later
+  // than its reserve, a one-hop plan delays the dispatch longer): measured when the runtime is
+  // made (each two-phase mode's p90 on synthetic micro-batches, tens to hundreds of milliseconds
+  // once), then the third longest of the layer's last 64 plans in its mode (about their p97),
+  // sent with every forward's counts; every rank's largest, so that every rank's plans still
+  // agree. The plans keep the knobs' reserve either way. false: the knobs' rule alone.
   bool measure_planner = true;
 };
 
@@ -102,9 +103,9 @@ class EpRuntime {
   // CPU time the scheduler thread has used so far (seconds).
   double scheduler_cpu_seconds() const;
   // RuntimeConfig::measure_planner: feplb's two-phase modes and their planning time measured
-  // when the runtime was made (ModeTime::us: every rank's largest p90, which a layer's feplb
-  // planner reserves at least; p99_us: this rank's). Empty when not measured (or where the
-  // reserve is the knob's).
+  // when the runtime was made (ModeTime::us: every rank's largest p90, the speed a layer's feplb
+  // planner assumes until its own plans are timed; p99_us: this rank's). Empty when not measured
+  // (or where the reserve is the knob's).
   std::span<const ModeTime> planner_times() const;
   // Waits for `stream`'s work, bounded by the configuration's timeout_s: Error if it does not
   // finish, and as soon as the transport reports a failed peer (Transport::peer_failure: a peer

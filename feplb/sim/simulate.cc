@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "feplb/core/error.h"
 #include "feplb/core/placement.h"
 #include "feplb/core/planners/planner.h"
+#include "feplb/core/planners/planner_clock.h"
 #include "feplb/core/stats.h"
 
 namespace feplb {
@@ -261,6 +263,9 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
         FEPLB_CHECK(it != layers.end(), "no placement for layer {}", layer);
         return static_cast<size_t>(it - layers.begin());
       };
+      // Each layer's recent planner time, for its next plans, as in the GPU layer (where the
+      // reserve is feplb's, its plans and its choice follow this host's speed).
+      std::map<int64_t, PlannerClock> clocks;
       pr.movement = planners.front()->data_movement();
       for (size_t i = epoch.history_first; i < epoch.first; ++i) {
         planners[slot(trace.steps[i].layer)]->observe(trace.steps[i]);
@@ -271,7 +276,10 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
         Planner& planner = *planners[k];
         const Topology& topo = topos[k];
         if (!warmup(i)) {
+          PlannerClock& clock = clocks[step.layer];
+          planner.set_recent_plan_us(clock.floor_us());
           const double us = timed_plan_us(planner, step, plan, config.knobs);
+          clock.add(plan.mode, us);
           validate(plan, topo, step, config.shape, planner.limits());
           GpuLoads loads;
           pr.steps.push_back(measure_plan(plan, topo, cost, knobs, us, &loads));

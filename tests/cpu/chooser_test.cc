@@ -87,36 +87,62 @@ TEST(FeplbChooser, ReservesAtLeastWhatItsTwoPhaseModesTakeOnThisHost) {
     hot->plan(s, h);
     EXPECT_EQ(serialize(a), serialize(h));
   }
-  // A slower host: each two-phase mode reserves its time, rounded up; a faster one changes
-  // nothing; unknown modes are ignored.
+  // A slower host (its modes' start-up times): the largest of a two-phase mode's time over its
+  // reserve is its scale; a faster one is 1; unknown modes are ignored. The candidates keep their
+  // reserves.
   std::vector<ModeTime> slow;
   for (const FeplbConfig& m : c.candidates()) slow.push_back({m.label(), 1000.5});
-  slow.push_back({"no such mode", 1e5});
+  slow.push_back({"no such mode", 1e7});
   FeplbChooser d(ctx, FeplbAuto::from_knobs(b.knobs));
-  d.reserve_at_least(slow);
+  d.set_host_times(slow);
+  double least_reserve = 1e9;
   for (size_t i = 0; i < d.candidates().size(); ++i) {
     const FeplbConfig& m = d.candidates()[i];
-    const double before = c.candidates()[i].reserve_us;
-    EXPECT_EQ(m.reserve_us, m.path == FeplbPath::kTwoPhase ? 1001.0 : before) << m.label();
+    EXPECT_EQ(m.reserve_us, c.candidates()[i].reserve_us) << m.label();
+    if (m.path == FeplbPath::kTwoPhase) least_reserve = std::min(least_reserve, m.reserve_us);
   }
+  EXPECT_DOUBLE_EQ(d.host_scale(), 1000.5 / least_reserve);
   std::vector<ModeTime> fast = slow;
   for (ModeTime& t : fast) t.us = 0.5;
   FeplbChooser e(ctx, FeplbAuto::from_knobs(b.knobs));
-  e.reserve_at_least(fast);
-  for (size_t i = 0; i < e.candidates().size(); ++i)
-    EXPECT_EQ(e.candidates()[i].reserve_us, c.candidates()[i].reserve_us);
-  // A reserve floor (the GPU layer's: what its recent plans took): a two-phase plan reserves at
-  // least that, and its copies are modelled from then.
+  e.set_host_times(fast);
+  EXPECT_EQ(e.host_scale(), 1.0);
+  // What the layer's recent plans took (the GPU layer's PlannerClock): the scale is that over the
+  // rule's reserve for the mode of the layer's last plan; the plans are still made for the rule's
+  // reserve (their copies start when they are ready: later).
   FeplbChooser f(ctx, FeplbAuto::from_knobs(b.knobs));
-  f.set_reserve_floor_us(500);
+  f.set_recent_plan_us(500);
+  const auto rule_us = [&](const std::string& mode) {
+    for (const FeplbConfig& m : c.candidates()) {
+      if (m.label() == mode) return m.reserve_us;
+    }
+    ADD_FAILURE() << "no candidate " << mode;
+    return 1.0;
+  };
+  std::string last;
   for (const RoutingStep& s : steps) {
     Plan plan;
     f.plan(s, plan);
-    if (!plan.planned_before_dispatch) {
-      EXPECT_GE(plan.reserve_us, 500.0) << plan.mode;
-      EXPECT_GE(plan.schedule.copy_start_ms, 0.5) << plan.mode;
+    if (!last.empty()) {
+      const double charged =
+          rule_us(last) >= 0 ? rule_us(last) : planner_reserve_us(b.knobs, b.topo);
+      EXPECT_DOUBLE_EQ(f.host_scale(), 500 / charged) << last;
     }
+    EXPECT_EQ(plan.reserve_us, rule_us(plan.mode)) << plan.mode;
+    last = plan.mode;
     f.observe(s);
+  }
+  // A faster one than the rule: plans as the rule's.
+  FeplbChooser g(ctx, FeplbAuto::from_knobs(b.knobs));
+  FeplbChooser h(ctx, FeplbAuto::from_knobs(b.knobs));
+  g.set_recent_plan_us(1);
+  for (const RoutingStep& s : steps) {
+    Plan pg, ph;
+    g.plan(s, pg);
+    h.plan(s, ph);
+    EXPECT_EQ(serialize(pg), serialize(ph));
+    g.observe(s);
+    h.observe(s);
   }
   // The reserve set by the knob: nothing to measure.
   Knobs set = b.knobs;
@@ -311,7 +337,9 @@ TEST(FeplbChooser, AHistoryObservedWithoutPlansCountsAsPlanned) {
 }
 
 // plan_cost (the chooser's) is the metrics' GEMM straggler + exposed time, the plan's latency
-// charged at the reserve where the dispatch waits for it.
+// charged at the reserve where the dispatch waits for it; on a slower host (a plan that took 2.5x
+// its reserve) too: a two-phase plan's copies start that much later, a one-hop plan delays the
+// dispatch that long.
 TEST(FeplbChooser, CostIsTheMetricsGemmStragglerAndExposedTime) {
   const int R = 8, E = 64;
   for (int one_hop : {0, 1}) {
@@ -328,10 +356,14 @@ TEST(FeplbChooser, CostIsTheMetricsGemmStragglerAndExposedTime) {
       Plan plan;
       planner->plan(s, plan);
       const double reserve_us = planner_reserve_us(b.knobs, b.topo);
-      const PlanCost c = plan_cost(plan, b.topo, reserve_us * 1e-3, gemm, rows);
-      const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, reserve_us);
-      EXPECT_NEAR(c.layer_ms, m.gemm_straggler_ms + m.exposed_ms(), 1e-9) << one_hop;
-      EXPECT_NEAR(c.token_straggler, m.token_straggler, 1e-9);
+      for (const double scale : {1.0, 2.5}) {
+        const double took_us = reserve_us * scale;
+        const double delay_ms = one_hop ? 0.0 : (took_us - reserve_us) * 1e-3;
+        const PlanCost c = plan_cost(plan, b.topo, took_us * 1e-3, gemm, rows, delay_ms);
+        const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, took_us);
+        EXPECT_NEAR(c.layer_ms, m.gemm_straggler_ms + m.exposed_ms(), 1e-9) << one_hop << scale;
+        EXPECT_NEAR(c.token_straggler, m.token_straggler, 1e-9);
+      }
     }
   }
 }

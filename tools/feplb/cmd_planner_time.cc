@@ -1,7 +1,7 @@
 // feplb planner-time: what feplb's default planner takes on this host, mode by mode, against the
-// planner time its two-phase plans reserve ahead of their copies (the GPU layer reserves at least
-// the measured time: RuntimeConfig::measure_planner; a simulation of this host can set
-// --planner-budget-us from it).
+// planner time its two-phase plans reserve ahead of their copies (the GPU layer compares its modes
+// at the measured time: RuntimeConfig::measure_planner; a simulation can charge every plan that
+// time with --planner-time-us).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -61,21 +61,22 @@ void run_planner_time(const PlannerTimeOptions& o) {
               FeplbChooser::kProbeSteps);
   std::fflush(stdout);
   const std::vector<ModeTime> times = planner->measure_mode_times(o.rows_per_rank);
-  std::printf("\n%-64s %10s %10s %11s %13s\n", "two-phase mode", "p90 us", "p99 us", "reserve us",
-              "GPU layer us");
+  std::printf("\n%-64s %10s %10s %11s %9s\n", "two-phase mode", "p90 us", "p99 us", "reserve us",
+              "x reserve");
   for (const ModeTime& t : times) {
     double reserve = 0;
     for (const FeplbConfig& m : chooser->candidates()) {
       if (m.label() == t.mode) reserve = m.reserve_us;
     }
-    std::printf("%-64s %10.1f %10.1f %11.1f %13.0f\n", t.mode.c_str(), t.us, t.p99_us, reserve,
-                std::max(reserve, std::ceil(t.us)));
+    std::printf("%-64s %10.1f %10.1f %11.1f %9.2f\n", t.mode.c_str(), t.us, t.p99_us, reserve,
+                reserve > 0 ? std::max(1.0, t.us / reserve) : 1.0);
   }
   std::printf(
       "\n%d plans each (their schedules written), one thread, after the planner's tables cover the "
       "stream;\nreserve: what the plans reserve ahead of their copies in simulation "
-      "(planner_budget_us -1);\nGPU layer: what they reserve there before the layer's own plans "
-      "are timed (at least the p90\nmeasured on the slowest rank's host)\n",
+      "(planner_budget_us -1);\nx reserve: the p90 over it, at least 1: the speed at which the GPU "
+      "layer's feplb compares its modes\nbefore its own plans are timed (copies that much later, "
+      "one-hop plans that much longer; the slowest rank's)\n",
       FeplbChooser::kProbeSteps - FeplbChooser::kProbeWarmSteps);
 }
 

@@ -178,7 +178,8 @@ void run_gpu(const RunOptions& o) {
         "median %.1f us (%s); %zu of %zu plans took longer than their reserve\n",
         r.policy.c_str(), quantile_of(r.reserved_plan_us, 0.5),
         quantile_of(r.reserved_plan_us, 0.99), quantile_of(r.reserve_us, 0.5),
-        o.reserve_from_knobs ? "the knobs' reserve" : "at least the time measured on this host",
+        o.reserve_from_knobs ? "modes compared at the knobs' time"
+                             : "modes compared at the time measured on this host",
         late, r.reserve_us.size());
     size_t changes = 0;
     for (size_t i = 1; i < r.modes.size(); ++i) changes += r.modes[i] != r.modes[i - 1];
@@ -214,8 +215,8 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--force", o->force, "overwrite an existing --json file");
   cmd->add_flag("--no-layer", o->no_layer, "skip the full layer forward (GEMM timing only)");
   cmd->add_flag("--reserve-from-knobs", o->reserve_from_knobs,
-                "feplb's plans reserve the knobs' planner time ahead of their copies (as in "
-                "simulation), not at least what its planner takes on this host");
+                "feplb compares its modes at the knobs' planner time (their reserve), not at "
+                "what its planner takes on this host (RuntimeConfig::measure_planner off)");
   add_model_flags(*cmd, *o);
   cmd->callback([o, cmd] {
     apply_knob_flags(*cmd, *o);

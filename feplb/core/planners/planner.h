@@ -90,14 +90,17 @@ class Planner {
   // `rows_per_rank` rows per rank): a prior, until the layer's own plans are timed. Empty
   // otherwise. Takes milliseconds; changes nothing here.
   virtual std::vector<ModeTime> measure_mode_times(int64_t /*rows_per_rank*/) const { return {}; }
-  // From now on, each named mode reserves at least `times`' us (modes not named, or that reserve
-  // nothing, are left as they are). Every rank must pass the same times (the GPU runtime passes
-  // every rank's largest), or their plans differ. Call before the first plan.
-  virtual void reserve_at_least(std::span<const ModeTime> /*times*/) {}
-  // The next plans whose copies wait for a reserve of the planner's own (feplb's chooser) reserve
-  // at least `us` (0: no floor), e.g. what its recent plans took on the slowest rank's host. Every
-  // rank must pass the same, or their plans differ.
-  virtual void set_reserve_floor_us(double /*us*/) {}
+  // The planning time of its modes on the slowest rank's host (measure_mode_times, every rank's
+  // largest): a planner with a reserve of its own (feplb's chooser) compares its modes at that
+  // host's speed until its own plans are timed (set_recent_plan_us). Modes not named are ignored.
+  // Every rank must pass the same times (the GPU runtime passes every rank's largest), or their
+  // plans differ. Call before the first plan.
+  virtual void set_host_times(std::span<const ModeTime> /*times*/) {}
+  // What this layer's recent plans took, us (PlannerClock::floor_us; 0: not known), on the
+  // slowest rank's host: a planner with a reserve of its own (feplb's chooser) reserves and
+  // charges its next plans at that host's speed. Every rank must pass the same, or their plans
+  // differ.
+  virtual void set_recent_plan_us(double /*us*/) {}
 
  protected:
   // The policy's plan of one step, as plan() says, without the schedule.

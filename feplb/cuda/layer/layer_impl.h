@@ -13,7 +13,6 @@
 //              the caller awaits it before the call ends. Nothing of the job is written after.
 #pragma once
 
-#include <array>
 #include <chrono>
 #include <memory>
 #include <span>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "feplb/core/planners/planner.h"
+#include "feplb/core/planners/planner_clock.h"
 #include "feplb/cuda/host/step_layout.h"
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/program/build_program.h"
@@ -94,22 +94,13 @@ struct MoeLayer::Impl final : ProgramHooks {
   Plan last_plan;
   RoutingStep last_routing;
 
-  // The layer's recent planner time, sent with every forward's counts (KernelId::kPlannerTime,
-  // kStageCounts): the third longest of its last kClockPlans two-phase plans in the mode they were
-  // made in (about their p97), whole us (0 after a change of mode, or none yet: the mode's time
-  // measured when the runtime was made stands). Every rank's largest is the floor of the next
-  // plan's reserve (Planner::set_reserve_floor_us), so that all plan alike.
-  static constexpr int kClockPlans = 64;
-  static constexpr int kClockOutliers = 2;
-  struct PlannerClock {
-    std::string mode;
-    std::array<double, kClockPlans> us{};
-    int count = 0, next = 0;
-    // After a plan in `mode` (two-phase: `reserved`) that took `us`; returns the time to send.
-    int32_t add(const std::string& plan_mode, bool reserved, double plan_us);
-  } clock;
+  // What the layer's recent plans took (PlannerClock::floor_us; 0 before any: the modes' times
+  // measured when the runtime was made stand), sent with every forward's counts
+  // (KernelId::kPlannerTime, kStageCounts). Every rank's largest is what the next plan is made
+  // for (Planner::set_recent_plan_us), so that all plan alike.
+  PlannerClock clock;
   PinnedBuffer<int32_t> planner_us{1};  // written by the scheduler, read by the copy and the host
-  int32_t floor_us = 0;                 // the job's: every rank's largest (routing_from_counts)
+  int32_t recent_us = 0;                // the job's: every rank's largest (routing_from_counts)
 
   // ProgramHooks.
   void host(HostAction action, Bindings& b) override;

@@ -66,9 +66,9 @@ MoeLayer::MoeLayer(EpRuntime& runtime, const LayerConfig& config,
       r.world == 1 || r.transport.supports_peer_copies() || limits.max_guest_experts == 0,
       "layer '{}': transport '{}' cannot copy into peers' buffers; use policy static", config.name,
       r.transport.name());
-  // feplb's own reserve covers its plans' time on the slowest rank's host (modes named alike:
-  // a planner made with other knobs keeps the reserves it has).
-  planner->reserve_at_least(r.planner_times);
+  // feplb compares its modes at its planner's speed on the slowest rank's host (modes named alike:
+  // a planner made with other knobs ignores the times).
+  planner->set_host_times(r.planner_times);
   impl_ = std::make_unique<Impl>(state, config, std::move(planner));
   Impl& m = *impl_;
   *m.planner_us.get() = 0;  // no plan yet

@@ -3,8 +3,6 @@
 // forward's plan).
 #include <algorithm>
 #include <atomic>
-#include <cmath>
-#include <functional>
 
 #include "feplb/cuda/layer/layer_impl.h"
 #include "feplb/cuda/runtime/check.h"
@@ -52,7 +50,7 @@ void MoeLayer::Impl::wait_counts() const {
 
 // The routing step from the gathered counts (dispatched rows: each rank's rows per local expert;
 // otherwise every rank's rows per expert, and the first rank that sent out-of-range ids), and
-// every rank's planner time: the largest is the plan's reserve floor (floor_us).
+// every rank's planner time: the largest is what the next plan is made for (recent_us).
 void MoeLayer::Impl::routing_from_counts(MicroBatchState& h) {
   const RuntimeState& r = *rt;
   const int R = r.world;
@@ -61,7 +59,7 @@ void MoeLayer::Impl::routing_from_counts(MicroBatchState& h) {
   h.routing.step = static_cast<int>(job.seq);
   h.routing.layer = layer_id;
   job.bad_ids = 0;
-  floor_us = 0;
+  recent_us = 0;
   if (job.dispatched) {
     // Each rank's rows per local expert, then its planner time; planners need every expert's
     // total (at its home).
@@ -71,13 +69,13 @@ void MoeLayer::Impl::routing_from_counts(MicroBatchState& h) {
       const int32_t* row = r.counts_host.get() + static_cast<size_t>(d) * (L + 1);
       const auto local = r.cfg.topo.local_experts(d);
       for (int i = 0; i < L; ++i) h.routing.at(d, local[i]) = row[i];
-      floor_us = std::max(floor_us, row[L]);
+      recent_us = std::max(recent_us, row[L]);
     }
     return;
   }
   for (int d = 0; d < R; ++d) {
     const int32_t* row = r.counts_host.get() + static_cast<size_t>(d) * (E + 2);
-    floor_us = std::max(floor_us, row[E + 1]);
+    recent_us = std::max(recent_us, row[E + 1]);
     std::copy(row, row + E, h.routing.counts.begin() + static_cast<std::ptrdiff_t>(d) * E);
     if (row[E] > 0 && job.bad_ids == 0) {
       job.bad_ids = row[E];
@@ -109,25 +107,6 @@ void MoeLayer::Impl::check_prefetched(const MicroBatchState& h, int64_t& hits) {
   }
 }
 
-int32_t MoeLayer::Impl::PlannerClock::add(const std::string& plan_mode, bool reserved,
-                                          double plan_us) {
-  if (!reserved || plan_mode != mode) {
-    mode = reserved ? plan_mode : std::string();
-    count = next = 0;
-  }
-  if (!reserved) return 0;
-  us[static_cast<size_t>(next)] = plan_us;
-  next = (next + 1) % kClockPlans;
-  count = std::min(count + 1, kClockPlans);
-  // The kClockOutliers + 1-th longest (the longest while there are fewer plans): a spike of
-  // milliseconds (the host's, or a table grown) does not hold the reserve for 64 plans.
-  std::array<double, kClockPlans> sorted;
-  std::copy(us.begin(), us.begin() + count, sorted.begin());
-  const int k = count > kClockOutliers ? kClockOutliers : 0;
-  std::nth_element(sorted.begin(), sorted.begin() + k, sorted.begin() + count, std::greater<>());
-  return static_cast<int32_t>(std::ceil(sorted[static_cast<size_t>(k)]));
-}
-
 void MoeLayer::Impl::plan_job() {
   RuntimeState& r = *rt;
   MicroBatchState& h = *job.h;
@@ -142,9 +121,9 @@ void MoeLayer::Impl::plan_job() {
     return;
   }
   h.routing.sum_experts();
-  // RuntimeConfig::measure_planner: the reserve covers what the layer's plans took lately on every
-  // rank's host (the same on every rank: the gathered times).
-  if (r.cfg.measure_planner) planner->set_reserve_floor_us(floor_us);
+  // RuntimeConfig::measure_planner: the modes are compared at what the layer's plans took lately
+  // on the slowest rank's host (the same on every rank: the gathered times).
+  if (r.cfg.measure_planner) planner->set_recent_plan_us(recent_us);
   const auto t0 = Clock::now();
   planner->plan(h.routing, h.plan);
   const auto t1 = Clock::now();
@@ -165,8 +144,7 @@ void MoeLayer::Impl::plan_job() {
   h.stats.plan_us = us_between(t0, t1);
   if (r.cfg.measure_planner) {
     std::atomic_ref<int32_t>(*planner_us.get())
-        .store(clock.add(h.plan.mode, !h.plan.planned_before_dispatch, h.stats.plan_us),
-               std::memory_order_relaxed);
+        .store(clock.add(h.plan.mode, h.stats.plan_us), std::memory_order_relaxed);
   }
   h.stats.plan_reserve_us =
       h.plan.planned_before_dispatch ? 0.0 : h.plan.schedule.copy_start_ms * 1e3;

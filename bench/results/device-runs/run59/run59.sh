@@ -1,9 +1,9 @@
 #!/bin/bash
-# run59: the floor each forward carries is now the third longest of the layer's last 64 plans (a
-# spike of milliseconds held run58's reserve at 2-4 ms), and the GPU tests plan with the knobs'
-# reserve (deterministic) except the measured-reserve test; the GPU tests, then `feplb run` of the
-# default on the bundled trace with the measured reserve and with the knobs'
-# (--reserve-from-knobs), A B A B, with rank 0's changes of mode.
+# run59: feplb's default compares its modes at the planner time measured on the host (start-up
+# p90, then the third longest of the layer's last 64 plans, every rank's largest) and its plans
+# keep the knobs' reserve; the GPU tests, then `feplb run` of the default on the bundled trace
+# with the measured time and with the knobs' (--reserve-from-knobs), A B A B, with rank 0's
+# changes of mode.
 set -u
 B=.devbundle
 export FEPLB_DATA_DIR=$PWD/data

@@ -34,7 +34,7 @@ FeplbAuto FeplbAuto::from_knobs(const Knobs& k) {
 }
 
 PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_ms,
-                   std::vector<double>& gemm_ms, std::vector<int64_t>& rows) {
+                   std::vector<double>& gemm_ms, std::vector<int64_t>& rows, double delay_ms) {
   const Schedule& s = plan.schedule;
   const int R = topo.num_ranks();
   FEPLB_CHECK(s.written(plan.copies.size(), R), "plan_cost: the plan has no schedule");
@@ -46,7 +46,7 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
     for (const OwnerTurn& t : s.turns_of(g)) ms += t.gemm_ms;
     gemm_max = std::max(gemm_max, ms);
     gemm_sum += ms;
-    finish_max = std::max(finish_max, s.timeline(g).finish_ms);
+    finish_max = std::max(finish_max, s.timeline(g, delay_ms).finish_ms);
   }
   for (const Slice& sl : plan.slices) rows[static_cast<size_t>(sl.gpu)] += sl.rows;
   PlanCost c;
@@ -214,9 +214,19 @@ std::span<const Copy> FeplbChooser::prefetch(int64_t layer) const {
 
 void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   Layer& l = layer_state(routing.layer);
+  // This host's planner time over what the rule charges, from the mode the layer's recent plans
+  // were made in (set_recent_plan_us; kept while a new mode has no time yet).
+  if (recent_us_ > 0 && ctx_.knobs.planner_budget_us < 0)
+    host_scale_ = std::max(1.0, recent_us_ / charged_us(l.planned >= 0 ? l.planned : l.mode));
+  l.planned = l.mode;
   l.budget = time_budget_now(unbalanced_straggler(routing));
-  engine_.plan_with(planned_mode(l.mode, l.budget), routing, out);
+  engine_.plan_with(mode_at(l.mode, l.budget), routing, out);
   out.mode = labels_[static_cast<size_t>(l.mode)];
+}
+
+double FeplbChooser::charged_us(int mode) const {
+  const double us = modes_[static_cast<size_t>(mode)].reserve_us;
+  return us >= 0 ? us : reserve_ms_ * 1e3;
 }
 
 double FeplbChooser::unbalanced_straggler(const RoutingStep& routing) {
@@ -239,19 +249,15 @@ FeplbConfig FeplbChooser::mode_at(int mode, double budget) const {
   return m;
 }
 
-FeplbConfig FeplbChooser::planned_mode(int mode, double budget) const {
-  FeplbConfig m = mode_at(mode, budget);
-  if (m.path == FeplbPath::kTwoPhase && m.reserve_us >= 0)
-    m.reserve_us = std::max(m.reserve_us, floor_us_);
-  return m;
-}
-
-PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch,
-                               bool planned) {
-  engine_.plan_with(planned ? planned_mode(mode, budget) : mode_at(mode, budget), routing, scratch);
+PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch) {
+  engine_.plan_with(mode_at(mode, budget), routing, scratch);
   writer_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);
-  const double latency_ms = scratch.reserve_us >= 0 ? scratch.reserve_us * 1e-3 : reserve_ms_;
-  return plan_cost(scratch, ctx_.topo, latency_ms, gemm_scratch_, rows_scratch_);
+  // At this host's speed: a one-hop plan delays the dispatch by its time, a two-phase plan's
+  // copies start that much after the reserve it was made for.
+  const double rule_ms = scratch.reserve_us >= 0 ? scratch.reserve_us * 1e-3 : reserve_ms_;
+  const double delay_ms = scratch.planned_before_dispatch ? 0.0 : (host_scale_ - 1) * rule_ms;
+  return plan_cost(scratch, ctx_.topo, rule_ms * host_scale_, gemm_scratch_, rows_scratch_,
+                   delay_ms);
 }
 
 void FeplbChooser::observe(const RoutingStep& routing) {
@@ -261,7 +267,7 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   // a plan would have got): its prefetch history, and its cost.
   const double unbalanced = unbalanced_straggler(routing);
   if (l.budget < 0) l.budget = time_budget_now(unbalanced);
-  const PlanCost now = cost_of(l.mode, l.budget, routing, current_, /*planned=*/true);
+  const PlanCost now = cost_of(l.mode, l.budget, routing, current_);
   unbalanced_sum_ = kTokenDecay * unbalanced_sum_ + unbalanced;
   straggler_sum_ = kTokenDecay * straggler_sum_ + now.token_straggler;
   const int64_t seen = l.seen++;
@@ -278,10 +284,8 @@ void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost&
   // Every candidate on these counts, at the budget the layer's plan got.
   for (int m = 0; m < n; ++m) {
     const auto i = static_cast<size_t>(m);
-    // The layer's own plan is reused where it was made as every candidate is (no reserve floor:
-    // the floor measures the layer's mode alone, so it would weigh against it).
-    const PlanCost c =
-        m == l.mode && floor_us_ <= 0 ? now : cost_of(m, l.budget, routing, candidate_);
+    // The layer's own plan is reused (made as every candidate is: at this host's scale).
+    const PlanCost c = m == l.mode ? now : cost_of(m, l.budget, routing, candidate_);
     l.cost_ms[i] = kDecay * l.cost_ms[i] + c.layer_ms;
     l.over[i] = kDecay * l.over[i] + (c.token_straggler > bound ? 1.0 : 0.0);
   }

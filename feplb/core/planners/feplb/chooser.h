@@ -34,7 +34,7 @@ struct PlanCost {
 // Reads `plan`'s schedule (written) and slices; `plan_latency_ms` is charged when the plan was
 // made before the dispatch. No allocation once `gemm_ms` has grown to the GPU count.
 PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_ms,
-                   std::vector<double>& gemm_ms, std::vector<int64_t>& rows);
+                   std::vector<double>& gemm_ms, std::vector<int64_t>& rows, double delay_ms = 0);
 
 // The candidate modes the chooser keeps and the rule that moves between them:
 //  - candidates: from the switches left to it (every combination of their values below, the
@@ -55,16 +55,17 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //  - revision, off the critical path (observe(), after the copies are issued): on every
 //    micro-batch up to kExploreAllGpusMax GPUs (its plans take microseconds), else on a layer's
 //    first kExploreFirst micro-batches and every kExploreEvery-th after, its counts are planned
-//    in every candidate and each plan costed (plan_cost): the same counts and the same
-//    prefetched weights for all (the history records the step's plan after), so the candidates
-//    are compared pair by pair. The layer keeps, per candidate, its cost and how often
-//    its token straggler passed token_bound x the unbalanced one, over those micro-batches (each
-//    new one weighs 1, the older ones kDecay times less per explored micro-batch). Summed over
-//    the layers (pooled: the candidates' costs vary between micro-batches far more than their
-//    means differ), it plans in the candidate that passed the bound least, then cost least, and
-//    moves off its mode only for one that passed it less often (by half a micro-batch per
-//    layer), or cost kMoveMargin less (and 2 us per explored micro-batch). Deterministic: every
-//    rank sees the same counts and makes the same moves.
+//    in every candidate and each plan costed (plan_cost, at this host's planner speed:
+//    set_recent_plan_us): the same counts and the same prefetched weights for all (the history
+//    records the step's plan after), so the candidates are compared pair by pair. The layer
+//    keeps, per candidate, its cost and how often its token straggler passed token_bound x the
+//    unbalanced one, over those micro-batches (each new one weighs 1, the older ones kDecay
+//    times less per explored micro-batch). Summed over the layers (pooled: the candidates'
+//    costs vary between micro-batches far more than their means differ), it plans in the
+//    candidate that passed the bound least, then cost least, and moves off its mode only for one
+//    that passed it less often (by half a micro-batch per layer), or cost kMoveMargin less (and
+//    2 us per explored micro-batch). Deterministic: every rank sees the same counts (and the
+//    same planner time) and makes the same moves.
 class FeplbChooser final : public Planner {
  public:
   static constexpr int kTimeGpusMax = 288;  // the most measured: one domain of 256, 4 of 72
@@ -94,11 +95,20 @@ class FeplbChooser final : public Planner {
   // caller would. Empty where the reserve is the knob's (planner_budget_us set).
   std::vector<ModeTime> measure_mode_times(int64_t rows_per_rank) const override;
   void warm(int64_t max_expert_rows) override;
-  // A two-phase candidate reserves at least its time (rounded up to a whole us).
-  void reserve_at_least(std::span<const ModeTime> times) override;
-  // A two-phase plan (and the plan observe() records for the prefetch history) reserves at least
-  // `us` (where the reserve is feplb's: planner_budget_us -1).
-  void set_reserve_floor_us(double us) override { floor_us_ = us; }
+  // This host's scale from the start-up times (where the reserve is feplb's): the largest of a
+  // named two-phase candidate's time over its reserve, at least 1. The plans stay as they are.
+  void set_host_times(std::span<const ModeTime> times) override;
+  // Where the reserve is feplb's (planner_budget_us -1): `us` over what the rule charges the mode
+  // of the layer's last plan is this host's scale (at least 1; kept while `us` is 0). The plans
+  // are still made for the rule's reserve (on a slower host their copies start later than they
+  // modelled); the candidates are costed at the host's scale: a two-phase plan's copies start
+  // (scale - 1) x its reserve later, a one-hop plan delays the dispatch by scale x its charge.
+  // Raising the reserve instead (copies planned from when the plan is ready) keeps fewer copies
+  // hidden: with every plan taking 250-400 us it left 30-78% of the token straggler removed on
+  // small-expert workloads (docs/planners.md, "On the host it runs on").
+  void set_recent_plan_us(double us) override { recent_us_ = us; }
+  // This host's planner time over the rule's (1 until a time is known, or on a faster host).
+  double host_scale() const { return host_scale_; }
   static constexpr int kProbeSteps = 136;
   static constexpr int kProbeWarmSteps = 8;
   static constexpr uint64_t kProbeSeed = 0x7e57;
@@ -119,6 +129,7 @@ class FeplbChooser final : public Planner {
     std::vector<double> cost_ms;  // [modes] decayed sums of plan_cost over the explored ones
     std::vector<double> over;     // [modes] decayed counts of those above the token bound
     double budget = -1;           // the time budget of this micro-batch's plan (-1: none planned)
+    int planned = -1;             // the mode of its last plan (-1: none)
   };
   Layer& layer_state(int64_t layer);
   // Whether a layer's micro-batch `seen` (0: its first) is explored.
@@ -133,14 +144,13 @@ class FeplbChooser final : public Planner {
   // costed (`now`: the layer's own plan), their decayed sums updated, and the layer's mode moved
   // by the rule above. `bound`: the token-straggler bound in rows.
   void explore(Layer& l, const RoutingStep& routing, const PlanCost& now, double bound);
-  // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it; `planned`: as
-  // the layer's own plan was made (planned_mode).
-  PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch,
-                   bool planned = false);
-  // Candidate `mode` with its time budget at `budget` (where the chooser sets the balance).
+  // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it.
+  PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch);
+  // Candidate `mode` with its time budget at `budget` (where the chooser sets the balance) and
+  // its reserve at this host's scale.
   FeplbConfig mode_at(int mode, double budget) const;
-  // mode_at, with the reserve floor (set_reserve_floor_us) where it reserves: a layer's own plan.
-  FeplbConfig planned_mode(int mode, double budget) const;
+  // What the rule charges candidate `mode`'s plans, us: its reserve, or the knobs' (one-hop).
+  double charged_us(int mode) const;
   // The time budget of the plan of `routing`: what keeps the token straggler, summed over the
   // plans of every layer, within kAimShare x the bound x the unbalanced one's sum (the margin
   // is for the micro-batches no plan brings within it), at least kMinBudgetShare of the bound
@@ -160,7 +170,8 @@ class FeplbChooser final : public Planner {
   // by kTokenDecay per plan).
   double straggler_sum_ = 0, unbalanced_sum_ = 0;
   double reserve_ms_ = 0;  // the planner's reserve, charged to one-hop plans
-  double floor_us_ = 0;    // set_reserve_floor_us
+  double recent_us_ = 0;   // set_recent_plan_us
+  double host_scale_ = 1;  // this host's planner time over the rule's, at least 1
   std::vector<Layer> layers_;
   ScheduleWriter writer_;  // the schedules of the plans observe() costs
   Plan current_, candidate_;

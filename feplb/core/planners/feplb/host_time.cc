@@ -95,13 +95,12 @@ void FeplbChooser::warm(int64_t max_expert_rows) {
   for (const FeplbConfig& mode : modes_) engine_.warm(mode, max_expert_rows);
 }
 
-void FeplbChooser::reserve_at_least(std::span<const ModeTime> times) {
+void FeplbChooser::set_host_times(std::span<const ModeTime> times) {
+  if (ctx_.knobs.planner_budget_us >= 0) return;
   for (const ModeTime& t : times) {
     for (size_t m = 0; m < modes_.size(); ++m) {
-      FeplbConfig& mode = modes_[m];
-      if (labels_[m] != t.mode || mode.path != FeplbPath::kTwoPhase || mode.reserve_us < 0)
-        continue;
-      mode.reserve_us = std::max(mode.reserve_us, std::ceil(t.us));
+      if (labels_[m] == t.mode && modes_[m].path == FeplbPath::kTwoPhase)
+        host_scale_ = std::max(host_scale_, t.us / charged_us(static_cast<int>(m)));
     }
   }
 }
