@@ -97,9 +97,9 @@ class Planner {
   // plans differ. Call before the first plan.
   virtual void set_host_times(std::span<const ModeTime> /*times*/) {}
   // What this layer's recent plans took, us (PlannerClock::floor_us; 0: not known), on the
-  // slowest rank's host: a planner with a reserve of its own (feplb's chooser) reserves and
-  // charges its next plans at that host's speed. Every rank must pass the same, or their plans
-  // differ.
+  // slowest rank's host: a planner with a reserve of its own (feplb's chooser) compares its modes
+  // at that host's speed (its plans keep their reserve). Every rank must pass the same, or their
+  // plans differ.
   virtual void set_recent_plan_us(double /*us*/) {}
 
  protected:

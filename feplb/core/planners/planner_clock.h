@@ -1,7 +1,7 @@
 // PlannerClock: what a layer's recent plans took on this host, for its next plans
 // (Planner::set_recent_plan_us). The GPU layer sends it with every forward's counts and every
-// rank takes the largest; the simulator feeds its planners the same, so that on a host slower
-// than the knobs' reserve assumes feplb plans and compares its modes as they run there.
+// rank takes the largest; the simulator feeds its planners the same. On a host slower than the
+// knobs' reserve assumes, feplb then compares its modes as they run there.
 #pragma once
 
 #include <array>

@@ -96,8 +96,8 @@ struct MoeLayer::Impl final : ProgramHooks {
 
   // What the layer's recent plans took (PlannerClock::floor_us; 0 before any: the modes' times
   // measured when the runtime was made stand), sent with every forward's counts
-  // (KernelId::kPlannerTime, kStageCounts). Every rank's largest is what the next plan is made
-  // for (Planner::set_recent_plan_us), so that all plan alike.
+  // (KernelId::kPlannerTime, kStageCounts). Every rank's largest is the time the next plan's
+  // modes are compared at (Planner::set_recent_plan_us), so that all plan alike.
   PlannerClock clock;
   PinnedBuffer<int32_t> planner_us{1};  // written by the scheduler, read by the copy and the host
   int32_t recent_us = 0;                // the job's: every rank's largest (routing_from_counts)

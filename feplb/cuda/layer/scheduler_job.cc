@@ -50,7 +50,8 @@ void MoeLayer::Impl::wait_counts() const {
 
 // The routing step from the gathered counts (dispatched rows: each rank's rows per local expert;
 // otherwise every rank's rows per expert, and the first rank that sent out-of-range ids), and
-// every rank's planner time: the largest is what the next plan is made for (recent_us).
+// every rank's planner time: the largest is what the next plan's modes are compared at
+// (recent_us).
 void MoeLayer::Impl::routing_from_counts(MicroBatchState& h) {
   const RuntimeState& r = *rt;
   const int R = r.world;

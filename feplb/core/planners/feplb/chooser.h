@@ -146,8 +146,7 @@ class FeplbChooser final : public Planner {
   void explore(Layer& l, const RoutingStep& routing, const PlanCost& now, double bound);
   // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it.
   PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch);
-  // Candidate `mode` with its time budget at `budget` (where the chooser sets the balance) and
-  // its reserve at this host's scale.
+  // Candidate `mode` with its time budget at `budget` (where the chooser sets the balance).
   FeplbConfig mode_at(int mode, double budget) const;
   // What the rule charges candidate `mode`'s plans, us: its reserve, or the knobs' (one-hop).
   double charged_us(int mode) const;
