@@ -264,7 +264,7 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
         return static_cast<size_t>(it - layers.begin());
       };
       // Each layer's recent planner time, for its next plans, as in the GPU layer (where the
-      // reserve is feplb's, its plans and its choice follow this host's speed).
+      // reserve is feplb's, its choice of mode follows this host's speed; its plans do not).
       std::map<int64_t, PlannerClock> clocks;
       pr.movement = planners.front()->data_movement();
       for (size_t i = epoch.history_first; i < epoch.first; ++i) {
@@ -277,7 +277,7 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
         const Topology& topo = topos[k];
         if (!warmup(i)) {
           PlannerClock& clock = clocks[step.layer];
-          planner.set_recent_plan_us(clock.floor_us());
+          planner.set_recent_plan_us(clock.recent_us());
           const double us = timed_plan_us(planner, step, plan, config.knobs);
           clock.add(plan.mode, us);
           validate(plan, topo, step, config.shape, planner.limits());

@@ -10,7 +10,7 @@ namespace {
 
 TEST(PlannerClock, TheThirdLongestOfTheLast64PlansInTheMode) {
   PlannerClock c;
-  EXPECT_EQ(c.floor_us(), 0);  // no plan yet
+  EXPECT_EQ(c.recent_us(), 0);  // no plan yet
   // Fewer than three plans: the longest, rounded up.
   EXPECT_EQ(c.add("rows", 10.2), 11);
   EXPECT_EQ(c.add("rows", 30.0), 30);
@@ -18,13 +18,13 @@ TEST(PlannerClock, TheThirdLongestOfTheLast64PlansInTheMode) {
   EXPECT_EQ(c.add("rows", 5.0), 5);
   EXPECT_EQ(c.add("rows", 3000.0), 11);
   EXPECT_EQ(c.add("rows", 2000.0), 30);
-  EXPECT_EQ(c.floor_us(), 30);
+  EXPECT_EQ(c.recent_us(), 30);
   // The window holds 64 plans: with 59 more of 7 us all are in it, the third longest still 30;
   // three more push out 10.2, 30 and 5, leaving the two spikes and 7s.
   for (int i = 0; i < PlannerClock::kPlans - 5; ++i) c.add("rows", 7.0);
-  EXPECT_EQ(c.floor_us(), 30);
+  EXPECT_EQ(c.recent_us(), 30);
   for (int i = 0; i < 3; ++i) c.add("rows", 7.0);
-  EXPECT_EQ(c.floor_us(), 7);
+  EXPECT_EQ(c.recent_us(), 7);
   // A change of mode starts again: its first plan alone.
   EXPECT_EQ(c.add("time", 42.5), 43);
   EXPECT_EQ(c.add("time", 1.0), 43);

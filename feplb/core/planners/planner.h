@@ -96,7 +96,7 @@ class Planner {
   // Every rank must pass the same times (the GPU runtime passes every rank's largest), or their
   // plans differ. Call before the first plan.
   virtual void set_host_times(std::span<const ModeTime> /*times*/) {}
-  // What this layer's recent plans took, us (PlannerClock::floor_us; 0: not known), on the
+  // What this layer's recent plans took, us (PlannerClock::recent_us; 0: not known), on the
   // slowest rank's host: a planner with a reserve of its own (feplb's chooser) compares its modes
   // at that host's speed (its plans keep their reserve). Every rank must pass the same, or their
   // plans differ.

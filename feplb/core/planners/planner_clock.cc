@@ -18,7 +18,7 @@ int32_t PlannerClock::add(const std::string& mode, double us) {
   std::copy(us_.begin(), us_.begin() + count_, sorted.begin());
   const int k = count_ > kOutliers ? kOutliers : 0;
   std::nth_element(sorted.begin(), sorted.begin() + k, sorted.begin() + count_, std::greater<>());
-  return floor_us_ = static_cast<int32_t>(std::ceil(sorted[static_cast<size_t>(k)]));
+  return recent_us_ = static_cast<int32_t>(std::ceil(sorted[static_cast<size_t>(k)]));
 }
 
 }  // namespace feplb

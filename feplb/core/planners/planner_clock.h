@@ -15,19 +15,19 @@ class PlannerClock {
   static constexpr int kPlans = 64;    // the plans it remembers
   static constexpr int kOutliers = 2;  // the longest ones it passes over
 
-  // After a plan in `mode` that took `us`. Returns floor_us().
+  // After a plan in `mode` that took `us`. Returns recent_us().
   int32_t add(const std::string& mode, double us);
   // The third longest of the last kPlans plans in the mode of the last one (about their p97; the
   // longest while there are fewer than three), whole us; 0 before any plan. A change of mode
   // starts again (modes take different times); a spike of milliseconds (the host's, or a table
   // grown) does not hold for kPlans plans.
-  int32_t floor_us() const { return floor_us_; }
+  int32_t recent_us() const { return recent_us_; }
 
  private:
   std::string mode_;
   std::array<double, kPlans> us_{};
   int count_ = 0, next_ = 0;
-  int32_t floor_us_ = 0;
+  int32_t recent_us_ = 0;
 };
 
 }  // namespace feplb

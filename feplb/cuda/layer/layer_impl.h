@@ -94,7 +94,7 @@ struct MoeLayer::Impl final : ProgramHooks {
   Plan last_plan;
   RoutingStep last_routing;
 
-  // What the layer's recent plans took (PlannerClock::floor_us; 0 before any: the modes' times
+  // What the layer's recent plans took (PlannerClock::recent_us; 0 before any: the modes' times
   // measured when the runtime was made stand), sent with every forward's counts
   // (KernelId::kPlannerTime, kStageCounts). Every rank's largest is the time the next plan's
   // modes are compared at (Planner::set_recent_plan_us), so that all plan alike.
