@@ -21,3 +21,10 @@ for round in 1 2; do
   done
 done
 tar -czf $OUT/b/runs.tar.gz -C /tmp runs
+# The layer's paths with the default (auto) beside the six explicit modes, both expert sizes.
+for shape in qwen3-235b qwen3-30b; do
+  t=$(date +%s)
+  timeout 200 $B/bin/feplb_gpu_bench --sections paths --paths-shape $shape --paths-steps 12 --out $OUT/b/paths-$shape.json > $OUT/b/paths-$shape.log 2>&1
+  echo "paths $shape rc=$? in $(( $(date +%s) - t )) s"
+  tail -n 12 $OUT/b/paths-$shape.log
+done
