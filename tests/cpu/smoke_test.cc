@@ -1,6 +1,10 @@
-// Smoke test: the bundled default trace plans and validates under every policy.
+// Smoke test: the bundled default trace plans and validates under every policy; the simulator
+// feeds the default's chooser its layers' planner time, as the GPU layer does.
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include "feplb/core/cost_model.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/trace_io.h"
 #include "feplb/sim/simulate.h"
@@ -17,6 +21,40 @@ TEST(Smoke, DefaultTraceSimulatesUnderEveryPolicy) {
   const SimulationResult r = simulate(trace, cfg);
   ASSERT_EQ(r.policies.size(), cfg.policies.size());
   for (const PolicyResult& p : r.policies) EXPECT_EQ(p.steps.size(), trace.steps.size()) << p.name;
+}
+
+// Steps whose plan's mode balances rows alone (the chooser's labels say "rows").
+int64_t rows_mode_steps(const SimulationResult& r) {
+  int64_t n = 0;
+  for (const StepMetrics& m : r.find("feplb")->steps) {
+    EXPECT_FALSE(m.mode.empty());
+    n += m.mode.find(", rows,") != std::string::npos;
+  }
+  return n;
+}
+
+// With every plan charged 10 ms (--planner-time-us), the layer's clock tells its chooser that
+// the host is hundreds of times slower than its rule's reserve: the time modes' copies (40 us
+// reserved) then land later than the rows modes' (20 us), and it moves to rows. At 0 us (or
+// without the clock) it balances time on this trace in every step. The choice is the clock's:
+// the chooser reads no other knob of the charged time.
+TEST(Smoke, TheSimulatorTellsTheDefaultItsLayersPlannerTime) {
+  const Trace trace = read_trace(std::string(FEPLB_DATA_DIR) + "/traces/default.json");
+  const TableCostModel table =
+      read_gemm_table(std::string(FEPLB_DATA_DIR) + "/cost/h200-glm5.json");
+  SimulationConfig cfg;
+  cfg.policies = {"feplb"};
+  cfg.shape = *trace.expert_shape;
+  cfg.cost = &table;
+  cfg.knobs.planner_time_us = 0;
+  const SimulationResult fast = simulate(trace, cfg);
+  cfg.knobs.planner_time_us = 10000;
+  const SimulationResult slow = simulate(trace, cfg);
+  EXPECT_EQ(rows_mode_steps(fast), 0);
+  EXPECT_GT(rows_mode_steps(slow), static_cast<int64_t>(trace.steps.size()) / 2);
+  // What it pays for that choice is charged: every plan's 10 ms delays its copies.
+  EXPECT_EQ(fast.find("feplb")->summary.exposed_ms, 0.0);
+  EXPECT_GT(slow.find("feplb")->summary.exposed_ms, 1.0);
 }
 
 }  // namespace
