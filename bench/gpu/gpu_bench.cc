@@ -562,8 +562,9 @@ json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
 
 // ---- the layer's paths on a many-donor trace ---------------------------------------------------
 // Two phases balancing rows, rows in one hop, weights before routing, both, both with late copies
-// (copy_timing = 3), both planning GEMM time within a 5% token-straggler budget, and the default
-// (feplb chooses its mode, "auto"): seven layers
+// (copy_timing = 3), both planning GEMM time within a 5% token-straggler budget, one hop planned
+// from the previous micro-batch and refined on this one's counts (one_hop_refine = 1), and the
+// default (feplb chooses its mode, "auto"): eight layers
 // (one feplb planner each, the mode's knobs) on one runtime per virtual rank, sharing its slot
 // pool, over the same routing. Interleaved: every step runs each mode once, in an order rotated
 // every step; each forward comes after an emulated attention block (a GPU delay as long as the
@@ -573,6 +574,10 @@ struct PathMode {
   const char* name;
   int64_t one_hop, prefetch, copy_timing;
   double time_balance_budget;
+  int64_t one_hop_refine = 0;
+  // prefetch() before each forward: the prefetch modes', and the refined one-hop's predicted
+  // helpers' weights.
+  bool prefetch_call() const { return prefetch == 1 || one_hop_refine == 1; }
 };
 constexpr PathMode kPathModes[] = {{"two_phase", 0, 0, 1, 0},
                                    {"one_hop", 1, 0, 1, 0},
@@ -580,6 +585,7 @@ constexpr PathMode kPathModes[] = {{"two_phase", 0, 0, 1, 0},
                                    {"one_hop_prefetch", 1, 1, 1, 0},
                                    {"one_hop_prefetch_late", 1, 1, 3, 0},
                                    {"one_hop_prefetch_time", 1, 1, 1, 0.05},
+                                   {"one_hop_refined", 1, 0, -1, 0, 1},
                                    {"auto", -1, -1, -1, -1}};
 
 json paths_bench(const ExpertShape& shape, const std::string& shape_name, const Knobs& knobs,
@@ -626,6 +632,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
       k.prefetch = mode.prefetch;
       k.copy_timing = mode.copy_timing;
       k.time_balance_budget = mode.time_balance_budget;
+      k.one_hop_refine = mode.one_hop_refine;
       k.prefetch_window_us = window_us;
       layers.push_back(std::make_unique<MoeLayer>(
           runtime, LayerConfig{static_cast<int>(K), mode.name},
@@ -652,7 +659,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
       for (int j = 0; j < M; ++j) {
         const int mi = (i + j) % M;
         MoeLayer& layer = *layers[static_cast<size_t>(mi)];
-        if (kPathModes[mi].prefetch) layer.prefetch(experts.params(), s.get());
+        if (kPathModes[mi].prefetch_call()) layer.prefetch(experts.params(), s.get());
         FEPLB_CUDA_CHECK(kernels::gpu_delay(static_cast<int64_t>(window_us * 1e3),
                                             s.get()));  // the attention block
         layer.forward(experts.params(), x.get(), idx.get(), wt.get(), S, out.get(), s.get());
@@ -703,6 +710,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
                         {"prefetch", mode.prefetch},
                         {"copy_timing", mode.copy_timing},
                         {"time_balance_budget", mode.time_balance_budget},
+                        {"one_hop_refine", mode.one_hop_refine},
                         {"copy_wait_ms", spread(wait)},
                         {"forward_ms", spread(fwd)},
                         {"copy_wait_pct_of_forward", spread(wait_pct)},
@@ -744,17 +752,14 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
       {"prefetch_window_us", window_us},
       {"modes", modes},
       {"method",
-       "8 virtual ranks on this GPU, one runtime each with seven feplb layers (two_phase, one_hop, "
-       "prefetch, one_hop_prefetch, one_hop_prefetch_late: copy_timing 3, one_hop_prefetch_time: "
-       "time_balance_budget 0.05, auto: the default, feplb chooses) sharing its slot pool; "
-       "per step each mode's forward once, order rotated "
-       "per "
-       "step, after a GPU delay of prefetch_window_us (the attention block; prefetch() is called "
-       "before "
-       "it); per step the max over ranks of the layer's own timing (copy_wait = wait_ms: own "
-       "experts "
-       "done -> phase-2 inputs here; forward = forward_ms); spreads over steps; ratios paired per "
-       "step"},
+       "8 virtual ranks on this GPU, one runtime each with eight feplb layers (two_phase, "
+       "one_hop, prefetch, one_hop_prefetch, one_hop_prefetch_late: copy_timing 3, "
+       "one_hop_prefetch_time: time_balance_budget 0.05, one_hop_refined: one_hop_refine 1, "
+       "auto: the default, feplb chooses) sharing its slot pool; per step each mode's forward "
+       "once, order rotated per step, after a GPU delay of prefetch_window_us (the attention "
+       "block; prefetch() is called before it); per step the max over ranks of the layer's own "
+       "timing (copy_wait = wait_ms: own experts done -> phase-2 inputs here; forward = "
+       "forward_ms); spreads over steps; ratios paired per step"},
       {"note",
        "virtual ranks share one GPU: their GEMMs run concurrently (the window copies hide behind "
        "is longer "

@@ -54,8 +54,8 @@ testing::LayerSetup config_for(int ranks, int experts, int top_k, int64_t max_to
   c.knobs.balance_tolerance = 0;
   c.knobs.max_num_dyn = experts;  // the oracle may use many helpers
   c.timeout_s = 30;
-  // The knobs' reserve: the same plans on every run (a reserve measured on the host moves them
-  // with its speed; TheDefaultReservesWhatItsPlannerTakesOnThisHost tests it).
+  // The knobs' time: the same plans on every run (modes compared at the time measured on the host
+  // move with its speed; TheDefaultMeasuresItsPlannerOnThisHost tests it).
   c.measure_planner = false;
   setup.policy = policy;
   setup.top_k = top_k;
@@ -749,14 +749,17 @@ TEST(Training, LossCurvesAgreeWithBalancingOnAndOff) {
 // copies allowed (copy_timing = 3: a helper may wait for weights that land after its own work;
 // the others keep config_for's 0: copy time ignored, so that the tiny test experts migrate); and
 // both balancing modelled GEMM time within a 5% token-straggler budget (time_balance_budget);
-// one hop with only copies that land in time (copy_timing = 1); and the chooser with the path,
-// prefetch and balance left to it, then with the copy rule too (copy_timing = -1).
+// one hop with only copies that land in time (copy_timing = 1); the chooser with the path,
+// prefetch and balance left to it, then with the copy rule too (copy_timing = -1); and one hop
+// planned from the previous micro-batch and refined on this one's counts (one_hop_refine = 1:
+// its predicted helpers' weights go before routing, after one warm-up forward).
 struct PathMode {
   const char* name;
   bool one_hop, prefetch_knob, prefetch_call;
   int64_t copy_timing = 0;
   double time_budget = 0;  // time_balance_budget
   bool chooser = false;    // path, prefetch and balance left to feplb (-1): its first mode here
+  bool refine = false;     // one_hop_refine = 1
 };
 const PathMode kPathModes[] = {{"one_hop", true, false, false},
                                {"prefetch", false, true, true},
@@ -766,7 +769,8 @@ const PathMode kPathModes[] = {{"one_hop", true, false, false},
                                {"one_hop_prefetch_time", true, true, true, 0, 0.05},
                                {"auto", false, true, true, 0, 0, true},
                                {"one_hop_hidden", true, false, false, 1},
-                               {"auto_every_switch", false, true, true, -1, 0, true}};
+                               {"auto_every_switch", false, true, true, -1, 0, true},
+                               {"one_hop_refined", true, false, true, 0, 0, false, true}};
 
 testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_tokens,
                                 const PathMode& mode) {
@@ -783,8 +787,9 @@ testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_t
   }
   k.prefetch_window_us =
       1e6;  // tiny test experts: every predicted pair fits; the guest slots limit them
+  k.one_hop_refine = mode.refine ? 1 : 0;
   setup.prefetch = mode.prefetch_call;
-  setup.warmup_forwards = mode.prefetch_knob ? 1 : 0;
+  setup.warmup_forwards = mode.prefetch_knob || mode.refine ? 1 : 0;
   return setup;
 }
 
@@ -818,7 +823,7 @@ void expect_row_sources(const Plan& plan, const Topology& topo, const PathMode& 
 
 auto RanksAndPaths() {
   return ::testing::Combine(::testing::Values(2, 4, 8),
-                            ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7, 8));
+                            ::testing::Range(0, static_cast<int>(std::size(kPathModes))));
 }
 std::string RankPathName(const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
   return "ep" + std::to_string(std::get<0>(info.param)) + "_" +
@@ -920,7 +925,7 @@ TEST(LayerPaths, EdgeCases) {
   const int ranks = 4, experts = 16;
   const ReferenceMoe m = experts_for(29, experts);
   for (const EdgeCase& k : kEdgeCases) {
-    for (int mi : {0, 1, 2, 4, 5}) {
+    for (int mi : {0, 1, 2, 4, 5, 9}) {
       const PathMode& mode = kPathModes[mi];
       const std::string what = std::string(k.name) + " / " + mode.name;
       const auto in = skewed_inputs(33, ranks, experts, k.top_k, k.tokens, k.skew, k.hot);

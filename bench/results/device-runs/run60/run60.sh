@@ -1,16 +1,28 @@
 #!/bin/bash
-# run60: the default planner's time on the H200 machine's host CPU at the current planner (the
-# receiver tree's depth-first search, the chooser costing its modes at the host's speed):
-# Google Benchmark's default cases, pinned to one core, three rounds on cores 2, 5 and 9.
+# run60: the GPU tests (one hop planned from the previous micro-batch and refined, one_hop_refine
+# = 1, added to the layer's path tests), the paths bench with that mode beside the others and the
+# default, then the default planner's time on the host CPU at the current planner: Google
+# Benchmark's default cases, pinned to one core, three rounds on cores 2, 5 and 9.
 set -u
 B=.devbundle
+export FEPLB_DATA_DIR=$PWD/data
+export CUDA_DEVICE_MAX_CONNECTIONS=32  # virtual ranks
 mkdir -p $OUT/b
+t=$(date +%s)
+timeout 200 $B/bin/feplb_gpu_tests > $OUT/b/gpu_tests.log 2>&1; echo "gpu_tests rc=$? in $(( $(date +%s) - t )) s"
+grep -E "FAILED|Failure|PASSED" $OUT/b/gpu_tests.log | head -20
+for shape in qwen3-235b qwen3-30b; do
+  t=$(date +%s)
+  timeout 100 $B/bin/feplb_gpu_bench --sections paths --paths-shape $shape --paths-steps 12 --out $OUT/b/paths-$shape.json > $OUT/b/paths-$shape.log 2>&1
+  echo "paths $shape rc=$? in $(( $(date +%s) - t )) s"
+  tail -n 9 $OUT/b/paths-$shape.log
+done
 lscpu | grep -E "Model name|^CPU\(s\)|MHz|Hypervisor" > $OUT/b/lscpu.txt
 F='plan/feplb/'
 for round in 1 2 3; do
   c=$(( round == 1 ? 2 : round == 2 ? 5 : 9 ))
   t=$(date +%s)
-  LD_LIBRARY_PATH=$PWD/$B/lib taskset -c $c $B/bin/feplb_cpu_bench --benchmark_filter="$F" \
+  timeout 150 env LD_LIBRARY_PATH=$PWD/$B/lib taskset -c $c $B/bin/feplb_cpu_bench --benchmark_filter="$F" \
     --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
     --benchmark_out=$OUT/b/round$round.json --benchmark_out_format=json > $OUT/b/round$round.log 2>&1
   echo "round $round core $c rc=$? in $(( $(date +%s) - t )) s"
