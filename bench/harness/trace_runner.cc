@@ -59,6 +59,8 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
   std::vector<VirtualLayerStats> per(static_cast<size_t>(R));
   run_rank_threads(R, [&](int r) {
     EpRuntime runtime(c, group.endpoint(r));
+    const std::span<const ModeTime> start = runtime.planner_times();
+    per[static_cast<size_t>(r)].start_times.assign(start.begin(), start.end());
     MoeLayer layer(runtime, LayerConfig{static_cast<int>(K), "run"},
                    make_gpu_planner(runtime, policy));
     Stream s;
@@ -102,6 +104,7 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
   });
   VirtualLayerStats all;
   all.forwards = steps;
+  all.start_times = per.front().start_times;
   auto cat = [](std::vector<double>& a, const std::vector<double>& b) {
     a.insert(a.end(), b.begin(), b.end());
   };

@@ -10,6 +10,7 @@
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/plan.h"
+#include "feplb/core/planners/planner.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
 
@@ -29,8 +30,11 @@ struct VirtualLayerStats {
   // Two-phase plans (every rank's): the planner time each reserved ahead of its copies, and its
   // plan_us in the same order.
   std::vector<double> plan_reserve_us, reserved_plan_us;
-  std::vector<std::string> plan_modes;    // rank 0's plans' modes (Plan::mode), in order
-  std::vector<double> counts_to_plan_us;  // counts ready -> plan ready (every rank)
+  std::vector<std::string> plan_modes;  // rank 0's plans' modes (Plan::mode), in order
+  // The planner times rank 0's runtime measured when it was made (EpRuntime::planner_times: the
+  // p90 every rank's largest, the p99 rank 0's; empty where it measured nothing).
+  std::vector<ModeTime> start_times;
+  std::vector<double> counts_to_plan_us;              // counts ready -> plan ready (every rank)
   std::vector<double> wait_ms, wait_pct, forward_ms;  // per rank and forward
   int forwards = 0;
 };

@@ -71,6 +71,7 @@ void run_gpu(const RunOptions& o) {
     std::vector<double> latency_us, plan_us, to_host_us, to_plan_us;
     std::vector<double> reserve_us, reserved_plan_us;  // two-phase plans
     std::vector<std::string> modes;                    // rank 0's plans' modes
+    std::vector<ModeTime> start_times;                 // measured when the runtime was made
   };
   std::vector<Row> rows;
   int64_t max_rows = 1;
@@ -123,6 +124,7 @@ void run_gpu(const RunOptions& o) {
       r.reserve_us = lay.plan_reserve_us;
       r.reserved_plan_us = lay.reserved_plan_us;
       r.modes = lay.plan_modes;
+      r.start_times = lay.start_times;
     }
   }
   std::printf("\n%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "policy", "token straggler",
@@ -155,6 +157,10 @@ void run_gpu(const RunOptions& o) {
                                  {"two_phase_plan_reserve_us", r.reserve_us},
                                  {"two_phase_plan_us", r.reserved_plan_us},
                                  {"plan_modes", r.modes}};
+    nlohmann::ordered_json start = nlohmann::ordered_json::array();
+    for (const ModeTime& t : r.start_times)
+      start.push_back({{"mode", t.mode}, {"p90_us", t.us}, {"p99_us", t.p99_us}});
+    doc["policies"][r.policy]["planner_times_at_start"] = start;
   }
   for (const Row& r : rows) {
     if (r.latency_us.empty()) continue;
@@ -184,8 +190,16 @@ void run_gpu(const RunOptions& o) {
     size_t changes = 0;
     for (size_t i = 1; i < r.modes.size(); ++i) changes += r.modes[i] != r.modes[i - 1];
     if (!r.modes.empty() && !r.modes.front().empty()) {
-      std::printf("%-12s modes of rank 0's %zu plans: %zu changes, the last \"%s\"\n",
-                  r.policy.c_str(), r.modes.size(), changes, r.modes.back().c_str());
+      std::printf(
+          "%-12s modes of rank 0's %zu plans: %zu changes, the first \"%s\", the last \"%s\"\n",
+          r.policy.c_str(), r.modes.size(), changes, r.modes.front().c_str(),
+          r.modes.back().c_str());
+    }
+    for (const ModeTime& t : r.start_times) {
+      std::printf(
+          "%-12s planner measured at start: %s: p90 %.0f us (every rank's largest), p99 %.0f us "
+          "(rank 0's)\n",
+          r.policy.c_str(), t.mode.c_str(), t.us, t.p99_us);
     }
   }
   std::printf(

@@ -48,7 +48,7 @@ struct DataMovement {
 // One of a planner's modes and its planning time on this host (us): measure_mode_times().
 struct ModeTime {
   std::string mode;
-  double us = 0;      // what a plan in the mode reserves at least: the p90 of the measured plans
+  double us = 0;      // the p90 of the measured plans: the time the mode is compared at
   double p99_us = 0;  // their p99 (shown; not reserved: one rank's start-up spikes would hold it)
 };
 
