@@ -1,7 +1,8 @@
 #!/bin/bash
 # run60: the GPU tests (one hop planned from the previous micro-batch and refined, one_hop_refine
 # = 1, added to the layer's path tests), the paths bench with that mode beside the others and the
-# default, then the default planner's time on the host CPU at the current planner: Google
+# default, `feplb run` of the default (its start-up planner times and first mode printed), then
+# the default planner's time on the host CPU at the current planner: Google
 # Benchmark's default cases, pinned to one core, three rounds on cores 2, 5 and 9.
 set -u
 B=.devbundle
@@ -17,6 +18,12 @@ for shape in qwen3-235b qwen3-30b; do
   echo "paths $shape rc=$? in $(( $(date +%s) - t )) s"
   tail -n 9 $OUT/b/paths-$shape.log
 done
+mkdir -p /tmp/runs
+t=$(date +%s)
+timeout 120 $B/bin/feplb run --policies feplb --steps 32 --json /tmp/runs/run_measured.json > /tmp/runs/run_measured.log 2>&1
+echo "feplb run rc=$? in $(( $(date +%s) - t )) s"
+grep -E "two-phase plans|modes of|measured at start|^feplb  " /tmp/runs/run_measured.log
+cp /tmp/runs/run_measured.* $OUT/b/
 lscpu | grep -E "Model name|^CPU\(s\)|MHz|Hypervisor" > $OUT/b/lscpu.txt
 F='plan/feplb/'
 for round in 1 2 3; do
