@@ -575,9 +575,9 @@ struct PathMode {
   int64_t one_hop, prefetch, copy_timing;
   double time_balance_budget;
   int64_t one_hop_refine = 0;
-  // prefetch() before each forward: the prefetch modes', and the refined one-hop's predicted
-  // helpers' weights.
-  bool prefetch_call() const { return prefetch == 1 || one_hop_refine == 1; }
+  // prefetch() before each forward: the prefetch modes' (the default's too: prefetch = -1 lets it
+  // choose, and it can only prefetch when called), and the refined one-hop's predicted helpers'.
+  bool prefetch_call() const { return prefetch != 0 || one_hop_refine == 1; }
 };
 constexpr PathMode kPathModes[] = {{"two_phase", 0, 0, 1, 0},
                                    {"one_hop", 1, 0, 1, 0},
@@ -622,9 +622,16 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
   std::vector<std::vector<std::vector<ForwardStats>>> stats(
       M, std::vector<std::vector<ForwardStats>>(static_cast<size_t>(steps),
                                                 std::vector<ForwardStats>(R)));
+  // rank 0's plan per mode and step: the mode it was planned in, and its planner time
+  std::vector<std::vector<std::string>> plan_modes(M, std::vector<std::string>(steps));
+  std::vector<ModeTime> start_times;  // the runtime's planner times measured at start (rank 0)
   InProcessGroup group(R, timeout_s);
   run_rank_threads(R, [&](int r) {
     EpRuntime runtime(c, group.endpoint(r));
+    if (r == 0) {
+      const std::span<const ModeTime> st = runtime.planner_times();
+      start_times.assign(st.begin(), st.end());
+    }
     std::vector<std::unique_ptr<MoeLayer>> layers;
     for (const PathMode& mode : kPathModes) {
       Knobs k = knobs;
@@ -664,9 +671,13 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
                                             s.get()));  // the attention block
         layer.forward(experts.params(), x.get(), idx.get(), wt.get(), S, out.get(), s.get());
         sync_with_timeout(s.get(), timeout_s, "paths forward");
-        if (i >= kWarmup)
+        if (i >= kWarmup) {
           stats[static_cast<size_t>(mi)][static_cast<size_t>(i - kWarmup)][r] =
               layer.last_forward_stats();
+          if (r == 0)
+            plan_modes[static_cast<size_t>(mi)][static_cast<size_t>(i - kWarmup)] =
+                layer.last_plan().mode;
+        }
       }
     }
   });
@@ -674,11 +685,13 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
   std::vector<double> base_wait, base_fwd;
   for (int mi = 0; mi < M; ++mi) {
     std::vector<double> wait, fwd, wait_pct, weights, pairs, hits, dispatched, guests, d_wait,
-        fwd_ratio;
+        fwd_ratio, plan_us;
+    std::map<std::string, int> mode_steps;  // rank 0's plans by the mode they were planned in
     double pair_sum = 0, hit_sum = 0;
     for (int i = 0; i < steps; ++i) {
       const auto& per_rank = stats[static_cast<size_t>(mi)][static_cast<size_t>(i)];
-      double w = 0, f = 0;
+      ++mode_steps[plan_modes[static_cast<size_t>(mi)][static_cast<size_t>(i)]];
+      double w = 0, f = 0, pu = 0;
       int64_t wc = 0, dr = 0, gr = 0;
       for (const ForwardStats& st : per_rank) {
         w = std::max(w, static_cast<double>(st.wait_ms));
@@ -686,7 +699,9 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
         wc += st.weight_copies;
         dr += st.dispatched_rows;
         gr += st.guest_rows;
+        pu = std::max(pu, st.plan_us);
       }
+      plan_us.push_back(pu);
       wait.push_back(w);
       fwd.push_back(f);
       wait_pct.push_back(f > 0 ? 100.0 * w / f : 0.0);
@@ -723,14 +738,24 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
                         {"prefetch_hits_per_step", spread(hits)},
                         {"prefetch_hit_rate", pair_sum > 0 ? hit_sum / pair_sum : 0.0},
                         {"dispatched_rows_per_step", spread(dispatched)},
-                        {"guest_rows_per_step", spread(guests)}};
+                        {"guest_rows_per_step", spread(guests)},
+                        {"plan_us_slowest_rank", spread(plan_us)},
+                        {"rank0_plans_by_mode", mode_steps}};
     log("  {:<17} copy wait {:.3f} ms [p10 {:.3f}, p90 {:.3f}] ({:.1f}% of forward), forward "
         "{:.3f} ms "
         "[{:.3f}, {:.3f}], x{:.3f} vs two-phase; weights {:.1f}/step, prefetch hits {:.0f}/{:.0f}",
         mode.name, quantile_of(wait, 0.5), quantile_of(wait, 0.1), quantile_of(wait, 0.9),
         quantile_of(wait_pct, 0.5), quantile_of(fwd, 0.5), quantile_of(fwd, 0.1),
         quantile_of(fwd, 0.9), quantile_of(fwd_ratio, 0.5), mean_of(weights), hit_sum, pair_sum);
+    if (mode.one_hop < 0 || mode.prefetch < 0)  // a mode feplb chooses: what it chose
+      for (const auto& [label, n] : mode_steps)
+        log("  {:<17} rank 0 planned {} of {} steps as \"{}\" (plans: median {:.1f} us on the "
+            "slowest rank)",
+            "", n, steps, label, quantile_of(plan_us, 0.5));
   }
+  json start = json::array();
+  for (const ModeTime& m : start_times)
+    start.push_back({{"mode", m.mode}, {"p90_us", m.us}, {"p99_us", m.p99_us}});
   return json{
       {"shape",
        {{"name", shape_name},
@@ -750,6 +775,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
         {"gpu_max_over_mean", gpu_max_over_mean(t)}}},
       {"cost_model", cost.label},
       {"prefetch_window_us", window_us},
+      {"planner_times_at_start", start},
       {"modes", modes},
       {"method",
        "8 virtual ranks on this GPU, one runtime each with eight feplb layers (two_phase, "
@@ -759,7 +785,10 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
        "once, order rotated per step, after a GPU delay of prefetch_window_us (the attention "
        "block; prefetch() is called before it); per step the max over ranks of the layer's own "
        "timing (copy_wait = wait_ms: own experts done -> phase-2 inputs here; forward = "
-       "forward_ms); spreads over steps; ratios paired per step"},
+       "forward_ms; plan_us = the planner call); spreads over steps; ratios paired per step; "
+       "rank0_plans_by_mode counts rank 0's plans by the mode they were planned in; "
+       "planner_times_at_start: the runtime's planner times measured at start (rank 0), the "
+       "times the default compares its modes at until its own plans are clocked"},
       {"note",
        "virtual ranks share one GPU: their GEMMs run concurrently (the window copies hide behind "
        "is longer "
