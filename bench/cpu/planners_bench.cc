@@ -317,6 +317,86 @@ void BM_Plan(benchmark::State& state, const std::string& bench_name,
       static_cast<double>(allocations) / static_cast<double>(w->timed.size());
 }
 
+// What the layer sees: between two plans of a layer the host runs the rest of the training step
+// (the model's other layers and their planners, the framework), and the layer's planner observes
+// the micro-batch it planned (Planner::observe, off the critical path). plan_cold/... times
+// kColdCalls plan() calls of the default planner, each after observe() of the micro-batch before
+// and after touching kColdCases[i].touch_mib MiB of other memory (one write per 64-byte line: 4 MiB
+// flushes the core's own caches, 64 MiB its share of the last-level cache as well), so each call
+// starts with its code and data where that much other work left them. Manual time: the plan()
+// call alone; counters p50/p90/p99 of the calls. `primed`: Planner::prime() runs between the
+// touching and the plan (untimed: the GPU layer primes while the counts travel to the host;
+// prime_p50_us is its own time, which that wait must cover for the plan not to start later).
+constexpr int kColdCalls = 200;
+struct ColdCase {
+  int touch_mib;
+  bool primed;
+};
+constexpr ColdCase kColdCases[] = {{4, false}, {64, false}, {64, true}};
+constexpr std::string_view kColdConfigs[] = {"ep8_e128_skew5", "ep72_e288_skew5_nvl72",
+                                             "ep256_e1024_skew5_nvl256"};
+
+void BM_PlanCold(benchmark::State& state, const BenchConfig& cfg, int touch_mib, bool primed) {
+  const Workload* w = nullptr;
+  Knobs knobs;
+  std::unique_ptr<RooflineCostModel> cost;
+  std::unique_ptr<Planner> planner;
+  Plan plan;
+  try {
+    w = &workload_for(cfg);
+    cost = std::make_unique<RooflineCostModel>(kGlm5Shape, knobs);
+    planner = make_planner("feplb", PlannerContext{w->topo, kGlm5Shape, knobs, cost.get()});
+    for (const RoutingStep& s : w->warmup) planner->observe(s);
+    for (const RoutingStep& s : w->timed) {  // untimed: tables grown, plans checked
+      planner->plan(s, plan);
+      validate(plan, w->topo, s, kGlm5Shape, planner->limits());
+      planner->observe(s);
+    }
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  std::vector<uint8_t> other(static_cast<size_t>(touch_mib) << 20, 1);
+  std::vector<double> call_us, prime_us;
+  call_us.reserve(static_cast<size_t>(kColdCalls));
+  prime_us.reserve(static_cast<size_t>(kColdCalls));
+  size_t i = 0;
+  for (auto _ : state) {
+    for (size_t b = 0; b < other.size(); b += 64) other[b] = static_cast<uint8_t>(other[b] + 1);
+    benchmark::ClobberMemory();
+    if (primed) {
+      const auto p0 = std::chrono::steady_clock::now();
+      planner->prime(w->timed[i].layer, plan);
+      prime_us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - p0).count());
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    planner->plan(w->timed[i], plan);  // the timed region
+    const auto t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(plan.slices.data());
+    const double us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    state.SetIterationTime(us * 1e-6);
+    call_us.push_back(us);
+    planner->observe(w->timed[i]);
+    if (++i == w->timed.size()) i = 0;
+  }
+  std::sort(call_us.begin(), call_us.end());
+  const auto at = [&](double q) {
+    return call_us[std::min(call_us.size() - 1,
+                            static_cast<size_t>(q * static_cast<double>(call_us.size())))];
+  };
+  state.counters["p50_us"] = at(0.50);
+  state.counters["p90_us"] = at(0.90);
+  state.counters["p99_us"] = at(0.99);
+  state.counters["touched_mib"] = touch_mib;
+  if (primed) {
+    std::sort(prime_us.begin(), prime_us.end());
+    state.counters["prime_p50_us"] = prime_us[prime_us.size() / 2];
+  }
+  state.counters["ranks"] = cfg.ranks;
+  state.counters["experts"] = cfg.experts;
+}
+
 // Registered in configuration order, so each workload is generated once, before its first run.
 int register_benchmarks() {
   for (const BenchConfig& cfg : kConfigs) {
@@ -327,6 +407,20 @@ int register_benchmarks() {
           ->Unit(benchmark::kMicrosecond)
           ->Repetitions(kRepetitions)
           ->ReportAggregatesOnly(true);
+    }
+    if (std::find(std::begin(kColdConfigs), std::end(kColdConfigs), cfg.label) !=
+        std::end(kColdConfigs)) {
+      for (const auto& [mib, primed] : kColdCases) {
+        const std::string bench_name = std::string(primed ? "plan_primed" : "plan_cold") +
+                                       "/feplb/" + std::string(cfg.label) +
+                                       "/touched_mib:" + std::to_string(mib);
+        benchmark::RegisterBenchmark(bench_name.c_str(), BM_PlanCold, cfg, mib, primed)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseManualTime()
+            ->Iterations(kColdCalls)
+            ->Repetitions(3)
+            ->ReportAggregatesOnly(true);
+      }
     }
     if (std::find(std::begin(kModeConfigs), std::end(kModeConfigs), cfg.label) ==
         std::end(kModeConfigs))

@@ -32,7 +32,8 @@ int64_t worst_receiver_rows(const Trace& t, const Topology& topo) {
 
 VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
                                     const std::string& policy, const Knobs& knobs, int steps,
-                                    int gpus_per_node, double timeout_s, bool measure_planner) {
+                                    int gpus_per_node, double timeout_s, bool measure_planner,
+                                    bool prime_planner) {
   const int R = t.num_ranks;
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   FEPLB_REQUIRE_INPUT(
@@ -55,6 +56,7 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
   c.timeout_s = timeout_s;
   c.name = "run." + policy;
   c.measure_planner = measure_planner;
+  c.prime_planner = prime_planner;
   InProcessGroup group(R, timeout_s);
   std::vector<VirtualLayerStats> per(static_cast<size_t>(R));
   run_rank_threads(R, [&](int r) {
@@ -90,6 +92,8 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
       VirtualLayerStats& p = per[r];
       p.counts_to_host_us.push_back(st.counts_to_host_us);
       p.plan_us.push_back(st.plan_us);
+      if (st.prime_us > 0) p.prime_us.push_back(st.prime_us);
+      p.primes_overtaken += st.prime_overtaken ? 1 : 0;
       if (r == 0) p.plan_modes.push_back(layer.last_plan().mode);
       if (st.plan_reserve_us > 0) {
         p.plan_reserve_us.push_back(st.plan_reserve_us);
@@ -112,6 +116,8 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
     cat(all.counts_to_first_copy_us, p.counts_to_first_copy_us);
     cat(all.counts_to_host_us, p.counts_to_host_us);
     cat(all.plan_us, p.plan_us);
+    cat(all.prime_us, p.prime_us);
+    all.primes_overtaken += p.primes_overtaken;
     cat(all.plan_reserve_us, p.plan_reserve_us);
     cat(all.reserved_plan_us, p.reserved_plan_us);
     all.plan_modes.insert(all.plan_modes.end(), p.plan_modes.begin(), p.plan_modes.end());

@@ -27,6 +27,10 @@ int64_t worst_receiver_rows(const Trace& trace, const Topology& topo);
 struct VirtualLayerStats {
   std::vector<double> counts_to_first_copy_us;  // ranks that issued phase-2 copies
   std::vector<double> counts_to_host_us, plan_us;
+  // Primes while the counts travelled (ForwardStats::prime_us > 0, every rank's), and how many of
+  // them the counts overtook.
+  std::vector<double> prime_us;
+  int primes_overtaken = 0;
   // Two-phase plans (every rank's): the planner time each reserved ahead of its copies, and its
   // plan_us in the same order.
   std::vector<double> plan_reserve_us, reserved_plan_us;
@@ -44,7 +48,7 @@ struct VirtualLayerStats {
 VirtualLayerStats run_virtual_layer(const Trace& trace, const ExpertShape& shape,
                                     const std::string& policy, const Knobs& knobs, int steps,
                                     int gpus_per_node, double timeout_s,
-                                    bool measure_planner = true);
+                                    bool measure_planner = true, bool prime_planner = true);
 
 // Each rank's GEMM time (ms) for `plan`, each rank timed alone: median of `reps`.
 std::vector<double> rank_gemm_ms(ExpertBench& bench, const Plan& plan, int num_ranks, int reps);

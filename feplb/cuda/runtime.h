@@ -70,6 +70,11 @@ struct RuntimeConfig {
   // sent with every forward's counts; every rank's largest, so that every rank's plans still
   // agree. The plans keep the knobs' reserve either way. false: the knobs' rule alone.
   bool measure_planner = true;
+  // While a forward's counts travel to the host, the layer's scheduler thread primes its planner
+  // (Planner::prime: the layer's last micro-batch planned again, into the Plan the next plan
+  // writes), so that the plan runs from warm caches where the rest of the step evicted it. Plans
+  // are the same bytes either way; false: no priming (the counts are waited for idle).
+  bool prime_planner = true;
 };
 
 // Staging slots a training runtime gets by default: every expert slice a rank may export under

@@ -29,6 +29,9 @@ struct HostTimes {
 struct ForwardStats {
   double counts_to_host_us = 0;  // counts D2H issued (caller's thread) -> seen by the scheduler
   double plan_us = 0;            // the planner call alone
+  double prime_us = 0;  // priming it while the counts travelled (RuntimeConfig::prime_planner;
+                        // 0: not primed: off, the counts were there first, or skipped)
+  bool prime_overtaken = false;  // the counts arrived during the prime (the plan started later)
   // The planner time the plan reserved ahead of its phase-2 copies (us: its schedule's copy
   // start; 0 for a plan the dispatch waited for, one-hop): plan_us above it, the copies start
   // later than the plan modelled.

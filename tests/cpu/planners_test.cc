@@ -128,6 +128,49 @@ TEST(Planners, SameInputsGiveIdenticalPlanBytes) {
   }
 }
 
+// Planner::prime plans a layer's last observed micro-batch again to warm the caches; the plans
+// after it must be the bytes they are without it, for every planner and for feplb's chooser and
+// its explicit modes (prefetch, one hop, a time budget), with two layers interleaved.
+TEST(Planners, PrimingChangesNoPlan) {
+  std::vector<RoutingStep> steps;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    steps.push_back(random_step(8, 128, 8, 4096, 4.0, seed));
+    steps.back().layer = static_cast<int64_t>(seed % 2);
+  }
+  std::vector<std::pair<std::string, Knobs>> cases;
+  for (const std::string& name : planner_names())
+    cases.push_back({name, testing::explicit_knobs()});
+  cases.push_back({"feplb", Knobs{}});  // the chooser
+  for (const std::vector<KnobOverride>& o :
+       std::vector<std::vector<KnobOverride>>{{{"prefetch", 1}},
+                                              {{"one_hop", 1}, {"prefetch", 1}},
+                                              {{"prefetch", 1}, {"time_balance_budget", 0.05}}}) {
+    Knobs k = testing::explicit_knobs();
+    apply_knobs(k, o);
+    cases.push_back({"feplb", k});
+  }
+  for (const auto& [name, knobs] : cases) {
+    Bench b(8, 8, 128, knobs);
+    auto plain = b.make(name), primed = b.make(name);
+    Plan a, c;
+    int primed_plans = 0;
+    for (const RoutingStep& s : steps) {
+      primed->prime(s.layer, c);  // the layer's last micro-batch, into the Plan plan() writes
+      primed_plans += c.slices.empty() ? 0 : 1;
+      plain->plan(s, a);
+      primed->plan(s, c);
+      ASSERT_EQ(serialize(a), serialize(c)) << name << " step " << s.step;
+      plain->observe(s);
+      primed->observe(s);
+      c.clear(b.topo.num_experts());
+    }
+    // feplb's planners keep each layer's last micro-batch (the first of each layer has none).
+    if (name == "feplb") {
+      EXPECT_EQ(primed_plans, static_cast<int>(steps.size()) - 2) << name;
+    }
+  }
+}
+
 TEST(Planners, OracleReachesTheFloorAndNoInDomainPolicyBeatsIt) {
   for (const Shape& sh : kShapes) {
     Bench b(sh.ranks, sh.gpus_per_node, sh.experts);

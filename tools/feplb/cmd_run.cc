@@ -29,6 +29,7 @@ struct RunOptions : ModelFlags {
   int steps = 8;
   bool force = false, no_layer = false;
   bool reserve_from_knobs = false;  // the runtime's measure_planner off
+  bool no_prime = false;            // the runtime's prime_planner off
 };
 
 #ifdef FEPLB_HAVE_CUDA
@@ -70,8 +71,10 @@ void run_gpu(const RunOptions& o) {
     double fwd_ms = 0, wait_ms = 0;
     std::vector<double> latency_us, plan_us, to_host_us, to_plan_us;
     std::vector<double> reserve_us, reserved_plan_us;  // two-phase plans
-    std::vector<std::string> modes;                    // rank 0's plans' modes
-    std::vector<ModeTime> start_times;                 // measured when the runtime was made
+    std::vector<double> prime_us;
+    int primes_overtaken = 0;
+    std::vector<std::string> modes;     // rank 0's plans' modes
+    std::vector<ModeTime> start_times;  // measured when the runtime was made
   };
   std::vector<Row> rows;
   int64_t max_rows = 1;
@@ -114,7 +117,7 @@ void run_gpu(const RunOptions& o) {
     if (!o.no_layer) {
       const cuda::VirtualLayerStats lay =
           cuda::run_virtual_layer(trace, shape, r.policy, o.knobs, static_cast<int>(picked.size()),
-                                  o.gpus_per_node, 60, !o.reserve_from_knobs);
+                                  o.gpus_per_node, 60, !o.reserve_from_knobs, !o.no_prime);
       r.fwd_ms = quantile_of(lay.forward_ms, 0.5);
       r.wait_ms = quantile_of(lay.wait_ms, 0.5);
       r.latency_us = lay.counts_to_first_copy_us;
@@ -123,6 +126,8 @@ void run_gpu(const RunOptions& o) {
       r.to_plan_us = lay.counts_to_plan_us;
       r.reserve_us = lay.plan_reserve_us;
       r.reserved_plan_us = lay.reserved_plan_us;
+      r.prime_us = lay.prime_us;
+      r.primes_overtaken = lay.primes_overtaken;
       r.modes = lay.plan_modes;
       r.start_times = lay.start_times;
     }
@@ -156,7 +161,9 @@ void run_gpu(const RunOptions& o) {
                                  {"counts_to_plan_us", r.to_plan_us},
                                  {"two_phase_plan_reserve_us", r.reserve_us},
                                  {"two_phase_plan_us", r.reserved_plan_us},
-                                 {"plan_modes", r.modes}};
+                                 {"plan_modes", r.modes},
+                                 {"prime_us", r.prime_us},
+                                 {"primes_overtaken", r.primes_overtaken}};
     nlohmann::ordered_json start = nlohmann::ordered_json::array();
     for (const ModeTime& t : r.start_times)
       start.push_back({{"mode", t.mode}, {"p90_us", t.us}, {"p99_us", t.p99_us}});
@@ -195,6 +202,13 @@ void run_gpu(const RunOptions& o) {
           r.policy.c_str(), r.modes.size(), changes, r.modes.front().c_str(),
           r.modes.back().c_str());
     }
+    if (!o.no_layer) {
+      std::printf(
+          "%-12s planner primed while the counts travelled: %zu of %zu plans (median %.1f us), "
+          "the counts overtook %d of them%s\n",
+          r.policy.c_str(), r.prime_us.size(), r.plan_us.size(), quantile_of(r.prime_us, 0.5),
+          r.primes_overtaken, o.no_prime ? " (--no-prime)" : "");
+    }
     for (const ModeTime& t : r.start_times) {
       std::printf(
           "%-12s planner measured at start: %s: p90 %.0f us (every rank's largest), p99 %.0f us "
@@ -231,6 +245,9 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--reserve-from-knobs", o->reserve_from_knobs,
                 "feplb compares its modes at the knobs' planner time (their reserve), not at "
                 "what its planner takes on this host (RuntimeConfig::measure_planner off)");
+  cmd->add_flag("--no-prime", o->no_prime,
+                "the layer does not prime its planner while the counts travel "
+                "(RuntimeConfig::prime_planner off)");
   add_model_flags(*cmd, *o);
   cmd->callback([o, cmd] {
     apply_knob_flags(*cmd, *o);

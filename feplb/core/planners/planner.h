@@ -70,6 +70,17 @@ class Planner {
   }
   // Called once per step after planning it, for planners that learn from history.
   virtual void observe(const RoutingStep& /*routing*/) {}
+  // Brings the planner's code and the tables its plans read back into the CPU's caches: plans
+  // layer `layer`'s last observed micro-batch again into `scratch` (overwritten: pass the Plan the
+  // next plan() writes, so that its buffers are warm too), with its schedule, and changes nothing
+  // else (the next plans are the same bytes as without it). Nothing where the planner keeps no
+  // such micro-batch (feplb's planners keep one per layer once it is observed). A caller whose
+  // thread waits for the next counts calls it meanwhile: on a host where the rest of the training
+  // step has evicted the planner, the plan then runs from warm caches instead of cold ones
+  // (docs/planners.md, "Cold caches").
+  void prime(int64_t layer, Plan& scratch) {
+    if (prime_plan(layer, scratch)) schedule_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);
+  }
   // The weight copies to start before the next micro-batch of `layer` is routed
   // (CopyKind::kPrefetchWeights, home -> predicted helper, in issue order), predicted from what
   // this planner observed; the next plan() of that layer lists exactly these. Empty for planners
@@ -105,6 +116,8 @@ class Planner {
  protected:
   // The policy's plan of one step, as plan() says, without the schedule.
   virtual void make_plan(const RoutingStep& routing, Plan& out) = 0;
+  // prime()'s plan, without the schedule; false: nothing planned (the default).
+  virtual bool prime_plan(int64_t /*layer*/, Plan& /*out*/) { return false; }
 
   const PlannerContext ctx_;
 

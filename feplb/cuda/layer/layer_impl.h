@@ -57,10 +57,12 @@ struct MoeLayer::Impl final : ProgramHooks {
     uint32_t seq = 0;  // the call's number
     bool backward = false;
     bool dispatched = false;
-    bool runs = false;        // the plan is usable: the copies are issued and the call goes on
-    bool planned = false;     // forward: the planner planned this step (it observes it)
-    bool prefetched = false;  // forward: the pending prefetch is this layer's
-    Buf rows = Buf::kXHome;   // where the phase-2 input rows are
+    bool runs = false;             // the plan is usable: the copies are issued and the call goes on
+    bool planned = false;          // forward: the planner planned this step (it observes it)
+    double prime_us = 0;           // forward: the planner primed while the counts travelled
+    bool prime_overtaken = false;  // forward: the counts arrived during the prime
+    bool prefetched = false;       // forward: the pending prefetch is this layer's
+    Buf rows = Buf::kXHome;        // where the phase-2 input rows are
     const bf16* caller_rows = nullptr;  // backward_dispatched: the caller's dY rows
     int64_t bad_ids = 0;  // forward: (token, k) pairs of rank bad_rank with an id out of range
     int bad_rank = 0;
@@ -99,6 +101,11 @@ struct MoeLayer::Impl final : ProgramHooks {
   // (KernelId::kPlannerTime, kStageCounts). Every rank's largest is the time the next plan's
   // modes are compared at (Planner::set_recent_plan_us), so that all plan alike.
   PlannerClock clock;
+  // RuntimeConfig::prime_planner: the decayed share of recent primes that the counts overtook
+  // (each delayed its plan by what was left of it); from half on, the layer primes only every
+  // kPrimeRetry-th forward, to see whether the counts come later again.
+  double prime_overtaken = 0;
+  static constexpr uint32_t kPrimeRetry = 16;
   PinnedBuffer<int32_t> planner_us{1};  // written by the scheduler, read by the copy and the host
   int32_t recent_us = 0;                // the job's: every rank's largest (routing_from_counts)
 

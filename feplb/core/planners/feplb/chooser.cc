@@ -224,6 +224,14 @@ void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   out.mode = labels_[static_cast<size_t>(l.mode)];
 }
 
+bool FeplbChooser::prime_plan(int64_t layer, Plan& out) {
+  const RoutingStep* recent = engine_.recent(layer);
+  const Layer* l = find_layer(layer);
+  if (recent == nullptr || l == nullptr) return false;
+  engine_.plan_with(mode_at(l->mode, time_budget_now(unbalanced_straggler(*recent))), *recent, out);
+  return true;
+}
+
 double FeplbChooser::charged_us(int mode) const {
   const double us = modes_[static_cast<size_t>(mode)].reserve_us;
   return us >= 0 ? us : reserve_ms_ * 1e3;
@@ -265,6 +273,7 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   const int n = static_cast<int>(modes_.size());
   // The plan this step got (at the budget it got; a step observed without a plan, at the budget
   // a plan would have got): its prefetch history, and its cost.
+  engine_.remember(routing);
   const double unbalanced = unbalanced_straggler(routing);
   if (l.budget < 0) l.budget = time_budget_now(unbalanced);
   const PlanCost now = cost_of(l.mode, l.budget, routing, current_);

@@ -120,6 +120,9 @@ class FeplbChooser final : public Planner {
 
  protected:
   void make_plan(const RoutingStep& routing, Plan& out) override;
+  // The layer's last observed micro-batch in the layer's mode, at the time budget make_plan()
+  // would give it; no decision state changes (make_plan() sets the layer's).
+  bool prime_plan(int64_t layer, Plan& out) override;
 
  private:
   struct Layer {

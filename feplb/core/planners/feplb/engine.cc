@@ -27,6 +27,27 @@ void FeplbEngine::plan_with(const FeplbConfig& mode, const RoutingStep& routing,
   balanced_.end_step();
 }
 
+void FeplbEngine::remember(const RoutingStep& routing) {
+  auto it = std::find_if(recent_.begin(), recent_.end(),
+                         [&](const RoutingStep& s) { return s.layer == routing.layer; });
+  if (it == recent_.end()) {
+    recent_.emplace_back();
+    it = recent_.end() - 1;
+  }
+  it->step = routing.step;
+  it->layer = routing.layer;
+  it->num_ranks = routing.num_ranks;
+  it->num_experts = routing.num_experts;
+  it->expert_counts.assign(routing.expert_counts.begin(), routing.expert_counts.end());
+}
+
+const RoutingStep* FeplbEngine::recent(int64_t layer) const {
+  for (const RoutingStep& s : recent_) {
+    if (s.layer == layer) return &s;
+  }
+  return nullptr;
+}
+
 void FeplbEngine::warm(const FeplbConfig& mode, int64_t rows) {
   switch (mode.balance) {
     case FeplbBalance::kRows:

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "feplb/core/plan.h"
 #include "feplb/core/planners/feplb/balanced_plan.h"
@@ -50,6 +51,12 @@ class FeplbEngine {
   // plan_with() lists with prefetch on. Valid until the next record().
   std::span<const Copy> prefetch(int64_t layer) const { return history_.predicted(layer); }
   const PlannerContext& context() const { return ctx_; }
+  // Keeps `routing`'s expert counts as its layer's last micro-batch (Planner::prime plans it
+  // again; feplb's plans read the counts per expert only). No allocation once the layer has one.
+  void remember(const RoutingStep& routing);
+  // The layer's last remembered micro-batch: expert_counts only, its per-rank counts empty
+  // (null: none yet).
+  const RoutingStep* recent(int64_t layer) const;
   // Grows the tables plans in `mode` read to cover experts of up to `rows` rows (Planner::warm).
   void warm(const FeplbConfig& mode, int64_t rows);
 
@@ -59,6 +66,7 @@ class FeplbEngine {
   feplb_detail::BalancedPlan balanced_;
   feplb_detail::TimeLeveller leveller_;
   feplb_detail::TimeBudget budget_;
+  std::vector<RoutingStep> recent_;  // remember(): one per layer, expert_counts only
 };
 
 }  // namespace feplb

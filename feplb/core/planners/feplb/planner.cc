@@ -29,6 +29,7 @@ class FeplbPlanner final : public Planner {
   // With prefetch: records the (expert, helper) pairs this step's plan used and predicts the
   // layer's next micro-batch from them (the prediction plan() reads, before routing).
   void observe(const RoutingStep& routing) override {
+    engine_.remember(routing);
     if (config_.prefetch == FeplbPrefetch::kOff) return;
     engine_.plan_with(config_, routing, observed_);  // the plan this step got: same counts, same
                                                      // prediction
@@ -41,6 +42,12 @@ class FeplbPlanner final : public Planner {
   void make_plan(const RoutingStep& routing, Plan& out) override {
     engine_.plan_with(config_, routing, out);
     out.mode = label_;
+  }
+  bool prime_plan(int64_t layer, Plan& out) override {
+    const RoutingStep* recent = engine_.recent(layer);
+    if (recent == nullptr) return false;
+    engine_.plan_with(config_, *recent, out);
+    return true;
   }
 
  private:
