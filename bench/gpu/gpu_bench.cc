@@ -589,7 +589,7 @@ constexpr PathMode kPathModes[] = {{"two_phase", 0, 0, 1, 0},
                                    {"auto", -1, -1, -1, -1}};
 
 json paths_bench(const ExpertShape& shape, const std::string& shape_name, const Knobs& knobs,
-                 int steps, const std::string& data_dir, double timeout_s) {
+                 int steps, bool prime, const std::string& data_dir, double timeout_s) {
   constexpr int R = 8, E = 128, kWarmup = 2;
   constexpr int M = static_cast<int>(std::size(kPathModes));
   const std::vector<double> hot = {1.87, 1.65, 1.21};
@@ -613,6 +613,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
   c.timing = true;
   c.timeout_s = timeout_s;
   c.name = "paths";
+  c.prime_planner = prime;
   const CostChoice cost = choose_cost_model("auto", shape, knobs, data_dir, "paths");
   const RooflineCostModel roofline(shape, knobs);
   const GemmCostModel& model =
@@ -685,7 +686,8 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
   std::vector<double> base_wait, base_fwd;
   for (int mi = 0; mi < M; ++mi) {
     std::vector<double> wait, fwd, wait_pct, weights, pairs, hits, dispatched, guests, d_wait,
-        fwd_ratio, plan_us;
+        fwd_ratio, plan_us, prime_us;
+    int overtaken = 0;
     std::map<std::string, int> mode_steps;  // rank 0's plans by the mode they were planned in
     double pair_sum = 0, hit_sum = 0;
     for (int i = 0; i < steps; ++i) {
@@ -700,6 +702,8 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
         dr += st.dispatched_rows;
         gr += st.guest_rows;
         pu = std::max(pu, st.plan_us);
+        if (st.prime_us > 0) prime_us.push_back(st.prime_us);
+        overtaken += st.prime_overtaken ? 1 : 0;
       }
       plan_us.push_back(pu);
       wait.push_back(w);
@@ -740,6 +744,9 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
                         {"dispatched_rows_per_step", spread(dispatched)},
                         {"guest_rows_per_step", spread(guests)},
                         {"plan_us_slowest_rank", spread(plan_us)},
+                        {"prime_us", spread(prime_us)},
+                        {"primes", static_cast<int64_t>(prime_us.size())},
+                        {"primes_overtaken", overtaken},
                         {"rank0_plans_by_mode", mode_steps}};
     log("  {:<17} copy wait {:.3f} ms [p10 {:.3f}, p90 {:.3f}] ({:.1f}% of forward), forward "
         "{:.3f} ms "
@@ -747,6 +754,10 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
         mode.name, quantile_of(wait, 0.5), quantile_of(wait, 0.1), quantile_of(wait, 0.9),
         quantile_of(wait_pct, 0.5), quantile_of(fwd, 0.5), quantile_of(fwd, 0.1),
         quantile_of(fwd, 0.9), quantile_of(fwd_ratio, 0.5), mean_of(weights), hit_sum, pair_sum);
+    log("  {:<17} plans: median {:.1f} us [p90 {:.1f}] on the slowest rank; primed {} of {} "
+        "(median {:.1f} us), the counts overtook {}",
+        "", quantile_of(plan_us, 0.5), quantile_of(plan_us, 0.9), prime_us.size(), steps * R,
+        quantile_of(prime_us, 0.5), overtaken);
     if (mode.one_hop < 0 || mode.prefetch < 0)  // a mode feplb chooses: what it chose
       for (const auto& [label, n] : mode_steps)
         log("  {:<17} rank 0 planned {} of {} steps as \"{}\" (plans: median {:.1f} us on the "
@@ -775,6 +786,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
         {"gpu_max_over_mean", gpu_max_over_mean(t)}}},
       {"cost_model", cost.label},
       {"prefetch_window_us", window_us},
+      {"prime_planner", prime},
       {"planner_times_at_start", start},
       {"modes", modes},
       {"method",
@@ -824,6 +836,7 @@ int main(int argc, char** argv) {
       "bwdexposure,layer,training,paths";
   std::string paths_shape = "qwen3-235b";
   int paths_steps = 12;
+  int paths_prime = 1;
   app.add_option("--sections", sections, "comma-separated sections to run (default all)");
   app.add_flag("--quick", quick);
   std::vector<std::string> knob_args;
@@ -838,6 +851,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"qwen3-235b", "qwen3-30b", "glm5"}));
   app.add_option("--paths-steps", paths_steps, "section paths: measured steps per mode")
       ->check(CLI::Range(1, 1000));
+  app.add_option("--paths-prime", paths_prime,
+                 "section paths: 1 (default) the layers prime their planners while the counts "
+                 "travel (RuntimeConfig::prime_planner), 0 not")
+      ->check(CLI::Range(0, 1));
   CLI11_PARSE(app, argc, argv);
   json doc;
   std::mutex doc_mu;
@@ -1153,7 +1170,8 @@ int main(int argc, char** argv) {
                                 : paths_shape == "qwen3-30b" ? kQwen3_30b
                                                              : kQwen3_235b;
       log("layer paths on a many-donor trace ({} experts, EP=8, virtual ranks):", paths_shape);
-      doc["paths"] = paths_bench(shape, paths_shape, knobs, quick ? 3 : paths_steps, "data", 120);
+      doc["paths"] = paths_bench(shape, paths_shape, knobs, quick ? 3 : paths_steps,
+                                 paths_prime == 1, "data", 120);
       save();
     }
     if (want("training")) {
