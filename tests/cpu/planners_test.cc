@@ -155,8 +155,10 @@ TEST(Planners, PrimingChangesNoPlan) {
     Plan a, c;
     int primed_plans = 0;
     for (const RoutingStep& s : steps) {
-      primed->prime(s.layer, c);  // the layer's last micro-batch, into the Plan plan() writes
-      primed_plans += c.slices.empty() ? 0 : 1;
+      // The layer's last micro-batch, into the Plan plan() writes.
+      const bool planned = primed->prime(s.layer, c);
+      EXPECT_EQ(planned, !c.slices.empty()) << name << " step " << s.step;
+      primed_plans += planned ? 1 : 0;
       plain->plan(s, a);
       primed->plan(s, c);
       ASSERT_EQ(serialize(a), serialize(c)) << name << " step " << s.step;

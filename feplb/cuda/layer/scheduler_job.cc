@@ -119,10 +119,11 @@ void MoeLayer::Impl::plan_job() {
   const bool prime = r.cfg.prime_planner && (prime_overtaken < 0.5 || seq % kPrimeRetry == 0);
   if (prime && cudaEventQuery(r.ev_counts.get()) == cudaErrorNotReady) {
     const auto p0 = Clock::now();
-    planner->prime(layer_id, h.plan);
-    job.prime_us = us_between(p0, Clock::now());
-    job.prime_overtaken = cudaEventQuery(r.ev_counts.get()) != cudaErrorNotReady;
-    prime_overtaken = 0.8 * prime_overtaken + (job.prime_overtaken ? 0.2 : 0.0);
+    if (planner->prime(layer_id, h.plan)) {
+      job.prime_us = us_between(p0, Clock::now());
+      job.prime_overtaken = cudaEventQuery(r.ev_counts.get()) != cudaErrorNotReady;
+      prime_overtaken = 0.8 * prime_overtaken + (job.prime_overtaken ? 0.2 : 0.0);
+    }
   }
   wait_counts();
   const auto t_seen = Clock::now();
