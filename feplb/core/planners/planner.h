@@ -75,10 +75,9 @@ class Planner {
   // next plan() writes, so that its buffers are warm too), with its schedule, and changes nothing
   // else (the next plans are the same bytes as without it). Nothing (false) where the planner
   // keeps no such micro-batch (feplb's planners keep one per layer once it is observed; the
-  // refined one-hop planner none). A caller whose
-  // thread waits for the next counts calls it meanwhile: on a host where the rest of the training
-  // step has evicted the planner, the plan then runs from warm caches instead of cold ones
-  // (docs/planners.md, "Cold caches").
+  // refined one-hop planner none). A caller whose thread waits for the next counts calls it
+  // meanwhile: on a host where the rest of the training step has evicted the planner, the plan
+  // then runs from warm caches instead of cold ones (docs/planners.md, "Cold caches").
   bool prime(int64_t layer, Plan& scratch) {
     if (!prime_plan(layer, scratch)) return false;
     schedule_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);
