@@ -29,7 +29,6 @@ struct RunOptions : ModelFlags {
   int steps = 8;
   bool force = false, no_layer = false;
   bool reserve_from_knobs = false;  // the runtime's measure_planner off
-  bool no_prime = false;            // the runtime's prime_planner off
 };
 
 #ifdef FEPLB_HAVE_CUDA
@@ -117,7 +116,7 @@ void run_gpu(const RunOptions& o) {
     if (!o.no_layer) {
       const cuda::VirtualLayerStats lay =
           cuda::run_virtual_layer(trace, shape, r.policy, o.knobs, static_cast<int>(picked.size()),
-                                  o.gpus_per_node, 60, !o.reserve_from_knobs, !o.no_prime);
+                                  o.gpus_per_node, 60, !o.reserve_from_knobs);
       r.fwd_ms = quantile_of(lay.forward_ms, 0.5);
       r.wait_ms = quantile_of(lay.wait_ms, 0.5);
       r.latency_us = lay.counts_to_first_copy_us;
@@ -205,9 +204,9 @@ void run_gpu(const RunOptions& o) {
     if (!o.no_layer) {
       std::printf(
           "%-12s planner primed while the counts travelled: %zu of %zu plans (median %.1f us), "
-          "the counts overtook %d of them%s\n",
+          "the counts overtook %d of them\n",
           r.policy.c_str(), r.prime_us.size(), r.plan_us.size(), quantile_of(r.prime_us, 0.5),
-          r.primes_overtaken, o.no_prime ? " (--no-prime)" : "");
+          r.primes_overtaken);
     }
     for (const ModeTime& t : r.start_times) {
       std::printf(
@@ -245,9 +244,6 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--reserve-from-knobs", o->reserve_from_knobs,
                 "feplb compares its modes at the knobs' planner time (their reserve), not at "
                 "what its planner takes on this host (RuntimeConfig::measure_planner off)");
-  cmd->add_flag("--no-prime", o->no_prime,
-                "the layer does not prime its planner while the counts travel "
-                "(RuntimeConfig::prime_planner off)");
   add_model_flags(*cmd, *o);
   cmd->callback([o, cmd] {
     apply_knob_flags(*cmd, *o);
