@@ -72,12 +72,13 @@ class Planner {
   virtual void observe(const RoutingStep& /*routing*/) {}
   // Brings the planner's code and the tables its plans read back into the CPU's caches: plans
   // layer `layer`'s last observed micro-batch again into `scratch` (overwritten: pass the Plan the
-  // next plan() writes, so that its buffers are warm too), with its schedule, and changes nothing
-  // else (the next plans are the same bytes as without it). Nothing (false) where the planner
-  // keeps no such micro-batch (feplb's planners keep one per layer once it is observed; the
-  // refined one-hop planner none). A caller whose thread waits for the next counts calls it
-  // meanwhile: on a host where the rest of the training step has evicted the planner, the plan
-  // then runs from warm caches instead of cold ones (docs/planners.md, "Cold caches").
+  // next plan() writes, so that its buffers are warm too), with its schedule (feplb's also read
+  // their tables by row count whole), and changes nothing else (the next plans are the same bytes
+  // as without it). Nothing (false) where the planner keeps no such micro-batch (feplb's planners
+  // keep one per layer once it is observed; the refined one-hop planner none). A caller whose
+  // thread waits for the next counts calls it meanwhile: on a host where the rest of the training
+  // step has evicted the planner, the plan then runs from warm caches instead of cold ones
+  // (docs/planners.md, "Cold caches").
   bool prime(int64_t layer, Plan& scratch) {
     if (!prime_plan(layer, scratch)) return false;
     schedule_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);

@@ -44,6 +44,18 @@ class LoadMeasure {
   // table), to cover `rows` (at most kGemmTableRows), so that no later plan of experts with at
   // most that many rows grows them. Leaves the measure by rows.
   void warm(int64_t rows, std::span<const double> time_weights);
+  // Reads one entry per cache line of every table (the GEMM-time table, each blend's units and
+  // most-rows-within), returning a sum of them: brings them into the CPU's caches
+  // (Planner::prime). Changes nothing.
+  int64_t touch() const {
+    int64_t sum = 0;
+    for (size_t i = 0; i < gemm_ms_.size(); i += 8) sum += gemm_ms_[i] > 0 ? 1 : 0;
+    for (const UnitTable& t : unit_tables_) {
+      for (size_t i = 0; i < t.units.size(); i += 8) sum += t.units[i];
+      for (size_t i = 0; i < t.within.size(); i += 16) sum += t.within[i];
+    }
+    return sum;
+  }
 
   int64_t units(int64_t rows) const {
     if (!by_time_) return rows;

@@ -47,6 +47,7 @@ class FeplbPlanner final : public Planner {
     const RoutingStep* recent = engine_.recent(layer);
     if (recent == nullptr) return false;
     engine_.plan_with(config_, *recent, out);
+    engine_.touch_tables();
     return true;
   }
 
