@@ -228,8 +228,8 @@ bool FeplbChooser::prime_plan(int64_t layer, Plan& out) {
   const RoutingStep* recent = engine_.recent(layer);
   const Layer* l = find_layer(layer);
   if (recent == nullptr || l == nullptr) return false;
-  engine_.plan_with(mode_at(l->mode, time_budget_now(unbalanced_straggler(*recent))), *recent, out);
-  engine_.touch_tables();
+  engine_.prime_with(mode_at(l->mode, time_budget_now(unbalanced_straggler(*recent))), *recent,
+                     out);
   return true;
 }
 

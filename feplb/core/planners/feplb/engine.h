@@ -57,9 +57,13 @@ class FeplbEngine {
   // The layer's last remembered micro-batch: expert_counts only, its per-rank counts empty
   // (null: none yet).
   const RoutingStep* recent(int64_t layer) const;
-  // Reads every line of the tables its plans look up by row count (GEMM time, each blend's units):
-  // a prime's plan of the last micro-batch reads only its own counts' lines, the next plan others.
-  void touch_tables() { touched_ = balanced_.measure().touch(); }
+  // Planner::prime's work: plans `routing` (a remembered micro-batch) in `mode` into `out`, then
+  // reads every line of the tables its plans look up by row count (GEMM time, each blend's units:
+  // that plan reads only its own counts' lines, the next plan others). Changes no later plan.
+  void prime_with(const FeplbConfig& mode, const RoutingStep& routing, Plan& out) {
+    plan_with(mode, routing, out);
+    touched_ = balanced_.measure().touch();
+  }
   // Grows the tables plans in `mode` read to cover experts of up to `rows` rows (Planner::warm).
   void warm(const FeplbConfig& mode, int64_t rows);
 
@@ -70,7 +74,7 @@ class FeplbEngine {
   feplb_detail::TimeLeveller leveller_;
   feplb_detail::TimeBudget budget_;
   std::vector<RoutingStep> recent_;  // remember(): one per layer, expert_counts only
-  int64_t touched_ = 0;              // touch_tables()'s sum (kept, so the reads are made)
+  int64_t touched_ = 0;              // prime_with()'s table sum (kept, so the reads are made)
 };
 
 }  // namespace feplb

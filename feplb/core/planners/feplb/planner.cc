@@ -46,8 +46,7 @@ class FeplbPlanner final : public Planner {
   bool prime_plan(int64_t layer, Plan& out) override {
     const RoutingStep* recent = engine_.recent(layer);
     if (recent == nullptr) return false;
-    engine_.plan_with(config_, *recent, out);
-    engine_.touch_tables();
+    engine_.prime_with(config_, *recent, out);
     return true;
   }
 
