@@ -151,8 +151,9 @@ struct RuleBench {
         measure(&cost) {}
   // Each GPU's own GEMM time, what the rules start from.
   std::vector<double> own_ms() const {
-    std::vector<double> out;
-    feplb_detail::own_ms_at_home(topo, measure, counts, out);
+    std::vector<double> ms, out;
+    for (const int64_t c : counts) ms.push_back(measure.gemm_ms(c));
+    feplb_detail::own_ms_at_home(topo, ms, out);
     return out;
   }
   std::vector<int64_t> counts;
@@ -220,6 +221,52 @@ TEST(FeplbLoadMeasure, ShedAndWithinRowsMatchTheirDefinitions) {
     }
   }
   EXPECT_GT(turning, 0);  // the dipping table reached the search
+}
+
+// The planner's one table by row count stands in for the cost model exactly: the schedule
+// writer's GEMM times (TabledGemmCost) are the cost model's, and a step's loads, from the step's
+// array of GEMM times (Loads::expert_ms), are its blend's units; a new step (or a plan outside
+// one) reads its own counts, not the last step's.
+TEST(FeplbLoadMeasure, OneTableGivesTheCostModelsNumbers) {
+  const ExpertShape shape{.hidden = 2048, .ffn = 768, .dtype = Dtype::kBf16};
+  const RooflineCostModel roofline(shape, Knobs{});
+  const TableCostModel table({64, 512, 640, 4096}, {0.05, 0.20, 0.12, 1.0}, shape, "test");
+  for (const GemmCostModel* cost :
+       {static_cast<const GemmCostModel*>(&roofline), static_cast<const GemmCostModel*>(&table)}) {
+    LoadMeasure m(cost);
+    const feplb_detail::TabledGemmCost tabled(m);
+    for (const int64_t rows : {int64_t{-1}, int64_t{0}, int64_t{1}, int64_t{63}, int64_t{700},
+                               int64_t{5000}, feplb_detail::kGemmTableRows + 5}) {
+      EXPECT_EQ(tabled.expert_ms(rows), cost->expert_ms(rows)) << rows;
+    }
+    // Two GPUs of two experts each; the home loads of each step, plan by plan.
+    const Topology topo = Topology::contiguous(2, 2, 4);
+    Loads loads(cost);
+    const auto expected = [&](const RoutingStep& r, double weight) {
+      LoadMeasure fresh(cost);
+      fresh.set_time_weight(weight);
+      std::vector<int64_t> load(2, 0);
+      for (int e = 0; e < 4; ++e) load[topo.home(e)] += fresh.units(r.expert_counts[e]);
+      return load;
+    };
+    RoutingStep a(0, 0, 2, 4), b(1, 0, 2, 4);
+    a.expert_counts = {900, 3, 4100, 64};
+    b.expert_counts = {10, 2500, 0, 700};
+    loads.begin_step();
+    for (const double weight : {0.5, 0.1, 1.0}) {
+      loads.start(topo, a, weight, -1);
+      EXPECT_EQ(loads.load, expected(a, weight)) << weight;
+    }
+    loads.end_step();
+    loads.begin_step();
+    loads.start(topo, b, 0.25, -1);
+    EXPECT_EQ(loads.load, expected(b, 0.25));
+    loads.end_step();
+    loads.start(topo, a, 0.25, -1);  // outside a step
+    EXPECT_EQ(loads.load, expected(a, 0.25));
+    loads.start(topo, b, 0.25, -1);
+    EXPECT_EQ(loads.load, expected(b, 0.25));
+  }
 }
 
 TEST(FeplbCopyRules, IgnoreTakesAnyCopy) {

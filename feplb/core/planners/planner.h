@@ -66,7 +66,7 @@ class Planner {
   // not change the planner's state, so it may be called repeatedly (timing) with identical results.
   void plan(const RoutingStep& routing, Plan& out) {
     make_plan(routing, out);
-    schedule_.write(out, ctx_.topo, ctx_.knobs, *ctx_.cost);
+    schedule_.write(out, ctx_.topo, ctx_.knobs, schedule_cost());
   }
   // Called once per step after planning it, for planners that learn from history.
   virtual void observe(const RoutingStep& /*routing*/) {}
@@ -81,7 +81,7 @@ class Planner {
   // (docs/planners.md, "Cold caches").
   bool prime(int64_t layer, Plan& scratch) {
     if (!prime_plan(layer, scratch)) return false;
-    schedule_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);
+    schedule_.write(scratch, ctx_.topo, ctx_.knobs, schedule_cost());
     return true;
   }
   // The weight copies to start before the next micro-batch of `layer` is routed
@@ -121,6 +121,9 @@ class Planner {
   virtual void make_plan(const RoutingStep& routing, Plan& out) = 0;
   // prime()'s plan, without the schedule; false: nothing planned (the default).
   virtual bool prime_plan(int64_t /*layer*/, Plan& /*out*/) { return false; }
+  // The GEMM times the schedule writer reads: the context's cost model, or the same numbers from
+  // a table the planner's own plans read (feplb's: one table by row count, not two).
+  virtual const GemmCostModel& schedule_cost() const { return *ctx_.cost; }
 
   const PlannerContext ctx_;
 

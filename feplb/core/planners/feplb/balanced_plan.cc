@@ -38,7 +38,7 @@ void BalancedPlan::plan(const FeplbConfig& mode, double time_weight, int64_t row
   } else {
     candidates_.choose(ctx_, mode, routing.expert_counts, loads_.rows_at, out.dynamic);
     if (mode.copy_rule != FeplbCopyRule::kIgnore)
-      own_ms_at_home(topo, loads_.measure, routing.expert_counts, home_ms_);
+      own_ms_at_home(topo, loads_.expert_ms(routing), home_ms_);
     if (step_ == StepCandidates::kToChoose) step_ = StepCandidates::kChosen;
   }
   // Phase-2 copies start once the plan exists: after the counts round trip and the planner

@@ -42,8 +42,14 @@ class BalancedPlan {
   // The plans made from now until end_step() are all of one step in one mode (a FeplbEngine's
   // plan_with()): the candidates, which depend on nothing else, are chosen by the first of them
   // only, the others mark the same ones.
-  void begin_step() { step_ = StepCandidates::kToChoose; }
-  void end_step() { step_ = StepCandidates::kOff; }
+  void begin_step() {
+    step_ = StepCandidates::kToChoose;
+    loads_.begin_step();
+  }
+  void end_step() {
+    step_ = StepCandidates::kOff;
+    loads_.end_step();
+  }
 
   // The token straggler (largest rows above the domain's mean) of the last plan made.
   double row_straggler() const { return loads_.row_straggler(ctx_.topo); }

@@ -260,7 +260,7 @@ FeplbConfig FeplbChooser::mode_at(int mode, double budget) const {
 
 PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch) {
   engine_.plan_with(mode_at(mode, budget), routing, scratch);
-  writer_.write(scratch, ctx_.topo, ctx_.knobs, *ctx_.cost);
+  writer_.write(scratch, ctx_.topo, ctx_.knobs, engine_.schedule_cost());
   // At this host's speed: a one-hop plan delays the dispatch by its time, a two-phase plan's
   // copies start that much after the reserve it was made for.
   const double rule_ms = scratch.reserve_us >= 0 ? scratch.reserve_us * 1e-3 : reserve_ms_;

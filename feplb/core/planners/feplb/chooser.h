@@ -123,6 +123,7 @@ class FeplbChooser final : public Planner {
   // The layer's last observed micro-batch in the layer's mode, at the time budget make_plan()
   // would give it; no decision state changes (make_plan() sets the layer's).
   bool prime_plan(int64_t layer, Plan& out) override;
+  const GemmCostModel& schedule_cost() const override { return engine_.schedule_cost(); }
 
  private:
   struct Layer {

@@ -4,11 +4,11 @@
 
 namespace feplb::feplb_detail {
 
-void own_ms_at_home(const Topology& topo, const LoadMeasure& measure,
-                    const std::vector<int64_t>& counts, std::vector<double>& out) {
+void own_ms_at_home(const Topology& topo, const std::vector<double>& expert_ms,
+                    std::vector<double>& out) {
   out.assign(static_cast<size_t>(topo.num_ranks()), 0.0);
   for (int g = 0; g < topo.num_ranks(); ++g) {
-    for (int e : topo.local_experts(g)) out[g] += measure.gemm_ms(counts[e]);
+    for (int e : topo.local_experts(g)) out[g] += expert_ms[e];
   }
 }
 

@@ -30,9 +30,10 @@
 namespace feplb::feplb_detail {
 
 // Each GPU's modelled GEMM time with every expert at home, into `out` [num_ranks] (what the timed
-// rules start from; the same for every plan of one step).
-void own_ms_at_home(const Topology& topo, const LoadMeasure& measure,
-                    const std::vector<int64_t>& counts, std::vector<double>& out);
+// rules start from; the same for every plan of one step), from `expert_ms` [num_experts], each
+// expert's GEMM time at its count (Loads::expert_ms).
+void own_ms_at_home(const Topology& topo, const std::vector<double>& expert_ms,
+                    std::vector<double>& out);
 
 // Copy time ignored (copy_timing = 0): any receiver, any slice; no times kept.
 class IgnoreCopyTime {

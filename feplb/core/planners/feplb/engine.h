@@ -51,6 +51,9 @@ class FeplbEngine {
   // plan_with() lists with prefetch on. Valid until the next record().
   std::span<const Copy> prefetch(int64_t layer) const { return history_.predicted(layer); }
   const PlannerContext& context() const { return ctx_; }
+  // The GEMM times of its plans' table by row count (the context's cost model's numbers), for the
+  // schedule writer (Planner::schedule_cost).
+  const GemmCostModel& schedule_cost() const { return tabled_cost_; }
   // Keeps `routing`'s expert counts as its layer's last micro-batch (Planner::prime plans it
   // again; feplb's plans read the counts per expert only). No allocation once the layer has one.
   void remember(const RoutingStep& routing);
@@ -73,6 +76,7 @@ class FeplbEngine {
   feplb_detail::BalancedPlan balanced_;
   feplb_detail::TimeLeveller leveller_;
   feplb_detail::TimeBudget budget_;
+  feplb_detail::TabledGemmCost tabled_cost_{balanced_.measure()};
   std::vector<RoutingStep> recent_;  // remember(): one per layer, expert_counts only
   int64_t touched_ = 0;              // prime_with()'s table sum (kept, so the reads are made)
 };

@@ -71,7 +71,7 @@ std::vector<ModeTime> FeplbChooser::measure_mode_times(int64_t rows_per_rank) co
       const FeplbConfig mode = probe.mode_at(static_cast<int>(m), probe.bound_);
       const auto t0 = Clock::now();
       probe.engine_.plan_with(mode, step, plan);
-      writer.write(plan, ctx_.topo, ctx_.knobs, *ctx_.cost);
+      writer.write(plan, ctx_.topo, ctx_.knobs, probe.engine_.schedule_cost());
       const auto t1 = Clock::now();
       if (s >= kProbeWarmSteps)
         us[m].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());

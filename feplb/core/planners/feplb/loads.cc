@@ -91,12 +91,23 @@ void Loads::start(const Topology& topo, const RoutingStep& routing, double time_
   home_loads(topo, routing, rows_at);
   if (measure.by_time()) {
     load.assign(static_cast<size_t>(R), 0);
-    for (int e = 0; e < E; ++e) load[topo.home(e)] += measure.units((*counts)[e]);
+    const std::vector<double>& ms = expert_ms(routing);
+    for (int e = 0; e < E; ++e) load[topo.home(e)] += measure.units_at((*counts)[e], ms[e]);
   } else {
     load.assign(rows_at.begin(), rows_at.end());
   }
   moved.assign(static_cast<size_t>(E), 0);
   guests.assign(static_cast<size_t>(R), 0);
+}
+
+const std::vector<double>& Loads::expert_ms(const RoutingStep& routing) {
+  if (!step_ms_) {
+    const std::vector<int64_t>& c = routing.expert_counts;
+    expert_ms_.resize(c.size());
+    for (size_t e = 0; e < c.size(); ++e) expert_ms_[e] = measure.gemm_ms(c[e]);
+    step_ms_ = in_step_;
+  }
+  return expert_ms_;
 }
 
 void Loads::set_domain(const Topology& topo, int domain, int64_t domain_cap) {

@@ -57,6 +57,9 @@ class LoadMeasure {
     return sum;
   }
 
+  // units() of `rows` whose GEMM time gemm_ms(rows) is `ms` (the same number, from the step's
+  // table of its counts' times: no lookup by row count).
+  int64_t units_at(int64_t rows, double ms) const { return by_time_ ? blend_of(rows, ms) : rows; }
   int64_t units(int64_t rows) const {
     if (!by_time_) return rows;
     // Tabled per blend: the planner's inner loop (bisections over slice sizes) asks it most.
@@ -131,12 +134,13 @@ class LoadMeasure {
   // Blends tabled at once (the time budget's tries use four); another one replaces the oldest.
   static constexpr int kUnitTables = 6;
 
-  // units() of one blend, rounded half up without libm's llround.
-  int64_t blend_units(int64_t rows) const {
-    const double time = gemm_ms(rows) / unit_ms_;
+  // units() of one blend, rounded half up without libm's llround; `ms`: gemm_ms(rows).
+  int64_t blend_of(int64_t rows, double ms) const {
+    const double time = ms / unit_ms_;
     return static_cast<int64_t>((1.0 - time_weight_) * static_cast<double>(rows) +
                                 time_weight_ * time + 0.5);
   }
+  int64_t blend_units(int64_t rows) const { return blend_of(rows, gemm_ms(rows)); }
   // The most rows with at most `u` units, looked up where the table covers `rows` and holds it
   // for `u` (made or remade on first use after the units table grew); -1: the caller searches.
   int64_t tabled_within(int64_t rows, int64_t u) const {
@@ -183,6 +187,18 @@ class LoadMeasure {
   mutable size_t shed_next_ = 0;
 };
 
+// The GEMM times of a LoadMeasure's table as a cost model (the same numbers as its cost model's:
+// the table holds them): the schedule writer of feplb's plans reads them there, so that a plan
+// looks each expert's count up in one table by row count, not two (its cost model keeps one too).
+class TabledGemmCost final : public GemmCostModel {
+ public:
+  explicit TabledGemmCost(const LoadMeasure& measure) : measure_(&measure) {}
+  double expert_ms(int64_t rows) const override { return measure_->gemm_ms(rows); }
+
+ private:
+  const LoadMeasure* measure_;
+};
+
 // The loads of one plan being made, and the caps of the domain being balanced.
 struct Loads {
   explicit Loads(const GemmCostModel* cost) : measure(cost) {}
@@ -191,6 +207,20 @@ struct Loads {
   // that many rows above its domain's mean (-1: no row cap).
   void start(const Topology& topo, const RoutingStep& routing, double time_weight,
              int64_t row_budget);
+  // The plans from begin_step() to end_step() are all of one step (BalancedPlan::begin_step):
+  // its counts' GEMM times are looked up once (expert_ms()).
+  void begin_step() {
+    in_step_ = true;
+    step_ms_ = false;
+  }
+  void end_step() {
+    in_step_ = false;
+    step_ms_ = false;
+  }
+  // [num_experts] each expert's GEMM time at its count in `routing` (measure.gemm_ms), looked up
+  // once per step: the plans of a step read this array, not each its own lines of the tables by
+  // row count. No allocation once warm.
+  const std::vector<double>& expert_ms(const RoutingStep& routing);
   // The domain's caps: a GPU above `domain_cap` units, or above the row cap, must give.
   void set_domain(const Topology& topo, int domain, int64_t domain_cap);
 
@@ -229,6 +259,11 @@ struct Loads {
   int64_t row_budget = -1;  // >= 0: a GPU may end at most this many rows above the mean
   int64_t cap = 0;          // the domain's target + tolerance
   int64_t row_cap = std::numeric_limits<int64_t>::max();  // the domain's row cap
+
+ private:
+  std::vector<double> expert_ms_;  // expert_ms()
+  bool in_step_ = false;           // between begin_step() and end_step()
+  bool step_ms_ = false;           // expert_ms_ holds this step's
 };
 
 }  // namespace feplb::feplb_detail

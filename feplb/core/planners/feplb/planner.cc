@@ -43,6 +43,7 @@ class FeplbPlanner final : public Planner {
     engine_.plan_with(config_, routing, out);
     out.mode = label_;
   }
+  const GemmCostModel& schedule_cost() const override { return engine_.schedule_cost(); }
   bool prime_plan(int64_t layer, Plan& out) override {
     const RoutingStep* recent = engine_.recent(layer);
     if (recent == nullptr) return false;
