@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <span>
 #include <string>
 #include <utility>
@@ -13,6 +15,7 @@
 
 #include "feplb/core/errors.h"
 #include "feplb/core/metrics.h"
+#include "feplb/core/planners/feplb/candidates.h"
 #include "feplb/core/planners/feplb/config.h"
 #include "feplb/core/planners/feplb/copy_rules.h"
 #include "feplb/core/planners/feplb/engine.h"
@@ -595,6 +598,66 @@ TEST(FeplbRefinedOneHop, RefinesThePreviousPlansHelpersOnTheNewCounts) {
   }
   EXPECT_GT(guest_rows, 0)
       << "no refined plan moved a row: the test no longer tests the refinement";
+}
+
+// Each GPU's candidates are its busiest experts, ties to the lower index, at every number of local
+// experts (each counted by the experts busier than it up to 8, by insertion up to 32, by sorting
+// beyond), with and without the cover that widens a set, on counts full of ties.
+TEST(FeplbCandidateSets, BusiestFirstTiesToTheLowerIndex) {
+  std::mt19937_64 rng(0xca4d);
+  int checked_widened = 0;
+  for (const int local_n : {1, 2, 3, 4, 5, 7, 8, 9, 16, 32, 33, 40}) {
+    const int ranks = 6, experts = ranks * local_n;
+    // A placement that does not list a GPU's experts in index order.
+    std::vector<int> home(static_cast<size_t>(experts));
+    for (int e = 0; e < experts; ++e) home[e] = e % ranks;
+    const Topology topo = Topology::with_placement(ranks, ranks, home);
+    Knobs knobs = testing::explicit_knobs();
+    const RooflineCostModel cost(testing::glm5(), knobs);
+    const PlannerContext ctx{topo, testing::glm5(), knobs, &cost};
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<int64_t> counts(static_cast<size_t>(experts));
+      for (int64_t& c : counts) c = static_cast<int64_t>(rng() % 4) * (rng() % 3 == 0 ? 100 : 1);
+      std::vector<int64_t> rows_at(static_cast<size_t>(ranks), 0);
+      for (int e = 0; e < experts; ++e) rows_at[topo.home(e)] += counts[e];
+      FeplbConfig mode;
+      mode.dyn = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(local_n));
+      mode.dyn_cover = trial % 2 == 0 ? 0.0 : 0.9;
+      feplb_detail::CandidateSets sets;
+      std::vector<uint8_t> dynamic(static_cast<size_t>(experts), 0);
+      sets.choose(ctx, mode, counts, rows_at, dynamic);
+
+      const double mean =
+          static_cast<double>(std::accumulate(rows_at.begin(), rows_at.end(), int64_t{0})) / ranks;
+      std::vector<uint8_t> want_dynamic(static_cast<size_t>(experts), 0);
+      for (int g = 0; g < ranks; ++g) {
+        std::vector<int> order(topo.local_experts(g).begin(), topo.local_experts(g).end());
+        std::sort(order.begin(), order.end(), [&](int a, int b) {
+          return counts[a] != counts[b] ? counts[a] > counts[b] : a < b;
+        });
+        const int per_gpu = static_cast<int>(std::min<int64_t>(mode.dyn, local_n));
+        int n = per_gpu;
+        const double wanted = mode.dyn_cover > 0 && per_gpu < local_n
+                                  ? mode.dyn_cover * (static_cast<double>(rows_at[g]) - mean)
+                                  : 0.0;
+        if (wanted > 0) {
+          int64_t rows = 0;
+          int num = 0;
+          for (; num < local_n - 1 && (num < n || static_cast<double>(rows) < wanted); ++num)
+            rows += counts[order[num]];
+          checked_widened += num > n ? 1 : 0;
+          n = std::max(n, num);
+        }
+        ASSERT_EQ(sets.end(g) - sets.begin(g), n) << "local " << local_n << " GPU " << g;
+        for (int i = 0; i < n; ++i) {
+          EXPECT_EQ(sets.at(sets.begin(g) + i), order[i]) << "local " << local_n << " GPU " << g;
+          want_dynamic[order[i]] = 1;
+        }
+      }
+      EXPECT_EQ(dynamic, want_dynamic) << "local " << local_n;
+    }
+  }
+  EXPECT_GT(checked_widened, 0) << "no set was widened: the cover is not tested";
 }
 
 TEST(FeplbRefinedOneHop, NeedsOneHop) {

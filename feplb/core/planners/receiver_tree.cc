@@ -104,8 +104,9 @@ int ReceiverTree::search(const Need& need) const {
     if constexpr (kMode == Mode::kAny) return true;
     // A hidden copy lands by window_ms after both the receiver's ingress (in_ms) and the donor's
     // egress (out_ms) are free.
-    if (hot[i].max_slack >= t && hot[i].max_window >= out_t) return true;  // maybe hidden
-    if constexpr (kMode == Mode::kHidden) return false;
+    const bool maybe_hidden = (hot[i].max_slack >= t) & (hot[i].max_window >= out_t);
+    if constexpr (kMode == Mode::kHidden) return maybe_hidden;
+    if (maybe_hidden) return true;
     const Late& b = late_[i];
     if (need.timing == 3 && b.min_window_guest > by) return false;
     return b.min_in_guest + t <= by && out_t + b.min_guest <= by;
@@ -127,9 +128,10 @@ int ReceiverTree::search(const Need& need) const {
   // search below would reach it first), found by following the least key down.
   if (hot[1].key == kNone) return -1;
   size_t least_leaf = 1;
+  // (Branch-free: which child holds the least key is a coin toss to the branch predictor.)
   while (least_leaf < first_leaf) {
     least_leaf *= 2;
-    if (hot[least_leaf].key != hot[least_leaf / 2].key) ++least_leaf;
+    least_leaf += static_cast<size_t>(hot[least_leaf].key != hot[least_leaf / 2].key);
   }
   if (may_hold(least_leaf) && accepts(least_leaf))
     return static_cast<int>(hot[1].key & ((uint64_t{1} << kGpuBits) - 1));
@@ -150,10 +152,15 @@ int ReceiverTree::search(const Need& need) const {
         if (accepts(i)) best = hot[i].key;
         break;
       }
-      const size_t left = 2 * i, right = left + 1;
-      const bool left_first = hot[left].key < hot[right].key;
-      const size_t lighter = left_first ? left : right, heavier = left_first ? right : left;
-      if (hot[heavier].key < best && may_hold(heavier)) stack[depth++] = heavier;
+      const size_t left = 2 * i;
+      const size_t right_first = static_cast<size_t>(hot[left + 1].key < hot[left].key);
+      const size_t lighter = left + right_first, heavier = left + 1 - right_first;
+      if constexpr (kMode == Mode::kLate) {
+        if (hot[heavier].key < best && may_hold(heavier)) stack[depth++] = heavier;
+      } else {  // branch-free: both tests are cheap here, and their outcome a coin toss
+        stack[depth] = heavier;
+        depth += static_cast<size_t>((hot[heavier].key < best) & may_hold(heavier));
+      }
       if (!may_hold(lighter)) break;  // its key is i's, below the best: no need to check it
       i = lighter;
     }

@@ -1,12 +1,15 @@
 #include "feplb/core/planners/feplb/candidates.h"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 
 namespace feplb::feplb_detail {
 namespace {
 
-// GPUs with at most this many local experts choose their candidates by insertion.
+// GPUs with at most this many local experts place each by counting those busier; with at most
+// kFewLocalExperts, they choose their candidates by insertion.
+constexpr size_t kRankedLocalExperts = 8;
 constexpr size_t kFewLocalExperts = 32;
 
 // Busiest first (ties: lower index): a total order, so any sort gives the same candidates.
@@ -74,6 +77,21 @@ void CandidateSets::choose(const PlannerContext& ctx, const FeplbConfig& mode,
 int CandidateSets::choose_busiest(std::span<const int> local, int per_gpu, double wanted,
                                   const std::vector<int64_t>& counts, int* top) {
   const Busier busier{counts};
+  if (local.size() <= kRankedLocalExperts) {
+    // Every local expert in place, busiest first: its place is how many are busier (busier is a
+    // total order, so each place is taken once), counted without branches: which of two experts
+    // is busier is a coin toss to the branch predictor. top has room for them all.
+    const int k = static_cast<int>(local.size());
+    std::array<int64_t, kRankedLocalExperts> rows;
+    for (int i = 0; i < k; ++i) rows[i] = counts[local[i]];
+    for (int i = 0; i < k; ++i) {
+      int place = 0;
+      for (int j = 0; j < k; ++j)
+        place += (rows[j] > rows[i]) | ((rows[j] == rows[i]) & (local[j] < local[i]));
+      top[place] = local[i];
+    }
+    return per_gpu;
+  }
   if (local.size() <= kFewLocalExperts) {
     // The n busiest by insertion, straight into place (busier is a total order, so this is what
     // any sort gives).

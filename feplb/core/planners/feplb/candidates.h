@@ -34,7 +34,8 @@ class CandidateSets {
   int at(int i) const { return candidates_[i]; }
 
  private:
-  // GPU g's candidates into `top`; returns how many. `per_gpu`: the busiest to take (at least);
+  // GPU g's candidates into `top` (room for all its local experts; those past the count
+  // returned may be written too); returns how many. `per_gpu`: the busiest to take (at least);
   // `wanted`: the rows they should hold (0: no cover).
   int choose_busiest(std::span<const int> local, int per_gpu, double wanted,
                      const std::vector<int64_t>& counts, int* top);
