@@ -50,11 +50,11 @@ int main(int argc, char** argv) {
     ratios.push_back(med[1] / med[0]);
   }
   std::sort(ratios.begin(), ratios.end());
-  std::printf("R=%d E=%d: A median %.2f us, B median %.2f us; B/A per round: median %.3f, "
-              "quartiles %.3f-%.3f, B faster in %d of %d\n",
-              R, E, median(all[0]), median(all[1]), ratios[ratios.size() / 2],
-              ratios[ratios.size() / 4], ratios[ratios.size() * 3 / 4],
-              static_cast<int>(std::count_if(ratios.begin(), ratios.end(),
-                                             [](double x) { return x < 1; })),
-              rounds);
+  std::printf(
+      "R=%d E=%d: A median %.2f us, B median %.2f us; B/A per round: median %.3f, "
+      "quartiles %.3f-%.3f, B faster in %d of %d\n",
+      R, E, median(all[0]), median(all[1]), ratios[ratios.size() / 2], ratios[ratios.size() / 4],
+      ratios[ratios.size() * 3 / 4],
+      static_cast<int>(std::count_if(ratios.begin(), ratios.end(), [](double x) { return x < 1; })),
+      rounds);
 }
