@@ -232,6 +232,20 @@ TEST(FeplbChooser, CandidatesFollowTheSwitchesLeftAndTheDomain) {
   }
   EXPECT_EQ(time, 6);
   EXPECT_EQ(c4.mode_of(0).path, FeplbPath::kTwoPhase);  // 4 experts per GPU
+  // Several domains of at most 16 GPUs: two-phase copies late by the busiest too; the first mode
+  // keeps them hidden.
+  const Bench nodes(64, 8, 256, Knobs{});
+  const FeplbChooser c6(PlannerContext{nodes.topo, nodes.shape, nodes.knobs, nodes.cost.get()},
+                        FeplbAuto::from_knobs(nodes.knobs));
+  EXPECT_EQ(c6.candidates().size(), 8u + 8u);
+  int two_phase_late = 0;
+  for (const FeplbConfig& m : c6.candidates()) {
+    two_phase_late +=
+        m.path == FeplbPath::kTwoPhase && m.copy_rule == FeplbCopyRule::kLateByBusiest;
+  }
+  EXPECT_EQ(two_phase_late, 4);
+  EXPECT_EQ(c6.mode_of(0).path, FeplbPath::kTwoPhase);
+  EXPECT_EQ(c6.mode_of(0).copy_rule, FeplbCopyRule::kHidden);
   // Beyond FeplbChooser::kTimeGpusMax GPUs: rows only (a time plan's planner time is not measured
   // there).
   const Bench larger(FeplbChooser::kTimeGpusMax + 32, 32, 4 * (FeplbChooser::kTimeGpusMax + 32),

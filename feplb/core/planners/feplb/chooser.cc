@@ -97,11 +97,19 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
   for (int64_t hop : hops) {
     for (int64_t pre : prefetches) {
       for (const Balance& balance : balances) {
-        // Copies: hidden with two phases; with one hop late by the busiest (the rows are there
-        // already: a GPU with little work of its own may wait for the weights) or hidden.
-        const std::vector<int64_t> timings = !left.copy_rule ? std::vector<int64_t>{k.copy_timing}
-                                             : hop           ? std::vector<int64_t>{3, 1}
-                                                             : std::vector<int64_t>{1};
+        // Copies: with one hop late by the busiest (the rows are there already: a GPU with
+        // little work of its own may wait for the weights) or hidden; with two phases hidden,
+        // and also late by the busiest over several small domains (kLateTwoPhaseDomainMax GPUs
+        // or fewer each): with few experts per GPU a hot expert's copy cannot land inside the
+        // window the static experts leave, and one hop, which sends its rows in the dispatch,
+        // makes the dispatch wait for its plan. In one large domain a late plan takes 1.3-1.8x
+        // a hidden one (bench/results/chooser-two-phase-late-ab.txt), past the planner's budget.
+        const bool late_two_phase =
+            topo.num_domains() > 1 && topo.domain_size() <= kLateTwoPhaseDomainMax;
+        const std::vector<int64_t> timings = !left.copy_rule  ? std::vector<int64_t>{k.copy_timing}
+                                             : hop            ? std::vector<int64_t>{3, 1}
+                                             : late_two_phase ? std::vector<int64_t>{1, 3}
+                                                              : std::vector<int64_t>{1};
         for (int64_t timing : timings) {
           Knobs m = k;
           m.one_hop = hop;

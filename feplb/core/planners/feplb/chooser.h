@@ -74,6 +74,7 @@ class FeplbChooser final : public Planner {
   static constexpr int kExploreFirst = 3;
   static constexpr int kExploreEvery = 8;
   static constexpr int kExploreAllGpusMax = 16;
+  static constexpr int kLateTwoPhaseDomainMax = 16;
   static constexpr double kDecay = 0.8;
   static constexpr double kMoveMargin = 0.03;
   static constexpr double kTokenDecay = 0.95;
