@@ -749,8 +749,8 @@ TEST(Training, LossCurvesAgreeWithBalancingOnAndOff) {
 // copies allowed (copy_timing = 3: a helper may wait for weights that land after its own work;
 // the others keep config_for's 0: copy time ignored, so that the tiny test experts migrate); and
 // both balancing modelled GEMM time within a 5% token-straggler budget (time_balance_budget);
-// one hop with only copies that land in time (copy_timing = 1); two phases with prefetch and
-// late copies (the chooser's candidate over several small domains); the chooser with the path,
+// one hop with only copies that land in time (copy_timing = 1); two phases with late copies
+// (copy_timing = 3: the chooser's candidate over several small domains); the chooser with the path,
 // prefetch and balance left to it, then with the copy rule too (copy_timing = -1); and one hop
 // planned from the previous micro-batch and refined on this one's counts (one_hop_refine = 1:
 // its predicted helpers' weights go before routing, after one warm-up forward).
@@ -772,7 +772,7 @@ const PathMode kPathModes[] = {{"one_hop", true, false, false},
                                {"one_hop_hidden", true, false, false, 1},
                                {"auto_every_switch", false, true, true, -1, 0, true},
                                {"one_hop_refined", true, false, true, 0, 0, false, true},
-                               {"prefetch_late", false, true, true, 3}};
+                               {"two_phase_late", false, false, false, 3}};
 
 testing::LayerSetup path_config(int ranks, int experts, int top_k, int64_t max_tokens,
                                 const PathMode& mode) {
