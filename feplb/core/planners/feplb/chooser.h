@@ -47,7 +47,8 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    measured (a one-hop plan, which the dispatch waits for, is charged its reserve, so a one-hop
 //    time candidate wins only where the GEMM time it saves is more); the time budget the
 //    chooser's plans take keeps the token straggler summed over its plans within kAimShare of
-//    the bound (time_budget_now); copies hidden, or with one hop also late by the busiest;
+//    the bound (time_budget_now); copies hidden, or late by the busiest too with one hop and,
+//    over several domains of at most kLateTwoPhaseDomainMax GPUs, with two phases;
 //  - the first mode of a layer (before any history) from what is known then: one-hop where a GPU
 //    has at most kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the dispatch,
 //    into windows one or two static experts do not leave), else two-phase; prefetch on; time
