@@ -25,6 +25,34 @@ SHAPES = [
 
 ROUTINGS = ("uniform", "zipf1.0")
 
+# The grid of torch_vs_grouped_mm.py --grid: local experts x mean rows per expert, each expert count
+# with one model's expert shape (top-8; tokens = experts x rows / 8). 256 experts take Qwen3-30B's
+# shape: GLM-5's (H 6144) would need ~13 GB per [rows, H] buffer at 4096 rows per expert.
+GRID_EXPERTS = (8, 32, 64, 128, 256)
+GRID_ROWS = (256, 512, 1024, 4096)
+GRID_MODELS = {8: ("glm5", 6144, 2048), 32: ("qwen3-235b", 4096, 1536), 64: ("olmoe", 2048, 1024),
+               128: ("qwen3-30b", 2048, 768), 256: ("qwen3-30b", 2048, 768)}
+
+
+def grid_shapes(experts: str | None = None, rows: str | None = None) -> list[dict]:
+    """The --grid shapes (comma-separated subsets of GRID_EXPERTS and GRID_ROWS, None: all), named
+    '<model>-e<experts>-r<rows>'."""
+    def pick(text, allowed, what):
+        if text is None or text == "all":
+            return list(allowed)
+        out = [int(x) for x in text.split(",") if x.strip()]
+        bad = [x for x in out if x not in allowed]
+        if bad:
+            raise ValueError(f"--grid-{what}: {bad} not in {list(allowed)}")
+        return out
+    shapes = []
+    for e in pick(experts, GRID_EXPERTS, "experts"):
+        model, h, f = GRID_MODELS[e]
+        for r in pick(rows, GRID_ROWS, "rows"):
+            shapes.append({"name": f"{model}-e{e}-r{r}", "model": model, "experts": e, "hidden": h, "ffn": f,
+                           "tokens": e * r // 8, "top_k": 8, "rows_per_expert": r})
+    return shapes
+
 
 def shapes_by_name(names: str | None) -> list[dict]:
     """The shapes whose names a comma-separated list gives (all for None or 'all')."""

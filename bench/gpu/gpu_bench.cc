@@ -42,6 +42,7 @@ using bf16 = __nv_bfloat16;
 const ExpertShape kGlm5{6144, 2048, Dtype::kBf16};
 // The Qwen3 expert shapes (H, F): sections shape_tables, paths and training use them.
 const ExpertShape kQwen3_235b{4096, 1536, Dtype::kBf16}, kQwen3_30b{2048, 768, Dtype::kBf16};
+const ExpertShape kOlmoe{2048, 1024, Dtype::kBf16};
 double flops_of(const ExpertShape& s, int64_t rows) {
   return s.flops_per_row() * static_cast<double>(rows);
 }
@@ -809,6 +810,91 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
        "forward time is all ranks' work, not the balanced layer time 8 GPUs would see"}};
 }
 
+// Where small experts are launch-bound: the per-expert loop as the layer ran it (paced by the
+// host where the host is slower), the same loop with everything enqueued before the GPU starts
+// (its own time) and the host's enqueue time per GEMM, cuBLAS's grouped GEMM, and the grouped
+// GEMMs whose sizes the GPU reads (GroupedFfn, where the GPU has them), forward and backward (dW
+// into fp32, dX).
+json small_experts(int reps) {
+  struct Case {
+    const char* name;
+    ExpertShape shape;
+    int experts;
+    int64_t rows;  // per expert, uniform
+  };
+  const bool grouped_here = GroupedFfn::available();
+  using Gemms = ExpertBench::Gemms;
+  using Pass = ExpertBench::Pass;
+  json cases = json::array();
+  for (const Case& c :
+       {Case{"qwen3-30b", kQwen3_30b, 32, 1024}, Case{"qwen3-30b", kQwen3_30b, 32, 2048},
+        Case{"qwen3-235b", kQwen3_235b, 16, 2048}, Case{"olmoe", kOlmoe, 64, 512},
+        Case{"qwen3-30b", kQwen3_30b, 128, 512}, Case{"qwen3-30b", kQwen3_30b, 128, 256},
+        Case{"glm5", kGlm5, 8, 4096}}) {
+    const int64_t total = c.rows * c.experts;
+    ExpertBench sb(c.shape, total + 8192, c.experts, 1);
+    double harmonic = 0;
+    for (int e = 0; e < c.experts; ++e) harmonic += 1.0 / (e + 1);
+    std::vector<int64_t> zipf(static_cast<size_t>(c.experts));
+    for (int e = 0; e < c.experts; ++e)
+      zipf[static_cast<size_t>(e)] = std::max<int64_t>(
+          1, static_cast<int64_t>(static_cast<double>(total) / (e + 1) / harmonic));
+    const std::vector<int64_t> uniform(static_cast<size_t>(c.experts), c.rows);
+    for (const auto& [routing, rows] :
+         {std::pair<const char*, const std::vector<int64_t>&>{"uniform", uniform},
+          std::pair<const char*, const std::vector<int64_t>&>{"zipf1.0", zipf}}) {
+      const double paced = sb.run_ms(rows, 1, reps);
+      const ExpertBench::Queued q = sb.run_queued(rows, reps);
+      const double paced_bwd = sb.run_ms(rows, 1, reps, Pass::kBackward);
+      const double cublas_grouped = sb.run_grouped_ms(rows, reps);
+      const double gemms = 2.0 * c.experts;
+      json j = {{"shape", c.name},
+                {"hidden", c.shape.hidden},
+                {"ffn", c.shape.ffn},
+                {"experts", c.experts},
+                {"rows_per_expert_mean", c.rows},
+                {"routing", routing},
+                {"loop_ms", paced},
+                {"loop_gpu_only_ms", q.gpu_ms},
+                {"loop_host_enqueue_ms", q.host_ms},
+                {"host_us_per_gemm", q.host_ms * 1e3 / gemms},
+                {"loop_backward_ms", paced_bwd},
+                {"cublas_grouped_ms", cublas_grouped}};
+      std::string grouped_note = "no grouped GEMMs on this GPU";
+      if (grouped_here) {
+        const double g = sb.run_ms(rows, 1, reps, Pass::kForward, Gemms::kGrouped);
+        const ExpertBench::Queued gq = sb.run_queued(rows, reps, Pass::kForward, Gemms::kGrouped);
+        const double gb = sb.run_ms(rows, 1, reps, Pass::kBackward, Gemms::kGrouped);
+        const ExpertBench::Queued gbq =
+            sb.run_queued(rows, reps, Pass::kBackward, Gemms::kGrouped);
+        j["grouped_ms"] = g;
+        j["grouped_gpu_only_ms"] = gq.gpu_ms;
+        j["grouped_host_enqueue_ms"] = gq.host_ms;
+        j["grouped_backward_ms"] = gb;
+        j["grouped_backward_gpu_only_ms"] = gbq.gpu_ms;
+        j["grouped_backward_host_enqueue_ms"] = gbq.host_ms;
+        j["grouped_over_loop"] = g / paced;
+        j["grouped_backward_over_loop"] = gb / paced_bwd;
+        grouped_note = fmt::format(
+            "grouped {:.3f} ms (GPU alone {:.3f}, host {:.3f}; {:.2f}x the loop), backward "
+            "{:.3f} ms against the loop's {:.3f} ({:.2f}x; host {:.3f})",
+            g, gq.gpu_ms, gq.host_ms, g / paced, gb, paced_bwd, gb / paced_bwd, gbq.host_ms);
+      }
+      cases.push_back(j);
+      log("small experts {} E={} {} rows {}: loop {:.3f} ms (GPU alone {:.3f}; host enqueue "
+          "{:.3f} ms = {:.1f} us per GEMM), cublasGemmGroupedBatchedEx {:.3f} ms; {}",
+          c.name, c.experts, c.rows, routing, paced, q.gpu_ms, q.host_ms,
+          q.host_ms * 1e3 / gemms, cublas_grouped, grouped_note);
+    }
+  }
+  return {{"what",
+           "forward SwiGLU FFN of every local expert (gate|up GEMM, SwiGLU, down GEMM per expert; "
+           "cuBLAS grouped: two cublasGemmGroupedBatchedEx calls and one SwiGLU; grouped: "
+           "GroupedFfn, the layer's grouped GEMMs with sizes read on the GPU), and its backward "
+           "(dW added into fp32, dX)"},
+          {"cases", cases}};
+}
+
 }  // namespace
 }  // namespace feplb::cuda
 
@@ -926,56 +1012,7 @@ int main(int argc, char** argv) {
       save();
     }
     if (want("small_experts")) {
-      // Where small experts are launch-bound: the per-expert loop as the layer runs it (paced by
-      // the host where the host is slower), the same loop with everything enqueued before the GPU
-      // starts (its own time) and the host's enqueue time per GEMM, and cuBLAS's grouped GEMM.
-      struct Case {
-        const char* name;
-        ExpertShape shape;
-        int experts;
-        int64_t rows;  // per expert, uniform
-      };
-      json cases = json::array();
-      for (const Case& c :
-           {Case{"qwen3-30b", kQwen3_30b, 32, 1024}, Case{"qwen3-30b", kQwen3_30b, 32, 2048},
-            Case{"qwen3-235b", kQwen3_235b, 16, 2048}}) {
-        const int64_t total = c.rows * c.experts;
-        ExpertBench sb(c.shape, total + 8192, c.experts, 1);
-        double harmonic = 0;
-        for (int e = 0; e < c.experts; ++e) harmonic += 1.0 / (e + 1);
-        std::vector<int64_t> zipf(static_cast<size_t>(c.experts));
-        for (int e = 0; e < c.experts; ++e)
-          zipf[static_cast<size_t>(e)] = std::max<int64_t>(
-              1, static_cast<int64_t>(static_cast<double>(total) / (e + 1) / harmonic));
-        const std::vector<int64_t> uniform(static_cast<size_t>(c.experts), c.rows);
-        for (const auto& [routing, rows] :
-             {std::pair<const char*, const std::vector<int64_t>&>{"uniform", uniform},
-              std::pair<const char*, const std::vector<int64_t>&>{"zipf1.0", zipf}}) {
-          const double paced = sb.run_ms(rows, 1, reps);
-          const ExpertBench::Queued q = sb.run_queued(rows, reps);
-          const double grouped = sb.run_grouped_ms(rows, reps);
-          const double gemms = 2.0 * c.experts;
-          cases.push_back({{"shape", c.name},
-                           {"hidden", c.shape.hidden},
-                           {"ffn", c.shape.ffn},
-                           {"experts", c.experts},
-                           {"rows_per_expert_mean", c.rows},
-                           {"routing", routing},
-                           {"loop_ms", paced},
-                           {"loop_gpu_only_ms", q.gpu_ms},
-                           {"loop_host_enqueue_ms", q.host_ms},
-                           {"host_us_per_gemm", q.host_ms * 1e3 / gemms},
-                           {"cublas_grouped_ms", grouped}});
-          log("small experts {} E={} {} rows {}: loop {:.3f} ms (GPU alone {:.3f}; host enqueue "
-              "{:.3f} ms = {:.1f} us per GEMM), cublasGemmGroupedBatchedEx {:.3f} ms",
-              c.name, c.experts, c.rows, routing, paced, q.gpu_ms, q.host_ms,
-              q.host_ms * 1e3 / gemms, grouped);
-        }
-      }
-      doc["small_experts"] = {{"what",
-                               "forward SwiGLU FFN of every local expert (gate|up GEMM, SwiGLU, "
-                               "down GEMM per expert; grouped: two grouped GEMMs and one SwiGLU)"},
-                              {"cases", cases}};
+      doc["small_experts"] = small_experts(reps);
       save();
     }
     if (want("shape_tables")) {

@@ -368,6 +368,23 @@ def print_profile(prof):
         print(f"top kernels, {n}: " + "; ".join(f"{k['name'][:60]} {k['ms']:.2f} ms x{k['count']}" for k in top[:5]))
 
 
+# --configs: each model family with its own expert shape and top-k (H, F, top_k), at the expert
+# counts given. Qwen3-MoE: Qwen3-30B-A3B's experts; OLMoE: OLMoE-1B-7B's; Mixtral: the Mixtral
+# architecture (top-2) with OLMoE-sized fine-grained experts.
+CONFIG_SHAPES = {"qwen3_moe": (2048, 768, 8), "olmoe": (2048, 1024, 8), "mixtral": (2048, 1024, 2)}
+DEFAULT_CONFIGS = ",".join(f"{m}:{e}" for m in CONFIG_SHAPES for e in (32, 64, 128))
+
+
+def parse_configs(text: str) -> list[tuple[str, int]]:
+    out = []
+    for item in text.split(","):
+        model, _, experts = item.strip().partition(":")
+        if model not in CONFIG_SHAPES or not experts.isdigit() or int(experts) < 1:
+            sys.exit(f"--configs: {item!r} is not MODEL:EXPERTS with MODEL in {', '.join(CONFIG_SHAPES)}")
+        out.append((model, int(experts)))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="hf-swap.json")
@@ -386,7 +403,48 @@ def main():
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--profile", type=int, default=0, help="profiled steps per variant after the timing (0: none)")
     ap.add_argument("--trace-dir", default=None, help="keep the torch.profiler chrome traces here")
+    ap.add_argument("--configs", default=None,
+                    help=f"several models, MODEL:EXPERTS,... ('default': {DEFAULT_CONFIGS}), each with its family's "
+                         "H, F and top-k (CONFIG_SHAPES); writes a list `configs`")
+    ap.add_argument("--impls", default="eager,grouped_mm", help="transformers experts backends to time")
     a = ap.parse_args()
+    if a.configs is None:
+        doc = run_one(a)
+    else:
+        t0 = time.time()
+        doc = {"benchmark": "transformers MoE models, time per training step before/after "
+                            "feplb.torch.hf.swap_experts", "configs": []}
+        for model, experts in parse_configs(DEFAULT_CONFIGS if a.configs == "default" else a.configs):
+            c = copy.copy(a)
+            c.model, c.experts = model, experts
+            c.hidden, c.ffn, c.top_k = CONFIG_SHAPES[model]
+            one = run_one(c)
+            entry = {k: one[k] for k in ("model", "experts", "hidden", "ffn", "top_k", "layers", "batch", "seq",
+                                         "logits_rel_l2", "steps", "feplb_over", "expert_gemm")}
+            entry["feplb_over_grouped_mm"] = one["feplb_over"].get("transformers_grouped_mm")
+            for k in ("device", "torch", "transformers", "method", "reps", "warmup"):
+                doc[k] = one[k]
+            doc["configs"].append(entry)
+            doc["seconds"] = time.time() - t0
+            with open(a.out + ".tmp", "w") as fo:  # a cut-off run keeps the configs done
+                json.dump(doc, fo, indent=2)
+            os.replace(a.out + ".tmp", a.out)
+            torch.cuda.empty_cache()
+        print("\nmodel       experts  H     F     top-k  feplb / grouped_mm (median step)")
+        for e in doc["configs"]:
+            r = e["feplb_over_grouped_mm"]
+            print(f"{e['model']:<11} {e['experts']:>7}  {e['hidden']:<5} {e['ffn']:<5} {e['top_k']:>5}  "
+                  f"{'-' if r is None else f'{r:.3f}'}")
+    with open(a.out + ".tmp", "w") as fo:
+        json.dump(doc, fo, indent=2)
+    os.replace(a.out + ".tmp", a.out)
+    print(f"wrote {a.out}")
+
+
+def run_one(a) -> dict:
+    """One model: build, swap, check the logits, time the variants (and profile); the result doc."""
+    import gc
+
     t0 = time.time()
     base, tf_version = build(a)
     ours = copy.deepcopy(base)
@@ -403,7 +461,7 @@ def main():
 
     impls = []
     if hasattr(base, "set_experts_implementation"):
-        for impl in ("eager", "grouped_mm"):
+        for impl in [x.strip() for x in a.impls.split(",") if x.strip()]:
             try:
                 base.set_experts_implementation(impl)
                 impls.append(impl)
@@ -454,7 +512,8 @@ def main():
            "swapped_blocks": swapped, "logits_rel_l2": logits_err,
            "method": "forward (labels) + backward + AdamW step per repetition, CUDA events after a synchronize, "
                      "variants interleaved in rotated order; one GPU, every expert local (no balancing)",
-           "steps": stats, "feplb_over": {n: f / s["median_ms"] for n, s in stats.items() if n != "feplb"}}
+           "steps": stats, "feplb_over": {n: f / s["median_ms"] for n, s in stats.items() if n != "feplb"},
+           "expert_gemm": fh_expert_gemm(ours)}
     if a.profile > 0:
         if a.trace_dir:
             os.makedirs(a.trace_dir, exist_ok=True)
@@ -465,9 +524,22 @@ def main():
             doc["profile_error"] = f"{type(e).__name__}: {e}"
             print(f"profile failed: {doc['profile_error']}", flush=True)
     doc["seconds"] = time.time() - t0
-    with open(a.out, "w") as fo:
-        json.dump(doc, fo, indent=2)
-    print(f"{time.time() - t0:.0f} s; wrote {a.out}")
+    print(f"{a.model} E={a.experts}: {time.time() - t0:.0f} s", flush=True)
+    del base, ours, opts, cases, variants
+    gc.collect()
+    return doc
+
+
+def fh_expert_gemm(model) -> str | None:
+    """Which expert GEMMs the swapped model's feplb runtime runs ('grouped' or 'per_expert')."""
+    for m in model.modules():
+        rt = getattr(getattr(m, "moe", None), "runtime", None) or getattr(m, "runtime", None)
+        if rt is not None and hasattr(rt, "info"):
+            try:
+                return rt.info()[0].get("expert_gemm")
+            except Exception:  # noqa: BLE001 - informational only
+                return None
+    return None
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_common import (  # noqa: E402
-    ROUTINGS, fastest, padded_capacity, padded_layout, rotated, shapes_by_name, summary, zipf_popularity)
+    ROUTINGS, fastest, grid_shapes, padded_capacity, padded_layout, rotated, shapes_by_name, summary,
+    zipf_popularity)
 
 import feplb.torch as ft  # noqa: E402
 
@@ -216,8 +217,11 @@ def time_cases(cases: dict, reps: int, warmup: int) -> dict:
 def bench_shape(shape, routings, a, cells, failures):
     """One shape's cells; its runtime is closed once the layers made from it are gone."""
     t0 = time.time()
+    # One rank: nothing is balanced, so no guest rows (the smallest guest arena).
     rt = ft.Runtime(virtual_ranks=1, num_experts=shape["experts"], hidden=shape["hidden"], ffn=shape["ffn"],
-                    max_tokens=shape["tokens"], max_top_k=shape["top_k"])
+                    max_tokens=shape["tokens"], max_top_k=shape["top_k"], guest_capacity_rows=8,
+                    expert_gemm=a.expert_gemm)
+    shape["expert_gemm"] = rt.info()[0]["expert_gemm"]
     run_shape(rt, shape, routings, a, cells, failures, t0)
     gc.collect()
     rt.close()
@@ -345,6 +349,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--align", type=int, default=8, help="rows each expert's group is padded to (1: none)")
     ap.add_argument("--no-unpadded", action="store_true", help="skip the unpadded grouped_mm case")
+    ap.add_argument("--grid", action="store_true",
+                    help="the grid of local experts x rows per expert (_bench_common.GRID_*) instead of --shapes")
+    ap.add_argument("--grid-experts", default=None, help="a subset of the grid's expert counts, e.g. 64,128")
+    ap.add_argument("--grid-rows", default=None, help="a subset of the grid's rows per expert, e.g. 256,512")
+    ap.add_argument("--expert-gemm", default="auto", choices=("auto", "grouped", "per_expert"),
+                    help="feplb's expert GEMMs (ft.Runtime(expert_gemm=...))")
     a = ap.parse_args()
     if a.reps < 20:
         print(f"note: --reps {a.reps} is under the 20 the method asks for", flush=True)
@@ -354,11 +364,17 @@ def main():
     for r in routings:
         if r not in ROUTINGS:
             sys.exit(f"--routings: unknown {r!r}; known: {', '.join(ROUTINGS)}")
-    shapes = shapes_by_name(a.shapes)
+    shapes = grid_shapes(a.grid_experts, a.grid_rows) if a.grid else shapes_by_name(a.shapes)
     cells, failures = [], []
     t0 = time.time()
     for shape in shapes:
         bench_shape(shape, routings, a, cells, failures)
+        write_doc(a, cells, failures, t0, partial=True)  # what a cut-off run leaves is still data
+    write_doc(a, cells, failures, t0, partial=False)
+    print_table(a, cells, failures, t0)
+
+
+def write_doc(a, cells, failures, t0, partial: bool):
     doc = {"benchmark": "feplb.torch.MoE vs a torch._grouped_mm MoE layer (TorchTitan-style)",
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ranks": 1,
            "reps": a.reps, "warmup": a.warmup, "agreement_tolerance_rel_l2": REL_TOL, "target_ratio": TARGET,
@@ -373,14 +389,20 @@ def main():
                      "after a synchronize, the cases interleaved in rotated order; resetting .grad / main_grad "
                      "is untimed; the grouped_mm layer's main_grad case adds its bf16 .grad into fp32 main_grad "
                      "inside the timed region",
-           "seconds": time.time() - t0, "cells": cells, "disagreements": failures}
-    with open(a.out, "w") as f:
+           "seconds": time.time() - t0, "partial": partial, "grid": a.grid, "cells": cells,
+           "disagreements": failures}
+    tmp = a.out + ".tmp"
+    with open(tmp, "w") as f:
         json.dump(doc, f, indent=2)
+    os.replace(tmp, a.out)
+
+
+def print_table(a, cells, failures, t0):
     print()
     print("ratio = feplb / the FASTER grouped_mm variant (padded to 8-row groups or unpadded) of each "
           "(shape, routing), in the same gradient convention; target <= 0.87. 'vs .grad layer': main_grad "
           "cells against the grouped_mm layer that keeps bf16 .grad (no fp32 accumulation)")
-    print(f"{'shape':<11} {'E':>3} {'H':>5} {'F':>5} {'tok':>5} {'routing':<8} {'gradient':<15} "
+    print(f"{'shape':<20} {'E':>3} {'H':>5} {'F':>5} {'tok':>5} {'routing':<8} {'gradient':<15} "
           f"{'feplb ms [p10,p90]':<26} {'grouped_mm ms [p10,p90]':<26} {'faster':<9} {'ratio':>6} "
           f"{'vs padded':>9} {'vs unpadded':>11} {'vs .grad layer':>14}")
     for c in cells:
@@ -388,7 +410,7 @@ def main():
         vp = f"{c['ratio_vs_padded']:.3f}" if "ratio_vs_padded" in c else "-"
         vu = f"{c['ratio_vs_unpadded']:.3f}" if "ratio_vs_unpadded" in c else "-"
         vg = f"{c['ratio_vs_bf16_grad_layer']:.3f}" if "ratio_vs_bf16_grad_layer" in c else "-"
-        print(f"{s['name']:<11} {s['experts']:>3} {s['hidden']:>5} {s['ffn']:>5} {s['tokens']:>5} {c['routing']:<8} "
+        print(f"{s['name']:<20} {s['experts']:>3} {s['hidden']:>5} {s['ffn']:>5} {s['tokens']:>5} {c['routing']:<8} "
               f"{c['gradient']:<15} {fe['median_ms']:7.3f} [{fe['p10_ms']:.3f},{fe['p90_ms']:.3f}]{'':<4} "
               f"{gm['median_ms']:7.3f} [{gm['p10_ms']:.3f},{gm['p90_ms']:.3f}]{'':<4} {c['grouped_mm_variant']:<9} "
               f"{c['ratio']:6.3f} {vp:>9} {vu:>11} {vg:>14}")

@@ -50,9 +50,62 @@ void ExpertBench::ensure_backward_buffers() {
   FEPLB_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void ExpertBench::enqueue(std::span<const int64_t> rows, int streams, Pass pass) {
+void ExpertBench::enqueue_grouped(std::span<const int64_t> rows, Pass pass) {
+  const int64_t H = shape_.hidden, F = shape_.ffn, we = expert_weight_elems(H, F);
+  if (!grouped_) grouped_ = std::make_unique<GroupedFfn>(H, F);
+  items_.clear();
+  int64_t off = 0;
+  int n = 0;
+  for (int64_t r : rows) {
+    if (r <= 0) continue;
+    FEPLB_CHECK(off + r <= max_rows_, "expert bench: {} rows exceed its {} rows", off + r,
+                max_rows_);
+    const __nv_bfloat16* w = w_.get() + (n % sets_) * we;
+    kernels::FfnItem f{};
+    f.x = x_.get() + off * H;
+    f.w_gate_up = w;
+    f.w_down = w + 2 * H * F;
+    f.gu = gu_.get() + off * 2 * F;
+    f.act = act_.get() + off * F;
+    f.rows = static_cast<int32_t>(r);
+    if (pass == Pass::kForward) {
+      f.y = y_.get() + off * H;
+    } else {
+      float* g = grad_w_.get() + (n % sets_) * we;
+      f.y = dx_.get() + off * H;
+      f.dy = dy_.get() + off * H;
+      f.g_gate_up = g;
+      f.g_down = g + 2 * H * F;
+      f.grad_class = static_cast<uint8_t>(kernels::weight_grad_class(true, true));
+    }
+    items_.push_back(f);
+    off += r;
+    ++n;
+  }
+  const cudaStream_t s = streams_[0].get();
+  // The experts' rows are adjacent: one SwiGLU kernel over the items of each chunk.
+  const auto swiglu = [&](size_t b, size_t e) {
+    int64_t n_rows = 0;
+    for (size_t i = b; i < e; ++i) n_rows += items_[i].rows;
+    if (n_rows == 0) return;
+    FEPLB_CUDA_CHECK(pass == Pass::kForward
+                         ? kernels::swiglu(items_[b].gu, n_rows, F, items_[b].act, s)
+                         : kernels::swiglu_backward(items_[b].gu, items_[b].act, n_rows, F,
+                                                    items_[b].gu, s));
+  };
+  if (pass == Pass::kForward)
+    grouped_->forward(items_, swiglu, s);
+  else
+    grouped_->backward(items_, swiglu, s);
+}
+
+void ExpertBench::enqueue(std::span<const int64_t> rows, int streams, Pass pass, Gemms gemms) {
   const int64_t H = shape_.hidden, F = shape_.ffn, we = expert_weight_elems(H, F);
   if (pass == Pass::kBackward) ensure_backward_buffers();
+  if (gemms == Gemms::kGrouped) {
+    enqueue_grouped(rows, pass);
+    return;
+  }
   const cudaStream_t s0 = streams_[0].get();
   for (int i = 1; i < streams; ++i) {  // fork
     FEPLB_CUDA_CHECK(cudaEventRecord(joins_[0].get(), s0));
@@ -88,13 +141,14 @@ void ExpertBench::enqueue(std::span<const int64_t> rows, int streams, Pass pass)
   for (auto& g : gemm_) g->refine(-1);
 }
 
-double ExpertBench::run_ms(std::span<const int64_t> rows, int streams, int reps, Pass pass) {
+double ExpertBench::run_ms(std::span<const int64_t> rows, int streams, int reps, Pass pass,
+                           Gemms gemms) {
   streams = std::clamp(streams, 1, static_cast<int>(streams_.size()));
-  enqueue(rows, streams, pass);  // warm-up
+  enqueue(rows, streams, pass, gemms);  // warm-up
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
     start_.record(streams_[0].get());
-    enqueue(rows, streams, pass);
+    enqueue(rows, streams, pass, gemms);
     stop_.record(streams_[0].get());
     FEPLB_CUDA_CHECK(cudaEventSynchronize(stop_.get()));
     ms.push_back(elapsed_ms(start_, stop_));
@@ -176,9 +230,10 @@ double ExpertBench::run_grouped_ms(std::span<const int64_t> rows, int reps) {
   return quantile_of(ms, 0.5);
 }
 
-ExpertBench::Queued ExpertBench::run_queued(std::span<const int64_t> rows, int reps) {
+ExpertBench::Queued ExpertBench::run_queued(std::span<const int64_t> rows, int reps, Pass pass,
+                                            Gemms gemms) {
   const cudaStream_t s = streams_[0].get();
-  enqueue(rows, 1, Pass::kForward);  // warm-up: exact algorithms for these row counts
+  enqueue(rows, 1, pass, gemms);  // warm-up: exact algorithms for these row counts
   std::vector<double> gpu, host;
   for (int i = 0; i < reps; ++i) {
     // 50 ms: far longer than enqueueing a layer's GEMMs (hundreds, at microseconds each).
@@ -186,7 +241,7 @@ ExpertBench::Queued ExpertBench::run_queued(std::span<const int64_t> rows, int r
         s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }, nullptr));
     start_.record(s);
     const auto t0 = std::chrono::steady_clock::now();
-    enqueue(rows, 1, Pass::kForward);
+    enqueue(rows, 1, pass, gemms);
     host.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     stop_.record(s);

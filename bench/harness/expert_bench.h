@@ -14,6 +14,7 @@
 #include "feplb/core/plan.h"
 #include "feplb/core/topology.h"
 #include "feplb/cuda/gemm/gemm.h"
+#include "feplb/cuda/gemm/grouped_ffn.h"
 #include "feplb/cuda/runtime/resources.h"
 
 namespace feplb::cuda {
@@ -23,6 +24,9 @@ class ExpertBench {
   // Forward: the SwiGLU FFN. Backward: its backward as the layer runs it (dW accumulated in fp32,
   // dX), from saved activations of a forward (kept intact, so every repetition sees real data).
   enum class Pass { kForward, kBackward };
+  // The expert GEMMs: one cuBLASLt GEMM per expert and stage (GemmEngine), or one grouped GEMM per
+  // stage whose sizes the GPU reads (GroupedFfn; compute capability 9.0).
+  enum class Gemms { kPerExpert, kGrouped };
 
   // Room for `max_rows` rows in one call and `num_weight_sets` distinct experts' weights (the
   // experts of a call cycle through them, so weights are not served from L2 unrealistically).
@@ -31,19 +35,20 @@ class ExpertBench {
   // Milliseconds to run every listed expert (rows > 0) back to back, round-robin over `streams`
   // streams: median of `reps` timed runs after one warm-up.
   double run_ms(std::span<const int64_t> rows_per_expert, int streams = 1, int reps = 5,
-                Pass pass = Pass::kForward);
+                Pass pass = Pass::kForward, Gemms gemms = Gemms::kPerExpert);
   // Enqueues the experts once on stream() (and helper streams), untimed: for callers that put
   // their own events and side traffic around it.
   void enqueue(std::span<const int64_t> rows_per_expert, int streams = 1,
-               Pass pass = Pass::kForward);
+               Pass pass = Pass::kForward, Gemms gemms = Gemms::kPerExpert);
   // The same work through cublasGemmGroupedBatchedEx (one grouped call per GEMM, one SwiGLU).
   double run_grouped_ms(std::span<const int64_t> rows_per_expert, int reps = 5);
-  // The forward loop on one stream held back by a host function while the host enqueues it all:
-  // the GPU's own time (nothing paced by the host) and the host's enqueue time, medians of `reps`.
+  // The experts on one stream held back by a host function while the host enqueues them all: the
+  // GPU's own time (nothing paced by the host) and the host's enqueue time, medians of `reps`.
   struct Queued {
     double gpu_ms = 0, host_ms = 0;
   };
-  Queued run_queued(std::span<const int64_t> rows_per_expert, int reps = 5);
+  Queued run_queued(std::span<const int64_t> rows_per_expert, int reps = 5,
+                    Pass pass = Pass::kForward, Gemms gemms = Gemms::kPerExpert);
 
   // Per GPU of `plan`: its slices' row counts (own and guest experts), for run_ms.
   static std::vector<std::vector<int64_t>> rows_per_gpu(const Plan& plan, int num_ranks);
@@ -58,6 +63,9 @@ class ExpertBench {
   int64_t max_rows_;
   int sets_;
   void ensure_backward_buffers();
+  // The experts as one GroupedFfn batch (rows laid out one expert after another; the backward
+  // overwrites act and gu with their gradients, as the layer does).
+  void enqueue_grouped(std::span<const int64_t> rows_per_expert, Pass pass);
   DeviceBuffer<__nv_bfloat16> w_, x_, gu_, act_, y_;
   DeviceBuffer<__nv_bfloat16> dy_, dx_, dgu_, dact_;  // backward (allocated on first use)
   DeviceBuffer<float> grad_w_;                        // [sets, 3HF] fp32
@@ -65,6 +73,8 @@ class ExpertBench {
   std::vector<Event> joins_;
   CublasHandle cublas_;                            // the grouped-GEMM comparison
   std::vector<std::unique_ptr<GemmEngine>> gemm_;  // [max_streams]
+  std::unique_ptr<GroupedFfn> grouped_;            // made on first use
+  std::vector<kernels::FfnItem> items_;
   Event start_{true}, stop_{true};
 };
 

@@ -43,6 +43,12 @@ class Allocator {
   virtual void deallocate(void* ptr, size_t bytes, cudaStream_t stream) = 0;
 };
 
+// How the expert GEMMs run. kGrouped: one grouped GEMM per GEMM stage of a batch of experts,
+// sizes and pointers read on the GPU (CUTLASS's Hopper kernels: compute capability 9.0, H100 and
+// H200); kPerExpert: one cuBLASLt GEMM per expert and stage, row counts from the host (any GPU);
+// kAuto: kGrouped where the GPU runs it, else kPerExpert.
+enum class ExpertGemm { kAuto, kGrouped, kPerExpert };
+
 struct RuntimeConfig {
   Topology topo = Topology::contiguous(1, 8, 1);
   ExpertShape shape;       // every layer's experts: bf16, hidden and ffn positive multiples of 8
@@ -75,6 +81,8 @@ struct RuntimeConfig {
   // writes), so that the plan runs from warm caches where the rest of the step evicted it. Plans
   // are the same bytes either way; false: no priming (the counts are waited for idle).
   bool prime_planner = true;
+  // The expert GEMMs (ExpertGemm above). kGrouped on a GPU without the kernels: InputError.
+  ExpertGemm expert_gemm = ExpertGemm::kAuto;
 };
 
 // Staging slots a training runtime gets by default: every expert slice a rank may export under
@@ -119,6 +127,8 @@ class EpRuntime {
   // such an Error, abort the communicator and leave the process: streams may still wait on the
   // dead peer's work, and destroying the runtime waits for its copy streams.
   void synchronize(cudaStream_t stream) const;
+  // The expert GEMMs this runtime runs: kGrouped or kPerExpert (never kAuto).
+  ExpertGemm expert_gemm() const;
 
  private:
   friend struct RuntimeAccess;

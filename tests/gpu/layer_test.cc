@@ -16,6 +16,7 @@
 #include "bench/harness/local_experts.h"
 #include "bench/harness/rank_threads.h"
 #include "bench/harness/trainer.h"
+#include "feplb/cuda/gemm/grouped_ffn.h"
 #include "feplb/cuda/nccl_comm.h"
 #include "feplb/cuda/runtime/check.h"
 #include "feplb/dist/launch.h"
@@ -635,6 +636,49 @@ TEST(LayerBackward, Bf16GradientsFromTheGemmsMatchTheReference) {
         EXPECT_GT(guest_rows, 0) << what << ": nothing split";
       }
     }
+  }
+}
+
+// Both expert GEMM paths (RuntimeConfig::expert_gemm) against the float64 reference, forward and
+// backward, fp32 and bf16 gradients, accumulated and written, balanced (experts split onto
+// helpers) and not; the runtime says which path it runs. The other tests run the default: the
+// grouped GEMMs where the GPU has them (compute capability 9.0), else per expert.
+TEST(LayerBackward, BothExpertGemmPathsMatchTheReference) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int ranks = 4, experts = 16, top_k = 2;
+  const ReferenceMoe m = experts_for(86, experts);
+  const auto in = skewed_inputs(87, ranks, experts, top_k, 64, 8.0);
+  const bool grouped_here = cuda::GroupedFfn::available();
+  for (cuda::ExpertGemm gemm : {cuda::ExpertGemm::kPerExpert, cuda::ExpertGemm::kGrouped}) {
+    if (gemm == cuda::ExpertGemm::kGrouped && !grouped_here) continue;
+    for (const char* policy : {"feplb", "static"}) {
+      for (bool bf16 : {false, true}) {
+        for (cuda::GradMode mode : {cuda::GradMode::kAccumulate, cuda::GradMode::kOverwrite}) {
+          testing::LayerSetup c = config_for(ranks, experts, top_k, 64, policy);
+          c.runtime.expert_gemm = gemm;
+          c.bf16_grads = bf16;
+          const std::string what =
+              std::string(gemm == cuda::ExpertGemm::kGrouped ? "grouped " : "per-expert ") +
+              policy + (bf16 ? " bf16" : " fp32") +
+              (mode == cuda::GradMode::kOverwrite ? " overwrite" : " accumulate");
+          const auto got = expect_backward_matches(c, m, in, 88, what, 1, mode);
+          for (const auto& r : got[0]) {
+            for (float v : r.main_grad) ASSERT_FALSE(std::isnan(v)) << what << ": unwritten dW";
+          }
+        }
+      }
+    }
+  }
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, 4, 1, 8, "static").runtime;
+  c.training = false;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  EXPECT_EQ(rt.expert_gemm(),
+            grouped_here ? cuda::ExpertGemm::kGrouped : cuda::ExpertGemm::kPerExpert);
+  c.expert_gemm = cuda::ExpertGemm::kGrouped;
+  c.name = "grouped-required";
+  if (!grouped_here) {
+    EXPECT_THROW(cuda::EpRuntime(c, group.endpoint(0)), InputError);
   }
 }
 

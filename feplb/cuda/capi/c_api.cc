@@ -152,7 +152,8 @@ RuntimeConfig parse_config(const char* text) {
                                       "training",
                                       "timing",
                                       "timeout_s",
-                                      "name"};
+                                      "name",
+                                      "expert_gemm"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
@@ -190,6 +191,17 @@ RuntimeConfig parse_config(const char* text) {
   if (j.contains("name")) {
     FEPLB_REQUIRE_INPUT(j["name"].is_string(), "runtime config: 'name' must be a string");
     c.name = j["name"].get<std::string>();
+  }
+  if (j.contains("expert_gemm")) {
+    const json& v = j["expert_gemm"];
+    const std::string g = v.is_string() ? v.get<std::string>() : "";
+    FEPLB_REQUIRE_INPUT(g == "auto" || g == "grouped" || g == "per_expert",
+                        "runtime config: 'expert_gemm' must be \"auto\", \"grouped\" or "
+                        "\"per_expert\", not {}",
+                        v.dump());
+    c.expert_gemm = g == "grouped"      ? ExpertGemm::kGrouped
+                    : g == "per_expert" ? ExpertGemm::kPerExpert
+                                        : ExpertGemm::kAuto;
   }
   return c;
 }
@@ -413,7 +425,9 @@ int feplb_runtime_info_json(feplb_runtime* runtime, char* buf, size_t cap, size_
                 {"workspace_bytes", r.workspace_bytes()},
                 {"saved_bytes", r.saved_bytes()},
                 {"micro_batches_in_flight", r.micro_batches_in_flight()},
-                {"scheduler_cpu_seconds", r.scheduler_cpu_seconds()}},
+                {"scheduler_cpu_seconds", r.scheduler_cpu_seconds()},
+                {"expert_gemm",
+                 r.expert_gemm() == ExpertGemm::kGrouped ? "grouped" : "per_expert"}},
                buf, cap, len);
   });
 }

@@ -43,17 +43,24 @@ MoeLayer::Impl::Impl(std::shared_ptr<RuntimeState> runtime, const LayerConfig& c
       exec(*rt, cfg.name, ev_grads_done, forward_timeline, backward_timeline),
       sched_exec(*rt, cfg.name, ev_grads_done, forward_timeline, backward_timeline) {}
 
+namespace {
+// GEMM kernels the runtime enqueued so far: per-expert cuBLASLt GEMMs and grouped GEMMs.
+int64_t gemm_launches(const RuntimeState& r) {
+  return r.gemm.launches() + (r.grouped ? r.grouped->gemm_launches() : 0);
+}
+}  // namespace
+
 void MoeLayer::Impl::start_host(Bindings& b) {
   call_host = HostTimes{};
   b.host = &call_host;
   b.planner_us = planner_us.get();
   call_start = Clock::now();
-  call_gemms0 = rt->gemm.launches();
+  call_gemms0 = gemm_launches(*rt);
 }
 
 HostTimes MoeLayer::Impl::finish_host() {
   call_host.call_us = us_between(call_start, Clock::now());
-  call_host.gemms = rt->gemm.launches() - call_gemms0;
+  call_host.gemms = gemm_launches(*rt) - call_gemms0;
   return call_host;
 }
 

@@ -3,6 +3,8 @@
 #include <chrono>
 
 #include "feplb/cuda/gemm/expert_ffn.h"
+#include "feplb/cuda/gemm/grouped_ffn.h"
+#include "feplb/cuda/kernels/ffn_tables.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/runtime/check.h"
 #include "feplb/cuda/runtime/runtime_state.h"
@@ -274,23 +276,25 @@ Executor::GemmOperands Executor::bind(const GemmItem& g, const Bindings& b, bool
   return it;
 }
 
-// One SwiGLU kernel (forward: act from gu; backward: dgu into gu from dact in act) per run of a
-// batch's experts whose rows lie next to each other in gu/act.
-void Executor::swiglu_runs(const StepList& list, const Step& s, cudaStream_t st) {
+// One SwiGLU kernel (forward: act from gu; backward: dgu into gu from dact in act) per run of
+// adjacent experts among the batch's items [begin, end) (list.gemms indices; items_ holds the
+// step's items from `first` on).
+void Executor::swiglu_runs(const StepList& list, uint32_t first, uint32_t begin, uint32_t end,
+                           bool backward, cudaStream_t st) {
   const int64_t F = rt_.F;
-  for (uint32_t i = s.begin; i < s.end;) {
+  for (uint32_t i = begin; i < end;) {
     const GemmItem& g = list.gemms[i];
     int64_t n = g.rows;
     uint32_t j = i + 1;
-    for (; j < s.end; ++j) {
+    for (; j < end; ++j) {
       const GemmItem& next = list.gemms[j];
       if (next.guest != g.guest || next.act_row != g.act_row + n) break;
       n += next.rows;
     }
-    const GemmOperands& it = items_[i - s.begin];
+    const GemmOperands& it = items_[i - first];
     if (n > 0) {
-      FEPLB_CUDA_CHECK(s.backward ? kernels::swiglu_backward(it.gu, it.act, n, F, it.gu, st)
-                                  : kernels::swiglu(it.gu, n, F, it.act, st));
+      FEPLB_CUDA_CHECK(backward ? kernels::swiglu_backward(it.gu, it.act, n, F, it.gu, st)
+                                : kernels::swiglu(it.gu, n, F, it.act, st));
     }
     i = j;
   }
@@ -305,11 +309,12 @@ void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStrea
   const int64_t H = r.H, F = r.F;
   items_.clear();
   for (uint32_t i = s.begin; i < s.end; ++i) items_.push_back(bind(list.gemms[i], b, s.backward));
+  if (r.grouped && grouped_gemms(list, s, b, st)) return;
   const auto item = [&](uint32_t i) -> const GemmOperands& { return items_[i - s.begin]; };
   if (!s.backward) {
     for (uint32_t i = s.begin; i < s.end; ++i)
       ffn_gate_up(r.gemm, st, item(i).x, list.gemms[i].rows, item(i).w_gu, item(i).gu, H, F);
-    swiglu_runs(list, s, st);
+    swiglu_runs(list, s.begin, s.begin, s.end, false, st);
     for (uint32_t i = s.begin; i < s.end; ++i)
       ffn_down(r.gemm, st, item(i).act, list.gemms[i].rows, item(i).w_down, item(i).y, H, F);
     return;
@@ -320,7 +325,7 @@ void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStrea
     ffn_backward_down(r.gemm, st, g.rows, it.w_down, it.act, it.dy, it.g_gu, it.g_down, it.g_f32,
                       g.beta, it.act, H, F);
   }
-  swiglu_runs(list, s, st);
+  swiglu_runs(list, s.begin, s.begin, s.end, true, st);
   for (uint32_t i = s.begin; i < s.end; ++i) {
     const GemmItem& g = list.gemms[i];
     const GemmOperands& it = item(i);
@@ -328,6 +333,53 @@ void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStrea
                          H, F);
     if (g.guest && b.guest_rows) *b.guest_rows += g.rows;
   }
+}
+
+// The batch as grouped GEMMs (gemm/grouped_ffn.h): a fixed number of launches however many
+// experts it has. False (nothing enqueued) where an operand is not 16-byte aligned, which the
+// grouped kernels need (TMA): the per-expert GEMMs take the batch then.
+bool Executor::grouped_gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t st) {
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  ffn_items_.clear();
+  for (uint32_t i = s.begin; i < s.end; ++i) {
+    const GemmItem& g = list.gemms[i];
+    const GemmOperands& it = items_[i - s.begin];
+    kernels::FfnItem f{};
+    f.x = it.x;
+    f.w_gate_up = it.w_gu;
+    f.w_down = it.w_down;
+    f.gu = it.gu;
+    f.act = it.act;
+    f.y = it.y;
+    f.rows = static_cast<int32_t>(g.rows);
+    if (s.backward) {
+      f.dy = it.dy;
+      f.g_gate_up = it.g_gu;
+      f.g_down = it.g_down;
+      FEPLB_CHECK(g.beta == 0.f || g.beta == 1.f, "GEMM item beta {}", g.beta);
+      f.grad_class = static_cast<uint8_t>(kernels::weight_grad_class(it.g_f32, g.beta != 0.f));
+    }
+    const void* operands[] = {f.x, f.w_gate_up, f.w_down, f.dy, f.gu, f.act, f.y, f.g_gate_up,
+                              f.g_down};
+    for (const void* p : operands) {
+      if (!aligned(p)) return false;
+    }
+    ffn_items_.push_back(f);
+  }
+  const auto runs = [&](size_t begin, size_t end) {
+    swiglu_runs(list, s.begin, s.begin + static_cast<uint32_t>(begin),
+                s.begin + static_cast<uint32_t>(end), s.backward, st);
+  };
+  if (s.backward) {
+    rt_.grouped->backward(ffn_items_, runs, st);
+    if (b.guest_rows) {
+      for (uint32_t i = s.begin; i < s.end; ++i)
+        if (list.gemms[i].guest) *b.guest_rows += list.gemms[i].rows;
+    }
+  } else {
+    rt_.grouped->forward(ffn_items_, runs, st);
+  }
+  return true;
 }
 
 void Executor::copy_batch(const StepList& list, const Step& s, Bindings& b, cudaStream_t st) {

@@ -19,6 +19,7 @@
 #include "feplb/cuda/program/timeline.h"
 #include "feplb/cuda/stats.h"
 #include "feplb/cuda/transport.h"
+#include "feplb/cuda/kernels/ffn_tables.h"
 #include "feplb/cuda/transport/ce_copy.h"
 
 namespace feplb::cuda {
@@ -84,7 +85,9 @@ class Executor {
   void kernel(const Step& s, Bindings& b, cudaStream_t stream);
   void exchange(const StepList& list, const Step& s, const Bindings& b, cudaStream_t stream);
   void gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
-  void swiglu_runs(const StepList& list, const Step& s, cudaStream_t stream);
+  bool grouped_gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
+  void swiglu_runs(const StepList& list, uint32_t first, uint32_t begin, uint32_t end,
+                   bool backward, cudaStream_t stream);
   void copy_batch(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
   void memcpys(const StepList& list, const Step& s, const Bindings& b, cudaStream_t stream);
   void wait(const Step& s, const Bindings& b, cudaStream_t stream);
@@ -108,6 +111,7 @@ class Executor {
   };
   GemmOperands bind(const GemmItem& g, const Bindings& b, bool backward) const;
   std::vector<GemmOperands> items_;
+  std::vector<kernels::FfnItem> ffn_items_;  // the batch for the grouped GEMMs
   std::vector<CeCopy> batch_;
   std::vector<Chunk> sends_, recvs_;
 };

@@ -117,6 +117,13 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
   order = DeviceBuffer<int32_t>(static_cast<size_t>(E));
   counts_all = DeviceBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
   counts_host = PinnedBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
+  // The expert GEMMs: grouped (sizes read on the GPU) where this GPU runs those kernels.
+  const bool grouped_here = GroupedFfn::available();
+  FEPLB_REQUIRE_INPUT(cfg.expert_gemm != ExpertGemm::kGrouped || grouped_here,
+                      "runtime: expert_gemm 'grouped' needs a GPU of compute capability 9.0 (H100, "
+                      "H200); use 'auto' or 'per_expert' on this one");
+  if (cfg.expert_gemm != ExpertGemm::kPerExpert && grouped_here)
+    grouped = std::make_unique<GroupedFfn>(H, F);
 
   // Send order: experts grouped by home rank, each rank's experts in its local order.
   std::vector<int32_t> send_order;
@@ -299,10 +306,15 @@ size_t EpRuntime::workspace_bytes() const {
   const RuntimeState& s = *state_;
   return s.pool->device_bytes() + s.send.bytes() + s.ybuf.bytes() + s.dyrecv.bytes() +
          s.yrecv.bytes() + s.guest_in.bytes() + s.guest_out.bytes() + s.counts.bytes() +
-         s.cursor.bytes() + s.offsets.bytes() + s.order.bytes() + s.counts_all.bytes();
+         s.cursor.bytes() + s.offsets.bytes() + s.order.bytes() + s.counts_all.bytes() +
+         (s.grouped ? s.grouped->device_bytes() : 0);
 }
 
 size_t EpRuntime::saved_bytes() const { return state_->saved_bytes(); }
+
+ExpertGemm EpRuntime::expert_gemm() const {
+  return state_->grouped ? ExpertGemm::kGrouped : ExpertGemm::kPerExpert;
+}
 
 int EpRuntime::micro_batches_in_flight() const {
   std::lock_guard<std::mutex> lock(state_->handles_mu);

@@ -16,6 +16,7 @@
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/routing.h"
 #include "feplb/cuda/gemm/gemm.h"
+#include "feplb/cuda/gemm/grouped_ffn.h"
 #include "feplb/cuda/gemm/refiner.h"
 #include "feplb/cuda/host/job_thread.h"
 #include "feplb/cuda/host/step_layout.h"
@@ -129,6 +130,8 @@ struct RuntimeState {
       copy_out;  // phase-2 inputs and prefetched weights (first in, first out), results back
   GemmEngine gemm;
   GemmRefiner refiner;  // exact algorithms for the shapes `gemm` met first, in the background
+  // The expert GEMMs as grouped GEMMs (RuntimeConfig::expert_gemm); null: per expert with `gemm`.
+  std::unique_ptr<GroupedFfn> grouped;
   Event ev_counts, ev_dispatched, ev_copy_in_done, ev_guest_ready, ev_guest_done, ev_copy_out_done,
       ev_call_done;
   Event ev_prefetch_ready,

@@ -65,7 +65,9 @@ class Runtime:
     Expert e lives on rank e // (num_experts / ranks). `knobs` are feplb's planner knobs by name
     (feplb.knobs() lists them). Saved activations come from torch's caching allocator
     (`allocator="torch"`, the default with a process group) or the runtime's own pool
-    (`"runtime"`, the default for virtual ranks).
+    (`"runtime"`, the default for virtual ranks). `expert_gemm`: "auto" (grouped GEMMs whose sizes
+    the GPU reads, on H100/H200; one cuBLAS GEMM per expert elsewhere), "grouped" or "per_expert";
+    `info()` says which runs.
     """
 
     def __init__(self, *, num_experts: int, hidden: int, ffn: int, max_tokens: int, max_top_k: int = 8,
@@ -73,7 +75,7 @@ class Runtime:
                  knobs: dict | None = None, training: bool = True, timing: bool = False,
                  timeout_s: float = 60.0, max_in_flight: int = 16, recv_capacity_rows: int = 0,
                  guest_capacity_rows: int = 0, comm: str = "own", allocator: str | None = None,
-                 name: str = "feplb"):
+                 name: str = "feplb", expert_gemm: str = "auto"):
         if not torch.cuda.is_available():
             raise RuntimeError("feplb.torch: torch sees no CUDA device")
         if (process_group is None) == (virtual_ranks is None):
@@ -108,7 +110,7 @@ class Runtime:
             "experts": num_experts, "hidden": hidden, "ffn": ffn, "max_top_k": max_top_k,
             "max_tokens": max_tokens, "knobs": dict(knobs or {}), "training": training, "timing": timing,
             "timeout_s": timeout_s, "max_in_flight": max_in_flight, "recv_capacity_rows": recv_capacity_rows,
-            "guest_capacity_rows": guest_capacity_rows, "name": name,
+            "guest_capacity_rows": guest_capacity_rows, "name": name, "expert_gemm": expert_gemm,
         }
         text = json.dumps(config).encode()
         choice = allocator or ("torch" if process_group is not None else "runtime")

@@ -1,0 +1,77 @@
+// GroupedFfn: a batch of expert FFNs (experts, or slices of an expert's rows) as grouped GEMMs
+// whose sizes and pointers the GPU reads from tables (kernels/grouped_gemm.h, CUTLASS, sm_90a):
+// a fixed number of launches per batch however many experts it has, and no cuBLAS heuristic.
+//   forward:  tables, gu = x W_gate_up (1 grouped GEMM), SwiGLU (the caller's), y = act W_down (1)
+//   backward: tables, g_down (+)= act^T dY (1 per weight-gradient class), dact = dY W_down^T (1),
+//             SwiGLU backward (the caller's), g_gate_up (+)= x^T dgu (1 per class),
+//             dX = dgu W_gate_up^T (1), and a clearing kernel where an expert with no rows must
+//             have its gradient written (beta 0)
+// The same products as the per-expert path (expert_ffn.h), item by item; the layer's GEMM batches
+// run here where available() (docs/gpu.md, "Expert GEMMs").
+//
+// One object per stream at a time (its tables and workspace are reused launch after launch, in
+// stream order). Row-major operands throughout; hidden and ffn multiples of 8, every pointer
+// 16-byte aligned.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <unordered_set>
+
+#include "feplb/cuda/kernels/ffn_tables.h"
+#include "feplb/cuda/runtime/resources.h"
+
+namespace feplb::cuda {
+
+class GroupedFfn {
+ public:
+  // Whether grouped GEMMs run on the current device (this build's kernels need compute
+  // capability 9.0: H100, H200).
+  static bool available();
+  // Throws InputError where !available(), or where hidden or ffn is not a positive multiple of 8.
+  GroupedFfn(int64_t hidden, int64_t ffn);
+
+  // Enqueues the caller's kernels of items [begin, end) between two GEMM stages.
+  using Stage = std::function<void(size_t begin, size_t end)>;
+
+  // `swiglu` enqueues act = silu(gate) * up of the items it is given between the two GEMM stages
+  // (batches of more than kFfnItemsPerLaunch items run in chunks). An item may have 0 rows.
+  void forward(std::span<const kernels::FfnItem> items, const Stage& swiglu, cudaStream_t stream);
+  // Each item's grad_class says its gradients' type and whether dW is added (beta 1) or written
+  // (beta 0): kernels::weight_grad_class. Items touching the same gradient run in order (separate
+  // rounds), as if one at a time. `swiglu_backward` enqueues dgu (into gu) from dact (in act) of
+  // the items it is given. An item with 0 rows leaves its gradients as they are, or zeroes them
+  // where it writes them.
+  void backward(std::span<const kernels::FfnItem> items, const Stage& swiglu_backward,
+                cudaStream_t stream);
+
+  // Kernels enqueued so far: every kind (tables, grouped GEMMs, clears; not the caller's SwiGLU),
+  // and the grouped GEMMs alone.
+  int64_t launches() const { return launches_; }
+  int64_t gemm_launches() const { return gemm_launches_; }
+  // Device memory held (the stages' tables and the kernels' workspace).
+  size_t device_bytes() const { return tables_mem_.bytes() + workspace_.bytes(); }
+
+ private:
+  // Fills batch_ with items [begin, end) and enqueues their tables; returns the average rows of
+  // the items that have rows (to pick the tile family).
+  double prepare(std::span<const kernels::FfnItem> items, size_t begin, size_t end, bool backward,
+                 cudaStream_t stream);
+  size_t round_end(std::span<const kernels::FfnItem> items, size_t begin);
+  void gemm(kernels::GroupedLayout layout, const kernels::GroupedTables& tables, int groups,
+            bool d_f32, float beta, double avg_rows, cudaStream_t stream);
+
+  int64_t hidden_, ffn_;
+  int sm_count_ = 0;
+  DeviceBuffer<unsigned char> tables_mem_, workspace_;
+  kernels::FfnTables tables_{};
+  std::unique_ptr<kernels::FfnBatch> batch_;  // 20 KiB: the tables kernel's parameter
+  std::unordered_set<const void*> seen_;  // round_end's gradients of the round
+  int64_t launches_ = 0, gemm_launches_ = 0;
+};
+
+}  // namespace feplb::cuda

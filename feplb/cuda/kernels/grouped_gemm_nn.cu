@@ -1,0 +1,21 @@
+// Grouped GEMMs D [m, n] = A [m, k] B [k, n], A and B stored row-major, bf16 D: the expert FFN's
+// forward (gate|up and down). grouped_gemm.h says what they compute.
+#include "feplb/cuda/kernels/grouped_gemm_impl.cuh"
+
+namespace feplb::cuda::kernels {
+namespace g = grouped;
+using GroupedNnLarge = g::Kernel<g::RowMajor, g::RowMajor, cutlass::bfloat16_t, g::LargeTile>;
+using GroupedNnSmallM = g::Kernel<g::RowMajor, g::RowMajor, cutlass::bfloat16_t, g::SmallMTile>;
+
+cudaError_t grouped_gemm_nn(const GroupedGemmArgs& args, cudaStream_t s) {
+  if (args.d_f32) return cudaErrorNotSupported;
+  return args.tile == GroupedTile::kSmallM ? g::run<GroupedNnSmallM>(args, s)
+                                           : g::run<GroupedNnLarge>(args, s);
+}
+
+size_t grouped_gemm_nn_workspace_bytes(int sm_count) {
+  return std::max(GroupedNnLarge::workspace_bytes(sm_count),
+                  GroupedNnSmallM::workspace_bytes(sm_count));
+}
+
+}  // namespace feplb::cuda::kernels
