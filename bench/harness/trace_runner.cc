@@ -33,7 +33,7 @@ int64_t worst_receiver_rows(const Trace& t, const Topology& topo) {
 VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
                                     const std::string& policy, const Knobs& knobs, int steps,
                                     int gpus_per_node, double timeout_s, bool measure_planner,
-                                    bool prime_planner) {
+                                    bool prime_planner, ExpertGemm expert_gemm) {
   const int R = t.num_ranks;
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   FEPLB_REQUIRE_INPUT(
@@ -56,6 +56,7 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
   c.timeout_s = timeout_s;
   c.name = "run." + policy;
   c.measure_planner = measure_planner;
+  c.expert_gemm = expert_gemm;
   c.prime_planner = prime_planner;
   InProcessGroup group(R, timeout_s);
   std::vector<VirtualLayerStats> per(static_cast<size_t>(R));
@@ -129,10 +130,11 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
   return all;
 }
 
-std::vector<double> rank_gemm_ms(ExpertBench& bench, const Plan& plan, int num_ranks, int reps) {
+std::vector<double> rank_gemm_ms(ExpertBench& bench, const Plan& plan, int num_ranks, int reps,
+                                 ExpertBench::Gemms gemms) {
   std::vector<double> ms;
   for (const auto& rows : ExpertBench::rows_per_gpu(plan, num_ranks))
-    ms.push_back(bench.run_ms(rows, 1, reps));
+    ms.push_back(bench.run_ms(rows, 1, reps, ExpertBench::Pass::kForward, gemms));
   return ms;
 }
 

@@ -13,6 +13,7 @@
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
+#include "feplb/cuda/runtime.h"
 
 namespace feplb::cuda {
 
@@ -48,9 +49,11 @@ struct VirtualLayerStats {
 VirtualLayerStats run_virtual_layer(const Trace& trace, const ExpertShape& shape,
                                     const std::string& policy, const Knobs& knobs, int steps,
                                     int gpus_per_node, double timeout_s,
-                                    bool measure_planner = true, bool prime_planner = true);
+                                    bool measure_planner = true, bool prime_planner = true,
+                                    ExpertGemm expert_gemm = ExpertGemm::kAuto);
 
 // Each rank's GEMM time (ms) for `plan`, each rank timed alone: median of `reps`.
-std::vector<double> rank_gemm_ms(ExpertBench& bench, const Plan& plan, int num_ranks, int reps);
+std::vector<double> rank_gemm_ms(ExpertBench& bench, const Plan& plan, int num_ranks, int reps,
+                                 ExpertBench::Gemms gemms = ExpertBench::Gemms::kPerExpert);
 
 }  // namespace feplb::cuda

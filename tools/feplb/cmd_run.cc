@@ -19,6 +19,7 @@
 #include "bench/harness/expert_bench.h"
 #include "bench/harness/trace_runner.h"
 #include "feplb/cuda/device.h"
+#include "feplb/cuda/gemm/grouped_ffn.h"
 #endif
 
 namespace feplb::cli {
@@ -29,6 +30,7 @@ struct RunOptions : ModelFlags {
   int steps = 8;
   bool force = false, no_layer = false;
   bool reserve_from_knobs = false;  // the runtime's measure_planner off
+  std::string expert_gemm = "auto";  // RuntimeConfig::expert_gemm, and the timed-alone GEMMs'
 };
 
 #ifdef FEPLB_HAVE_CUDA
@@ -98,25 +100,38 @@ void run_gpu(const RunOptions& o) {
   std::printf("%s | %s | %s | %zu of %zu steps | GPU %s\nGEMM model: %s\n", path.c_str(),
               topo.describe().c_str(), shape.describe().c_str(), picked.size(), trace.steps.size(),
               devs[0].name.c_str(), cost_choice.label.c_str());
+  // The expert GEMMs, of the layer and of each rank timed alone: grouped where the GPU has them
+  // (auto), or as asked.
+  const cuda::ExpertGemm expert_gemm = o.expert_gemm == "grouped"      ? cuda::ExpertGemm::kGrouped
+                                       : o.expert_gemm == "per_expert" ? cuda::ExpertGemm::kPerExpert
+                                                                       : cuda::ExpertGemm::kAuto;
+  const bool grouped = expert_gemm == cuda::ExpertGemm::kGrouped ||
+                       (expert_gemm == cuda::ExpertGemm::kAuto && cuda::GroupedFfn::available());
+  FEPLB_REQUIRE_INPUT(!grouped || cuda::GroupedFfn::available(),
+                      "--expert-gemm grouped: this GPU has no grouped GEMM kernels (compute "
+                      "capability 9.0 only); use auto or per_expert");
+  const auto gemms = grouped ? cuda::ExpertBench::Gemms::kGrouped
+                             : cuda::ExpertBench::Gemms::kPerExpert;
+  std::printf("expert GEMMs: %s\n", grouped ? "grouped (sizes read on the GPU)" : "per expert");
   cuda::ExpertBench bench(shape, max_rows, 16, 1);
   for (Row& r : rows) {
     for (const Plan& plan : r.plans) {
       const StepMetrics m = measure_plan(plan, topo, cost, o.knobs, 0.0);
-      const std::vector<double> g = cuda::rank_gemm_ms(bench, plan, topo.num_ranks(), 5);
+      const std::vector<double> g = cuda::rank_gemm_ms(bench, plan, topo.num_ranks(), 5, gemms);
       r.st.push_back(m.token_straggler);
       r.sg_pred.push_back(m.gemm_straggler_ms);
       r.sg_meas.push_back(*std::max_element(g.begin(), g.end()) - mean_of(g));
       r.fwd_alone.push_back(*std::max_element(g.begin(), g.end()));
       double b = 0;
       for (const auto& gpu_rows : cuda::ExpertBench::rows_per_gpu(plan, topo.num_ranks())) {
-        b = std::max(b, bench.run_ms(gpu_rows, 1, 5, cuda::ExpertBench::Pass::kBackward));
+        b = std::max(b, bench.run_ms(gpu_rows, 1, 5, cuda::ExpertBench::Pass::kBackward, gemms));
       }
       r.bwd_alone.push_back(b);
     }
     if (!o.no_layer) {
       const cuda::VirtualLayerStats lay =
           cuda::run_virtual_layer(trace, shape, r.policy, o.knobs, static_cast<int>(picked.size()),
-                                  o.gpus_per_node, 60, !o.reserve_from_knobs);
+                                  o.gpus_per_node, 60, !o.reserve_from_knobs, true, expert_gemm);
       r.fwd_ms = quantile_of(lay.forward_ms, 0.5);
       r.wait_ms = quantile_of(lay.wait_ms, 0.5);
       r.latency_us = lay.counts_to_first_copy_us;
@@ -140,6 +155,7 @@ void run_gpu(const RunOptions& o) {
   doc["trace"] = path;
   doc["gpu"] = devs[0].name;
   doc["cost_model"] = cost_choice.label;
+  doc["expert_gemm"] = grouped ? "grouped" : "per_expert";
   for (const Row& r : rows) {
     const double pred = mean_of(r.sg_pred), meas = mean_of(r.sg_meas);
     std::printf("%-12s %16.0f %16.3f %16.3f %7.0f%% %12.3f %12.3f %16s %12s\n", r.policy.c_str(),
@@ -241,6 +257,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--json", o->json_out, "write the results as JSON to this file");
   cmd->add_flag("--force", o->force, "overwrite an existing --json file");
   cmd->add_flag("--no-layer", o->no_layer, "skip the full layer forward (GEMM timing only)");
+  cmd->add_option("--expert-gemm", o->expert_gemm,
+                  "the expert GEMMs: auto (grouped GEMMs with sizes read on the GPU where the GPU "
+                  "has them: compute capability 9.0), grouped, or per_expert (cuBLASLt per "
+                  "expert)")
+      ->check(CLI::IsMember({"auto", "grouped", "per_expert"}));
   cmd->add_flag("--reserve-from-knobs", o->reserve_from_knobs,
                 "feplb compares its modes at the knobs' planner time (their reserve), not at "
                 "what its planner takes on this host (RuntimeConfig::measure_planner off)");
