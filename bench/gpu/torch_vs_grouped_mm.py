@@ -168,7 +168,7 @@ def rel_l2(a, b) -> float:
 def check_agreement(moe, base, x, idx, w, g, main_grad: bool) -> dict:
     """One forward + backward of each layer from the same inputs: relative L2 errors of the output
     and of every gradient (feplb's against the grouped_mm layer's)."""
-    params = list(moe.gate_up) + list(moe.down)
+    params = list(moe.parameters())
     for p in params:
         p.grad = None
         p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device) if main_grad else None
@@ -181,7 +181,9 @@ def check_agreement(moe, base, x, idx, w, g, main_grad: bool) -> dict:
     out_b.backward(g)
     torch.cuda.synchronize()
 
-    def grads(ps):
+    def grads(ps):  # [E, H, 2F] or [E, F, H]: one stacked parameter, or one per expert
+        if isinstance(ps, torch.nn.Parameter):
+            return (ps.main_grad if main_grad else ps.grad).float()
         return torch.stack([(p.main_grad if main_grad else p.grad).float() for p in ps])
 
     errs = {"out": rel_l2(out_a, out_b), "grad_hidden": rel_l2(xa.grad, xb.grad),
@@ -231,10 +233,12 @@ def bench_shape(shape, routings, a, cells, failures):
 def run_shape(rt, shape, routings, a, cells, failures, t0):
     E, H, Fd, S, K = shape["experts"], shape["hidden"], shape["ffn"], shape["tokens"], shape["top_k"]
     torch.manual_seed(1)
-    moe = ft.MoE(rt, K)
+    # feplb's parameters as the grouped_mm layer holds its own: one [E, ...] tensor per weight kind
+    # (--per-expert-params: one parameter per expert and kind).
+    moe = ft.MoE(rt, K, stacked=not a.per_expert_params)
     base = GroupedMMMoE(list(moe.gate_up), list(moe.down), a.align)
     unpadded = not a.no_unpadded and a.align > 1  # the same layer with padding off, as a further case
-    params = list(moe.gate_up) + list(moe.down)
+    params = list(moe.parameters())
     main = [torch.zeros(p.shape, dtype=torch.float32, device="cuda") for p in params]
     gen = torch.Generator(device="cuda").manual_seed(7)
     x = torch.randn(S, H, device="cuda", generator=gen).to(torch.bfloat16)
@@ -353,6 +357,8 @@ def main():
                     help="the grid of local experts x rows per expert (_bench_common.GRID_*) instead of --shapes")
     ap.add_argument("--grid-experts", default=None, help="a subset of the grid's expert counts, e.g. 64,128")
     ap.add_argument("--grid-rows", default=None, help="a subset of the grid's rows per expert, e.g. 256,512")
+    ap.add_argument("--per-expert-params", action="store_true",
+                    help="feplb's MoE with one parameter per expert (default: stacked, one per weight kind)")
     ap.add_argument("--expert-gemm", default="auto", choices=("auto", "grouped", "per_expert"),
                     help="feplb's expert GEMMs (ft.Runtime(expert_gemm=...))")
     a = ap.parse_args()
@@ -389,6 +395,7 @@ def write_doc(a, cells, failures, t0, partial: bool):
                      "after a synchronize, the cases interleaved in rotated order; resetting .grad / main_grad "
                      "is untimed; the grouped_mm layer's main_grad case adds its bf16 .grad into fp32 main_grad "
                      "inside the timed region",
+           "feplb_params": "per expert" if a.per_expert_params else "stacked (one [E, ...] tensor per kind)",
            "seconds": time.time() - t0, "partial": partial, "grid": a.grid, "cells": cells,
            "disagreements": failures}
     tmp = a.out + ".tmp"

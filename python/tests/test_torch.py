@@ -125,6 +125,40 @@ def test_main_grad_is_accumulated_and_grad_left_alone():
             assert rel_l2(p.main_grad - 1.0, ref) <= REL
 
 
+@pytest.mark.parametrize("ranks,main_grad", [(1, False), (1, True), (4, False), (4, True)])
+def test_stacked_parameters_match_the_reference(ranks, main_grad):
+    """MoE(stacked=True): two parameters, gate_up [n, H, 2F] and down [n, F, H], the same layer:
+    outputs and every gradient against the reference; .grad (bf16) or fp32 main_grad."""
+    experts, tokens, top_k = 16, 64, 2
+    gen = torch.Generator().manual_seed(40 + ranks + main_grad)
+    moe = ft.MoE(runtime(ranks, experts, tokens, top_k), top_k, stacked=True)
+    assert [tuple(p.shape) for p in moe.parameters()] == [(experts, H, 2 * F), (experts, F, H)]
+    if main_grad:
+        for p in moe.parameters():
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+    idx, w = routing(gen, ranks, tokens, experts, top_k, skew=4.0, hot=1)
+    hidden = torch.randn(ranks, tokens, H, generator=gen).cuda().to(torch.bfloat16)
+    grad_out = torch.randn(ranks, tokens, H, generator=gen).cuda().to(torch.bfloat16)
+    one = ranks == 1
+    out = moe(hidden[0] if one else hidden, idx[0] if one else idx, w[0] if one else w)
+    out.backward(grad_out[0] if one else grad_out)
+    torch.cuda.synchronize()
+    gu, dn = list(moe.gate_up.detach()), list(moe.down.detach())
+    dw_gu = torch.zeros(experts, H, 2 * F, dtype=torch.float64, device="cuda")
+    dw_dn = torch.zeros(experts, F, H, dtype=torch.float64, device="cuda")
+    for r in range(ranks):
+        ref_out, g = reference_grads(hidden[r], idx[r], w[r], gu, dn, grad_out[r])
+        assert rel_l2(out if one else out[r], ref_out) <= REL, f"rank {r} out"
+        dw_gu += torch.stack(g[2:2 + experts])
+        dw_dn += torch.stack(g[2 + experts:])
+    got_gu = moe.gate_up.main_grad if main_grad else moe.gate_up.grad
+    got_dn = moe.down.main_grad if main_grad else moe.down.grad
+    if main_grad:
+        assert moe.gate_up.grad is None and moe.down.grad is None
+    assert rel_l2(got_gu, dw_gu) <= REL, "d gate_up"
+    assert rel_l2(got_dn, dw_dn) <= REL, "d down"
+
+
 def test_bad_input_is_a_clear_error():
     moe = ft.MoE(runtime(1, 4, 16, 2), 2)
     x = torch.randn(8, H, device="cuda").to(torch.bfloat16)

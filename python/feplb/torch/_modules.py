@@ -15,7 +15,8 @@ class _Experts(torch.nn.Module):
     """This rank's experts over a feplb Runtime (one C layer per local rank): the parameters,
     the layer's registration and its statistics."""
 
-    def __init__(self, runtime: Runtime, top_k: int, policy: str, name: str | None, init_std: float | None):
+    def __init__(self, runtime: Runtime, top_k: int, policy: str, name: str | None, init_std: float | None,
+                 stacked: bool = False):
         super().__init__()
         if not isinstance(runtime, Runtime):
             raise ValueError(f"{type(self).__name__}: runtime must be a feplb.torch.Runtime")
@@ -28,14 +29,22 @@ class _Experts(torch.nn.Module):
         dev = torch.device("cuda", runtime.device)
         std_in = init_std or 1.0 / math.sqrt(H)
         std_down = init_std or 1.0 / math.sqrt(F)
+        self.stacked = bool(stacked)
+        if self.stacked:  # one parameter per weight kind, experts along dim 0 (TorchTitan's layout)
+            self.gate_up = torch.nn.Parameter((torch.randn(n, H, 2 * F, device=dev) * std_in).to(torch.bfloat16))
+            self.down = torch.nn.Parameter((torch.randn(n, F, H, device=dev) * std_down).to(torch.bfloat16))
+            return
         self.gate_up = torch.nn.ParameterList(
             torch.nn.Parameter((torch.randn(H, 2 * F, device=dev) * std_in).to(torch.bfloat16)) for _ in range(n))
         self.down = torch.nn.ParameterList(
             torch.nn.Parameter((torch.randn(F, H, device=dev) * std_down).to(torch.bfloat16)) for _ in range(n))
 
     def _weights(self):
-        """The parameters as two lists (gate_up's, down's): read from the ParameterLists' own dicts,
-        which is much cheaper per call than iterating them (64 parameters a layer, every call)."""
+        """The parameters as two lists (gate_up's, down's): one stacked parameter each, or, per
+        expert, read from the ParameterLists' own dicts, which is much cheaper per call than
+        iterating them (64 parameters a layer, every call)."""
+        if self.stacked:
+            return [self.gate_up], [self.down]
         out = []
         for plist in (self.gate_up, self.down):
             params = list(plist._parameters.values())
@@ -73,13 +82,16 @@ class MoE(_Experts):
 
     Parameters: this rank's experts, ordinary nn.Parameters, bf16: gate_up[i] [H, 2F] (gate's F
     columns, then up's) and down[i] [F, H], i over the rank's experts (virtual ranks: rank r's
-    expert i at r * experts_per_rank + i). Backward writes their .grad, or adds into an fp32
-    `main_grad` when every parameter has one (Megatron's convention).
+    expert i at r * experts_per_rank + i). With `stacked=True` two parameters instead, gate_up
+    [n, H, 2F] and down [n, F, H] (n experts along dim 0, as TorchTitan's and transformers' MoE
+    layers hold them): autograd then handles two gradients per layer, not two per expert, which
+    is host time saved per step where a layer has many experts. Backward writes their .grad, or
+    adds into an fp32 `main_grad` when every parameter has one (Megatron's convention).
     """
 
     def __init__(self, runtime: Runtime, top_k: int, *, policy: str = "feplb", name: str | None = None,
-                 init_std: float | None = None):
-        super().__init__(runtime, top_k, policy, name, init_std)
+                 init_std: float | None = None, stacked: bool = False):
+        super().__init__(runtime, top_k, policy, name, init_std, stacked)
 
     def _check(self, hidden, topk_idx, topk_weight):
         rt = self.runtime

@@ -41,9 +41,16 @@ class LayerEntry:
 
     def arrays(self, tensors, r):
         """rank r's slice of `tensors` as a C array of device pointers (cached: parameters and
-        main_grad buffers keep their storage)."""
+        main_grad buffers keep their storage). `tensors`: one tensor per expert, or one stacked
+        tensor [n, ...] holding every expert along dim 0."""
         E = self.experts
-        ptrs = tuple(t.data_ptr() for t in tensors[r * E:(r + 1) * E])
+        if len(tensors) == 1 and tensors[0].dim() == 3:
+            t = tensors[0]
+            step = t.stride(0) * t.element_size()
+            base = t.data_ptr() + r * E * step
+            ptrs = tuple(base + i * step for i in range(E))
+        else:
+            ptrs = tuple(t.data_ptr() for t in tensors[r * E:(r + 1) * E])
         arr = self._arrays.get(ptrs)
         if arr is None:
             if len(self._arrays) > 256:

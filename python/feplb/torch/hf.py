@@ -20,8 +20,9 @@ The model must be bf16. One GPU holds every expert (ft.Runtime(virtual_ranks=1))
 feplb's layer, nothing is balanced; with a `runtime` over a process group, each rank keeps its
 own experts' weights and every rank must run every layer (a collective).
 
-The swapped parameters are feplb's (`...experts.moe.gate_up.{i}` [H, 2F], `...down.{i}` [F, H]), so
-the model's state_dict names change; `hf_layout(experts)` gives the weights back in the model's
+The swapped parameters are feplb's, one per weight kind as the model's own (`...experts.moe.gate_up`
+[E, H, 2F] and `...experts.moe.down` [E, F, H]: transposed from the model's, so the model's
+state_dict names and layout change); `hf_layout(experts)` gives the weights back in the model's
 layout.
 """
 
@@ -126,7 +127,8 @@ class HFExperts(torch.nn.Module):
     """In place of a transformers experts module: forward(hidden_states [T, H] bf16, top_k_index
     [T, K] integer expert ids, top_k_weights [T, K] floating, or [T, E] per-expert weights) ->
     [T, H] bf16 = sum_k top_k_weights[t, k] * SwiGLU_e(hidden_states[t]), e = top_k_index[t, k].
-    Its weights: `moe.gate_up[i]` [H, 2F] and `moe.down[i]` [F, H] for this rank's experts."""
+    Its weights: `moe.gate_up` [E_local, H, 2F] and `moe.down` [E_local, F, H], this rank's experts
+    along dim 0 (MoE(stacked=True): two parameters, whatever the number of experts)."""
 
     def __init__(self, runtime: Runtime, source, top_k: int, *, policy: str = "feplb", name: str | None = None):
         super().__init__()
@@ -140,12 +142,11 @@ class HFExperts(torch.nn.Module):
             raise ValueError("HFExperts: the runtime must be one rank of this process (virtual_ranks=1 or a process "
                              "group)")
         self.num_experts, self.hidden_dim, self.intermediate_dim, self.top_k = E, H, F2 // 2, top_k
-        self.moe = MoE(runtime, top_k, policy=policy, name=name)
-        first = runtime.ranks[0] * runtime.experts_per_rank
+        self.moe = MoE(runtime, top_k, policy=policy, name=name, stacked=True)
+        first, n = runtime.ranks[0] * runtime.experts_per_rank, runtime.experts_per_rank
         with torch.no_grad():
-            for i, (gu, dn) in enumerate(zip(self.moe.gate_up, self.moe.down)):
-                gu.copy_(gate_up[first + i])
-                dn.copy_(down[first + i])
+            self.moe.gate_up.copy_(gate_up[first:first + n])
+            self.moe.down.copy_(down[first:first + n])
 
     def stats(self):
         return self.moe.stats()
@@ -193,8 +194,8 @@ def hf_layout(experts: HFExperts):
     """This rank's expert weights in the transformers layout: (gate_up_proj [E_local, 2F, H],
     down_proj [E_local, H, F]), copies."""
     with torch.no_grad():
-        return (torch.stack([g.t() for g in experts.moe.gate_up]).contiguous(),
-                torch.stack([d.t() for d in experts.moe.down]).contiguous())
+        return (experts.moe.gate_up.transpose(1, 2).contiguous(),
+                experts.moe.down.transpose(1, 2).contiguous())
 
 
 def _verify(name, old, new, tokens, top_k, num_experts, hidden, device):
