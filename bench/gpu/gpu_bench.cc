@@ -865,8 +865,7 @@ json small_experts(int reps) {
         const double g = sb.run_ms(rows, 1, reps, Pass::kForward, Gemms::kGrouped);
         const ExpertBench::Queued gq = sb.run_queued(rows, reps, Pass::kForward, Gemms::kGrouped);
         const double gb = sb.run_ms(rows, 1, reps, Pass::kBackward, Gemms::kGrouped);
-        const ExpertBench::Queued gbq =
-            sb.run_queued(rows, reps, Pass::kBackward, Gemms::kGrouped);
+        const ExpertBench::Queued gbq = sb.run_queued(rows, reps, Pass::kBackward, Gemms::kGrouped);
         j["grouped_ms"] = g;
         j["grouped_gpu_only_ms"] = gq.gpu_ms;
         j["grouped_host_enqueue_ms"] = gq.host_ms;
@@ -883,8 +882,8 @@ json small_experts(int reps) {
       cases.push_back(j);
       log("small experts {} E={} {} rows {}: loop {:.3f} ms (GPU alone {:.3f}; host enqueue "
           "{:.3f} ms = {:.1f} us per GEMM), cublasGemmGroupedBatchedEx {:.3f} ms; {}",
-          c.name, c.experts, c.rows, routing, paced, q.gpu_ms, q.host_ms,
-          q.host_ms * 1e3 / gemms, cublas_grouped, grouped_note);
+          c.name, c.experts, c.rows, routing, paced, q.gpu_ms, q.host_ms, q.host_ms * 1e3 / gemms,
+          cublas_grouped, grouped_note);
     }
   }
   return {{"what",

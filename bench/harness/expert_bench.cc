@@ -88,10 +88,10 @@ void ExpertBench::enqueue_grouped(std::span<const int64_t> rows, Pass pass) {
     int64_t n_rows = 0;
     for (size_t i = b; i < e; ++i) n_rows += items_[i].rows;
     if (n_rows == 0) return;
-    FEPLB_CUDA_CHECK(pass == Pass::kForward
-                         ? kernels::swiglu(items_[b].gu, n_rows, F, items_[b].act, s)
-                         : kernels::swiglu_backward(items_[b].gu, items_[b].act, n_rows, F,
-                                                    items_[b].gu, s));
+    FEPLB_CUDA_CHECK(
+        pass == Pass::kForward
+            ? kernels::swiglu(items_[b].gu, n_rows, F, items_[b].act, s)
+            : kernels::swiglu_backward(items_[b].gu, items_[b].act, n_rows, F, items_[b].gu, s));
   };
   if (pass == Pass::kForward)
     grouped_->forward(items_, swiglu, s);

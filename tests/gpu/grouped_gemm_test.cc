@@ -4,6 +4,8 @@
 // fp32 D 1e-4; an FFN stage chain (bf16 gu, act and outputs between GEMMs) 2e-2, as the layer
 // tests. Skipped without a GPU, and without one of compute capability 9.0 (the kernels are
 // sm_90a's).
+#include "feplb/cuda/kernels/grouped_gemm.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +16,6 @@
 #include "feplb/core/bf16.h"
 #include "feplb/core/rng.h"
 #include "feplb/cuda/gemm/grouped_ffn.h"
-#include "feplb/cuda/kernels/grouped_gemm.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/runtime/check.h"
 #include "feplb/cuda/runtime/resources.h"
@@ -27,10 +28,10 @@ using cuda::kernels::GroupedLayout;
 using cuda::kernels::GroupedTile;
 using testing::compare;
 
-#define SKIP_WITHOUT_GROUPED_GEMMS()                                                          \
-  do {                                                                                        \
-    FEPLB_SKIP_WITHOUT_GPU();                                                                 \
-    if (!cuda::GroupedFfn::available())                                                       \
+#define SKIP_WITHOUT_GROUPED_GEMMS()                                                       \
+  do {                                                                                     \
+    FEPLB_SKIP_WITHOUT_GPU();                                                              \
+    if (!cuda::GroupedFfn::available())                                                    \
       GTEST_SKIP() << "the grouped GEMM kernels need compute capability 9.0 (H100, H200)"; \
   } while (0)
 
@@ -231,7 +232,11 @@ TEST(GroupedGemm, SizesChangedInDeviceMemoryAreUsed) {
   const int max_rows = 256, n = 128, k = 64, G = 3;
   std::vector<Group> groups;
   for (int i = 0; i < G; ++i) {
-    Group g{max_rows, n, k, random_bf16(rng, size_t{max_rows} * k), random_bf16(rng, size_t{k} * n),
+    Group g{max_rows,
+            n,
+            k,
+            random_bf16(rng, size_t{max_rows} * k),
+            random_bf16(rng, size_t{k} * n),
             std::vector<float>(size_t{max_rows} * n, 0.f)};
     groups.push_back(std::move(g));
   }
@@ -241,9 +246,9 @@ TEST(GroupedGemm, SizesChangedInDeviceMemoryAreUsed) {
   args.tables = p.tables;
   args.workspace = ws.get();
   args.sm_count = sms;
-  for (const std::vector<int32_t>& m : {std::vector<int32_t>{256, 5, 0},
-                                        std::vector<int32_t>{3, 0, 200},
-                                        std::vector<int32_t>{0, 256, 77}}) {
+  for (const std::vector<int32_t>& m :
+       {std::vector<int32_t>{256, 5, 0}, std::vector<int32_t>{3, 0, 200},
+        std::vector<int32_t>{0, 256, 77}}) {
     for (int i = 0; i < G; ++i) p.d[static_cast<size_t>(i)].upload(groups[i].d0);  // zeros
     std::vector<int32_t> sizes;
     for (int i = 0; i < G; ++i) sizes.insert(sizes.end(), {m[i], n, k});
@@ -296,7 +301,8 @@ FfnReference ffn_reference(const Expert& w, const std::vector<float>& x,
     double* gu = &r.gu[static_cast<size_t>(t * 2 * F)];
     for (int64_t h = 0; h < H; ++h) {
       const double xv = x[static_cast<size_t>(t * H + h)];
-      for (int64_t j = 0; j < 2 * F; ++j) gu[j] += xv * w.w_gate_up[static_cast<size_t>(h * 2 * F + j)];
+      for (int64_t j = 0; j < 2 * F; ++j)
+        gu[j] += xv * w.w_gate_up[static_cast<size_t>(h * 2 * F + j)];
     }
     double* act = &r.act[static_cast<size_t>(t * F)];
     for (int64_t f = 0; f < F; ++f) act[f] = silu(gu[f]) * gu[F + f];
@@ -332,8 +338,8 @@ FfnReference ffn_reference(const Expert& w, const std::vector<float>& x,
 // A batch of items on the device: each item's rows, weights and gradients, and its class.
 struct FfnCase {
   int64_t rows;
-  int grad_class;    // kernels::weight_grad_class
-  int shares = -1;   // >= 0: writes the gradient of that earlier item (accumulate)
+  int grad_class;   // kernels::weight_grad_class
+  int shares = -1;  // >= 0: writes the gradient of that earlier item (accumulate)
 };
 
 void run_ffn_batch(const std::vector<FfnCase>& cases, uint64_t seed, const std::string& what) {
@@ -357,9 +363,9 @@ void run_ffn_batch(const std::vector<FfnCase>& cases, uint64_t seed, const std::
                    : std::vector<float>(static_cast<size_t>(H * 2 * F), nan);
     g_down0[i] = acc ? random_bf16(rng, static_cast<size_t>(F * H), 0.1)
                      : std::vector<float>(static_cast<size_t>(F * H), nan);
-    dx_.emplace_back(x[i], false);                                    // x
-    dwgu.emplace_back(w[i].w_gate_up, false);                         // w_gate_up
-    dwdown.emplace_back(w[i].w_down, false);                          // w_down
+    dx_.emplace_back(x[i], false);             // x
+    dwgu.emplace_back(w[i].w_gate_up, false);  // w_gate_up
+    dwdown.emplace_back(w[i].w_down, false);   // w_down
     dgu.emplace_back(std::vector<float>(static_cast<size_t>(rows * 2 * F), nan), false);
     dact.emplace_back(std::vector<float>(static_cast<size_t>(rows * F), nan), false);
     dy_dev.emplace_back(dy[i], false);
@@ -386,8 +392,8 @@ void run_ffn_batch(const std::vector<FfnCase>& cases, uint64_t seed, const std::
   cuda::Stream stream;
   const auto swiglu = [&](size_t b, size_t e) {
     for (size_t i = b; i < e; ++i)
-      FEPLB_CUDA_CHECK(cuda::kernels::swiglu(items[i].gu, items[i].rows, F, items[i].act,
-                                             stream.get()));
+      FEPLB_CUDA_CHECK(
+          cuda::kernels::swiglu(items[i].gu, items[i].rows, F, items[i].act, stream.get()));
   };
   ffn.forward(items, swiglu, stream.get());
   cuda::sync_with_timeout(stream.get(), 30, "grouped ffn forward");

@@ -29,7 +29,7 @@ struct RunOptions : ModelFlags {
   std::string trace, policies = "static,feplb-paper,feplb", json_out;
   int steps = 8;
   bool force = false, no_layer = false;
-  bool reserve_from_knobs = false;  // the runtime's measure_planner off
+  bool reserve_from_knobs = false;   // the runtime's measure_planner off
   std::string expert_gemm = "auto";  // RuntimeConfig::expert_gemm, and the timed-alone GEMMs'
 };
 
@@ -102,16 +102,17 @@ void run_gpu(const RunOptions& o) {
               devs[0].name.c_str(), cost_choice.label.c_str());
   // The expert GEMMs, of the layer and of each rank timed alone: grouped where the GPU has them
   // (auto), or as asked.
-  const cuda::ExpertGemm expert_gemm = o.expert_gemm == "grouped"      ? cuda::ExpertGemm::kGrouped
-                                       : o.expert_gemm == "per_expert" ? cuda::ExpertGemm::kPerExpert
-                                                                       : cuda::ExpertGemm::kAuto;
+  const cuda::ExpertGemm expert_gemm = o.expert_gemm == "grouped" ? cuda::ExpertGemm::kGrouped
+                                       : o.expert_gemm == "per_expert"
+                                           ? cuda::ExpertGemm::kPerExpert
+                                           : cuda::ExpertGemm::kAuto;
   const bool grouped = expert_gemm == cuda::ExpertGemm::kGrouped ||
                        (expert_gemm == cuda::ExpertGemm::kAuto && cuda::GroupedFfn::available());
   FEPLB_REQUIRE_INPUT(!grouped || cuda::GroupedFfn::available(),
                       "--expert-gemm grouped: this GPU has no grouped GEMM kernels (compute "
                       "capability 9.0 only); use auto or per_expert");
-  const auto gemms = grouped ? cuda::ExpertBench::Gemms::kGrouped
-                             : cuda::ExpertBench::Gemms::kPerExpert;
+  const auto gemms =
+      grouped ? cuda::ExpertBench::Gemms::kGrouped : cuda::ExpertBench::Gemms::kPerExpert;
   std::printf("expert GEMMs: %s\n", grouped ? "grouped (sizes read on the GPU)" : "per expert");
   cuda::ExpertBench bench(shape, max_rows, 16, 1);
   for (Row& r : rows) {

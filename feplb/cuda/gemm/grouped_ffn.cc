@@ -41,8 +41,8 @@ GroupedFfn::GroupedFfn(int64_t hidden, int64_t ffn)
   FEPLB_REQUIRE_INPUT(2 * hidden * ffn < (int64_t{1} << 31),
                       "grouped expert GEMMs: an expert of hidden {} x ffn {} is too large", hidden,
                       ffn);
-  FEPLB_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount,
-                                          current_device()));
+  FEPLB_CUDA_CHECK(
+      cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, current_device()));
   constexpr int kTableSets = 4 + 2 * kWeightGradClasses;
   const size_t one = kernels::grouped_tables_bytes(kFfnItemsPerLaunch);
   tables_mem_ = DeviceBuffer<unsigned char>(kTableSets * one);
@@ -95,8 +95,7 @@ void GroupedFfn::gemm(GroupedLayout layout, const GroupedTables& tables, int gro
   ++gemm_launches_;
 }
 
-void GroupedFfn::forward(std::span<const FfnItem> items, const Stage& swiglu,
-                         cudaStream_t stream) {
+void GroupedFfn::forward(std::span<const FfnItem> items, const Stage& swiglu, cudaStream_t stream) {
   for (size_t b = 0, e = 0; b < items.size(); b = e) {
     e = std::min(items.size(), b + kFfnItemsPerLaunch);
     const int groups = static_cast<int>(e - b);

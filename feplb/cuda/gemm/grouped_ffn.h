@@ -70,7 +70,7 @@ class GroupedFfn {
   DeviceBuffer<unsigned char> tables_mem_, workspace_;
   kernels::FfnTables tables_{};
   std::unique_ptr<kernels::FfnBatch> batch_;  // 20 KiB: the tables kernel's parameter
-  std::unordered_set<const void*> seen_;  // round_end's gradients of the round
+  std::unordered_set<const void*> seen_;      // round_end's gradients of the round
   int64_t launches_ = 0, gemm_launches_ = 0;
 };
 

@@ -43,8 +43,7 @@ __global__ void ffn_tables_kernel(const FfnBatch batch, bool backward, const Ffn
   // g_down [F, H] (+)= act^T [F, rows] dY [rows, H] (act stored [rows, F]: A as [k, m]).
   put(t.weight_down[c], pos, m_down, H, rows, it.act, F, it.dy, H, it.g_down, H);
   // g_gate_up [H, 2F] (+)= x^T [H, rows] dgu [rows, 2F].
-  put(t.weight_gate_up[c], pos, m_gate_up, 2 * F, rows, it.x, H, it.gu, 2 * F, it.g_gate_up,
-      2 * F);
+  put(t.weight_gate_up[c], pos, m_gate_up, 2 * F, rows, it.x, H, it.gu, 2 * F, it.g_gate_up, 2 * F);
 }
 
 // blockIdx.y: the item; each block clears a strided part of its two gradients (elements of

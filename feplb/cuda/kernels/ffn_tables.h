@@ -28,7 +28,7 @@ struct FfnItem {
   void* g_gate_up;        // [H, 2F]: backward dW (fp32 or bf16: the item's weight-gradient class)
   void* g_down;           // [F, H]
   int32_t rows;
-  uint8_t grad_class;     // backward: which weight-gradient tables (kWeightGradClasses)
+  uint8_t grad_class;  // backward: which weight-gradient tables (kWeightGradClasses)
   uint8_t pad_[3];
 };
 

@@ -6,8 +6,7 @@
 namespace feplb::cuda::kernels {
 namespace g = grouped;
 using GroupedNtLarge = g::Kernel<g::RowMajor, g::ColumnMajor, cutlass::bfloat16_t, g::LargeTile>;
-using GroupedNtSmallM =
-    g::Kernel<g::RowMajor, g::ColumnMajor, cutlass::bfloat16_t, g::SmallMTile>;
+using GroupedNtSmallM = g::Kernel<g::RowMajor, g::ColumnMajor, cutlass::bfloat16_t, g::SmallMTile>;
 
 cudaError_t grouped_gemm_nt(const GroupedGemmArgs& args, cudaStream_t s) {
   if (args.d_f32) return cudaErrorNotSupported;

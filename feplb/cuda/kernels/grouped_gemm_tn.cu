@@ -13,7 +13,8 @@ cudaError_t grouped_gemm_tn(const GroupedGemmArgs& args, cudaStream_t s) {
 }
 
 size_t grouped_gemm_tn_workspace_bytes(int sm_count) {
-  return std::max(GroupedTnBf16::workspace_bytes(sm_count), GroupedTnF32::workspace_bytes(sm_count));
+  return std::max(GroupedTnBf16::workspace_bytes(sm_count),
+                  GroupedTnF32::workspace_bytes(sm_count));
 }
 
 }  // namespace feplb::cuda::kernels

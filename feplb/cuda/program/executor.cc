@@ -359,8 +359,8 @@ bool Executor::grouped_gemms(const StepList& list, const Step& s, Bindings& b, c
       FEPLB_CHECK(g.beta == 0.f || g.beta == 1.f, "GEMM item beta {}", g.beta);
       f.grad_class = static_cast<uint8_t>(kernels::weight_grad_class(it.g_f32, g.beta != 0.f));
     }
-    const void* operands[] = {f.x, f.w_gate_up, f.w_down, f.dy, f.gu, f.act, f.y, f.g_gate_up,
-                              f.g_down};
+    const void* operands[] = {f.x,   f.w_gate_up, f.w_down,    f.dy,    f.gu,
+                              f.act, f.y,         f.g_gate_up, f.g_down};
     for (const void* p : operands) {
       if (!aligned(p)) return false;
     }

@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "feplb/cuda/kernels/ffn_tables.h"
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/program/step_program.h"
 #include "feplb/cuda/program/timeline.h"
 #include "feplb/cuda/stats.h"
 #include "feplb/cuda/transport.h"
-#include "feplb/cuda/kernels/ffn_tables.h"
 #include "feplb/cuda/transport/ce_copy.h"
 
 namespace feplb::cuda {
