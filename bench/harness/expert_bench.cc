@@ -33,6 +33,23 @@ ExpertBench::ExpertBench(const ExpertShape& shape, int64_t max_rows, int num_wei
   FEPLB_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+void ExpertBench::grow(int64_t rows) {
+  if (rows <= max_rows_) return;
+  // The grouped GEMMs lay a call's experts one after another (the per-expert loop reuses rows):
+  // room for all of them, random inputs again, the backward's buffers made again on first use.
+  const int64_t H = shape_.hidden, F = shape_.ffn;
+  const cudaStream_t s = streams_[0].get();
+  FEPLB_CUDA_CHECK(cudaStreamSynchronize(s));
+  max_rows_ = rows;
+  x_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(rows * H));
+  gu_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(rows * 2 * F));
+  act_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(rows * F));
+  y_ = DeviceBuffer<__nv_bfloat16>(static_cast<size_t>(rows * H));
+  dy_ = DeviceBuffer<__nv_bfloat16>();
+  FEPLB_CUDA_CHECK(kernels::fill_random(x_.get(), x_.size(), 2, 1.0f, s));
+  FEPLB_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
 void ExpertBench::ensure_backward_buffers() {
   if (dy_.size()) return;
   const int64_t H = shape_.hidden, F = shape_.ffn;
@@ -101,6 +118,11 @@ void ExpertBench::enqueue_grouped(std::span<const int64_t> rows, Pass pass) {
 
 void ExpertBench::enqueue(std::span<const int64_t> rows, int streams, Pass pass, Gemms gemms) {
   const int64_t H = shape_.hidden, F = shape_.ffn, we = expert_weight_elems(H, F);
+  if (gemms == Gemms::kGrouped) {
+    int64_t total = 0;
+    for (int64_t r : rows) total += std::max<int64_t>(r, 0);
+    grow(total);
+  }
   if (pass == Pass::kBackward) ensure_backward_buffers();
   if (gemms == Gemms::kGrouped) {
     enqueue_grouped(rows, pass);

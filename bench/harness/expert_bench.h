@@ -63,6 +63,7 @@ class ExpertBench {
   int64_t max_rows_;
   int sets_;
   void ensure_backward_buffers();
+  void grow(int64_t rows);  // room for `rows` rows in one call (the grouped GEMMs need it)
   // The experts as one GroupedFfn batch (rows laid out one expert after another; the backward
   // overwrites act and gu with their gradients, as the layer does).
   void enqueue_grouped(std::span<const int64_t> rows_per_expert, Pass pass);
