@@ -118,6 +118,17 @@ void ExpertBench::enqueue_grouped(std::span<const int64_t> rows, Pass pass) {
 
 void ExpertBench::enqueue(std::span<const int64_t> rows, int streams, Pass pass, Gemms gemms) {
   const int64_t H = shape_.hidden, F = shape_.ffn, we = expert_weight_elems(H, F);
+  if (gemms == Gemms::kAuto) {
+    int64_t total = 0, items = 0;
+    for (int64_t r : rows) {
+      total += std::max<int64_t>(r, 0);
+      items += r > 0;
+    }
+    const double mean = items ? static_cast<double>(total) / static_cast<double>(items) : 0.0;
+    gemms = GroupedFfn::available() && GroupedFfn::faster_than_per_expert(H, F, mean)
+                ? Gemms::kGrouped
+                : Gemms::kPerExpert;
+  }
   if (gemms == Gemms::kGrouped) {
     int64_t total = 0;
     for (int64_t r : rows) total += std::max<int64_t>(r, 0);

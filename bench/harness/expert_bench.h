@@ -24,9 +24,10 @@ class ExpertBench {
   // Forward: the SwiGLU FFN. Backward: its backward as the layer runs it (dW accumulated in fp32,
   // dX), from saved activations of a forward (kept intact, so every repetition sees real data).
   enum class Pass { kForward, kBackward };
-  // The expert GEMMs: one cuBLASLt GEMM per expert and stage (GemmEngine), or one grouped GEMM per
-  // stage whose sizes the GPU reads (GroupedFfn; compute capability 9.0).
-  enum class Gemms { kPerExpert, kGrouped };
+  // The expert GEMMs: one cuBLASLt GEMM per expert and stage (GemmEngine), one grouped GEMM per
+  // stage whose sizes the GPU reads (GroupedFfn; compute capability 9.0), or per call as the
+  // layer's RuntimeConfig::expert_gemm kAuto chooses (GroupedFfn::faster_than_per_expert).
+  enum class Gemms { kPerExpert, kGrouped, kAuto };
 
   // Room for `max_rows` rows in one call and `num_weight_sets` distinct experts' weights (the
   // experts of a call cycle through them, so weights are not served from L2 unrealistically).

@@ -59,9 +59,9 @@ int feplb_runtime_create_nccl(const char* config_json, void* nccl_comm, int devi
 /* Layers may outlive their runtime (their calls then fail with an input error). */
 void feplb_runtime_destroy(feplb_runtime* runtime);
 /* {"rank", "world_size", "experts_per_rank", "workspace_bytes", "saved_bytes",
- *  "micro_batches_in_flight", "scheduler_cpu_seconds", "expert_gemm" ("grouped" or
- *  "per_expert")} as JSON into buf (NUL-terminated, at most
- * cap bytes); *len gets the length it needs. */
+ *  "micro_batches_in_flight", "scheduler_cpu_seconds", "expert_gemm" ("grouped",
+ *  "per_expert", or "auto": grouped but for batches of large experts)} as JSON into buf
+ * (NUL-terminated, at most cap bytes); *len gets the length it needs. */
 int feplb_runtime_info_json(feplb_runtime* runtime, char* buf, size_t cap, size_t* len);
 
 /* A layer with a planner by name (static, feplb-paper, feplb, oracle). */

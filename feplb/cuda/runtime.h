@@ -46,7 +46,9 @@ class Allocator {
 // How the expert GEMMs run. kGrouped: one grouped GEMM per GEMM stage of a batch of experts,
 // sizes and pointers read on the GPU (CUTLASS's Hopper kernels: compute capability 9.0, H100 and
 // H200); kPerExpert: one cuBLASLt GEMM per expert and stage, row counts from the host (any GPU);
-// kAuto: kGrouped where the GPU runs it, else kPerExpert.
+// kAuto: where the GPU runs the grouped kernels, grouped for every batch but those of large items
+// (GroupedFfn::faster_than_per_expert: few launches, each hidden behind its GEMM), else per
+// expert.
 enum class ExpertGemm { kAuto, kGrouped, kPerExpert };
 
 struct RuntimeConfig {
@@ -127,7 +129,8 @@ class EpRuntime {
   // such an Error, abort the communicator and leave the process: streams may still wait on the
   // dead peer's work, and destroying the runtime waits for its copy streams.
   void synchronize(cudaStream_t stream) const;
-  // The expert GEMMs this runtime runs: kGrouped or kPerExpert (never kAuto).
+  // The expert GEMMs this runtime runs: kGrouped, kPerExpert, or kAuto where it chooses per batch
+  // (the configuration's kAuto on a GPU with the grouped kernels).
   ExpertGemm expert_gemm() const;
 
  private:

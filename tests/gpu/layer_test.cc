@@ -674,7 +674,7 @@ TEST(LayerBackward, BothExpertGemmPathsMatchTheReference) {
   c.training = false;
   cuda::EpRuntime rt(c, group.endpoint(0));
   EXPECT_EQ(rt.expert_gemm(),
-            grouped_here ? cuda::ExpertGemm::kGrouped : cuda::ExpertGemm::kPerExpert);
+            grouped_here ? cuda::ExpertGemm::kAuto : cuda::ExpertGemm::kPerExpert);
   c.expert_gemm = cuda::ExpertGemm::kGrouped;
   c.name = "grouped-required";
   if (!grouped_here) {

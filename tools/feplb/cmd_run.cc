@@ -100,20 +100,25 @@ void run_gpu(const RunOptions& o) {
   std::printf("%s | %s | %s | %zu of %zu steps | GPU %s\nGEMM model: %s\n", path.c_str(),
               topo.describe().c_str(), shape.describe().c_str(), picked.size(), trace.steps.size(),
               devs[0].name.c_str(), cost_choice.label.c_str());
-  // The expert GEMMs, of the layer and of each rank timed alone: grouped where the GPU has them
-  // (auto), or as asked.
+  // The expert GEMMs, of the layer and of each rank timed alone: as asked (auto: grouped where
+  // the GPU has them, but for batches of large experts; docs/gpu.md "Expert GEMMs").
   const cuda::ExpertGemm expert_gemm = o.expert_gemm == "grouped" ? cuda::ExpertGemm::kGrouped
                                        : o.expert_gemm == "per_expert"
                                            ? cuda::ExpertGemm::kPerExpert
                                            : cuda::ExpertGemm::kAuto;
-  const bool grouped = expert_gemm == cuda::ExpertGemm::kGrouped ||
-                       (expert_gemm == cuda::ExpertGemm::kAuto && cuda::GroupedFfn::available());
-  FEPLB_REQUIRE_INPUT(!grouped || cuda::GroupedFfn::available(),
+  const bool grouped_here = cuda::GroupedFfn::available();
+  FEPLB_REQUIRE_INPUT(expert_gemm != cuda::ExpertGemm::kGrouped || grouped_here,
                       "--expert-gemm grouped: this GPU has no grouped GEMM kernels (compute "
                       "capability 9.0 only); use auto or per_expert");
-  const auto gemms =
-      grouped ? cuda::ExpertBench::Gemms::kGrouped : cuda::ExpertBench::Gemms::kPerExpert;
-  std::printf("expert GEMMs: %s\n", grouped ? "grouped (sizes read on the GPU)" : "per expert");
+  const auto gemms = !grouped_here || expert_gemm == cuda::ExpertGemm::kPerExpert
+                         ? cuda::ExpertBench::Gemms::kPerExpert
+                     : expert_gemm == cuda::ExpertGemm::kGrouped
+                         ? cuda::ExpertBench::Gemms::kGrouped
+                         : cuda::ExpertBench::Gemms::kAuto;
+  const char* gemm_name = gemms == cuda::ExpertBench::Gemms::kPerExpert ? "per_expert"
+                          : gemms == cuda::ExpertBench::Gemms::kGrouped ? "grouped"
+                                                                        : "auto";
+  std::printf("expert GEMMs: %s\n", gemm_name);
   cuda::ExpertBench bench(shape, max_rows, 16, 1);
   for (Row& r : rows) {
     for (const Plan& plan : r.plans) {
@@ -156,7 +161,7 @@ void run_gpu(const RunOptions& o) {
   doc["trace"] = path;
   doc["gpu"] = devs[0].name;
   doc["cost_model"] = cost_choice.label;
-  doc["expert_gemm"] = grouped ? "grouped" : "per_expert";
+  doc["expert_gemm"] = gemm_name;
   for (const Row& r : rows) {
     const double pred = mean_of(r.sg_pred), meas = mean_of(r.sg_meas);
     std::printf("%-12s %16.0f %16.3f %16.3f %7.0f%% %12.3f %12.3f %16s %12s\n", r.policy.c_str(),

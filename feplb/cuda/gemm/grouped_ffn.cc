@@ -30,6 +30,11 @@ int current_device() {
 
 bool GroupedFfn::available() { return kernels::grouped_gemm_available(current_device()); }
 
+bool GroupedFfn::faster_than_per_expert(int64_t hidden, int64_t ffn, double mean_rows) {
+  constexpr double kLargeItem = 2048.0 * 4096.0 * 1536.0;  // rows x hidden x ffn
+  return mean_rows * static_cast<double>(hidden) * static_cast<double>(ffn) < kLargeItem;
+}
+
 GroupedFfn::GroupedFfn(int64_t hidden, int64_t ffn)
     : hidden_(hidden), ffn_(ffn), batch_(std::make_unique<kernels::FfnBatch>()) {
   FEPLB_REQUIRE_INPUT(available(),

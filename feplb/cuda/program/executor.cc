@@ -309,7 +309,7 @@ void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStrea
   const int64_t H = r.H, F = r.F;
   items_.clear();
   for (uint32_t i = s.begin; i < s.end; ++i) items_.push_back(bind(list.gemms[i], b, s.backward));
-  if (r.grouped && grouped_gemms(list, s, b, st)) return;
+  if (r.grouped && grouped_pays(list, s) && grouped_gemms(list, s, b, st)) return;
   const auto item = [&](uint32_t i) -> const GemmOperands& { return items_[i - s.begin]; };
   if (!s.backward) {
     for (uint32_t i = s.begin; i < s.end; ++i)
@@ -333,6 +333,19 @@ void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStrea
                          H, F);
     if (g.guest && b.guest_rows) *b.guest_rows += g.rows;
   }
+}
+
+// Whether the step's batch runs as grouped GEMMs: always with RuntimeConfig::expert_gemm kGrouped;
+// with kAuto unless its items are large (GroupedFfn::faster_than_per_expert).
+bool Executor::grouped_pays(const StepList& list, const Step& s) const {
+  if (rt_.cfg.expert_gemm == ExpertGemm::kGrouped) return true;
+  int64_t rows = 0, items = 0;
+  for (uint32_t i = s.begin; i < s.end; ++i) {
+    rows += list.gemms[i].rows;
+    items += list.gemms[i].rows > 0;
+  }
+  const double mean = items ? static_cast<double>(rows) / static_cast<double>(items) : 0.0;
+  return GroupedFfn::faster_than_per_expert(rt_.H, rt_.F, mean);
 }
 
 // The batch as grouped GEMMs (gemm/grouped_ffn.h): a fixed number of launches however many

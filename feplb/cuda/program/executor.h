@@ -85,6 +85,7 @@ class Executor {
   void kernel(const Step& s, Bindings& b, cudaStream_t stream);
   void exchange(const StepList& list, const Step& s, const Bindings& b, cudaStream_t stream);
   void gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
+  bool grouped_pays(const StepList& list, const Step& s) const;
   bool grouped_gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
   void swiglu_runs(const StepList& list, uint32_t first, uint32_t begin, uint32_t end,
                    bool backward, cudaStream_t stream);

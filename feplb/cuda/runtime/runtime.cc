@@ -313,7 +313,8 @@ size_t EpRuntime::workspace_bytes() const {
 size_t EpRuntime::saved_bytes() const { return state_->saved_bytes(); }
 
 ExpertGemm EpRuntime::expert_gemm() const {
-  return state_->grouped ? ExpertGemm::kGrouped : ExpertGemm::kPerExpert;
+  if (!state_->grouped) return ExpertGemm::kPerExpert;
+  return state_->cfg.expert_gemm == ExpertGemm::kGrouped ? ExpertGemm::kGrouped : ExpertGemm::kAuto;
 }
 
 int EpRuntime::micro_batches_in_flight() const {
