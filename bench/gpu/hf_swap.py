@@ -421,6 +421,7 @@ def main():
             one = run_one(c)
             entry = {k: one[k] for k in ("model", "experts", "hidden", "ffn", "top_k", "layers", "batch", "seq",
                                          "logits_rel_l2", "steps", "feplb_over", "expert_gemm")}
+            entry["shape"] = {"hidden": c.hidden, "ffn": c.ffn, "top_k": c.top_k}
             entry["feplb_over_grouped_mm"] = one["feplb_over"].get("transformers_grouped_mm")
             for k in ("device", "torch", "transformers", "method", "reps", "warmup"):
                 doc[k] = one[k]
