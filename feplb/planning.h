@@ -4,6 +4,8 @@
 // types (Error, InputError). A trainer plans each micro-batch's layer from its routing counts:
 //
 //   feplb::PlannerContext ctx{feplb::Topology::contiguous(8, 8, 128), shape, feplb::Knobs{}};
+//   const feplb::RooflineCostModel cost(shape, ctx.knobs);   // GEMM time (or TableCostModel)
+//   ctx.cost = &cost;                                         // make_planner needs one
 //   auto planner = feplb::make_planner("feplb", ctx);   // planner_names() lists them
 //   planner->plan(routing, plan);       // routing.counts [R, E], then routing.sum_experts()
 //   feplb::validate(plan, ctx.topo, routing, ctx.shape, planner->limits());   // InputError if not

@@ -3,11 +3,14 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <limits.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +23,98 @@ namespace feplb {
 namespace {
 
 namespace fs = std::filesystem;
+
+// What a signal that ends the process during a commit undoes: temporary files (and a new output
+// already placed) to remove, a replaced file kept aside to put back. Fixed storage; a slot is
+// claimed and published through a lock-free atomic (threads may commit at once), and the handler
+// reads it with unlink and rename alone (async-signal-safe).
+struct CleanupSlot {
+  std::atomic<int> state{0};
+  char path[PATH_MAX];
+  char to[PATH_MAX];
+};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler reads slot states");
+CleanupSlot cleanup_slots[64];
+
+class SignalCleanup {
+ public:
+  enum State : int { kFree = 0, kUnlink = 1, kRestore = 2, kClaimed = 3 };
+  static constexpr int kSlots = 64;
+  using Slot = CleanupSlot;
+
+  // A slot for `path` (kRestore: renamed back to `to`); -1 when every slot is taken (that path is
+  // then left to the commit's own error handling).
+  static int track(State state, const std::string& path, const std::string& to = {}) {
+    if (path.size() >= sizeof(Slot::path) || to.size() >= sizeof(Slot::to)) return -1;
+    for (int i = 0; i < kSlots; ++i) {
+      Slot& s = slots_[i];
+      int expected = kFree;
+      if (!s.state.compare_exchange_strong(expected, kClaimed)) continue;
+      std::memcpy(s.path, path.c_str(), path.size() + 1);
+      std::memcpy(s.to, to.c_str(), to.size() + 1);
+      s.state.store(state);
+      return i;
+    }
+    return -1;
+  }
+  static void untrack(int& slot) {
+    if (slot >= 0) slots_[slot].state.store(kFree);
+    slot = -1;
+  }
+  // The tracked path's undo becomes `state` (kRestore -> kUnlink: the commit completed).
+  static void set_state(int slot, State state) {
+    if (slot >= 0) slots_[slot].state.store(state);
+  }
+
+  // Installs the handler for SIGINT, SIGTERM and SIGHUP where their disposition is the default
+  // (a program with handlers of its own keeps them), for this object's life.
+  SignalCleanup() {
+    for (int i = 0; i < kSignals; ++i) {
+      struct sigaction old {};
+      if (::sigaction(kSignal[i], nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) ||
+          old.sa_handler != SIG_DFL) {
+        continue;
+      }
+      struct sigaction sa {};
+      sa.sa_handler = &SignalCleanup::on_signal;
+      sigemptyset(&sa.sa_mask);
+      installed_[i] = ::sigaction(kSignal[i], &sa, nullptr) == 0;
+    }
+  }
+  ~SignalCleanup() {
+    for (int i = 0; i < kSignals; ++i) {
+      if (!installed_[i]) continue;
+      struct sigaction sa {};
+      sa.sa_handler = SIG_DFL;
+      sigemptyset(&sa.sa_mask);
+      ::sigaction(kSignal[i], &sa, nullptr);
+    }
+  }
+  SignalCleanup(const SignalCleanup&) = delete;
+  SignalCleanup& operator=(const SignalCleanup&) = delete;
+
+ private:
+  static constexpr int kSignals = 3;
+  static constexpr int kSignal[kSignals] = {SIGINT, SIGTERM, SIGHUP};
+  bool installed_[kSignals] = {};
+  static constexpr CleanupSlot (&slots_)[kSlots] = cleanup_slots;
+
+  // Puts the kept-aside files back, removes the rest, then ends the process with the signal.
+  // (Renaming a kept-aside hard link onto the file it links to does nothing: it is then removed.)
+  static void on_signal(int sig) {
+    for (Slot& s : slots_) {
+      if (s.state.load() == kRestore) {
+        ::rename(s.path, s.to);
+        ::unlink(s.path);
+      }
+    }
+    for (Slot& s : slots_) {
+      if (s.state.load() == kUnlink) ::unlink(s.path);
+    }
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  }
+};
 
 // What an output path names.
 struct Target {
@@ -155,13 +250,16 @@ mode_t new_file_mode() {
 }
 
 // Writes `content` to a temporary file beside `t.resolved` with the mode the target has (or a new
-// file gets), flushed to disk; its path, or InputError naming `path` (nothing left behind).
-std::string write_temp(const std::string& path, const Target& t, std::string_view content) {
+// file gets), flushed to disk; its path (tracked for SignalCleanup in `slot`), or InputError
+// naming `path` (nothing left behind).
+std::string write_temp(const std::string& path, const Target& t, std::string_view content,
+                       int& slot) {
   const fs::path dir = fs::path(t.resolved).parent_path();
   std::string tmp;
   const int fd = make_temp(dir, tmp);
   FEPLB_REQUIRE_INPUT(fd >= 0, "{}: cannot create a file in {} ({})", path, dir.string(),
                       errno_text(errno));
+  slot = SignalCleanup::track(SignalCleanup::kUnlink, tmp);
   mode_t mode = new_file_mode();
   struct stat st {};
   if (t.kind == Target::kRegular && ::stat(t.resolved.c_str(), &st) == 0) mode = st.st_mode & 07777;
@@ -171,6 +269,7 @@ std::string write_temp(const std::string& path, const Target& t, std::string_vie
   if (::close(fd) != 0 && err == 0) err = errno;
   if (err != 0) {
     ::unlink(tmp.c_str());
+    SignalCleanup::untrack(slot);
     throw InputError(fmt::format("{}: write failed ({})", path, errno_text(err)));
   }
   return tmp;
@@ -182,6 +281,8 @@ struct Placing {
   std::string backup;    // the replaced file, kept aside until every output is in place
   bool placed = false;   // `resolved` now holds the new content
   bool created = false;  // ... and did not exist before
+  // SignalCleanup's slots: the temporary file; the undo of placing (the new file, or the backup).
+  int tmp_slot = -1, undo_slot = -1;
 };
 
 // Moves `p.tmp` to `p.resolved`. A new file by link, which fails if a file appeared there
@@ -192,7 +293,9 @@ int place(Placing& p, bool overwrite) {
   const bool exists = ::stat(p.resolved.c_str(), &st) == 0;
   if (!exists || !overwrite) {
     if (::link(p.tmp.c_str(), p.resolved.c_str()) == 0) {
+      p.undo_slot = SignalCleanup::track(SignalCleanup::kUnlink, p.resolved);
       ::unlink(p.tmp.c_str());
+      SignalCleanup::untrack(p.tmp_slot);
       p.placed = p.created = true;
       return 0;
     }
@@ -201,14 +304,21 @@ int place(Placing& p, bool overwrite) {
   }
   if (exists) {
     p.backup = p.tmp + "~";
-    if (::link(p.resolved.c_str(), p.backup.c_str()) != 0) p.backup.clear();
+    if (::link(p.resolved.c_str(), p.backup.c_str()) != 0) {
+      p.backup.clear();
+    } else {  // a signal from here on puts it back
+      p.undo_slot = SignalCleanup::track(SignalCleanup::kRestore, p.backup, p.resolved);
+    }
   }
   if (::rename(p.tmp.c_str(), p.resolved.c_str()) != 0) {
     const int err = errno;
     if (!p.backup.empty()) ::unlink(p.backup.c_str());
+    SignalCleanup::untrack(p.undo_slot);
     p.backup.clear();
     return err;
   }
+  SignalCleanup::untrack(p.tmp_slot);
+  if (!exists) p.undo_slot = SignalCleanup::track(SignalCleanup::kUnlink, p.resolved);
   p.placed = true;
   p.created = !exists;
   return 0;
@@ -247,8 +357,10 @@ void require_writable_dir(const std::string& path, const std::string& resolved) 
   const int fd = make_temp(dir, probe);
   FEPLB_REQUIRE_INPUT(fd >= 0, "{}: cannot create a file in {} ({}); nothing was written", path,
                       dir.string(), errno_text(errno));
+  int slot = SignalCleanup::track(SignalCleanup::kUnlink, probe);
   ::close(fd);
   ::unlink(probe.c_str());
+  SignalCleanup::untrack(slot);
 }
 
 // A special file opened for writing without blocking; InputError for a FIFO no process reads.
@@ -292,13 +404,33 @@ void FileSet::output(std::string flag, std::string path) {
   outputs_.push_back(std::move(out));
 }
 
+bool FileSet::writes_stdout() const {
+  for (const Output& out : outputs_) {
+    const auto fd = stream_fd(out.entry.path);
+    if (fd && *fd == STDOUT_FILENO) return true;
+  }
+  return false;
+}
+
 void FileSet::check() {
   std::vector<Target> targets;
   for (const Output& out : outputs_) targets.push_back(inspect(out.entry.path));
   for (size_t i = 0; i < outputs_.size(); ++i) {
     const Entry& out = outputs_[i].entry;
     const Target& t = targets[i];
-    if (t.kind == Target::kStream || t.kind == Target::kSpecial) continue;
+    if (t.kind == Target::kStream) {
+      for (size_t j = 0; j < i; ++j) {
+        FEPLB_REQUIRE_INPUT(targets[j].kind != Target::kStream || targets[j].fd != t.fd,
+                            "{} and {} both write to {}: one stream would carry both; give one "
+                            "of them a file",
+                            outputs_[j].entry.role, out.role,
+                            t.fd == STDOUT_FILENO   ? std::string("standard output")
+                            : t.fd == STDERR_FILENO ? std::string("standard error")
+                                                    : fmt::format("descriptor {}", t.fd));
+      }
+      continue;
+    }
+    if (t.kind == Target::kSpecial) continue;
     for (const Entry& in : inputs_) {
       if (in.path == "-") continue;
       struct stat st {};
@@ -324,6 +456,7 @@ void FileSet::check() {
                         "{}: exists; pass --force to overwrite", out.path);
   }
   // Then what only trying tells: a directory that takes no new file, a FIFO without a reader.
+  const SignalCleanup on_signal;  // no probe file left by a signal
   for (size_t i = 0; i < outputs_.size(); ++i) {
     const Target& t = targets[i];
     if (t.kind == Target::kRegular || t.kind == Target::kMissing) {
@@ -353,17 +486,20 @@ std::vector<std::string> FileSet::commit() {
   }
   std::sort(staged.begin(), staged.end(),
             [](const Output* a, const Output* b) { return a->staged_order < b->staged_order; });
+  const SignalCleanup on_signal;  // a signal meanwhile leaves no temporary file behind
   std::vector<Placing> regular;
   std::vector<std::string> written;  // streams and special files written (cannot be undone)
   const auto fail = [&](const std::string& what) {
     std::vector<std::string> not_written;
-    for (const Placing& p : regular) {
-      if (p.placed && !unplace(p)) {
-        written.push_back(shown(p.path));
-        continue;
+    for (Placing& p : regular) {
+      const bool undone = !p.placed || unplace(p);
+      if (undone) {
+        if (!p.tmp.empty()) ::unlink(p.tmp.c_str());
+        if (!p.backup.empty()) ::unlink(p.backup.c_str());
       }
-      if (!p.tmp.empty()) ::unlink(p.tmp.c_str());
-      if (!p.backup.empty()) ::unlink(p.backup.c_str());
+      SignalCleanup::untrack(p.undo_slot);
+      SignalCleanup::untrack(p.tmp_slot);
+      if (!undone) written.push_back(shown(p.path));
     }
     for (const Output* o : staged) {
       if (std::find(written.begin(), written.end(), shown(o->entry.path)) == written.end()) {
@@ -386,7 +522,7 @@ std::vector<std::string> FileSet::commit() {
     p.path = o->entry.path;
     p.resolved = t.resolved;
     try {
-      p.tmp = write_temp(o->entry.path, t, *o->content);
+      p.tmp = write_temp(o->entry.path, t, *o->content, p.tmp_slot);
     } catch (const InputError& e) {
       fail(e.what());
     }
@@ -412,8 +548,17 @@ std::vector<std::string> FileSet::commit() {
     if (err == EEXIST) fail(fmt::format("{}: exists; pass --force to overwrite", p.path));
     if (err != 0) fail(fmt::format("{}: cannot rename into place ({})", p.path, errno_text(err)));
   }
-  for (const Placing& p : regular) {
+  // Done: a signal from here on keeps the outputs (and removes a kept-aside file not yet removed).
+  for (Placing& p : regular) {
+    if (!p.backup.empty()) {
+      SignalCleanup::set_state(p.undo_slot, SignalCleanup::kUnlink);
+    } else {
+      SignalCleanup::untrack(p.undo_slot);
+    }
+  }
+  for (Placing& p : regular) {
     if (!p.backup.empty()) ::unlink(p.backup.c_str());
+    SignalCleanup::untrack(p.undo_slot);
   }
   std::vector<std::string> paths;
   for (const Output* o : staged) paths.push_back(o->entry.path);

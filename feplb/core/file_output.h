@@ -35,8 +35,13 @@ class FileSet {
   // A file the command writes; `flag` names it in errors ("--json").
   void output(std::string flag, std::string path);
 
+  // Whether an output is standard output ("-", /dev/stdout, /dev/fd/1): the command's tables and
+  // notes then go to standard error, so that standard output carries the data alone.
+  bool writes_stdout() const;
+
   // Throws InputError, one line naming the path, unless every output may be written: none is an
-  // input or inside an input directory, no two name the same file, none is a directory or in a
+  // input or inside an input directory, no two name the same file or stream (two outputs on
+  // standard output would be one stream of both), none is a directory or in a
   // missing directory, none exists unless --force (special files and streams excepted), each
   // regular file's directory takes a new file (one is created there and removed: a read-only
   // directory is named now, before any work), and each special file opens for writing without
@@ -53,7 +58,10 @@ class FileSet {
   // place (a file replaced under --force is kept aside until the last rename succeeded). On any
   // failure (a full disk, a file size limit, a closed pipe, a file that appeared meanwhile),
   // InputError naming the path and the reason and saying what was written: "nothing was written"
-  // unless a stream had already been written. Returns the staged paths, in the order staged.
+  // unless a stream had already been written. A signal that ends the process meanwhile (SIGINT,
+  // SIGTERM, SIGHUP, where the process has no handler of its own for it) first removes the
+  // temporary files and undoes the outputs already placed. Returns the staged paths, in the order
+  // staged.
   std::vector<std::string> commit();
 
  private:

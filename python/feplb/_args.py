@@ -96,6 +96,20 @@ def path(value, name: str) -> bytes:
     return raw
 
 
+def readable(raw: bytes) -> None:
+    """FileNotFoundError or PermissionError (with errno and the path, as open() raises them) where
+    the file `raw` cannot be opened for reading; "-" (standard input) passes."""
+    if raw == b"-":
+        return
+    try:
+        with open(raw, "rb"):
+            pass
+    except IsADirectoryError:
+        return  # the reader names a directory itself (ValueError, as for any other content error)
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+        raise type(e)(e.errno, e.strerror, os.fsdecode(raw)) from None
+
+
 def knobs(values: dict) -> dict:
     """Knob keyword arguments, their names checked as text (the values by the C++ parser)."""
     for key in values:

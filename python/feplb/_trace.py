@@ -35,8 +35,11 @@ class Trace:
     # Construction.
     @staticmethod
     def load(path) -> "Trace":
-        """Reads a feplb-trace-v1 file; ValueError naming the field (and the step) otherwise."""
-        return Trace(_feplb.Trace.load(_args.path(path, "path")))
+        """Reads a feplb-trace-v1 file: FileNotFoundError or PermissionError where it cannot be
+        opened (as open() raises them), ValueError naming the field (and the step) for its content."""
+        raw = _args.path(path, "path")
+        _args.readable(raw)
+        return Trace(_feplb.Trace.load(raw))
 
     @staticmethod
     def from_json(text: str) -> "Trace":

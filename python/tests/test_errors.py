@@ -182,14 +182,28 @@ def test_huge_integers(default_trace_path, call, message):
          "^knob name: not valid Unicode"),
         (lambda: feplb.simulate(feplb.default_trace_path(), ["feplb", "\udcff"]),
          "^policies: not valid Unicode"),
-        # A file name that is not UTF-8 (os.fsdecode's surrogates): named, escaped, in a str.
-        (lambda: feplb.Trace.load(b"/nonexistent/\xff\xfe.json"),
-         r"^/nonexistent/\\xff\\xfe.json: no such file$"),
     ],
 )
 def test_non_utf8_text(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_file_that_cannot_be_opened_is_an_oserror(tmp_path):
+    """Trace.load raises what open() would: FileNotFoundError (a file name that is not UTF-8
+    included, named as os.fsdecode gives it), and PermissionError for a file it may not read."""
+    with pytest.raises(FileNotFoundError) as e:
+        feplb.Trace.load(b"/nonexistent/\xff\xfe.json")
+    assert e.value.filename == os.fsdecode(b"/nonexistent/\xff\xfe.json")
+    with pytest.raises(FileNotFoundError):
+        feplb.Trace.load(tmp_path / "missing.json")
+    locked = tmp_path / "locked.json"
+    locked.write_text("{}")
+    locked.chmod(0)
+    if os.access(locked, os.R_OK):  # root reads it anyway
+        pytest.skip("this user can read a file of mode 000 (root): no PermissionError to see")
+    with pytest.raises(PermissionError):
+        feplb.Trace.load(locked)
 
 
 def test_a_non_utf8_file_name_round_trips(tmp_path, default_trace_path):

@@ -47,7 +47,7 @@ def test_save_and_load_back(default_trace_path, tmp_path):
 
 
 def test_load_errors(tmp_path):
-    with pytest.raises(ValueError, match="nope.json: no such file"):
+    with pytest.raises(FileNotFoundError, match="nope.json"):
         feplb.Trace.load(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"format":"feplb-trace-v1","num_experts":4,"top_k":1,"num_ranks":2,'

@@ -342,6 +342,25 @@ else
   [[ $rc -eq 0 ]] || fail gen_simulate "exit code $rc; stderr: $(head -c 400 gen_simulate.err)"
 fi
 
+# An empty value is an error naming the option, never "not given" (a script's unset "$VAR").
+expect_bad empty_trace "--trace|empty value" -- simulate --quiet --trace ''
+expect_bad empty_json "--json|empty value" -- simulate --quiet --trace valid.json --json ''
+expect_bad empty_plot "--plot|empty value" -- simulate --quiet --trace valid.json --plot ''
+expect_bad empty_placement "--placement|empty value" -- simulate --quiet --trace valid.json --placement ''
+expect_bad empty_save "--save-placement|empty value" -- simulate --quiet --trace valid.json --save-placement ''
+expect_bad empty_cost "--cost-model|empty value" -- simulate --quiet --trace valid.json --cost-model ''
+expect_bad empty_gpu "--gpu|empty value" -- simulate --quiet --trace valid.json --gpu ''
+expect_bad empty_info "trace|empty value" -- trace info ''
+expect_bad empty_place_out "--out|empty value" -- place --trace valid.json --out ''
+expect_bad empty_md "--md|empty value" -- report --quiet --md ''
+expect_bad empty_priors "--priors|empty value" -- report --quiet --priors ''
+expect_bad empty_run_trace "--trace|empty value" -- run --trace ''
+# --hot-gpus: a bad item is named as what it is.
+expect_bad hot_gpus_word "--hot-gpus|'abc'|not a number" -- trace gen --out hg.json --hot-gpus 1.5,abc
+expect_bad hot_gpus_range "--hot-gpus|'2e9'|outside" -- trace gen --out hg.json --hot-gpus 2e9
+# Two outputs on one standard output.
+expect_bad two_stdout "--json|--plot|standard output" -- simulate --quiet --trace valid.json --json - --plot -
+
 checks=$((checks + 1))
 run_feplb place_good place --trace valid.json --out placed.json
 rc=$?

@@ -100,6 +100,50 @@ rc=$?
 grep -q "write failed" fsize.err || fail fsize "message: $(cat fsize.err)"
 [[ -z $(ls -A full) ]] || fail fsize "left behind: $(ls -A full)"
 
+# Data on standard output is the data alone: the table, notes and "wrote" lines go to stderr.
+is_json() { python3 -c 'import json, sys; json.load(sys.stdin)' 2>/dev/null; }
+timeout 120 "$bin" simulate --quiet --trace t.json --json - >pure.out 2>pure.err ||
+  fail pure_json "exit $?: $(cat pure.err)"
+is_json <pure.out || fail pure_json "simulate --json - is not JSON alone: $(head -c 200 pure.out)"
+grep -q '^feplb ' pure.err || fail pure_json "the table is not on stderr: $(head -c 200 pure.err)"
+rm -f side.svg
+timeout 120 "$bin" simulate --quiet --trace t.json --json - --plot side.svg >pure2.out 2>pure2.err ||
+  fail pure_json_file "exit $?: $(cat pure2.err)"
+is_json <pure2.out || fail pure_json_file "--json - with --plot FILE: not JSON alone"
+grep -q '^wrote side.svg' pure2.err || fail pure_json_file "'wrote' line not on stderr"
+timeout 120 "$bin" simulate --quiet --trace t.json --plot - >pure3.out 2>/dev/null
+head -c 5 pure3.out | grep -q '<svg\|<?xml' || fail pure_svg "--plot -: not SVG alone: $(head -c 80 pure3.out)"
+timeout 120 "$bin" "${small[@]}" --md r3.md --json - >pure4.out 2>pure4.err ||
+  fail pure_report "exit $?: $(cat pure4.err)"
+is_json <pure4.out || fail pure_report "report --json -: not JSON alone"
+timeout 120 "$bin" place --trace t.json --out - >pure5.out 2>pure5.err ||
+  fail pure_place "exit $?: $(cat pure5.err)"
+is_json <pure5.out || fail pure_place "place --out -: not JSON alone: $(head -c 200 pure5.out)"
+# Two outputs on standard output: refused (one stream cannot carry both).
+expect_error two_stdout "both write to standard output" simulate --quiet --trace t.json --json - --plot -
+[[ -s two_stdout.out ]] && fail two_stdout "something was written to stdout"
+expect_error two_stdout_report "both write to standard output" "${small[@]}" --json -
+
+# A signal while writing leaves no temporary file, and the outputs all or none (TERM and HUP: a
+# background job of a script ignores INT; the C++ test FileSetCommit.ASignal... sends INT too).
+"$bin" trace gen --quiet --out big.json --skew 3 --experts 128 --ranks 8 --tokens-per-rank 4096 \
+  --steps 6 --model glm5-128e || fail setup "big trace"
+mkdir -p intr
+for i in $(seq 1 12); do
+  rm -f intr/*
+  "$bin" simulate --quiet --trace big.json --policies static --json intr/a.json \
+    --plot intr/b.svg >/dev/null 2>&1 &
+  pid=$!
+  sleep "$(printf '0.%03d' $((i * 4)))"  # 4-48 ms: around the command's ~40 ms here
+  kill "-$( ((i % 2)) && echo TERM || echo HUP)" "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  left=$(ls -A intr)
+  case "$left" in
+    "" | "a.json"$'\n'"b.svg") ;;
+    *) fail interrupt "round $i left: $(echo $left)" ;;
+  esac
+done
+
 if [[ ${#failures[@]} -ne 0 ]]; then
   echo "outputs: ${#failures[@]} failed: ${failures[*]}" >&2
   exit 1

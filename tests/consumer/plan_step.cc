@@ -18,18 +18,22 @@ int main(int argc, char** argv) {
     }
     routing.sum_experts();
 
+    // The README's C++ quick start is the part between the two [plan_step] lines.
+    // [plan_step]
     const feplb::ExpertShape shape{.hidden = 4096, .ffn = 1536};
     feplb::PlannerContext ctx{
-        feplb::Topology::contiguous(routing.num_ranks, 8, routing.num_experts), shape,
-        feplb::Knobs{}};
-    const feplb::RooflineCostModel cost(shape, ctx.knobs);
+        feplb::Topology::contiguous(routing.num_ranks, /*gpus_per_node=*/8, routing.num_experts),
+        shape, feplb::Knobs{}};
+    const feplb::RooflineCostModel cost(shape, ctx.knobs);  // GEMM time; or a measured table
     ctx.cost = &cost;
-    const auto planner = feplb::make_planner("feplb", ctx);
+    const auto planner = feplb::make_planner("feplb", ctx);  // feplb::planner_names() lists them
+    feplb::Plan plan;
+    planner->plan(routing, plan);  // routing.counts [ranks, experts], then routing.sum_experts()
+    feplb::validate(plan, ctx.topo, routing, shape, planner->limits());  // InputError if not
+    // [plan_step]
     const auto no_balancing = feplb::make_planner("static", ctx);
-    feplb::Plan plan, base;
-    planner->plan(routing, plan);
+    feplb::Plan base;
     no_balancing->plan(routing, base);
-    feplb::validate(plan, ctx.topo, routing, shape, planner->limits());  // throws if not valid
 
     const feplb::StepMetrics before = feplb::measure_plan(base, ctx.topo, cost, ctx.knobs, 0);
     const feplb::StepMetrics after = feplb::measure_plan(plan, ctx.topo, cost, ctx.knobs, 0);

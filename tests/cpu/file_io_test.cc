@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -237,6 +239,24 @@ TEST(FileSet, ExistingOutputsNeedForceAndStreamsDoNot) {
   expect_input_error([&] { files.check(); }, {"out.json", "exists", "--force"});
 }
 
+// Standard output carries one output at most (two would be one stream of both), and a command
+// learns whether it carries one (its tables then go to standard error).
+TEST(FileSet, TwoOutputsOnOneStreamAreRefused) {
+  FileSet two(false);
+  two.output("--json", "-");
+  two.output("--plot", "/dev/stdout");
+  expect_input_error([&] { two.check(); },
+                     {"--json", "--plot", "standard output", "give one of them a file"});
+  FileSet one(false);
+  one.output("--json", "-");
+  one.output("--md", "/dev/stderr");
+  EXPECT_NO_THROW(one.check());
+  EXPECT_TRUE(one.writes_stdout());
+  FileSet none(false);
+  none.output("--json", "/dev/stderr");
+  EXPECT_FALSE(none.writes_stdout());
+}
+
 // --- FileSet::commit: all of a command's outputs, or none ------------------------------------
 
 // Runs fn under a file size limit of `bytes` (SIGXFSZ ignored: writes past it fail with EFBIG,
@@ -284,6 +304,66 @@ TEST(FileSetCommit, WritesEveryOutputOrNone) {
   EXPECT_EQ(get(dir / "r.md"), "small");
   EXPECT_EQ(get(dir / "old.json"), std::string(1 << 16, 'x'));
   EXPECT_EQ(names(dir), (std::vector<std::string>{"old.json", "r.md"}));
+}
+
+// A signal (SIGINT, SIGTERM, SIGHUP) that ends the process while it commits leaves no temporary
+// file and the outputs all or none: children commit three outputs (one replacing a file) and are
+// interrupted at times spread over a commit's duration.
+TEST(FileSetCommit, ASignalMeanwhileLeavesNoTemporaryFileAndAllOrNothing) {
+  const fs::path dir = scratch("signal");
+  const std::string big(8 << 20, 'n');
+  const auto child = [&] {
+    FileSet files(true);
+    for (const char* name : {"a.json", "b.svg", "old.json"})
+      files.output(name, (dir / name).string());
+    files.check();
+    for (const char* name : {"a.json", "b.svg", "old.json"})
+      files.stage((dir / name).string(), big);
+    files.commit();
+  };
+  const auto reset = [&] {
+    for (const auto& e : fs::directory_iterator(dir)) fs::remove(e.path());
+    put(dir / "old.json", "old");
+  };
+  // How long a commit takes here (a child run to its end).
+  reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    child();
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const double commit_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  int interrupted = 0;
+  const int rounds = 30;
+  for (int i = 0; i < rounds; ++i) {
+    reset();
+    const int sig = i % 3 == 0 ? SIGINT : (i % 3 == 1 ? SIGTERM : SIGHUP);
+    pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      child();
+      ::_exit(0);
+    }
+    ::usleep(static_cast<useconds_t>(commit_us * 1.2 * i / rounds));
+    ::kill(pid, sig);
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    interrupted += WIFSIGNALED(status);
+    const std::vector<std::string> left = names(dir);
+    for (const std::string& n : left)
+      EXPECT_EQ(n.rfind(".feplb-", 0), std::string::npos) << "round " << i << ": " << n << " left";
+    const bool all = left == std::vector<std::string>{"a.json", "b.svg", "old.json"} &&
+                     get(dir / "old.json") == big;
+    const bool none =
+        left == std::vector<std::string>{"old.json"} && get(dir / "old.json") == "old";
+    EXPECT_TRUE(all || none) << "round " << i << ": neither every output nor none";
+  }
+  EXPECT_GT(interrupted, 0) << "no child was interrupted; the test did not test";
 }
 
 TEST(FileSetCommit, AFailedSpecialFileLeavesNoRegularOutput) {

@@ -157,10 +157,11 @@ void add_model_flags(CLI::App& cmd, ModelFlags& f, bool cost) {
           "GPUs per NVLink domain (default 8)");
   add_gpu_flag(cmd, f.gpu);
   if (cost) {
-    cmd.add_option("--cost-model", f.cost_model,
-                   "GEMM cost model: auto (the measured H200 table in data/cost/ when the shape "
-                   "matches, else roofline), roofline, or a feplb-gemm-table-v1 file (default "
-                   "auto)");
+    non_empty(cmd.add_option(
+        "--cost-model", f.cost_model,
+        "GEMM cost model: auto (the measured H200 table in data/cost/ when the shape "
+        "matches, else roofline), roofline, or a feplb-gemm-table-v1 file (default "
+        "auto)"));
   }
   add_shape_flags(cmd, f.shape);
   // Each knob flag keeps its text; apply_knob_flags parses it with set_knob, the parser the Python
@@ -218,10 +219,11 @@ void add_gpu_flag(CLI::App& cmd, std::string& gpu) {
   for (const GpuClass& g : gpu_class_list()) {
     names.push_back(fmt::format("{} ({})", g.name, g.measured ? "measured" : "specifications"));
   }
-  cmd.add_option("--gpu", gpu,
-                 fmt::format("GPU class: copy-engine rates inside and between NVLink domains and "
-                             "the GEMM model (docs/knobs.md): {}; knob flags override (default {})",
-                             fmt::join(names, ", "), gpu_class_list().front().name));
+  non_empty(cmd.add_option(
+      "--gpu", gpu,
+      fmt::format("GPU class: copy-engine rates inside and between NVLink domains and "
+                  "the GEMM model (docs/knobs.md): {}; knob flags override (default {})",
+                  fmt::join(names, ", "), gpu_class_list().front().name)));
 }
 
 const GpuClass& apply_gpu_flag(const CLI::App& cmd, const std::string& gpu, Knobs& knobs) {
@@ -325,9 +327,32 @@ int run_app(CLI::App& app, int argc, char** argv) {
 
 std::string default_trace_path() { return data_path("traces/default.json"); }
 
+namespace {
+std::FILE* human_stream = stdout;
+}  // namespace
+
+std::FILE* human_out() { return human_stream; }
+
+void route_human_output(const FileSet& files) {
+  human_stream = files.writes_stdout() ? stderr : stdout;
+}
+
 void say_wrote(const std::string& path) {
-  if (path == "-" || path == "/dev/stdout" || path == "/dev/stderr") return;
-  std::printf("wrote %s\n", printable(path).c_str());
+  if (path == "-" || path == "/dev/stdout" || path == "/dev/stderr" ||
+      path.rfind("/dev/fd/", 0) == 0 || path.rfind("/proc/self/fd/", 0) == 0) {
+    return;
+  }
+  std::fprintf(human_out(), "wrote %s\n", printable(path).c_str());
+}
+
+CLI::Option* non_empty(CLI::Option* option) {
+  const std::string name = option->get_name();
+  return option->check(CLI::Validator(
+      [name](std::string& value) -> std::string {
+        if (!value.empty()) return {};
+        return "an empty value; give " + name + " a value or leave it out";
+      },
+      "", "non-empty"));
 }
 
 ProgressLine::~ProgressLine() {

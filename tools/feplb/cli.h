@@ -5,12 +5,14 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "feplb/core/cost_model.h"
 #include "feplb/core/expert_shape.h"
+#include "feplb/core/file_output.h"
 #include "feplb/core/gpu_class.h"
 #include "feplb/core/knobs.h"
 #include "feplb/core/routing.h"
@@ -100,8 +102,19 @@ class ProgressLine {
   std::chrono::steady_clock::time_point last_ = start_;
 };
 
-// "wrote PATH" on standard output for a file (nothing for "-": the output itself went there).
+// Where a command's tables, notes and "wrote" lines go: standard output, unless the command writes
+// data there (--json -, --plot -, --out -, report's default Markdown): then standard error, so
+// that standard output carries the data alone (`feplb simulate --json - | jq .`).
+std::FILE* human_out();
+// Sets human_out() from the command's outputs (after FileSet::check, before printing anything).
+void route_human_output(const FileSet& files);
+
+// "wrote PATH" on human_out() for a file (nothing for a stream: the output itself went there).
 void say_wrote(const std::string& path);
+
+// An option that takes a path or a name: an empty value (a script's unset variable) is an error
+// naming the option, never "not given".
+CLI::Option* non_empty(CLI::Option* option);
 
 // The directory of the running binary (from /proc/self/exe; "" if unknown).
 std::string self_directory();

@@ -64,6 +64,7 @@ void run_place(const PlaceCommandOptions& o) {
   files.input("the --current placement", o.current);
   files.output("--out", o.out);
   files.check();
+  route_human_output(files);
   const Trace trace = read_trace(o.trace);
   FEPLB_REQUIRE_INPUT(trace.num_ranks <= o.gpus_per_node || trace.num_ranks % o.gpus_per_node == 0,
                       "--gpus-per-node: {} does not divide the trace's num_ranks {}",
@@ -103,27 +104,29 @@ void run_place(const PlaceCommandOptions& o) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const Migration m = migration_between(current, next, shape, o.knobs.optimizer_bytes_per_param);
 
-  std::printf("history: %s, last %lld of %lld micro-batches, %zu layer%s | %s\n",
-              printable(o.trace).c_str(), static_cast<long long>(used),
-              static_cast<long long>(num_mb), histories.size(), histories.size() == 1 ? "" : "s",
-              topo.describe().c_str());
-  std::printf(
+  std::fprintf(human_out(), "history: %s, last %lld of %lld micro-batches, %zu layer%s | %s\n",
+               printable(o.trace).c_str(), static_cast<long long>(used),
+               static_cast<long long>(num_mb), histories.size(), histories.size() == 1 ? "" : "s",
+               topo.describe().c_str());
+  std::fprintf(
+      human_out(),
       "homes: %s (--place-homes %lld), min gain %.2f%% of the mean load; dynamic sets: %lld "
       "per GPU by %s; placed in %.1f ms\n",
       homes_name(options.homes), static_cast<long long>(o.knobs.place_homes),
       options.min_gain * 100.0,
       static_cast<long long>(std::min<int64_t>(o.knobs.dyn, topo.experts_per_rank())),
       score_name(options.dyn_score), ms);
-  std::printf("on the history (in-sample), current -> new, rows per micro-batch:\n\n");
+  std::fprintf(human_out(),
+               "on the history (in-sample), current -> new, rows per micro-batch:\n\n");
   const char* row = "%-6s  %-30s  %-26s  %-32s  %-11s  %s\n";
-  std::printf(row, "layer", "between nodes, per GPU", "above node mean, all GPUs",
-              "static straggler", "swaps", "re-homed");
-  std::printf(row, "", "(% of the mean load)", "(rows to move in-node)", "(% of the mean load)",
-              "node / GPU", "experts");
+  std::fprintf(human_out(), row, "layer", "between nodes, per GPU", "above node mean, all GPUs",
+               "static straggler", "swaps", "re-homed");
+  std::fprintf(human_out(), row, "", "(% of the mean load)", "(rows to move in-node)",
+               "(% of the mean load)", "node / GPU", "experts");
   for (const LayerPlaceStats& s : stats) {
     const double mean = s.before.mean_rows;
-    std::printf(
-        row, fmt::format("{}", s.layer).c_str(),
+    std::fprintf(
+        human_out(), row, fmt::format("{}", s.layer).c_str(),
         fmt::format("{} -> {}", pct(s.before.node_floor, mean), pct(s.after.node_floor, mean))
             .c_str(),
         fmt::format("{:.0f} -> {:.0f}", s.before.gpu_excess, s.after.gpu_excess).c_str(),
@@ -132,7 +135,8 @@ void run_place(const PlaceCommandOptions& o) {
         fmt::format("{} / {}", s.node_swaps, s.gpu_swaps).c_str(),
         fmt::format("{}", s.rehomed).c_str());
   }
-  std::printf(
+  std::fprintf(
+      human_out(),
       "\nmigration against the %s placement: %lld experts re-homed (%lld to another node); "
       "weights %.2f GiB + optimizer state %.2f GiB (%.0f bytes/param) = %.2f GiB, %.2f GiB of it "
       "over the network\n",
@@ -141,7 +145,7 @@ void run_place(const PlaceCommandOptions& o) {
       static_cast<double>(m.optimizer_bytes) / kGiB, o.knobs.optimizer_bytes_per_param,
       static_cast<double>(m.total_bytes()) / kGiB, static_cast<double>(m.network_bytes) / kGiB);
   if (o.out.empty()) {
-    std::printf("(no --out: placement not written)\n");
+    std::fprintf(human_out(), "(no --out: placement not written)\n");
     return;
   }
   const nlohmann::ordered_json history = {{"tool", "feplb place"},
@@ -167,15 +171,16 @@ void add_place_command(CLI::App& app) {
       "place",
       "Place experts from a routing history: homes balanced across nodes, then GPUs, and dynamic "
       "sets (feplb-placement-v1), with the migration it implies");
-  cmd->add_option("--trace", o->trace,
-                  "the history: a feplb-trace-v1 file, - for standard input (required)");
-  cmd->add_option("--current", o->current,
-                  "the placement in force (feplb-placement-v1; default: contiguous homes)");
+  non_empty(cmd->add_option("--trace", o->trace,
+                            "the history: a feplb-trace-v1 file, - for standard input (required)"));
+  non_empty(
+      cmd->add_option("--current", o->current,
+                      "the placement in force (feplb-placement-v1; default: contiguous homes)"));
   add_int(*cmd, "--window", o->window, 1, limits::kMaxStepId,
           "use only the trace's last N micro-batches (default: all of them)");
-  cmd->add_option("--out", o->out,
-                  "write the placement here, - for standard output (default: "
-                  "report only)");
+  non_empty(cmd->add_option("--out", o->out,
+                            "write the placement here, - for standard output (default: "
+                            "report only)"));
   cmd->add_flag("--force", o->force, "overwrite an existing --out file");
   add_model_flags(*cmd, *o, /*cost=*/false);
   cmd->callback([o, cmd] {

@@ -320,7 +320,8 @@ void run_report(ReportOptions o, const std::string& command) {
   files.input_dir("the --priors directory", dir);
   for (const std::string& p : o.sweep.prior_paths) files.input("a prior file", p);
   files.input("the --cost-model table", cost_model_path(o.cost_model));
-  files.output("--md", md_target(o));
+  files.output(o.out_md.empty() ? "the Markdown report (standard output without --md)" : "--md",
+               md_target(o));
   files.output("--json", o.out_json);
   if ((o.anchors || o.rack || o.modes) && !o.plots_dir.empty()) {
     const std::vector<std::string> names = o.anchors ? balance_plot_names()
@@ -331,6 +332,7 @@ void run_report(ReportOptions o, const std::string& command) {
     }
   }
   files.check();
+  route_human_output(files);
 
   o.sweep.sim.gpu = std::string(o.gpu_class->name);
   const CostChoice cost =
@@ -367,7 +369,8 @@ void add_report_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "report",
       "Sweep every prior file x EP size x policy and write a Markdown/JSON report (no GPU)");
-  cmd->add_option("--priors", o->priors_dir, "directory of prior files (default data/priors)");
+  non_empty(
+      cmd->add_option("--priors", o->priors_dir, "directory of prior files (default data/priors)"));
   cmd->add_flag(
       "--anchors", o->anchors,
       "the anchors side by side (docs/results/balance.md): every policy on real priors and "
@@ -379,14 +382,16 @@ void add_report_command(CLI::App& app) {
   cmd->add_flag("--modes", o->modes,
                 "feplb's default against every explicit mode and the anchors on every workload "
                 "of the other reports (docs/results/modes.md); with --plots, an SVG");
-  cmd->add_option("--workloads", o->workloads,
-                  "--modes: only the workloads whose 'section: name' contains this text (e.g. "
-                  "'many-donor: generator' or 'EP=72')");
+  non_empty(
+      cmd->add_option("--workloads", o->workloads,
+                      "--modes: only the workloads whose 'section: name' contains this text (e.g. "
+                      "'many-donor: generator' or 'EP=72')"));
   add_int(*cmd, "--experts-per-gpu", o->experts_per_gpu, 1, limits::kMaxExperts,
           "--rack: experts per GPU of the EP sweep (default 4)");
-  cmd->add_option("--compare-gpus", o->compare_gpus,
-                  "--rack: GPU classes compared at EP=72, comma-separated, or none (default: "
-                  "every class)");
+  non_empty(
+      cmd->add_option("--compare-gpus", o->compare_gpus,
+                      "--rack: GPU classes compared at EP=72, comma-separated, or none (default: "
+                      "every class)"));
   cmd->add_flag("--placement", o->placement,
                 "the macro timescale (docs/results/placement.md): walk-forward expert placement "
                 "on real priors at EP=16 (2 nodes) and EP=8, and the placer's timing");
@@ -412,9 +417,10 @@ void add_report_command(CLI::App& app) {
                       "--anchors: {}; --placement: {}; --rack: {})",
                       BalanceConfig{}.warmup_steps, PlacementReportConfig{}.warmup_steps,
                       RackConfig{}.warmup_steps));
-  cmd->add_option("--plots", o->plots_dir,
-                  "--anchors, --rack: write the balance-*.svg / rack-*.svg plots into this "
-                  "directory");
+  non_empty(
+      cmd->add_option("--plots", o->plots_dir,
+                      "--anchors, --rack: write the balance-*.svg / rack-*.svg plots into this "
+                      "directory"));
   add_int(*cmd, "--experts", o->sweep.num_experts, 1, limits::kMaxExperts,
           "experts; priors are widened to it (default 128)");
   add_int(*cmd, "--top-k", o->sweep.top_k, 1, limits::kMaxExperts, "experts per token (default 8)");
@@ -430,8 +436,8 @@ void add_report_command(CLI::App& app) {
            "Dirichlet concentration; 0: none (default 2000)");
   add_int(*cmd, "--seed", o->sweep.workload.seed, "random seed (default 1)");
   add_model_flag(*cmd, o->sweep.model, "model name (default glm5-128e)");
-  cmd->add_option("--md", o->out_md, "write the Markdown report here (default: stdout)");
-  cmd->add_option("--json", o->out_json, "write the JSON results here (- for stdout)");
+  non_empty(cmd->add_option("--md", o->out_md, "write the Markdown report here (default: stdout)"));
+  non_empty(cmd->add_option("--json", o->out_json, "write the JSON results here (- for stdout)"));
   cmd->add_flag("--force", o->force, "overwrite existing output files");
   cmd->add_flag("--quiet", o->quiet, "no progress lines on stderr");
   add_model_flags(*cmd, *o);

@@ -47,6 +47,7 @@ void run_gpu(const RunOptions& o) {
   files.input("the --cost-model table", cost_model_path(o.cost_model));
   files.output("--json", o.json_out);
   files.check();
+  route_human_output(files);
   const Trace trace = read_trace(path);
   const ExpertShape shape = resolve_shape(o.shape, &trace, trace.model);
   FEPLB_REQUIRE_INPUT(shape.hidden > 0 && shape.ffn > 0,
@@ -97,9 +98,9 @@ void run_gpu(const RunOptions& o) {
     }
     rows.push_back(std::move(r));
   }
-  std::printf("%s | %s | %s | %zu of %zu steps | GPU %s\nGEMM model: %s\n", path.c_str(),
-              topo.describe().c_str(), shape.describe().c_str(), picked.size(), trace.steps.size(),
-              devs[0].name.c_str(), cost_choice.label.c_str());
+  std::fprintf(human_out(), "%s | %s | %s | %zu of %zu steps | GPU %s\nGEMM model: %s\n",
+               path.c_str(), topo.describe().c_str(), shape.describe().c_str(), picked.size(),
+               trace.steps.size(), devs[0].name.c_str(), cost_choice.label.c_str());
   // The expert GEMMs, of the layer and of each rank timed alone: as asked (auto: grouped where
   // the GPU has them, but for batches of large experts; docs/gpu.md "Expert GEMMs").
   const cuda::ExpertGemm expert_gemm = o.expert_gemm == "grouped" ? cuda::ExpertGemm::kGrouped
@@ -118,7 +119,7 @@ void run_gpu(const RunOptions& o) {
   const char* gemm_name = gemms == cuda::ExpertBench::Gemms::kPerExpert ? "per_expert"
                           : gemms == cuda::ExpertBench::Gemms::kGrouped ? "grouped"
                                                                         : "auto";
-  std::printf("expert GEMMs: %s\n", gemm_name);
+  std::fprintf(human_out(), "expert GEMMs: %s\n", gemm_name);
   cuda::ExpertBench bench(shape, max_rows, 16, 1);
   for (Row& r : rows) {
     for (const Plan& plan : r.plans) {
@@ -152,11 +153,12 @@ void run_gpu(const RunOptions& o) {
       r.start_times = lay.start_times;
     }
   }
-  std::printf("\n%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "policy", "token straggler",
-              "GEMM straggler", "GEMM straggler", "error", "experts fwd", "experts bwd",
-              "layer forward", "copy wait");
-  std::printf("%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "", "rows (plan)", "predicted ms",
-              "measured ms", "", "ms (slowest)", "ms (slowest)", "ms (virtual)", "ms (virtual)");
+  std::fprintf(human_out(), "\n%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "policy",
+               "token straggler", "GEMM straggler", "GEMM straggler", "error", "experts fwd",
+               "experts bwd", "layer forward", "copy wait");
+  std::fprintf(human_out(), "%-12s %16s %16s %16s %8s %12s %12s %16s %12s\n", "", "rows (plan)",
+               "predicted ms", "measured ms", "", "ms (slowest)", "ms (slowest)", "ms (virtual)",
+               "ms (virtual)");
   nlohmann::ordered_json doc;
   doc["trace"] = path;
   doc["gpu"] = devs[0].name;
@@ -164,11 +166,11 @@ void run_gpu(const RunOptions& o) {
   doc["expert_gemm"] = gemm_name;
   for (const Row& r : rows) {
     const double pred = mean_of(r.sg_pred), meas = mean_of(r.sg_meas);
-    std::printf("%-12s %16.0f %16.3f %16.3f %7.0f%% %12.3f %12.3f %16s %12s\n", r.policy.c_str(),
-                mean_of(r.st), pred, meas, meas > 0 ? (pred / meas - 1) * 100 : 0.0,
-                mean_of(r.fwd_alone), mean_of(r.bwd_alone),
-                o.no_layer ? "-" : fmt::format("{:.2f}", r.fwd_ms).c_str(),
-                o.no_layer ? "-" : fmt::format("{:.3f}", r.wait_ms).c_str());
+    std::fprintf(human_out(), "%-12s %16.0f %16.3f %16.3f %7.0f%% %12.3f %12.3f %16s %12s\n",
+                 r.policy.c_str(), mean_of(r.st), pred, meas,
+                 meas > 0 ? (pred / meas - 1) * 100 : 0.0, mean_of(r.fwd_alone),
+                 mean_of(r.bwd_alone), o.no_layer ? "-" : fmt::format("{:.2f}", r.fwd_ms).c_str(),
+                 o.no_layer ? "-" : fmt::format("{:.3f}", r.wait_ms).c_str());
     doc["policies"][r.policy] = {{"token_straggler", mean_of(r.st)},
                                  {"gemm_straggler_predicted_ms", pred},
                                  {"gemm_straggler_measured_ms", meas},
@@ -192,7 +194,8 @@ void run_gpu(const RunOptions& o) {
   }
   for (const Row& r : rows) {
     if (r.latency_us.empty()) continue;
-    std::printf(
+    std::fprintf(
+        human_out(),
         "%-12s counts ready on the GPU -> plan ready: median %.1f us (counts to host %.1f, plan "
         "%.1f); -> "
         "first phase-2 copy issued: median %.1f us, p99 %.1f us (%zu forwards x ranks with copies; "
@@ -207,7 +210,8 @@ void run_gpu(const RunOptions& o) {
     size_t late = 0;
     for (size_t i = 0; i < r.reserve_us.size(); ++i)
       late += r.reserved_plan_us[i] > r.reserve_us[i];
-    std::printf(
+    std::fprintf(
+        human_out(),
         "%-12s two-phase plans: planner median %.1f us, p99 %.1f us; reserved ahead of the copies "
         "median %.1f us (%s); %zu of %zu plans took longer than their reserve\n",
         r.policy.c_str(), quantile_of(r.reserved_plan_us, 0.5),
@@ -218,26 +222,30 @@ void run_gpu(const RunOptions& o) {
     size_t changes = 0;
     for (size_t i = 1; i < r.modes.size(); ++i) changes += r.modes[i] != r.modes[i - 1];
     if (!r.modes.empty() && !r.modes.front().empty()) {
-      std::printf(
+      std::fprintf(
+          human_out(),
           "%-12s modes of rank 0's %zu plans: %zu changes, the first \"%s\", the last \"%s\"\n",
           r.policy.c_str(), r.modes.size(), changes, r.modes.front().c_str(),
           r.modes.back().c_str());
     }
     if (!o.no_layer) {
-      std::printf(
+      std::fprintf(
+          human_out(),
           "%-12s planner primed while the counts travelled: %zu of %zu plans (median %.1f us), "
           "the counts overtook %d of them\n",
           r.policy.c_str(), r.prime_us.size(), r.plan_us.size(), quantile_of(r.prime_us, 0.5),
           r.primes_overtaken);
     }
     for (const ModeTime& t : r.start_times) {
-      std::printf(
+      std::fprintf(
+          human_out(),
           "%-12s planner measured at start: %s: p90 %.0f us (every rank's largest), p99 %.0f us "
           "(rank 0's)\n",
           r.policy.c_str(), t.mode.c_str(), t.us, t.p99_us);
     }
   }
-  std::printf(
+  std::fprintf(
+      human_out(),
       "\nmeasured GEMM straggler and experts fwd/bwd: each rank's experts (own + guests) timed "
       "alone (median\n"
       "of 5), the slowest GPU's time; layer forward: the trace's %d ranks as virtual ranks sharing "
@@ -255,12 +263,13 @@ void add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand(
       "run", "Run the layer on this GPU over a trace: measured vs predicted (needs a GPU)");
-  cmd->add_option("--trace", o->trace, "feplb-trace-v1 file (default: data/traces/default.json)");
+  non_empty(cmd->add_option("--trace", o->trace,
+                            "feplb-trace-v1 file (default: data/traces/default.json)"));
   add_policies(*cmd, o->policies,
                "comma-separated GPU policies (default static,feplb-paper,feplb)");
   add_int(*cmd, "--steps", o->steps, 1, limits::kMaxStepId,
           "trace steps to run, spread over the trace (default 8)");
-  cmd->add_option("--json", o->json_out, "write the results as JSON to this file");
+  non_empty(cmd->add_option("--json", o->json_out, "write the results as JSON to this file"));
   cmd->add_flag("--force", o->force, "overwrite an existing --json file");
   cmd->add_flag("--no-layer", o->no_layer, "skip the full layer forward (GEMM timing only)");
   cmd->add_option("--expert-gemm", o->expert_gemm,

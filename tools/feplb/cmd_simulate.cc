@@ -52,6 +52,7 @@ void run_simulate(const SimulateOptions& o) {
   files.output("--plot", o.plot_out);
   files.output("--save-placement", o.save_placement);
   files.check();
+  route_human_output(files);
 
   const Trace trace = read_trace(path);
   FEPLB_REQUIRE_INPUT(trace.num_ranks <= o.gpus_per_node || trace.num_ranks % o.gpus_per_node == 0,
@@ -92,11 +93,12 @@ void run_simulate(const SimulateOptions& o) {
         dropped += static_cast<double>(trace.dropped_of(s, src));
       }
     }
-    std::printf("tokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
-                static_cast<long long>(lo), static_cast<long long>(hi),
-                rows > 0 ? dropped / rows * 100.0 : 0.0);
+    std::fprintf(human_out(),
+                 "tokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
+                 static_cast<long long>(lo), static_cast<long long>(hi),
+                 rows > 0 ? dropped / rows * 100.0 : 0.0);
   }
-  std::fputs(format_table(result).c_str(), stdout);
+  std::fputs(format_table(result).c_str(), human_out());
   if (!o.json_out.empty()) files.stage(o.json_out, format_json(result));
   if (!o.plot_out.empty()) files.stage(o.plot_out, plot_svg(result));
   if (!o.save_placement.empty()) {
@@ -114,27 +116,32 @@ void add_simulate_command(CLI::App& app) {
   auto o = std::make_shared<SimulateOptions>();
   CLI::App* cmd = app.add_subcommand(
       "simulate", "Plan every step of a routing trace with each policy and compare them (no GPU)");
-  cmd->add_option("--trace", o->trace,
-                  "feplb-trace-v1 file, - for standard input (default: data/traces/default.json)");
+  non_empty(cmd->add_option(
+      "--trace", o->trace,
+      "feplb-trace-v1 file, - for standard input (default: data/traces/default.json)"));
   add_int(*cmd, "--warmup", o->warmup, 0, limits::kMaxStepId,
           "the trace's first N micro-batches are history: observed by every planner, not "
           "measured (default 0)");
   add_policies(*cmd, o->policies,
                "comma-separated policies (default static,feplb-paper,feplb,fastermoe,oracle)");
-  cmd->add_option("--placement", o->placement,
-                  "homes and dynamic sets per layer (feplb-placement-v1, from `feplb place`) for "
-                  "every policy (default: contiguous homes)");
+  non_empty(cmd->add_option(
+      "--placement", o->placement,
+      "homes and dynamic sets per layer (feplb-placement-v1, from `feplb place`) for "
+      "every policy (default: contiguous homes)"));
   add_int(*cmd, "--walk-forward", o->walk_forward, 0, limits::kMaxStepId,
           "replan the placement every N micro-batches (from the end of --warmup) from the "
           "previous --window micro-batches only, charging the migration (default 0: off)");
   add_int(*cmd, "--window", o->window, 1, limits::kMaxStepId,
           "--walk-forward: micro-batches of history per replan (default: the --walk-forward "
           "interval)");
-  cmd->add_option("--save-placement", o->save_placement,
-                  "write the placement in force at the end (with --placement or --walk-forward)");
-  cmd->add_option("--json", o->json_out, "write the results as JSON to this file (- for stdout)");
-  cmd->add_option("--plot", o->plot_out,
-                  "write an SVG of per-GPU load before/after each policy (- for stdout)");
+  non_empty(cmd->add_option(
+      "--save-placement", o->save_placement,
+      "write the placement in force at the end (with --placement or --walk-forward)"));
+  non_empty(cmd->add_option("--json", o->json_out,
+                            "write the results as JSON to this file (- for stdout)"));
+  non_empty(
+      cmd->add_option("--plot", o->plot_out,
+                      "write an SVG of per-GPU load before/after each policy (- for stdout)"));
   cmd->add_flag("--force", o->force, "overwrite existing output files");
   cmd->add_flag("--quiet", o->quiet, "no progress lines on stderr");
   add_model_flags(*cmd, *o);

@@ -1,6 +1,9 @@
 // feplb trace gen | info: make routing traces from expert-popularity priors, and describe them.
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 
@@ -40,6 +43,7 @@ void run_gen(GenOptions o) {
   files.input("the --prior file", o.prior);
   files.output("--out", o.out);
   files.check();
+  route_human_output(files);
   Prior prior;
   if (!o.prior.empty()) {
     prior = read_prior(o.prior);
@@ -67,7 +71,8 @@ void run_gen(GenOptions o) {
   files.stage(o.out, format_trace(t));
   files.commit();
   if (o.out == "-") return;
-  std::printf(
+  std::fprintf(
+      human_out(),
       "wrote %s: %zu steps (%lld micro-batches x %d layers), %d experts, top-%d, EP=%d, %lld "
       "tokens/rank, expert shape %s%s\n",
       printable(o.out).c_str(), t.steps.size(), static_cast<long long>(o.spec.num_steps),
@@ -82,13 +87,14 @@ void run_info(const std::string& path, int gpus_per_node) {
                       "--gpus-per-node: {} does not divide the trace's num_ranks {}", gpus_per_node,
                       t.num_ranks);
   const Topology topo = Topology::contiguous(t.num_ranks, gpus_per_node, t.num_experts);
-  std::printf("%s\n  model %s, %d experts, top-%d, %d ranks x %lld tokens, %zu steps\n  %s\n",
-              printable(path).c_str(), printable(t.model).c_str(), t.num_experts, t.top_k,
-              t.num_ranks, static_cast<long long>(t.tokens_per_rank), t.steps.size(),
-              topo.describe().c_str());
-  if (t.expert_shape) std::printf("  expert shape %s\n", t.expert_shape->describe().c_str());
+  std::fprintf(
+      human_out(), "%s\n  model %s, %d experts, top-%d, %d ranks x %lld tokens, %zu steps\n  %s\n",
+      printable(path).c_str(), printable(t.model).c_str(), t.num_experts, t.top_k, t.num_ranks,
+      static_cast<long long>(t.tokens_per_rank), t.steps.size(), topo.describe().c_str());
+  if (t.expert_shape)
+    std::fprintf(human_out(), "  expert shape %s\n", t.expert_shape->describe().c_str());
   if (!t.generator_json.empty()) {
-    std::printf("  generator %s\n", printable(t.generator_json).c_str());
+    std::fprintf(human_out(), "  generator %s\n", printable(t.generator_json).c_str());
   }
   if (!t.uniform()) {
     int64_t min_tokens = t.tokens_per_rank, max_tokens = 0;
@@ -101,17 +107,18 @@ void run_info(const std::string& path, int gpus_per_node) {
         dropped += static_cast<double>(t.dropped_of(s, src));
       }
     }
-    std::printf("  tokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
-                static_cast<long long>(min_tokens), static_cast<long long>(max_tokens),
-                rows > 0 ? dropped / rows * 100.0 : 0.0);
+    std::fprintf(human_out(),
+                 "  tokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
+                 static_cast<long long>(min_tokens), static_cast<long long>(max_tokens),
+                 rows > 0 ? dropped / rows * 100.0 : 0.0);
   }
   // Per layer: expert skew (busiest expert / mean expert) and GPU skew under contiguous placement.
   std::map<int64_t, std::vector<const RoutingStep*>> by_layer;
   for (const RoutingStep& s : t.steps) by_layer[s.layer].push_back(&s);
-  std::printf("\n  %-6s %6s %22s %22s %24s\n", "layer", "steps", "expert max/mean", "GPU max/mean",
-              "static straggler rows");
-  std::printf("  %-6s %6s %22s %22s %24s\n", "", "", "mean (min..max)", "mean (min..max)",
-              "mean (p95)");
+  std::fprintf(human_out(), "\n  %-6s %6s %22s %22s %24s\n", "layer", "steps", "expert max/mean",
+               "GPU max/mean", "static straggler rows");
+  std::fprintf(human_out(), "  %-6s %6s %22s %22s %24s\n", "", "", "mean (min..max)",
+               "mean (min..max)", "mean (p95)");
   for (const auto& [layer, steps] : by_layer) {
     std::vector<double> ex, gpu, st;
     for (const RoutingStep* s : steps) {
@@ -128,9 +135,9 @@ void run_info(const std::string& path, int gpus_per_node) {
                          *std::min_element(v.begin(), v.end()),
                          *std::max_element(v.begin(), v.end()));
     };
-    std::printf("  %-6lld %6zu %22s %22s %24s\n", static_cast<long long>(layer), steps.size(),
-                range(ex).c_str(), range(gpu).c_str(),
-                fmt::format("{:.0f} ({:.0f})", mean_of(st), quantile_of(st, 0.95)).c_str());
+    std::fprintf(human_out(), "  %-6lld %6zu %22s %22s %24s\n", static_cast<long long>(layer),
+                 steps.size(), range(ex).c_str(), range(gpu).c_str(),
+                 fmt::format("{:.0f} ({:.0f})", mean_of(st), quantile_of(st, 0.95)).c_str());
   }
 }
 
@@ -143,8 +150,10 @@ void add_trace_commands(CLI::App& app) {
   auto g = std::make_shared<GenOptions>();
   CLI::App* gen = trace->add_subcommand(
       "gen", "Generate a feplb-trace-v1 file from an expert-popularity prior");
-  gen->add_option("--out", g->out, "output trace file, - for standard output (required)");
-  gen->add_option("--prior", g->prior, "real-model prior file (schema: data/priors/README.md)");
+  non_empty(
+      gen->add_option("--out", g->out, "output trace file, - for standard output (required)"));
+  non_empty(gen->add_option("--prior", g->prior,
+                            "real-model prior file (schema: data/priors/README.md)"));
   add_real(*gen, "--skew", g->skew, 1.0, static_cast<double>(limits::kMaxExperts),
            "instead of --prior: lognormal popularity with this max/mean over experts (below "
            "--experts)");
@@ -154,7 +163,20 @@ void add_trace_commands(CLI::App& app) {
          "on that many GPUs of every NVLink domain, the others from --cold-min up; --skew is "
          "then the max/mean over a GPU's experts (default 2)")
       ->delimiter(',')
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(CLI::Validator(
+          [](std::string& item) -> std::string {
+            char* end = nullptr;
+            errno = 0;
+            const double v = std::strtod(item.c_str(), &end);
+            if (item.empty() || end != item.c_str() + item.size() || errno == ERANGE ||
+                !std::isfinite(v)) {
+              return "'" + item +
+                     "' is not a number (loads x the mean, comma-separated, e.g. 1.5,1.2)";
+            }
+            if (v < 0 || v > 1e6) return "'" + item + "' is outside [0, 1e6]";
+            return {};
+          },
+          "LOADS", "loads"));
   add_real(*gen, "--cold-min", g->cold_min, 0.0, 1.0,
            "with --hot-gpus: load of the coldest GPU of a domain, x the mean (default 0.2)");
   add_int(*gen, "--gpus-per-node", g->gpus_per_node, 1, limits::kMaxRanks,
@@ -187,8 +209,8 @@ void add_trace_commands(CLI::App& app) {
   auto gpn = std::make_shared<int>(8);
   CLI::App* info =
       trace->add_subcommand("info", "Describe a trace: skew per layer, static straggler");
-  info->add_option("trace", *path,
-                   "trace file, - for standard input (default: data/traces/default.json)");
+  non_empty(info->add_option(
+      "trace", *path, "trace file, - for standard input (default: data/traces/default.json)"));
   add_int(*info, "--gpus-per-node,--domain-size", *gpn, 1, limits::kMaxRanks,
           "GPUs per NVLink domain (default 8)");
   info->callback([path, gpn] { run_info(path->empty() ? default_trace_path() : *path, *gpn); });

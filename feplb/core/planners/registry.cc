@@ -44,7 +44,10 @@ const std::vector<std::string>& planner_names() {
 }
 
 std::unique_ptr<Planner> make_planner(std::string_view name, const PlannerContext& ctx) {
-  FEPLB_CHECK(ctx.cost != nullptr, "planner context without a cost model");
+  FEPLB_REQUIRE_INPUT(
+      ctx.cost != nullptr,
+      "make_planner: the PlannerContext has no GEMM cost model; set ctx.cost, e.g. "
+      "const feplb::RooflineCostModel cost(ctx.shape, ctx.knobs); ctx.cost = &cost;");
   for (const auto& [known, factory] : registry()) {
     if (known == name) return factory(ctx);
   }

@@ -87,7 +87,8 @@ int CandidateSets::choose_busiest(std::span<const int> local, int per_gpu, doubl
     for (int i = 0; i < k; ++i) {
       int place = 0;
       for (int j = 0; j < k; ++j)
-        place += (rows[j] > rows[i]) | ((rows[j] == rows[i]) & (local[j] < local[i]));
+        place += static_cast<int>(rows[j] > rows[i]) |
+                 (static_cast<int>(rows[j] == rows[i]) & static_cast<int>(local[j] < local[i]));
       top[place] = local[i];
     }
     return per_gpu;
