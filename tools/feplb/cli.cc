@@ -147,9 +147,9 @@ CLI::Option* add_model_flag(CLI::App& cmd, std::string& model, const std::string
   for (const auto& [name, shape] : known_model_shapes()) {
     known.push_back(fmt::format("{}* (H={} F={})", name, shape.hidden, shape.ffn));
   }
-  return cmd.add_option(
+  return non_empty(cmd.add_option(
       "--model", model,
-      fmt::format("{}; known names set the expert shape: {}", help, fmt::join(known, ", ")));
+      fmt::format("{}; known names set the expert shape: {}", help, fmt::join(known, ", "))));
 }
 
 void add_model_flags(CLI::App& cmd, ModelFlags& f, bool cost) {
