@@ -354,7 +354,6 @@ expect_bad empty_info "trace|empty value" -- trace info ''
 expect_bad empty_place_out "--out|empty value" -- place --trace valid.json --out ''
 expect_bad empty_md "--md|empty value" -- report --quiet --md ''
 expect_bad empty_priors "--priors|empty value" -- report --quiet --priors ''
-expect_bad empty_run_trace "--trace|empty value" -- run --trace ''
 expect_bad empty_model "--model|empty value" -- trace gen --out em.json --skew 2 --model ''
 # --hot-gpus: a bad item is named as what it is.
 expect_bad hot_gpus_word "--hot-gpus|'abc'|not a number" -- trace gen --out hg.json --hot-gpus 1.5,abc
