@@ -124,8 +124,7 @@ void ExpertBench::enqueue(std::span<const int64_t> rows, int streams, Pass pass,
       total += std::max<int64_t>(r, 0);
       items += r > 0;
     }
-    const double mean = items ? static_cast<double>(total) / static_cast<double>(items) : 0.0;
-    gemms = GroupedFfn::available() && GroupedFfn::faster_than_per_expert(H, F, mean)
+    gemms = GroupedFfn::available() && GroupedFfn::faster_than_per_expert(H, F, total, items)
                 ? Gemms::kGrouped
                 : Gemms::kPerExpert;
   }

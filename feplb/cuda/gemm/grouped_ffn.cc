@@ -30,8 +30,10 @@ int current_device() {
 
 bool GroupedFfn::available() { return kernels::grouped_gemm_available(current_device()); }
 
-bool GroupedFfn::faster_than_per_expert(int64_t hidden, int64_t ffn, double mean_rows) {
+bool GroupedFfn::faster_than_per_expert(int64_t hidden, int64_t ffn, int64_t rows, int64_t items) {
   constexpr double kLargeItem = 2048.0 * 4096.0 * 1536.0;  // rows x hidden x ffn
+  if (items <= 0) return true;
+  const double mean_rows = static_cast<double>(rows) / static_cast<double>(items);
   return mean_rows * static_cast<double>(hidden) * static_cast<double>(ffn) < kLargeItem;
 }
 

@@ -32,13 +32,13 @@ class GroupedFfn {
   // Whether grouped GEMMs run on the current device (this build's kernels need compute
   // capability 9.0: H100, H200).
   static bool available();
-  // Whether a batch whose items average `mean_rows` rows runs faster here than as one cuBLASLt
-  // GEMM per item and stage: yes unless the items are large (mean rows x hidden x ffn at least
-  // that of 2048 rows of Qwen3-235B's experts, H 4096, F 1536). Measured on an H100
+  // Whether a batch of `rows` rows over `items` items with rows runs faster here than as one
+  // cuBLASLt GEMM per item and stage: yes unless the items are large (mean rows x hidden x ffn at
+  // least that of 2048 rows of Qwen3-235B's experts, H 4096, F 1536). Measured on an H100
   // (docs/gpu-results.md, "Small experts"): grouped 0.22-0.82x the per-expert time up to 2048 rows
   // of Qwen3-30B's experts, 1.04-1.07x (forward) for 2048 rows of Qwen3-235B's and 4096 of
   // GLM-5's, where the per-expert launches hide behind the GEMMs.
-  static bool faster_than_per_expert(int64_t hidden, int64_t ffn, double mean_rows);
+  static bool faster_than_per_expert(int64_t hidden, int64_t ffn, int64_t rows, int64_t items);
   // Throws InputError where !available(), or where hidden or ffn is not a positive multiple of 8.
   GroupedFfn(int64_t hidden, int64_t ffn);
 

@@ -198,4 +198,15 @@ cudaError_t run(const GroupedGemmArgs& g, cudaStream_t s) {
   return status_error(K::Gemm::run(params, s));
 }
 
+// A layout's two tile families (grouped_gemm_nn.cu, grouped_gemm_nt.cu): bf16 D only.
+template <class Large, class SmallM>
+cudaError_t run_tiles(const GroupedGemmArgs& g, cudaStream_t s) {
+  if (g.d_f32) return cudaErrorNotSupported;
+  return g.tile == GroupedTile::kSmallM ? run<SmallM>(g, s) : run<Large>(g, s);
+}
+template <class Large, class SmallM>
+size_t tiles_workspace_bytes(int sm_count) {
+  return std::max(Large::workspace_bytes(sm_count), SmallM::workspace_bytes(sm_count));
+}
+
 }  // namespace feplb::cuda::kernels::grouped

@@ -8,14 +8,11 @@ using GroupedNnLarge = g::Kernel<g::RowMajor, g::RowMajor, cutlass::bfloat16_t, 
 using GroupedNnSmallM = g::Kernel<g::RowMajor, g::RowMajor, cutlass::bfloat16_t, g::SmallMTile>;
 
 cudaError_t grouped_gemm_nn(const GroupedGemmArgs& args, cudaStream_t s) {
-  if (args.d_f32) return cudaErrorNotSupported;
-  return args.tile == GroupedTile::kSmallM ? g::run<GroupedNnSmallM>(args, s)
-                                           : g::run<GroupedNnLarge>(args, s);
+  return g::run_tiles<GroupedNnLarge, GroupedNnSmallM>(args, s);
 }
 
 size_t grouped_gemm_nn_workspace_bytes(int sm_count) {
-  return std::max(GroupedNnLarge::workspace_bytes(sm_count),
-                  GroupedNnSmallM::workspace_bytes(sm_count));
+  return g::tiles_workspace_bytes<GroupedNnLarge, GroupedNnSmallM>(sm_count);
 }
 
 }  // namespace feplb::cuda::kernels

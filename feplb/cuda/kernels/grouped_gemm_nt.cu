@@ -9,14 +9,11 @@ using GroupedNtLarge = g::Kernel<g::RowMajor, g::ColumnMajor, cutlass::bfloat16_
 using GroupedNtSmallM = g::Kernel<g::RowMajor, g::ColumnMajor, cutlass::bfloat16_t, g::SmallMTile>;
 
 cudaError_t grouped_gemm_nt(const GroupedGemmArgs& args, cudaStream_t s) {
-  if (args.d_f32) return cudaErrorNotSupported;
-  return args.tile == GroupedTile::kSmallM ? g::run<GroupedNtSmallM>(args, s)
-                                           : g::run<GroupedNtLarge>(args, s);
+  return g::run_tiles<GroupedNtLarge, GroupedNtSmallM>(args, s);
 }
 
 size_t grouped_gemm_nt_workspace_bytes(int sm_count) {
-  return std::max(GroupedNtLarge::workspace_bytes(sm_count),
-                  GroupedNtSmallM::workspace_bytes(sm_count));
+  return g::tiles_workspace_bytes<GroupedNtLarge, GroupedNtSmallM>(sm_count);
 }
 
 }  // namespace feplb::cuda::kernels

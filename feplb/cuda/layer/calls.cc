@@ -33,6 +33,11 @@ class Carver {
   size_t off_ = 0;
 };
 
+// GEMM kernels the runtime enqueued so far: per-expert cuBLASLt GEMMs and grouped GEMMs.
+int64_t gemm_launches(const RuntimeState& r) {
+  return r.gemm.launches() + (r.grouped ? r.grouped->gemm_launches() : 0);
+}
+
 }  // namespace
 
 MoeLayer::Impl::Impl(std::shared_ptr<RuntimeState> runtime, const LayerConfig& config,
@@ -42,13 +47,6 @@ MoeLayer::Impl::Impl(std::shared_ptr<RuntimeState> runtime, const LayerConfig& c
       planner(std::move(p)),
       exec(*rt, cfg.name, ev_grads_done, forward_timeline, backward_timeline),
       sched_exec(*rt, cfg.name, ev_grads_done, forward_timeline, backward_timeline) {}
-
-namespace {
-// GEMM kernels the runtime enqueued so far: per-expert cuBLASLt GEMMs and grouped GEMMs.
-int64_t gemm_launches(const RuntimeState& r) {
-  return r.gemm.launches() + (r.grouped ? r.grouped->gemm_launches() : 0);
-}
-}  // namespace
 
 void MoeLayer::Impl::start_host(Bindings& b) {
   call_host = HostTimes{};

@@ -344,8 +344,7 @@ bool Executor::grouped_pays(const StepList& list, const Step& s) const {
     rows += list.gemms[i].rows;
     items += list.gemms[i].rows > 0;
   }
-  const double mean = items ? static_cast<double>(rows) / static_cast<double>(items) : 0.0;
-  return GroupedFfn::faster_than_per_expert(rt_.H, rt_.F, mean);
+  return GroupedFfn::faster_than_per_expert(rt_.H, rt_.F, rows, items);
 }
 
 // The batch as grouped GEMMs (gemm/grouped_ffn.h): a fixed number of launches however many
