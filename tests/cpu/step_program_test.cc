@@ -4,6 +4,7 @@
 // (tests/cpu/golden/program_*.txt; FEPLB_UPDATE_GOLDEN=1 rewrites them), and the signal layout.
 #include "feplb/cuda/program/step_program.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -210,6 +211,31 @@ INSTANTIATE_TEST_SUITE_P(AllModes, ProgramGolden,
                                   mode_name(std::get<1>(param_info.param));
                          });
 
+// One rank: a fixed program whatever the routing (no layout, no scheduler thread, no wait for the
+// counts on the host), the backward in both gradient modes.
+TEST(ProgramGolden, OneRankMatchesTheCommittedDump) {
+  std::string text =
+      "# Step programs of the GPU layer's calls on one rank, rows counted on the GPU "
+      "(tests/cpu/step_program_test.cc).\n\n";
+  cuda::StepProgram p;
+  p.name = "forward";
+  cuda::build_forward_one_rank(p.caller);
+  text += dump(p);
+  text += '\n';
+  for (bool overwrite : {false, true}) {
+    p.clear();
+    p.name = overwrite ? "backward (gradients overwritten)" : "backward";
+    cuda::build_backward_one_rank(p.caller, overwrite);
+    text += dump(p);
+    text += '\n';
+  }
+  for (const cuda::Step& s : p.caller.steps) {
+    EXPECT_NE(s.op, cuda::Op::kAwait) << "a one-rank call waits for no other thread";
+    EXPECT_NE(s.op, cuda::Op::kGemm) << "a one-rank call reads no row count on the host";
+  }
+  check_golden("program_r1_one_rank.txt", text);
+}
+
 // Every signal a rank's program raises is waited for by its receiver's program of the same call,
 // and every wait has its signal (inputs_landed, rows_back, grads_back; prefetch_landed between a
 // prefetch and the forward that uses it). slots_quiet is waited for by later prefetches only.
@@ -344,9 +370,8 @@ TEST(StepProgram, OverwriteWritesEachExpertsGradientOnce) {
             if (g.guest || g.g.buf != Buf::kGrads) continue;
             ++(g.beta == 0.0f ? written : added)[static_cast<size_t>(g.g.index)];
           }
-          const std::string at = "R" + std::to_string(R) + (one_expert_idle ? " idle" : "") +
-                                 " rank " + std::to_string(rank) +
-                                 (overwrite ? " overwrite" : " accumulate");
+          const std::string at = fmt::format("R{}{} rank {} {}", R, one_expert_idle ? " idle" : "",
+                                             rank, overwrite ? "overwrite" : "accumulate");
           for (int i = 0; i < 2; ++i) {
             EXPECT_EQ(written[static_cast<size_t>(i)], overwrite ? 1 : 0) << at << " expert " << i;
           }

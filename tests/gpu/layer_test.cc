@@ -5,6 +5,7 @@
 // Backward (bf16 dY, d act and d gate|up on top of that; dW accumulated in fp32): every gradient
 // within relative L2 <= 2e-2 and max abs <= 5% of the largest |reference| value. No NaN anywhere
 // (outputs and gradients are poisoned with NaN first, so an unwritten row fails).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -119,8 +120,9 @@ struct TokenBuffers {
 // Rank 0 of a one-rank runtime: the reference's weights of its experts and `in`'s tokens on the
 // device, and the forward's outputs read back (result()).
 struct RankZeroForward {
-  RankZeroForward(const ReferenceMoe& m, const Topology& topo, const RankInputs& in, int experts)
-      : w(experts, kHidden, kFfn, false),
+  RankZeroForward(const ReferenceMoe& m, const Topology& topo, const RankInputs& in, int experts,
+                  bool grads = false)
+      : w(experts, kHidden, kFfn, grads),
         x(in.hidden.size()),
         out(in.hidden.size()),
         idx(in.topk_idx.size()),
@@ -495,9 +497,15 @@ TEST(LayerBackward, MisuseIsAClearError) {
   bad[1].down = nullptr;
   expect_input_error([&] { a.forward(bad, x.get(), idx.get(), wt.get(), 8, out.get(), s.get()); },
                      "null weight");
-  // An expert id out of range, on every rank; the runtime stays usable.
+  // An expert id out of range, on every rank; the runtime stays usable. On one rank the layer
+  // counts on the GPU and reports it at its next call (here: the plan's reader).
   FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0x7f, 4));
-  expect_input_error([&] { forward(a); }, "outside [0, 4)");
+  expect_input_error(
+      [&] {
+        forward(a);
+        (void)a.last_plan();
+      },
+      "outside [0, 4)");
   FEPLB_CUDA_CHECK(cudaMemset(idx.get(), 0, idx.bytes()));
   // Handles: consumed twice, another layer's, more in flight than the runtime holds.
   cuda::MicroBatch m1 = forward(a);
@@ -707,6 +715,117 @@ TEST(Layer, HostTimesSayWhereTheCallWent) {
          {t.await_us, t.kernel_us, t.exchange_us, t.sync_us, t.hooks_us, t.build_us, t.refine_us})
       EXPECT_GE(v, 0);
   }
+}
+
+// One rank with many small experts (fine-grained MoE), rows counted on the GPU (the grouped
+// GEMMs, chosen for such batches) and per expert with host row counts: both against the float64
+// reference, forward and backward, fp32 and bf16 gradients, added and written, skewed routing
+// (most experts with a few rows, many with none). The grouped one launches a fixed number of GEMMs
+// whatever the number of experts.
+TEST(LayerOneRank, ManySmallExpertsMatchTheReferenceOnBothPaths) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const bool grouped_here = cuda::GroupedFfn::available();
+  for (int experts : {64, 256}) {
+    const int top_k = 8;
+    const ReferenceMoe m = experts_for(900 + experts, experts);
+    const auto in = skewed_inputs(901 + experts, 1, experts, top_k, 48, 4.0);
+    for (cuda::ExpertGemm gemm : {cuda::ExpertGemm::kPerExpert, cuda::ExpertGemm::kGrouped}) {
+      if (gemm == cuda::ExpertGemm::kGrouped && !grouped_here) continue;
+      for (bool bf16 : {false, true}) {
+        for (cuda::GradMode mode : {cuda::GradMode::kAccumulate, cuda::GradMode::kOverwrite}) {
+          testing::LayerSetup c = config_for(1, experts, top_k, 48, "feplb");
+          c.runtime.expert_gemm = gemm;
+          c.bf16_grads = bf16;
+          const std::string what = fmt::format(
+              "{} experts, {}{}{}", experts,
+              gemm == cuda::ExpertGemm::kGrouped ? "counted on the GPU" : "per expert",
+              bf16 ? ", bf16" : ", fp32",
+              mode == cuda::GradMode::kOverwrite ? ", overwrite" : ", accumulate");
+          const auto got = expect_backward_matches(c, m, in, 902 + experts, what, 1, mode);
+          const cuda::BackwardStats& st = got[0][0].stats;
+          if (gemm == cuda::ExpertGemm::kGrouped) {
+            EXPECT_LE(st.host.gemms, 4) << what << ": dW down, dact, dW gate|up, dX";
+            EXPECT_EQ(st.host.await_us, 0.0) << what;
+          } else {
+            EXPECT_GT(st.host.gemms, 8) << what;
+          }
+          int64_t rows = 0;
+          for (const Slice& sl : got[0][0].plan.slices) rows += sl.rows;
+          EXPECT_EQ(rows, 48 * top_k) << what << ": the plan of the settled counts";
+        }
+      }
+    }
+  }
+}
+
+// The edge cases on one rank, counted on the GPU: no tokens, one token, a tile's remainder, every
+// token to one expert, most experts empty; forward and backward in both gradient modes.
+TEST(LayerOneRank, EdgeCases) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "no grouped GEMMs on this GPU";
+  const int experts = 16;
+  const ReferenceMoe m = experts_for(911, experts);
+  for (const EdgeCase& k : kEdgeCases) {
+    for (cuda::GradMode mode : {cuda::GradMode::kAccumulate, cuda::GradMode::kOverwrite}) {
+      const auto in = skewed_inputs(912, 1, experts, k.top_k, k.tokens, k.skew, k.hot);
+      testing::LayerSetup c =
+          config_for(1, experts, k.top_k, std::max<int64_t>(k.tokens, 1), "feplb");
+      c.runtime.expert_gemm = cuda::ExpertGemm::kGrouped;
+      const std::string what = fmt::format(
+          "{} / {}", k.name, mode == cuda::GradMode::kOverwrite ? "overwrite" : "accumulate");
+      const auto got = expect_backward_matches(c, m, in, 913, what, 1, mode);
+      for (float v : got[0][0].main_grad) ASSERT_FALSE(std::isnan(v)) << what << ": unwritten dW";
+    }
+  }
+}
+
+// The caller's thread never waits for the counts on one rank: with the stream held up by a host
+// function for 300 ms, forward and backward are enqueued and return at once (nothing of theirs
+// has run); their results, once the stream runs, match the per-expert path's, and the layer's
+// statistics then hold the forward's routing.
+TEST(LayerOneRank, TheCallerNeverWaitsForTheCounts) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "no grouped GEMMs on this GPU";
+  const int experts = 128, top_k = 8;
+  const int64_t tokens = 64;
+  const ReferenceMoe m = experts_for(921, experts);
+  const auto in = skewed_inputs(922, 1, experts, top_k, tokens, 3.0);
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, experts, top_k, tokens, "feplb").runtime;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer layer(rt, {top_k, "no-wait"}, cuda::make_gpu_planner(rt, "feplb"));
+  cuda::Stream s;
+  RankZeroForward f(m, c.topo, in[0], experts, /*grads=*/true);
+  cuda::DeviceBuffer<__nv_bfloat16> go(static_cast<size_t>(tokens * kHidden)),
+      gx(static_cast<size_t>(tokens * kHidden));
+  cuda::DeviceBuffer<float> gw(static_cast<size_t>(tokens * top_k));
+  FEPLB_CUDA_CHECK(cudaMemset(go.get(), 0, go.bytes()));
+  // A warm forward and backward (first launches set up the kernels), then the held-up stream.
+  for (int call = 0; call < 2; ++call) {
+    if (call == 1) {
+      FEPLB_CUDA_CHECK(cudaLaunchHostFunc(
+          s.get(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+          nullptr));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    cuda::MicroBatch mb = layer.forward(f.w.params(), f.x.get(), f.idx.get(), f.wt.get(), tokens,
+                                        f.out.get(), s.get());
+    layer.backward(std::move(mb), f.w.params(), go.get(), f.wt.get(), gx.get(), gw.get(),
+                   f.w.grad_views(), cuda::GradMode::kAccumulate, s.get());
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                                t0)
+                          .count();
+    if (call == 1) {
+      EXPECT_EQ(cudaStreamQuery(s.get()), cudaErrorNotReady) << "the stream ran already";
+      EXPECT_LT(ms, 100.0) << "forward + backward waited for the held-up stream";
+    }
+    cuda::sync_with_timeout(s.get(), 30, "one-rank forward");
+  }
+  expect_matches_reference(f.result(), m, in, top_k, "one rank, counted on the GPU");
+  EXPECT_EQ(layer.last_routing().num_ranks, 1);
+  EXPECT_EQ(std::accumulate(layer.last_routing().counts.begin(),
+                            layer.last_routing().counts.end(), int64_t{0}),
+            tokens * top_k);
 }
 
 // An idle runtime sleeps: its scheduler thread uses < 1% of a core over a second.

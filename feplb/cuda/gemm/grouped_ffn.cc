@@ -72,13 +72,19 @@ GroupedFfn::GroupedFfn(int64_t hidden, int64_t ffn)
 }
 
 double GroupedFfn::prepare(std::span<const FfnItem> items, size_t begin, size_t end, bool backward,
-                           cudaStream_t stream) {
+                           const DeviceRows* dev, cudaStream_t stream) {
   int64_t rows = 0, with_rows = 0;
   batch_->count = static_cast<int32_t>(end - begin);
+  batch_->rows_dev = dev ? dev->rows + begin : nullptr;
+  batch_->row0_dev = dev ? dev->row0 + begin : nullptr;
   for (size_t i = begin; i < end; ++i) {
     batch_->items[i - begin] = items[i];
     rows += items[i].rows;
     with_rows += items[i].rows > 0;
+  }
+  if (dev) {
+    rows = dev->total;
+    with_rows = static_cast<int64_t>(end - begin);
   }
   FEPLB_CUDA_CHECK(kernels::ffn_tables(*batch_, backward, tables_, stream));
   ++launches_;
@@ -106,11 +112,24 @@ void GroupedFfn::forward(std::span<const FfnItem> items, const Stage& swiglu, cu
   for (size_t b = 0, e = 0; b < items.size(); b = e) {
     e = std::min(items.size(), b + kFfnItemsPerLaunch);
     const int groups = static_cast<int>(e - b);
-    const double avg = prepare(items, b, e, false, stream);
+    const double avg = prepare(items, b, e, false, nullptr, stream);
     gemm(GroupedLayout::kNN, tables_.gate_up, groups, false, 0.f, avg, stream);
     swiglu(b, e);
     gemm(GroupedLayout::kNN, tables_.down, groups, false, 0.f, avg, stream);
   }
+}
+
+void GroupedFfn::forward(std::span<const FfnItem> items, const DeviceRows& rows,
+                         const std::function<void()>& swiglu, cudaStream_t stream) {
+  FEPLB_CHECK(items.size() <= static_cast<size_t>(kFfnItemsPerLaunch),
+              "grouped FFN with rows on the GPU: {} items, at most {}", items.size(),
+              kFfnItemsPerLaunch);
+  if (items.empty()) return;
+  const int groups = static_cast<int>(items.size());
+  const double avg = prepare(items, 0, items.size(), false, &rows, stream);
+  gemm(GroupedLayout::kNN, tables_.gate_up, groups, false, 0.f, avg, stream);
+  swiglu();
+  gemm(GroupedLayout::kNN, tables_.down, groups, false, 0.f, avg, stream);
 }
 
 // The end of the round of items that starts at `b`: at most kFfnItemsPerLaunch items, none
@@ -131,33 +150,54 @@ void GroupedFfn::backward(std::span<const FfnItem> items, const Stage& swiglu_ba
                           cudaStream_t stream) {
   for (size_t b = 0, e = 0; b < items.size(); b = e) {
     e = round_end(items, b);
-    const double avg = prepare(items, b, e, true, stream);
-    int in_class[kWeightGradClasses] = {}, empty[kWeightGradClasses] = {};
-    for (size_t i = b; i < e; ++i) {
-      FEPLB_CHECK(items[i].grad_class < kWeightGradClasses, "weight-gradient class {}",
-                  items[i].grad_class);
-      ++in_class[items[i].grad_class];
-      empty[items[i].grad_class] += items[i].rows == 0;
-    }
-    const auto weight_grads = [&](const GroupedTables* tables) {
-      for (int c = 0; c < kWeightGradClasses; ++c) {
-        if (in_class[c] == 0 || in_class[c] == empty[c]) continue;
-        // weight_grad_class: classes 2 and 3 are fp32, odd classes add (beta 1).
-        gemm(GroupedLayout::kTN, tables[c], in_class[c], c >= 2, (c & 1) ? 1.f : 0.f, avg, stream);
-      }
-    };
-    for (int c = 0; c < kWeightGradClasses; c += 2) {  // written (beta 0) classes: 0 and 2
-      if (empty[c] == 0) continue;
-      FEPLB_CUDA_CHECK(kernels::ffn_clear_empty_weight_grads(*batch_, c, stream));
-      ++launches_;
-    }
-    const int groups = static_cast<int>(e - b);
-    weight_grads(tables_.weight_down);  // reads act before dact overwrites it
-    gemm(GroupedLayout::kNT, tables_.data_down, groups, false, 0.f, avg, stream);
-    swiglu_backward(b, e);
-    weight_grads(tables_.weight_gate_up);
-    gemm(GroupedLayout::kNT, tables_.data_gate_up, groups, false, 0.f, avg, stream);
+    backward_round(items, b, e, nullptr, [&] { swiglu_backward(b, e); }, stream);
   }
+}
+
+void GroupedFfn::backward(std::span<const FfnItem> items, const DeviceRows& rows,
+                          const std::function<void()>& swiglu_backward, cudaStream_t stream) {
+  FEPLB_CHECK(items.size() <= static_cast<size_t>(kFfnItemsPerLaunch),
+              "grouped FFN with rows on the GPU: {} items, at most {}", items.size(),
+              kFfnItemsPerLaunch);
+  seen_.clear();
+  for (const FfnItem& it : items)
+    FEPLB_CHECK(seen_.insert(it.g_down).second, "grouped FFN with rows on the GPU: two items "
+                                                "share a gradient");
+  if (!items.empty()) backward_round(items, 0, items.size(), &rows, swiglu_backward, stream);
+}
+
+// With rows on the GPU (`dev`) the host does not know which items are empty: a written class
+// gets its clearing kernel whenever it has items (the kernel skips those with rows).
+void GroupedFfn::backward_round(std::span<const FfnItem> items, size_t b, size_t e,
+                                const DeviceRows* dev,
+                                const std::function<void()>& swiglu_backward,
+                                cudaStream_t stream) {
+  const double avg = prepare(items, b, e, true, dev, stream);
+  int in_class[kWeightGradClasses] = {}, empty[kWeightGradClasses] = {};
+  for (size_t i = b; i < e; ++i) {
+    FEPLB_CHECK(items[i].grad_class < kWeightGradClasses, "weight-gradient class {}",
+                items[i].grad_class);
+    ++in_class[items[i].grad_class];
+    empty[items[i].grad_class] += dev ? 1 : items[i].rows == 0;
+  }
+  const auto weight_grads = [&](const GroupedTables* tables) {
+    for (int c = 0; c < kWeightGradClasses; ++c) {
+      if (in_class[c] == 0 || (!dev && in_class[c] == empty[c])) continue;
+      // weight_grad_class: classes 2 and 3 are fp32, odd classes add (beta 1).
+      gemm(GroupedLayout::kTN, tables[c], in_class[c], c >= 2, (c & 1) ? 1.f : 0.f, avg, stream);
+    }
+  };
+  for (int c = 0; c < kWeightGradClasses; c += 2) {  // written (beta 0) classes: 0 and 2
+    if (empty[c] == 0) continue;
+    FEPLB_CUDA_CHECK(kernels::ffn_clear_empty_weight_grads(*batch_, c, stream));
+    ++launches_;
+  }
+  const int groups = static_cast<int>(e - b);
+  weight_grads(tables_.weight_down);  // reads act before dact overwrites it
+  gemm(GroupedLayout::kNT, tables_.data_down, groups, false, 0.f, avg, stream);
+  swiglu_backward();
+  weight_grads(tables_.weight_gate_up);
+  gemm(GroupedLayout::kNT, tables_.data_gate_up, groups, false, 0.f, avg, stream);
 }
 
 }  // namespace feplb::cuda

@@ -56,6 +56,22 @@ class GroupedFfn {
   void backward(std::span<const kernels::FfnItem> items, const Stage& swiglu_backward,
                 cudaStream_t stream);
 
+  // Rows counted on the GPU (kernels::FfnBatch::rows_dev): item i has rows[i] rows from row
+  // row0[i] of the packed buffers its x, gu, act, y (backward: dy) point at; `total` is their
+  // sum as far as the host knows it (an upper bound), for the choice of tile.
+  struct DeviceRows {
+    const int32_t* rows = nullptr;  // [items] device
+    const int32_t* row0 = nullptr;  // [items] device
+    int64_t total = 0;
+  };
+  // forward() and backward() with the rows counted on the GPU: the host never reads a size. At
+  // most kFfnItemsPerLaunch items, no two with the same gradient; `swiglu` (`swiglu_backward`) is
+  // called once, for every row of the batch.
+  void forward(std::span<const kernels::FfnItem> items, const DeviceRows& rows,
+               const std::function<void()>& swiglu, cudaStream_t stream);
+  void backward(std::span<const kernels::FfnItem> items, const DeviceRows& rows,
+                const std::function<void()>& swiglu_backward, cudaStream_t stream);
+
   // Kernels enqueued so far: every kind (tables, grouped GEMMs, clears; not the caller's SwiGLU),
   // and the grouped GEMMs alone.
   int64_t launches() const { return launches_; }
@@ -64,11 +80,15 @@ class GroupedFfn {
   size_t device_bytes() const { return tables_mem_.bytes() + workspace_.bytes(); }
 
  private:
-  // Fills batch_ with items [begin, end) and enqueues their tables; returns the average rows of
-  // the items that have rows (to pick the tile family).
+  // Fills batch_ with items [begin, end) (rows on the GPU: `dev`) and enqueues their tables;
+  // returns the average rows of the items that have rows (to pick the tile family).
   double prepare(std::span<const kernels::FfnItem> items, size_t begin, size_t end, bool backward,
-                 cudaStream_t stream);
+                 const DeviceRows* dev, cudaStream_t stream);
   size_t round_end(std::span<const kernels::FfnItem> items, size_t begin);
+  // One round of backward() (items [begin, end), none sharing a gradient).
+  void backward_round(std::span<const kernels::FfnItem> items, size_t begin, size_t end,
+                      const DeviceRows* dev, const std::function<void()>& swiglu_backward,
+                      cudaStream_t stream);
   void gemm(kernels::GroupedLayout layout, const kernels::GroupedTables& tables, int groups,
             bool d_f32, float beta, double avg_rows, cudaStream_t stream);
 

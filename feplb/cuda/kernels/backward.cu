@@ -18,6 +18,10 @@ __global__ void scatter_grad_kernel(const uint4* __restrict__ grad_out,    // [S
   const int64_t p = blockIdx.x;
   const int64_t t = p / top_k;
   const int64_t row = pair_pos[p];
+  if (row < 0) {  // an expert id out of range: no row (the layer reports it)
+    if (threadIdx.x == 0) dw[p] = 0.f;
+    return;
+  }
   const float wk = w[p];
   float dot = 0.f;
   for (int64_t c = threadIdx.x; c < words; c += blockDim.x) {

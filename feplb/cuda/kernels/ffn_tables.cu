@@ -23,8 +23,18 @@ __device__ void put(const GroupedTables& t, int g, int32_t m, int32_t n, int32_t
 __global__ void ffn_tables_kernel(const FfnBatch batch, bool backward, const FfnTables t) {
   const int i = static_cast<int>(threadIdx.x);
   if (i >= batch.count) return;
-  const FfnItem& it = batch.items[i];
-  const int32_t rows = it.rows, H = batch.hidden, F = batch.ffn;
+  FfnItem it = batch.items[i];
+  const int32_t H = batch.hidden, F = batch.ffn;
+  if (batch.rows_dev) {  // rows counted on the GPU: this item's rows of the packed buffers
+    it.rows = batch.rows_dev[i];
+    const int64_t r0 = batch.row0_dev[i];
+    it.x += r0 * H;
+    it.gu += r0 * 2 * F;
+    it.act += r0 * F;
+    it.y += r0 * H;
+    if (it.dy) it.dy += r0 * H;
+  }
+  const int32_t rows = it.rows;
   if (!backward) {
     put(t.gate_up, i, rows, 2 * F, H, it.x, H, it.w_gate_up, 2 * F, it.gu, 2 * F);  // [rows, 2F]
     put(t.down, i, rows, H, F, it.act, F, it.w_down, H, it.y, H);                   // [rows, H]
@@ -50,7 +60,8 @@ __global__ void ffn_tables_kernel(const FfnBatch batch, bool backward, const Ffn
 // `elem` bytes, 16 bytes per store).
 __global__ void clear_empty_kernel(const FfnBatch batch, int grad_class, int elem) {
   const FfnItem& it = batch.items[blockIdx.y];
-  if (it.rows != 0 || it.grad_class != grad_class) return;
+  const int32_t rows = batch.rows_dev ? batch.rows_dev[blockIdx.y] : it.rows;
+  if (rows != 0 || it.grad_class != grad_class) return;
   const int64_t H = batch.hidden, F = batch.ffn;
   const int64_t words_gu = 2 * H * F * elem / 16, words_d = H * F * elem / 16;
   uint4* gu = static_cast<uint4*>(it.g_gate_up);

@@ -41,9 +41,14 @@ inline constexpr int weight_grad_class(bool f32, bool accumulate) {
   return (f32 ? 2 : 0) + (accumulate ? 1 : 0);
 }
 
+// Rows counted on the GPU: with `rows_dev` set, item i has rows_dev[i] rows starting at row
+// row0_dev[i] of its buffers (x, gu, act, y, dy point at row 0 of packed buffers), and its `rows`
+// field is not read. Nothing of the batch's sizes is then known on the host.
 struct FfnBatch {
   int32_t count = 0;  // items used, <= kFfnItemsPerLaunch
   int32_t hidden = 0, ffn = 0;
+  const int32_t* rows_dev = nullptr;  // [count] device
+  const int32_t* row0_dev = nullptr;  // [count] device
   FfnItem items[kFfnItemsPerLaunch];
 };
 

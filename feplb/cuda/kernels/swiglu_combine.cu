@@ -36,8 +36,10 @@ __global__ void combine_kernel(const uint4* __restrict__ y,           // [S*K, H
   for (int64_t c = threadIdx.x; c < words; c += blockDim.x) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int k = 0; k < top_k; ++k) {
+      const int64_t row = pair_pos[t * top_k + k];
+      if (row < 0) continue;  // an expert id out of range: no row (the layer reports it)
       const float wk = w ? w[t * top_k + k] : 1.0f;
-      const uint4 v4 = y[static_cast<int64_t>(pair_pos[t * top_k + k]) * words + c];
+      const uint4 v4 = y[row * words + c];
       const bf16* v = reinterpret_cast<const bf16*>(&v4);
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[j] += wk * __bfloat162float(v[j]);

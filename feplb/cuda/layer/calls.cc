@@ -192,6 +192,7 @@ void MoeLayer::Impl::run_forward_body(MicroBatch& handle, MicroBatchState& h, co
 // another call has filled since the forward; the same bookkeeping on every rank), its program,
 // then the micro-batch's saved activations given back (after this backward's work on the stream).
 void MoeLayer::Impl::run_backward(MicroBatch& mb, MicroBatchState& h, GradMode mode, Bindings& b) {
+  if (h.one_rank) return run_backward_one_rank(mb, h, mode, b);
   RuntimeState& r = *rt;
   b.call = r.board->next_call();
   b.mb = &h;
@@ -225,15 +226,22 @@ void MoeLayer::Impl::host(HostAction action, Bindings& b) {
   RuntimeState& r = *rt;
   switch (action) {
     case HostAction::kCarveTokens: {  // saved per token: pair positions, outputs in send order
-      MicroBatchState& h = *b.mb;
+      MicroBatchState& h = *b.mb;       // (one rank: everything, its rows at home included)
       const int64_t pairs = carve_pairs;
       const auto carve = [&](void* base) {
         Carver cv(base);
         h.pair_pos = cv.take<int32_t>(pairs);
         h.y_send = cv.take<bf16>(pairs * r.H);
+        if (h.one_rank) {
+          h.x_home = cv.take<bf16>(pairs * r.H);
+          h.gu_home = cv.take<bf16>(pairs * 2 * r.F);
+          h.act_home = cv.take<bf16>(pairs * r.F);
+          h.expert_rows = cv.take<int32_t>(r.E + 1);
+          h.expert_row0 = cv.take<int32_t>(r.E);
+        }
         return cv.bytes();
       };
-      h.bytes_tokens = pairs ? carve(nullptr) : 0;
+      h.bytes_tokens = pairs || h.one_rank ? carve(nullptr) : 0;
       h.mem_tokens = r.allocate(h.bytes_tokens, b.stream);
       carve(h.mem_tokens);
       break;
@@ -269,6 +277,9 @@ void MoeLayer::Impl::host(HostAction action, Bindings& b) {
       }
       break;
     }
+    case HostAction::kStageRowCounts:
+      stage_row_counts(b);
+      break;
     case HostAction::kObserve:  // scheduler thread
       planner->observe(job.h->routing);
       job.planned = false;

@@ -109,6 +109,36 @@ struct MoeLayer::Impl final : ProgramHooks {
   PinnedBuffer<int32_t> planner_us{1};  // written by the scheduler, read by the copy and the host
   int32_t recent_us = 0;                // the job's: every rank's largest (routing_from_counts)
 
+  // One rank, rows counted on the GPU (build_forward_one_rank): the call never waits for its
+  // counts. Each forward copies its rows per expert into the next entry of this ring (pinned)
+  // and records `copied`; the layer's later calls settle the entries whose copies are done, in
+  // order (the plan, routing and statistics of that forward, the planner's observation, and the
+  // error of out-of-range expert ids), waiting only when the ring is full; the statistics'
+  // readers settle all of them.
+  struct RowCounts {
+    PinnedBuffer<int32_t> counts;  // [E + 1]
+    Event copied;
+    uint32_t seq = 0;  // the forward's call number
+    int64_t pairs = 0;
+    int slot = -1;
+    uint64_t generation = 0;
+  };
+  static constexpr size_t kRowCountRing = 8;
+  std::vector<RowCounts> row_counts;
+  size_t row_counts_head = 0, row_counts_pending = 0;
+  uint32_t last_forward_seq = 0;
+  // Whether this forward runs on one rank with its rows counted on the GPU: one rank, the grouped
+  // GEMMs chosen for its batch (RuntimeConfig::expert_gemm), at most kFfnItemsPerLaunch experts,
+  // 16-byte aligned weights, no prefetch pending.
+  bool one_rank_runs(std::span<const ExpertParams> w, int64_t num_tokens) const;
+  void run_forward_one_rank(MicroBatch& handle, MicroBatchState& h, Bindings& b);
+  void run_backward_one_rank(MicroBatch& mb, MicroBatchState& h, GradMode mode, Bindings& b);
+  void stage_row_counts(const Bindings& b);
+  // Settles the ring's done entries (`all`: every entry, waiting for their copies; the oldest
+  // also when the ring is full). Throws InputError for a forward with expert ids out of range.
+  void settle_row_counts(bool all);
+  void settle(const RowCounts& c);
+
   // ProgramHooks.
   void host(HostAction action, Bindings& b) override;
   void marked(Mark mark, bool backward, Clock::time_point t) override;

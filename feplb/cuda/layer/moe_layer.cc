@@ -85,8 +85,14 @@ MoeLayer::~MoeLayer() = default;
 const LayerConfig& MoeLayer::config() const { return impl_->cfg; }
 std::string_view MoeLayer::policy() const { return impl_->planner->name(); }
 int MoeLayer::layer_id() const { return impl_->layer_id; }
-const Plan& MoeLayer::last_plan() const { return impl_->last_plan; }
-const RoutingStep& MoeLayer::last_routing() const { return impl_->last_routing; }
+const Plan& MoeLayer::last_plan() const {
+  impl_->settle_row_counts(/*all=*/true);
+  return impl_->last_plan;
+}
+const RoutingStep& MoeLayer::last_routing() const {
+  impl_->settle_row_counts(/*all=*/true);
+  return impl_->last_routing;
+}
 void MoeLayer::refine_gemm_algorithms(double budget_ms) {
   impl_->rt->gemm.refine(budget_ms);
   if (budget_ms < 0) impl_->rt->refiner.drain();
@@ -95,6 +101,7 @@ void MoeLayer::refine_gemm_algorithms(double budget_ms) {
 // GPU times are spans of the forward's timeline.
 const ForwardStats& MoeLayer::last_forward_stats() const {
   Impl& m = *impl_;
+  m.settle_row_counts(/*all=*/true);
   if (m.rt->cfg.timing) {
     const Timeline& t = m.forward_timeline;
     ForwardStats& s = m.fstats;
@@ -202,6 +209,7 @@ void MoeLayer::prefetch(std::span<const ExpertParams> experts, cudaStream_t stre
   r.check_usable("prefetch");
   m.validate_experts(experts, 0, "prefetch");
   CallGuard guard(r, "prefetch");
+  m.settle_row_counts(/*all=*/false);
   m.run_prefetch(experts, stream);
 }
 
@@ -219,6 +227,7 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   MicroBatch handle;
   Bindings b;
   m.start_host(b);
+  m.timed(m.call_host.await_us, [&] { m.settle_row_counts(/*all=*/false); });
   b.stream = stream;
   b.num_tokens = num_tokens;
   b.top_k = static_cast<int>(m.K);
@@ -230,6 +239,10 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   CallFacts f;
   MicroBatchState& h = m.begin_forward(handle, num_tokens, /*dispatched=*/false, b, f);
   m.carve_pairs = num_tokens * m.K;
+  if (m.one_rank_runs(experts, num_tokens)) {
+    m.run_forward_one_rank(handle, h, b);
+    return handle;
+  }
   m.begin_job(h, /*backward=*/false, /*dispatched=*/false, experts);
   m.timed(m.call_host.build_us, [&] { build_forward_prologue(m.prologue, f); });
   m.exec.run(m.prologue, b, m);
@@ -257,6 +270,7 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
   CallGuard guard(r, "backward");
   Bindings b;
   m.start_host(b);
+  m.timed(m.call_host.await_us, [&] { m.settle_row_counts(/*all=*/false); });
   b.stream = stream;
   b.num_tokens = num_tokens;
   b.top_k = static_cast<int>(m.K);
@@ -296,6 +310,7 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
                       "rows",
                       m.cfg.name, n);
   CallGuard guard(r, "forward_dispatched");
+  m.settle_row_counts(/*all=*/false);
   // The caller dispatched the rows: plans that send rows straight to helpers cannot run here. A
   // planner that chooses its path (feplb's default) keeps to two phases from now on; the planner
   // is idle between calls (its last observe() ran before the previous call returned).
@@ -343,6 +358,7 @@ void MoeLayer::backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams
   CallGuard guard(r, "backward_dispatched");
   Bindings b;
   m.start_host(b);
+  m.timed(m.call_host.await_us, [&] { m.settle_row_counts(/*all=*/false); });
   b.stream = stream;
   b.caller_in = grad_out_rows;
   b.caller_out = grad_rows;

@@ -323,6 +323,21 @@ void zero_grads_without_home_work(StepList& out, const StepLayout& layout, const
   }
 }
 
+// The timeline of a call with nothing between its experts and its combine: every mark the
+// statistics read, the empty spans zero.
+void marks_after_experts(StepList& out, bool backward) {
+  for (Mark m : {Mark::kStatic, Mark::kWaited, Mark::kGuest, Mark::kReturned})
+    mark(out, m, backward);
+}
+
+void counted_gemms(StepList& out, bool backward, Buf in, Buf result, bool overwrite) {
+  Step& s = add(out, Op::kCountedGemm, kCompute);
+  s.backward = backward;
+  s.a = {in, -1, 0};
+  s.b = {result, -1, 0};
+  s.overwrite = overwrite;
+}
+
 }  // namespace
 
 void build_forward_prologue(StepList& out, const CallFacts& f) {
@@ -425,6 +440,37 @@ void build_backward(StepList& out, const StepLayout& layout, const CallFacts& f)
     kernel(out, KernelId::kCombineGrad);
   }
   finish_call(out, f);
+  mark(out, Mark::kEnd, true);
+  record(out, EventId::kCallDone, kCompute);
+}
+
+void build_forward_one_rank(StepList& out) {
+  out.clear();
+  wait_event(out, EventId::kCallDone, kCompute);
+  mark(out, Mark::kStart, false);
+  host(out, HostAction::kCarveTokens);
+  kernel(out, KernelId::kZeroCounts);
+  kernel(out, KernelId::kCountExperts);
+  kernel(out, KernelId::kSendOffsets);
+  kernel(out, KernelId::kScatterRows);
+  host(out, HostAction::kStageRowCounts);
+  mark(out, Mark::kDispatched, false);
+  counted_gemms(out, false, Buf::kXHome, Buf::kYSend, false);
+  marks_after_experts(out, false);
+  kernel(out, KernelId::kCombine);
+  mark(out, Mark::kEnd, false);
+  record(out, EventId::kCallDone, kCompute);
+}
+
+void build_backward_one_rank(StepList& out, bool overwrite_grads) {
+  out.clear();
+  wait_event(out, EventId::kCallDone, kCompute);
+  mark(out, Mark::kStart, true);
+  kernel(out, KernelId::kScatterGrad);
+  mark(out, Mark::kDispatched, true);
+  counted_gemms(out, true, Buf::kSend, Buf::kBack, overwrite_grads);
+  marks_after_experts(out, true);
+  kernel(out, KernelId::kCombineGrad);
   mark(out, Mark::kEnd, true);
   record(out, EventId::kCallDone, kCompute);
 }

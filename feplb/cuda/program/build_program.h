@@ -42,6 +42,15 @@ void build_forward_stop(StepList& out, const CallFacts& facts);
 // Backward (or backward_dispatched), caller's thread, whole.
 void build_backward(StepList& out, const StepLayout& layout, const CallFacts& facts);
 
+// One rank (nothing to exchange or balance), rows counted on the GPU: the whole call on the
+// caller's thread, a fixed list of steps whatever the routing, and no host wait for the counts.
+// Forward: permute and count into the micro-batch, the counts' D2H into the layer's ring (read at
+// a later call), every expert's FFN over its rows (kCountedGemm), combine. Backward: the
+// gradient's scatter, the FFNs' backward (`overwrite_grads`: dW written), the unweighted combine
+// into grad_hidden.
+void build_forward_one_rank(StepList& out);
+void build_backward_one_rank(StepList& out, bool overwrite_grads);
+
 // The scheduler's phase-2 inputs of a call, helper by helper in the layout's issue order: the
 // weights (forward: unless prefetched for it; backward: where `recopy[slice]`), then the copied
 // (not one-hop) rows, then the helper's inputs_landed signal. `runs` false: the call copies

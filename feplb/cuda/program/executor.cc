@@ -61,6 +61,7 @@ void Executor::run(const StepList& list, Bindings& b, ProgramHooks& hooks) {
         t.await_us += us;
         break;
       case Op::kGemm:
+      case Op::kCountedGemm:
         t.gemm_us += us;
         break;
       case Op::kHost:
@@ -113,6 +114,9 @@ void Executor::step(const StepList& list, const Step& s, Bindings& b, ProgramHoo
     case Op::kGemm:
       gemms(list, s, b, st);
       break;
+    case Op::kCountedGemm:
+      counted_gemms(s, b, st);
+      break;
     case Op::kCopyBatch:
       copy_batch(list, s, b, st);
       break;
@@ -159,13 +163,20 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
   const int E = static_cast<int>(r.E);
   const int64_t H = r.H, F = r.F, pairs = b.num_tokens * b.top_k;
   MicroBatchState* h = b.mb;
+  // A one-rank forward counts into its micro-batch (kept for its backward) and scatters its rows
+  // straight to their place at home; otherwise into the runtime's counts and send rows.
+  const bool one_rank = h && h->one_rank;
+  int32_t* counts = one_rank ? h->expert_rows : r.counts.get();
+  int32_t* offsets = one_rank ? h->expert_row0 : r.offsets.get();
   switch (s.kernel) {
     case KernelId::kZeroCounts:
-      FEPLB_CUDA_CHECK(cudaMemsetAsync(r.counts.get(), 0, r.counts.bytes(), st));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(
+          counts, 0, one_rank ? static_cast<size_t>(E + 1) * sizeof(int32_t) : r.counts.bytes(),
+          st));
       FEPLB_CUDA_CHECK(cudaMemsetAsync(r.cursor.get(), 0, r.cursor.bytes(), st));
       break;
     case KernelId::kCountExperts:
-      FEPLB_CUDA_CHECK(kernels::count_experts(b.topk_idx, pairs, E, r.counts.get(), st));
+      FEPLB_CUDA_CHECK(kernels::count_experts(b.topk_idx, pairs, E, counts, st));
       break;
     case KernelId::kPlannerTime:  // read when the copy runs: any rank's value is agreed by all
       if (b.planner_us)
@@ -173,13 +184,13 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
                                          cudaMemcpyHostToDevice, st));
       break;
     case KernelId::kSendOffsets:
-      FEPLB_CUDA_CHECK(
-          kernels::send_offsets(r.counts.get(), r.order.get(), E, r.offsets.get(), st));
+      FEPLB_CUDA_CHECK(kernels::send_offsets(counts, r.order.get(), E, offsets, st));
       break;
     case KernelId::kScatterRows:
       FEPLB_CUDA_CHECK(kernels::scatter_rows(b.hidden, b.topk_idx, b.num_tokens, b.top_k, E, H,
-                                             r.offsets.get(), r.cursor.get(), r.send.get(),
-                                             h->pair_pos, st));
+                                             offsets, r.cursor.get(),
+                                             one_rank ? h->x_home : r.send.get(), h->pair_pos,
+                                             st));
       break;
     case KernelId::kScatterGrad:
       FEPLB_CUDA_CHECK(kernels::scatter_grad(b.grad_out, h->pair_pos, b.topk_weight, h->y_send,
@@ -194,16 +205,9 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
       FEPLB_CUDA_CHECK(kernels::combine(r.ybuf.get(), h->pair_pos, nullptr, b.num_tokens, b.top_k,
                                         H, b.out, st));
       break;
-    case KernelId::kZeroGrads: {  // one expert's, in its gradients' dtype
-      const ExpertGrads& g = b.grads[static_cast<size_t>(s.a.index)];
-      const bool f32 = !g.bf16_pair();
-      const size_t elem = f32 ? sizeof(float) : sizeof(bf16);
-      FEPLB_CUDA_CHECK(cudaMemsetAsync(f32 ? static_cast<void*>(g.gate_up) : g.gate_up_bf16, 0,
-                                       static_cast<size_t>(2 * H * F) * elem, st));
-      FEPLB_CUDA_CHECK(cudaMemsetAsync(f32 ? static_cast<void*>(g.down) : g.down_bf16, 0,
-                                       static_cast<size_t>(H * F) * elem, st));
+    case KernelId::kZeroGrads:  // one expert's, in its gradients' dtype
+      zero_grads(b.grads[static_cast<size_t>(s.a.index)], st);
       break;
-    }
     case KernelId::kAddStagedGrad: {
       const float* staged = r.pool->staging_slot(static_cast<int>(s.b.index));
       const ExpertGrads& g = b.grads[static_cast<size_t>(s.a.index)];
@@ -392,6 +396,61 @@ bool Executor::grouped_gemms(const StepList& list, const Step& s, Bindings& b, c
     rt_.grouped->forward(ffn_items_, runs, st);
   }
   return true;
+}
+
+// Every local expert's FFN over the micro-batch's rows in expert order, as grouped GEMMs whose
+// rows per expert the GPU reads (GroupedFfn with DeviceRows): no size is read on the host. The
+// SwiGLU (backward: its derivative) runs once over all S*K rows (rows of out-of-range pairs are
+// never read). A call without pairs computes nothing; written gradients are zeroed then.
+void Executor::counted_gemms(const Step& s, Bindings& b, cudaStream_t st) {
+  RuntimeState& r = rt_;
+  MicroBatchState& h = *b.mb;
+  const int64_t F = r.F, pairs = b.num_tokens * b.top_k;
+  if (pairs == 0) {
+    if (s.backward && s.overwrite)
+      for (const ExpertGrads& g : b.grads) zero_grads(g, st);
+    return;
+  }
+  ffn_items_.clear();
+  for (int i = 0; i < r.experts_per_rank; ++i) {
+    const ExpertParams& w = b.experts[static_cast<size_t>(i)];
+    kernels::FfnItem f{};
+    f.x = s.backward ? h.x_home : rows(s.a, b);
+    f.w_gate_up = w.gate_up;
+    f.w_down = w.down;
+    f.gu = h.gu_home;
+    f.act = h.act_home;
+    f.y = rows(s.b, b);
+    if (s.backward) {
+      const ExpertGrads& g = b.grads[static_cast<size_t>(i)];
+      const bool f32 = !g.bf16_pair();
+      f.dy = rows(s.a, b);
+      f.g_gate_up = f32 ? static_cast<void*>(g.gate_up) : g.gate_up_bf16;
+      f.g_down = f32 ? static_cast<void*>(g.down) : g.down_bf16;
+      f.grad_class = static_cast<uint8_t>(kernels::weight_grad_class(f32, !s.overwrite));
+    }
+    ffn_items_.push_back(f);
+  }
+  const GroupedFfn::DeviceRows dev{h.expert_rows, h.expert_row0, pairs};
+  if (s.backward) {
+    r.grouped->backward(ffn_items_, dev, [&] {
+      FEPLB_CUDA_CHECK(kernels::swiglu_backward(h.gu_home, h.act_home, pairs, F, h.gu_home, st));
+    }, st);
+  } else {
+    r.grouped->forward(ffn_items_, dev, [&] {
+      FEPLB_CUDA_CHECK(kernels::swiglu(h.gu_home, pairs, F, h.act_home, st));
+    }, st);
+  }
+}
+
+void Executor::zero_grads(const ExpertGrads& g, cudaStream_t st) {
+  const int64_t H = rt_.H, F = rt_.F;
+  const bool f32 = !g.bf16_pair();
+  const size_t elem = f32 ? sizeof(float) : sizeof(bf16);
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(f32 ? static_cast<void*>(g.gate_up) : g.gate_up_bf16, 0,
+                                   static_cast<size_t>(2 * H * F) * elem, st));
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(f32 ? static_cast<void*>(g.down) : g.down_bf16, 0,
+                                   static_cast<size_t>(H * F) * elem, st));
 }
 
 void Executor::copy_batch(const StepList& list, const Step& s, Bindings& b, cudaStream_t st) {

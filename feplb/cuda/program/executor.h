@@ -87,6 +87,8 @@ class Executor {
   void gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
   bool grouped_pays(const StepList& list, const Step& s) const;
   bool grouped_gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
+  void counted_gemms(const Step& s, Bindings& b, cudaStream_t stream);
+  void zero_grads(const ExpertGrads& g, cudaStream_t stream);
   void swiglu_runs(const StepList& list, uint32_t first, uint32_t begin, uint32_t end,
                    bool backward, cudaStream_t stream);
   void copy_batch(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);

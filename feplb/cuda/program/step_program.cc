@@ -110,6 +110,8 @@ std::string_view host_action_name(HostAction action) {
       return "start_prefetch";
     case HostAction::kObserve:
       return "observe";
+    case HostAction::kStageRowCounts:
+      return "stage_row_counts";
   }
   return "?";
 }
@@ -246,6 +248,10 @@ std::string step_head(const Step& s) {
     case Op::kGemm:
       return fmt::format("gemm {} ({} experts)", s.backward ? "backward" : "forward",
                          s.end - s.begin);
+    case Op::kCountedGemm:
+      return fmt::format("gemm {} (every local expert, rows counted on the GPU): {} -> {}{}",
+                         s.backward ? "backward" : "forward", ref(s.a), ref(s.b),
+                         s.backward ? (s.overwrite ? " dW (=)" : " dW (+=)") : "");
     case Op::kCopyBatch:
       return fmt::format("copy-engine batch ({} items)", s.end - s.begin);
     case Op::kMemcpy:

@@ -125,6 +125,8 @@ enum class HostAction : uint8_t {
   kDropPrefetch,   // the pending prefetch is settled: forget it (host)
   kStartPrefetch,  // prefetch: number the call, record its copies as the pending prefetch
   kObserve,        // scheduler: the planner observes the planned step
+  kStageRowCounts,  // one-rank forward: the rows per expert D2H into the layer's pinned ring, an
+                    // event after (the layer reads them at a later call: nothing waits now)
 };
 std::string_view host_action_name(HostAction action);
 std::string_view host_flag_name(HostFlag flag);
@@ -174,6 +176,9 @@ enum class Op : uint8_t {
   kAllGather,      // count ints of every rank (counts: E + 2; dispatched rows: L + 1; ordering: 1)
   kExchange,       // all-to-all-v: sends [begin, mid), recvs [mid, end) of exchanges
   kGemm,           // forward or backward FFNs [begin, end) of gemms
+  kCountedGemm,    // forward or backward FFNs of every local expert over the micro-batch's rows in
+                   // expert order, each expert's rows read by the GPU (the micro-batch's
+                   // expert_rows, expert_row0): a = input rows (backward: dY), b = output rows
   kCopyBatch,      // copy-engine batch [begin, end) of copies (ce_copy_and_signal, no flag)
   kMemcpy,         // cudaMemcpyAsync of each of [begin, end) of copies
   kKeepGuestRows,  // memcpy [begin, end) of copies, only when the micro-batch keeps guest rows
@@ -200,6 +205,7 @@ struct Step {
   HostAction action = HostAction::kStartJob;
   bool backward = false;  // kGemm: FFN backward; kMark: the backward's timeline
   bool timed = false;     // kWait: a donor wait (the timeline marks before and after)
+  bool overwrite = false;  // kCountedGemm backward: dW written (beta 0), else added
   int peer = -1;          // kSignal, kWait, kBumpQuiet
   int64_t count = 0;      // kAllGather: ints per rank
   Ref a, b;               // kKernel kAddStagedGrad: a = grads, b = staging slot

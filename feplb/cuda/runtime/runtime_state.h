@@ -37,6 +37,10 @@ using bf16 = __nv_bfloat16;
 //   x_home   [recv, H]     rows at this rank's experts after phase 1
 //   gu_home  [recv, 2F], act_home [recv, F]     (their gate|up and activation; backward: gradients)
 //   x_guest  [guest, H], gu_guest [guest, 2F], act_guest [guest, F]   the same for guest rows
+// A one-rank forward (rows counted on the GPU) carves everything from the first: its rows at home
+// are its S*K pairs in expert order (recv = S*K), and
+//   expert_rows [E + 1] int32   rows per expert, then the pairs with an id out of range
+//   expert_row0 [E] int32       where each expert's rows start
 struct MicroBatchState {
   uint64_t generation = 0;
   bool in_use = false;
@@ -44,6 +48,7 @@ struct MicroBatchState {
   uint32_t forward_seq = 0;
   int64_t num_tokens = 0;         // tokens; with dispatched rows, the rows at home
   bool dispatched = false;        // forward_dispatched: x_home is the caller's rows
+  bool one_rank = false;          // rows counted on the GPU (build_forward_one_rank)
   cudaStream_t stream = nullptr;  // the forward's: the memory was allocated on it
   RoutingStep routing;
   Plan plan;
@@ -54,6 +59,7 @@ struct MicroBatchState {
   void* mem_plan = nullptr;
   size_t bytes_plan = 0;
   int32_t* pair_pos = nullptr;
+  int32_t *expert_rows = nullptr, *expert_row0 = nullptr;
   bf16 *y_send = nullptr, *x_home = nullptr, *gu_home = nullptr, *act_home = nullptr;
   bf16 *x_guest = nullptr, *gu_guest = nullptr, *act_guest = nullptr;
 };
