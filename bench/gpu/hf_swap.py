@@ -532,7 +532,7 @@ def run_one(a) -> dict:
 
 
 def fh_expert_gemm(model) -> str | None:
-    """Which expert GEMMs the swapped model's feplb runtime runs ('grouped' or 'per_expert')."""
+    """Which expert GEMMs the swapped model's feplb runtime runs ('auto', 'grouped' or 'per_expert')."""
     for m in model.modules():
         rt = getattr(getattr(m, "moe", None), "runtime", None) or getattr(m, "runtime", None)
         if rt is not None and hasattr(rt, "info"):

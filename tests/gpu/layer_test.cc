@@ -736,11 +736,11 @@ TEST(LayerOneRank, ManySmallExpertsMatchTheReferenceOnBothPaths) {
           testing::LayerSetup c = config_for(1, experts, top_k, 48, "feplb");
           c.runtime.expert_gemm = gemm;
           c.bf16_grads = bf16;
-          const std::string what = fmt::format(
-              "{} experts, {}{}{}", experts,
-              gemm == cuda::ExpertGemm::kGrouped ? "counted on the GPU" : "per expert",
-              bf16 ? ", bf16" : ", fp32",
-              mode == cuda::GradMode::kOverwrite ? ", overwrite" : ", accumulate");
+          const std::string what =
+              fmt::format("{} experts, {}{}{}", experts,
+                          gemm == cuda::ExpertGemm::kGrouped ? "counted on the GPU" : "per expert",
+                          bf16 ? ", bf16" : ", fp32",
+                          mode == cuda::GradMode::kOverwrite ? ", overwrite" : ", accumulate");
           const auto got = expect_backward_matches(c, m, in, 902 + experts, what, 1, mode);
           const cuda::BackwardStats& st = got[0][0].stats;
           if (gemm == cuda::ExpertGemm::kGrouped) {
@@ -812,9 +812,8 @@ TEST(LayerOneRank, TheCallerNeverWaitsForTheCounts) {
                                         f.out.get(), s.get());
     layer.backward(std::move(mb), f.w.params(), go.get(), f.wt.get(), gx.get(), gw.get(),
                    f.w.grad_views(), cuda::GradMode::kAccumulate, s.get());
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                                t0)
-                          .count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (call == 1) {
       EXPECT_EQ(cudaStreamQuery(s.get()), cudaErrorNotReady) << "the stream ran already";
       EXPECT_LT(ms, 100.0) << "forward + backward waited for the held-up stream";
@@ -823,8 +822,8 @@ TEST(LayerOneRank, TheCallerNeverWaitsForTheCounts) {
   }
   expect_matches_reference(f.result(), m, in, top_k, "one rank, counted on the GPU");
   EXPECT_EQ(layer.last_routing().num_ranks, 1);
-  EXPECT_EQ(std::accumulate(layer.last_routing().counts.begin(),
-                            layer.last_routing().counts.end(), int64_t{0}),
+  EXPECT_EQ(std::accumulate(layer.last_routing().counts.begin(), layer.last_routing().counts.end(),
+                            int64_t{0}),
             tokens * top_k);
 }
 

@@ -419,16 +419,17 @@ int feplb_runtime_info_json(feplb_runtime* runtime, char* buf, size_t cap, size_
   return guarded([&] {
     require_ptr(runtime, "runtime");
     const EpRuntime& r = *runtime->runtime;
-    write_json(
-        {{"rank", r.rank()},
-         {"world_size", r.world_size()},
-         {"experts_per_rank", r.config().topo.experts_per_rank()},
-         {"workspace_bytes", r.workspace_bytes()},
-         {"saved_bytes", r.saved_bytes()},
-         {"micro_batches_in_flight", r.micro_batches_in_flight()},
-         {"scheduler_cpu_seconds", r.scheduler_cpu_seconds()},
-         {"expert_gemm", r.expert_gemm() == ExpertGemm::kGrouped ? "grouped" : "per_expert"}},
-        buf, cap, len);
+    write_json({{"rank", r.rank()},
+                {"world_size", r.world_size()},
+                {"experts_per_rank", r.config().topo.experts_per_rank()},
+                {"workspace_bytes", r.workspace_bytes()},
+                {"saved_bytes", r.saved_bytes()},
+                {"micro_batches_in_flight", r.micro_batches_in_flight()},
+                {"scheduler_cpu_seconds", r.scheduler_cpu_seconds()},
+                {"expert_gemm", r.expert_gemm() == ExpertGemm::kGrouped ? "grouped"
+                                : r.expert_gemm() == ExpertGemm::kAuto  ? "auto"
+                                                                        : "per_expert"}},
+               buf, cap, len);
   });
 }
 

@@ -150,7 +150,8 @@ void GroupedFfn::backward(std::span<const FfnItem> items, const Stage& swiglu_ba
                           cudaStream_t stream) {
   for (size_t b = 0, e = 0; b < items.size(); b = e) {
     e = round_end(items, b);
-    backward_round(items, b, e, nullptr, [&] { swiglu_backward(b, e); }, stream);
+    backward_round(
+        items, b, e, nullptr, [&] { swiglu_backward(b, e); }, stream);
   }
 }
 
@@ -161,16 +162,16 @@ void GroupedFfn::backward(std::span<const FfnItem> items, const DeviceRows& rows
               kFfnItemsPerLaunch);
   seen_.clear();
   for (const FfnItem& it : items)
-    FEPLB_CHECK(seen_.insert(it.g_down).second, "grouped FFN with rows on the GPU: two items "
-                                                "share a gradient");
+    FEPLB_CHECK(seen_.insert(it.g_down).second,
+                "grouped FFN with rows on the GPU: two items "
+                "share a gradient");
   if (!items.empty()) backward_round(items, 0, items.size(), &rows, swiglu_backward, stream);
 }
 
 // With rows on the GPU (`dev`) the host does not know which items are empty: a written class
 // gets its clearing kernel whenever it has items (the kernel skips those with rows).
 void GroupedFfn::backward_round(std::span<const FfnItem> items, size_t b, size_t e,
-                                const DeviceRows* dev,
-                                const std::function<void()>& swiglu_backward,
+                                const DeviceRows* dev, const std::function<void()>& swiglu_backward,
                                 cudaStream_t stream) {
   const double avg = prepare(items, b, e, true, dev, stream);
   int in_class[kWeightGradClasses] = {}, empty[kWeightGradClasses] = {};

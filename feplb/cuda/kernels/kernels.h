@@ -34,7 +34,8 @@ cudaError_t scatter_rows(const bf16* hidden, const int32_t* topk_idx, int64_t nu
 cudaError_t swiglu(const bf16* gu, int64_t rows, int64_t ffn, bf16* act, cudaStream_t s);
 
 // out[t] = sum_k w[t, k] * y[pair_pos[t*K + k]] (fp32 accumulation); w null: all weights 1;
-// pairs with pair_pos -1 add nothing. y: [S*K, H]; pair_pos, w: [S, K]; out: [S, H]. H multiple of 8.
+// pairs with pair_pos -1 add nothing. y: [S*K, H]; pair_pos, w: [S, K]; out: [S, H]. H multiple
+// of 8.
 cudaError_t combine(const bf16* y, const int32_t* pair_pos, const float* topk_weight,
                     int64_t num_tokens, int top_k, int64_t hidden_dim, bf16* out, cudaStream_t s);
 

@@ -226,7 +226,7 @@ void MoeLayer::Impl::host(HostAction action, Bindings& b) {
   RuntimeState& r = *rt;
   switch (action) {
     case HostAction::kCarveTokens: {  // saved per token: pair positions, outputs in send order
-      MicroBatchState& h = *b.mb;       // (one rank: everything, its rows at home included)
+      MicroBatchState& h = *b.mb;     // (one rank: everything, its rows at home included)
       const int64_t pairs = carve_pairs;
       const auto carve = [&](void* base) {
         Carver cv(base);

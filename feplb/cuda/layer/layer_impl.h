@@ -112,9 +112,8 @@ struct MoeLayer::Impl final : ProgramHooks {
   // One rank, rows counted on the GPU (build_forward_one_rank): the call never waits for its
   // counts. Each forward copies its rows per expert into the next entry of this ring (pinned)
   // and records `copied`; the layer's later calls settle the entries whose copies are done, in
-  // order (the plan, routing and statistics of that forward, the planner's observation, and the
-  // error of out-of-range expert ids), waiting only when the ring is full; the statistics'
-  // readers settle all of them.
+  // order (the routing and plan of that forward, and the error of out-of-range expert ids),
+  // waiting only when the ring is full; the statistics' readers settle all of them.
   struct RowCounts {
     PinnedBuffer<int32_t> counts;  // [E + 1]
     Event copied;
@@ -126,7 +125,6 @@ struct MoeLayer::Impl final : ProgramHooks {
   static constexpr size_t kRowCountRing = 8;
   std::vector<RowCounts> row_counts;
   size_t row_counts_head = 0, row_counts_pending = 0;
-  uint32_t last_forward_seq = 0;
   // Whether this forward runs on one rank with its rows counted on the GPU: one rank, the grouped
   // GEMMs chosen for its batch (RuntimeConfig::expert_gemm), at most kFfnItemsPerLaunch experts,
   // 16-byte aligned weights, no prefetch pending.
@@ -135,8 +133,10 @@ struct MoeLayer::Impl final : ProgramHooks {
   void run_backward_one_rank(MicroBatch& mb, MicroBatchState& h, GradMode mode, Bindings& b);
   void stage_row_counts(const Bindings& b);
   // Settles the ring's done entries (`all`: every entry, waiting for their copies; the oldest
-  // also when the ring is full). Throws InputError for a forward with expert ids out of range.
-  void settle_row_counts(bool all);
+  // also when the ring is full; the wait into `t->await_us`). Throws InputError for a forward
+  // with expert ids out of range.
+  void settle_row_counts(bool all, HostTimes* t = nullptr);
+  void settle_ring(bool all, double& waited_us);
   void settle(const RowCounts& c);
 
   // ProgramHooks.

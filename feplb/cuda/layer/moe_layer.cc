@@ -227,7 +227,7 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   MicroBatch handle;
   Bindings b;
   m.start_host(b);
-  m.timed(m.call_host.await_us, [&] { m.settle_row_counts(/*all=*/false); });
+  m.settle_row_counts(/*all=*/false, &m.call_host);
   b.stream = stream;
   b.num_tokens = num_tokens;
   b.top_k = static_cast<int>(m.K);
@@ -270,7 +270,7 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
   CallGuard guard(r, "backward");
   Bindings b;
   m.start_host(b);
-  m.timed(m.call_host.await_us, [&] { m.settle_row_counts(/*all=*/false); });
+  m.settle_row_counts(/*all=*/false, &m.call_host);
   b.stream = stream;
   b.num_tokens = num_tokens;
   b.top_k = static_cast<int>(m.K);
@@ -358,7 +358,7 @@ void MoeLayer::backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams
   CallGuard guard(r, "backward_dispatched");
   Bindings b;
   m.start_host(b);
-  m.timed(m.call_host.await_us, [&] { m.settle_row_counts(/*all=*/false); });
+  m.settle_row_counts(/*all=*/false, &m.call_host);
   b.stream = stream;
   b.caller_in = grad_out_rows;
   b.caller_out = grad_rows;

@@ -1,8 +1,8 @@
 // The layer on one rank: nothing to exchange or balance, so nothing the call itself must know of
 // its routing. Its rows are counted, placed and multiplied on the GPU (build_forward_one_rank,
 // kCountedGemm) and the caller's thread never waits for the counts; they reach the host through
-// a small pinned ring that later calls settle: the plan, routing and statistics of each forward,
-// the planner's observation, and the error of expert ids out of range.
+// a small pinned ring that later calls settle: the routing and plan of each forward, and the error
+// of expert ids out of range.
 #include <algorithm>
 #include <chrono>
 
@@ -39,7 +39,6 @@ void MoeLayer::Impl::run_forward_one_rank(MicroBatch& handle, MicroBatchState& h
   h.stats = ForwardStats{};
   timed(call_host.build_us, [&] { build_forward_one_rank(body); });
   exec.run(body, b, *this);
-  last_forward_seq = h.forward_seq;
   fstats = ForwardStats{};  // the counts' part comes when the layer settles this forward
   fstats.host = finish_host();
   if (!r.cfg.training) handle.release();  // forward only: nothing to keep
@@ -60,8 +59,7 @@ void MoeLayer::Impl::run_backward_one_rank(MicroBatch& mb, MicroBatchState& h, G
   b.call = r.board->next_call();
   b.mb = &h;
   bstats = BackwardStats{};
-  timed(call_host.build_us,
-        [&] { build_backward_one_rank(body, mode == GradMode::kOverwrite); });
+  timed(call_host.build_us, [&] { build_backward_one_rank(body, mode == GradMode::kOverwrite); });
   exec.run(body, b, *this);
   r.release(mb.slot_, mb.generation_, b.stream);
   mb.release();
@@ -72,8 +70,7 @@ void MoeLayer::Impl::run_backward_one_rank(MicroBatch& mb, MicroBatchState& h, G
 // ring's next entry; settle_row_counts made room at the call's start.
 void MoeLayer::Impl::stage_row_counts(const Bindings& b) {
   RuntimeState& r = *rt;
-  FEPLB_CHECK(row_counts_pending < row_counts.size(), "layer '{}': row-count ring full",
-              cfg.name);
+  FEPLB_CHECK(row_counts_pending < row_counts.size(), "layer '{}': row-count ring full", cfg.name);
   RowCounts& c = row_counts[(row_counts_head + row_counts_pending) % row_counts.size()];
   const MicroBatchState& h = *b.mb;
   FEPLB_CUDA_CHECK(cudaMemcpyAsync(c.counts.get(), h.expert_rows,
@@ -87,23 +84,36 @@ void MoeLayer::Impl::stage_row_counts(const Bindings& b) {
   ++row_counts_pending;
 }
 
-void MoeLayer::Impl::settle_row_counts(bool all) {
+void MoeLayer::Impl::settle_row_counts(bool all, HostTimes* t) {
+  const auto start = Clock::now();
+  double waited_us = 0;
+  settle_ring(all, waited_us);
+  if (!t) return;
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  t->await_us += waited_us;
+  t->hooks_us += us - waited_us;
+}
+
+void MoeLayer::Impl::settle_ring(bool all, double& waited_us) {
   const RuntimeState& r = *rt;
   while (row_counts_pending > 0) {
     const RowCounts& c = row_counts[row_counts_head];
     if (all || row_counts_pending == row_counts.size()) {
+      const auto t0 = Clock::now();
       const auto deadline = Clock::now() + std::chrono::duration<double>(r.cfg.timeout_s);
       for (uint64_t spins = 0;; ++spins) {
         const cudaError_t q = cudaEventQuery(c.copied.get());
         if (q == cudaSuccess) break;
         if (q != cudaErrorNotReady) FEPLB_CUDA_CHECK(q);
         if ((spins & 1023) == 0 && Clock::now() > deadline) {
-          throw Error(fmt::format("layer '{}': the counts of its forward (call {}) never reached "
-                                  "the host in {:.0f} s",
-                                  cfg.name, c.seq, r.cfg.timeout_s));
+          throw Error(
+              fmt::format("layer '{}': the counts of its forward (call {}) never reached "
+                          "the host in {:.0f} s",
+                          cfg.name, c.seq, r.cfg.timeout_s));
         }
         spin_pause(spins);
       }
+      waited_us += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     } else {
       const cudaError_t q = cudaEventQuery(c.copied.get());
       if (q == cudaErrorNotReady) return;
@@ -115,8 +125,8 @@ void MoeLayer::Impl::settle_row_counts(bool all) {
   }
 }
 
-// One forward's counts on the host: its routing, the planner's plan of it (every expert's rows at
-// home: nothing to balance on one rank) and observation, its statistics.
+// One forward's counts on the host: its routing and its plan, which on one rank is every expert's
+// rows at home (the planner is not called: there is nothing to balance, nor to learn for later).
 void MoeLayer::Impl::settle(const RowCounts& c) {
   RuntimeState& r = *rt;
   const int E = static_cast<int>(r.E);
@@ -139,17 +149,16 @@ void MoeLayer::Impl::settle(const RowCounts& c) {
   routing.layer = layer_id;
   std::copy(counts, counts + E, routing.counts.begin());
   routing.sum_experts();
-  const auto t0 = Clock::now();
-  planner->plan(routing, last_plan);
-  const double plan_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-  planner->observe(routing);
-  if (c.seq == last_forward_seq) fstats.plan_us = plan_us;
+  last_plan.clear(E);
+  for (int e = 0; e < E; ++e) {
+    if (counts[e] > 0) last_plan.slices.push_back({e, 0, counts[e], RowSource::kHome});
+  }
+  last_plan.mode = "one rank";
   std::lock_guard<std::mutex> lock(r.handles_mu);
   MicroBatchState& h = r.handles[static_cast<size_t>(c.slot)];
   if (h.in_use && h.generation == c.generation) {
     h.routing = routing;
     h.plan = last_plan;
-    h.stats.plan_us = plan_us;
   }
 }
 

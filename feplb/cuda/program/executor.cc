@@ -189,8 +189,7 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
     case KernelId::kScatterRows:
       FEPLB_CUDA_CHECK(kernels::scatter_rows(b.hidden, b.topk_idx, b.num_tokens, b.top_k, E, H,
                                              offsets, r.cursor.get(),
-                                             one_rank ? h->x_home : r.send.get(), h->pair_pos,
-                                             st));
+                                             one_rank ? h->x_home : r.send.get(), h->pair_pos, st));
       break;
     case KernelId::kScatterGrad:
       FEPLB_CUDA_CHECK(kernels::scatter_grad(b.grad_out, h->pair_pos, b.topk_weight, h->y_send,
@@ -433,13 +432,17 @@ void Executor::counted_gemms(const Step& s, Bindings& b, cudaStream_t st) {
   }
   const GroupedFfn::DeviceRows dev{h.expert_rows, h.expert_row0, pairs};
   if (s.backward) {
-    r.grouped->backward(ffn_items_, dev, [&] {
-      FEPLB_CUDA_CHECK(kernels::swiglu_backward(h.gu_home, h.act_home, pairs, F, h.gu_home, st));
-    }, st);
+    r.grouped->backward(
+        ffn_items_, dev,
+        [&] {
+          FEPLB_CUDA_CHECK(
+              kernels::swiglu_backward(h.gu_home, h.act_home, pairs, F, h.gu_home, st));
+        },
+        st);
   } else {
-    r.grouped->forward(ffn_items_, dev, [&] {
-      FEPLB_CUDA_CHECK(kernels::swiglu(h.gu_home, pairs, F, h.act_home, st));
-    }, st);
+    r.grouped->forward(
+        ffn_items_, dev,
+        [&] { FEPLB_CUDA_CHECK(kernels::swiglu(h.gu_home, pairs, F, h.act_home, st)); }, st);
   }
 }
 

@@ -119,12 +119,12 @@ enum class HostFlag : uint8_t {
 };
 // Host work of the layer at a point of the caller's steps (the executor calls the layer back).
 enum class HostAction : uint8_t {
-  kCarveTokens,    // forward: the micro-batch's per-token memory (stream-ordered allocation)
-  kStageCounts,    // forward_dispatched: this rank's rows per local expert into pinned memory
-  kStartJob,       // hand the call to the scheduler thread (plan and/or phase-2 input copies)
-  kDropPrefetch,   // the pending prefetch is settled: forget it (host)
-  kStartPrefetch,  // prefetch: number the call, record its copies as the pending prefetch
-  kObserve,        // scheduler: the planner observes the planned step
+  kCarveTokens,     // forward: the micro-batch's per-token memory (stream-ordered allocation)
+  kStageCounts,     // forward_dispatched: this rank's rows per local expert into pinned memory
+  kStartJob,        // hand the call to the scheduler thread (plan and/or phase-2 input copies)
+  kDropPrefetch,    // the pending prefetch is settled: forget it (host)
+  kStartPrefetch,   // prefetch: number the call, record its copies as the pending prefetch
+  kObserve,         // scheduler: the planner observes the planned step
   kStageRowCounts,  // one-rank forward: the rows per expert D2H into the layer's pinned ring, an
                     // event after (the layer reads them at a later call: nothing waits now)
 };
@@ -203,12 +203,12 @@ struct Step {
   HostFlag flag = HostFlag::kPlanned;
   Mark mark = Mark::kStart;
   HostAction action = HostAction::kStartJob;
-  bool backward = false;  // kGemm: FFN backward; kMark: the backward's timeline
-  bool timed = false;     // kWait: a donor wait (the timeline marks before and after)
+  bool backward = false;   // kGemm: FFN backward; kMark: the backward's timeline
+  bool timed = false;      // kWait: a donor wait (the timeline marks before and after)
   bool overwrite = false;  // kCountedGemm backward: dW written (beta 0), else added
-  int peer = -1;          // kSignal, kWait, kBumpQuiet
-  int64_t count = 0;      // kAllGather: ints per rank
-  Ref a, b;               // kKernel kAddStagedGrad: a = grads, b = staging slot
+  int peer = -1;           // kSignal, kWait, kBumpQuiet
+  int64_t count = 0;       // kAllGather: ints per rank
+  Ref a, b;                // kKernel kAddStagedGrad: a = grads, b = staging slot
   uint32_t begin = 0, mid = 0, end = 0;
 };
 
