@@ -21,47 +21,21 @@ double oracle_token_straggler(const Topology& topo, const std::vector<int64_t>& 
   return static_cast<double>(worst) - static_cast<double>(total) / topo.num_ranks();
 }
 
-StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                         const Knobs& knobs, double planner_us, GpuLoads* loads) {
-  const int R = topo.num_ranks(), E = topo.num_experts();
-  StepMetrics m;
-  m.planner_us = planner_us;
-  m.mode = plan.mode;
-  const auto key = [E](int gpu, int expert) { return static_cast<size_t>(gpu) * E + expert; };
-  std::vector<int64_t> home_rows(R, 0), guest_rows(R, 0);
-  std::vector<double> gemm(R, 0.0);
-  std::vector<int64_t> expert_counts(static_cast<size_t>(E), 0);
-  // Non-home weights per GPU: resident replicas (held before the micro-batch) and copies.
-  std::vector<int64_t> guest_slots(R, 0);
-  for (const ResidentReplica& r : plan.resident) ++guest_slots[r.gpu];
-  // rows_at[gpu, expert]: rows computed there (to tell used prefetches from wasted ones).
-  std::vector<int64_t> rows_at(static_cast<size_t>(R) * E, 0);
-  for (const Slice& s : plan.slices) rows_at[key(s.gpu, s.expert)] += s.rows;
+namespace {
 
-  // The plan's schedule, t = 0 when the GPUs start their expert GEMMs (a plan made without one,
-  // by hand: written here the same way). Phase-2 copies start once the plan exists, the planner's
-  // time after the GEMMs start (two-phase: it planned while the dispatch ran), or at once (a plan
-  // made before the dispatch, whose latency delays the dispatch, so every GPU, instead). The
-  // schedule assumed the planner's budget; the copies of a plan ready later (earlier) land that
-  // much later (earlier).
-  const double plan_ms = planner_us * 1e-3;
-  m.plan_exposed_ms = plan.planned_before_dispatch ? plan_ms : 0.0;
-  const Plan* scheduled = &plan;
-  Plan written;
-  if (!plan.schedule.written(plan.copies.size(), R)) {
-    written = plan;
-    ScheduleWriter().write(written, topo, knobs, cost);
-    scheduled = &written;
-  }
-  const Schedule& schedule = scheduled->schedule;
-  const double delay_ms = (plan.planned_before_dispatch ? 0.0 : plan_ms) - schedule.copy_start_ms;
+// The copies' bytes by kind and link, weight copies and prefetches, and the guest slots they fill
+// (`guest_slots` [gpu] += ; `rows_at` [gpu, expert]: rows computed there, to tell used prefetches
+// from wasted ones).
+void count_copies(const Plan& plan, const Topology& topo, const std::vector<int64_t>& rows_at,
+                  std::vector<int64_t>& guest_slots, StepMetrics& m) {
+  const int E = topo.num_experts();
   for (const Copy& c : plan.copies) {
     if (c.kind == CopyKind::kPrefetchWeights) {
       m.weight_bytes += c.bytes;
       ++m.prefetch_copies;
       m.prefetch_bytes += c.bytes;
       ++guest_slots[c.dst_gpu];
-      if (rows_at[key(c.dst_gpu, c.expert)] > 0) {
+      if (rows_at[static_cast<size_t>(c.dst_gpu) * E + c.expert] > 0) {
         ++m.prefetch_hits;
         ++m.guest_weights_needed;
       } else {
@@ -81,15 +55,24 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
     }
     (topo.same_domain(c.src_gpu, c.dst_gpu) ? m.nvlink_bytes : m.network_bytes) += c.bytes;
   }
+}
 
+// Rows and modelled GEMM time per GPU: the token and GEMM stragglers, and the oracle's.
+void measure_loads(const Plan& plan, const Topology& topo, const GemmCostModel& cost, GpuLoads& l,
+                   StepMetrics& m) {
+  const int R = topo.num_ranks();
+  l.home_rows.assign(R, 0);
+  l.guest_rows.assign(R, 0);
+  l.gemm_ms.assign(R, 0.0);
+  std::vector<int64_t> expert_counts(static_cast<size_t>(topo.num_experts()), 0);
   for (const Slice& s : plan.slices) {
-    gemm[s.gpu] += cost.expert_ms(s.rows);
+    l.gemm_ms[s.gpu] += cost.expert_ms(s.rows);
     expert_counts[s.expert] += s.rows;
-    (topo.home(s.expert) == s.gpu ? home_rows : guest_rows)[s.gpu] += s.rows;
+    (topo.home(s.expert) == s.gpu ? l.home_rows : l.guest_rows)[s.gpu] += s.rows;
   }
   int64_t total = 0, max_rows = 0;
   for (int g = 0; g < R; ++g) {
-    const int64_t rows = home_rows[g] + guest_rows[g];
+    const int64_t rows = l.home_rows[g] + l.guest_rows[g];
     total += rows;
     max_rows = std::max(max_rows, rows);
   }
@@ -98,14 +81,17 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   m.token_max_over_mean = m.mean_rows > 0 ? static_cast<double>(max_rows) / m.mean_rows : 1.0;
   m.oracle_straggler = oracle_token_straggler(topo, expert_counts);
   double gemm_sum = 0.0;
-  for (double g : gemm) {
+  for (double g : l.gemm_ms) {
     gemm_sum += g;
     m.gemm_max_ms = std::max(m.gemm_max_ms, g);
   }
   m.gemm_straggler_ms = m.gemm_max_ms - gemm_sum / R;
+}
 
-  // Each GPU runs its own work, its ready guests, then its owners' guests turn by turn, as the
-  // schedule orders them.
+// Each GPU runs its own work, its ready guests, then its owners' guests turn by turn, as the
+// schedule orders them, its copies `delay_ms` later than the schedule assumed: the copies'
+// exposed time and the static window's slack.
+void measure_timelines(const Schedule& schedule, int R, double delay_ms, StepMetrics& m) {
   double slack = std::numeric_limits<double>::infinity();
   double finish_max = 0.0;
   for (int g = 0; g < R; ++g) {
@@ -116,13 +102,46 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   m.window_slack_ms = std::isinf(slack) ? 0.0 : slack;
   m.copy_exposed_ms = std::max(0.0, finish_max - m.gemm_max_ms);
   if (m.copy_exposed_ms < 1e-12) m.copy_exposed_ms = 0.0;  // rounding of equal sums
-  m.max_guest_slots = *std::max_element(guest_slots.begin(), guest_slots.end());
   m.fits_static_window = std::isinf(slack) || slack >= 0.0;
-  if (loads) {
-    loads->home_rows = std::move(home_rows);
-    loads->guest_rows = std::move(guest_rows);
-    loads->gemm_ms = std::move(gemm);
+}
+
+}  // namespace
+
+StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
+                         const Knobs& knobs, double planner_us, GpuLoads* loads) {
+  const int R = topo.num_ranks(), E = topo.num_experts();
+  StepMetrics m;
+  m.planner_us = planner_us;
+  m.mode = plan.mode;
+  // Non-home weights per GPU: resident replicas (held before the micro-batch) and copies.
+  std::vector<int64_t> guest_slots(R, 0);
+  for (const ResidentReplica& r : plan.resident) ++guest_slots[r.gpu];
+  std::vector<int64_t> rows_at(static_cast<size_t>(R) * E, 0);  // [gpu, expert]
+  for (const Slice& s : plan.slices) rows_at[static_cast<size_t>(s.gpu) * E + s.expert] += s.rows;
+
+  // The plan's schedule, t = 0 when the GPUs start their expert GEMMs (a plan made without one,
+  // by hand: written here the same way). Phase-2 copies start once the plan exists, the planner's
+  // time after the GEMMs start (two-phase: it planned while the dispatch ran), or at once (a plan
+  // made before the dispatch, whose latency delays the dispatch, so every GPU, instead). The
+  // schedule assumed the planner's budget; the copies of a plan ready later (earlier) land that
+  // much later (earlier).
+  const double plan_ms = planner_us * 1e-3;
+  m.plan_exposed_ms = plan.planned_before_dispatch ? plan_ms : 0.0;
+  const Plan* scheduled = &plan;
+  Plan written;
+  if (!plan.schedule.written(plan.copies.size(), R)) {
+    written = plan;
+    ScheduleWriter().write(written, topo, knobs, cost);
+    scheduled = &written;
   }
+  const Schedule& schedule = scheduled->schedule;
+  const double delay_ms = (plan.planned_before_dispatch ? 0.0 : plan_ms) - schedule.copy_start_ms;
+  count_copies(plan, topo, rows_at, guest_slots, m);
+  GpuLoads l;
+  measure_loads(plan, topo, cost, l, m);
+  measure_timelines(schedule, R, delay_ms, m);
+  m.max_guest_slots = *std::max_element(guest_slots.begin(), guest_slots.end());
+  if (loads) *loads = std::move(l);
   return m;
 }
 

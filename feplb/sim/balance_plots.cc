@@ -86,57 +86,50 @@ std::string two_panel_plot(const BalanceResult& r, const std::string& title,
   return svg.done();
 }
 
-std::string pareto_plot(const BalanceResult& r) {
-  const BalanceGroup* g = r.find(r.config.pareto_ranks, 0.0);
-  const double width = 1000, height = 620;
-  Svg svg(width, height);
-  svg.text(20, 24,
-           fmt::format("Token straggler against weight bytes moved, EP={}, real priors",
-                       r.config.pareto_ranks),
-           17, "start", "#222", true);
-  svg.text(20, 42,
-           fmt::format("each point: one setting, mean over every step of the {} prior{}; filled: "
-                       "default settings, hollow: variants; the line: the Pareto front of runtime "
-                       "settings",
-                       r.config.prior_paths.size(), r.config.prior_paths.size() == 1 ? "" : "s"),
-           11, "start", "#555");
-  if (!g) return svg.done();
-  const double left = 80, right = width - 230, top = 70, bottom = height - 60;
-  LogAxis y{0.01, 100, bottom - 26, top};  // the '0' row 10 px above the axis
-  LogAxis x{1, 10000, left + 24, right};
-  y_log_ticks(svg, y, left, right, "%");
-  for (double v = x.lo; v <= x.hi * 1.0001; v *= 10) {
-    const double px = x.map(v);
-    svg.line(px, top, px, bottom, "#e6e6e6");
-    svg.text(px, bottom + 14, tick_label(v, ""), 10, "middle", "#555");
+// The Pareto plot's frame: where its points go, on log axes (0 drawn at '0').
+struct ParetoFrame {
+  const BalanceGroup& g;
+  double left, right, top, bottom;
+  LogAxis x, y;
+  double px(const BalanceCell& c) const { return x.map(c.summary.weight_bytes_per_step / kMiB); }
+  double py(const BalanceCell& c) const {
+    return y.map(c.summary.token_straggler / g.mean_rows * 100);
   }
-  svg.text(x.zero(), bottom + 14, "0", 10, "middle", "#555");
-  svg.line(left, bottom, right, bottom, "#999");
-  svg.line(left, top, left, bottom, "#999");
-  svg.text((left + right) / 2, bottom + 34,
+};
+
+void pareto_axes(Svg& svg, const ParetoFrame& f) {
+  y_log_ticks(svg, f.y, f.left, f.right, "%");
+  for (double v = f.x.lo; v <= f.x.hi * 1.0001; v *= 10) {
+    const double px = f.x.map(v);
+    svg.line(px, f.top, px, f.bottom, "#e6e6e6");
+    svg.text(px, f.bottom + 14, tick_label(v, ""), 10, "middle", "#555");
+  }
+  svg.text(f.x.zero(), f.bottom + 14, "0", 10, "middle", "#555");
+  svg.line(f.left, f.bottom, f.right, f.bottom, "#999");
+  svg.line(f.left, f.top, f.left, f.bottom, "#999");
+  svg.text((f.left + f.right) / 2, f.bottom + 34,
            "expert weight bytes moved per micro-batch and layer (MiB, log)", 11, "middle", "#444");
-  svg.text(left - 48, top - 8, "token straggler, % of mean load (log)", 11, "start", "#444");
-  auto px = [&](const BalanceCell& c) { return x.map(c.summary.weight_bytes_per_step / kMiB); };
-  auto py = [&](const BalanceCell& c) {
-    return y.map(c.summary.token_straggler / g->mean_rows * 100);
-  };
-  std::vector<std::vector<std::pair<double, double>>> drawn;  // lines the labels avoid
-  // Series of variants joined by thin lines (feplb tolerance, placed homes, LLEP's cap).
+  svg.text(f.left - 48, f.top - 8, "token straggler, % of mean load (log)", 11, "start", "#444");
+}
+
+// The series of variants joined by thin lines (feplb tolerance, placed homes, LLEP's cap) and the
+// front as steps; returns the lines drawn (the labels avoid them).
+std::vector<std::vector<std::pair<double, double>>> pareto_lines(Svg& svg, const ParetoFrame& f) {
+  std::vector<std::vector<std::pair<double, double>>> drawn;
   for (const auto& [prefix, policy] : std::vector<std::pair<std::string, std::string>>{
            {"feplb tol", "feplb"}, {"feplb, placed homes, tol", "feplb"}, {"llep cap", "llep"}}) {
     std::vector<std::pair<double, double>> pts;
-    for (const BalanceCell& c : g->cells) {
-      if (c.label.rfind(prefix, 0) == 0) pts.emplace_back(px(c), py(c));
+    for (const BalanceCell& c : f.g.cells) {
+      if (c.label.rfind(prefix, 0) == 0) pts.emplace_back(f.px(c), f.py(c));
     }
     std::sort(pts.begin(), pts.end());
     svg.polyline(pts, policy_color(policy), 1, "2,2");
     drawn.push_back(pts);
   }
-  // The front.
-  const std::vector<uint8_t> front = pareto_front(*g);
+  const std::vector<uint8_t> front = pareto_front(f.g);
   std::vector<std::pair<double, double>> fpts;
-  for (size_t i = 0; i < g->cells.size(); ++i) {
-    if (front[i]) fpts.emplace_back(px(g->cells[i]), py(g->cells[i]));
+  for (size_t i = 0; i < f.g.cells.size(); ++i) {
+    if (front[i]) fpts.emplace_back(f.px(f.g.cells[i]), f.py(f.g.cells[i]));
   }
   std::sort(fpts.begin(), fpts.end());
   std::vector<std::pair<double, double>> steps;
@@ -146,29 +139,20 @@ std::string pareto_plot(const BalanceResult& r) {
   }
   svg.polyline(steps, colors::kFront, 3);
   drawn.push_back(steps);
-  for (const BalanceCell& c : g->cells) {
-    const bool main = !c.variant;
-    const std::string tip = fmt::format("{}: {:.0f} MiB, {:.2f}% of mean", c.label,
-                                        c.summary.weight_bytes_per_step / kMiB,
-                                        c.summary.token_straggler / g->mean_rows * 100);
-    svg.marker(px(c), py(c), main ? 5.5 : 3.5, policy_color(policy_of_label(c.label)), !main, tip);
-  }
-  // Labels of the main settings. Each takes the first of a list of places around its point
-  // (right, left, above, below, then further out, with a leader line) whose box stays inside the
-  // plot and overlaps no other label, no marker and no axis tick label; where none is free, the
-  // place that overlaps least.
-  using Box = std::array<double, 4>;  // x0, y0, x1, y1
-  const auto overlap = [](const Box& a, const Box& b) {
-    const double w = std::min(a[2], b[2]) - std::max(a[0], b[0]);
-    const double h = std::min(a[3], b[3]) - std::max(a[1], b[1]);
-    return w > 0 && h > 0 ? w * h : 0.0;
-  };
+  return drawn;
+}
+
+using Box = std::array<double, 4>;  // x0, y0, x1, y1
+
+// What a label must not cover: the markers, the lines (small boxes every few pixels along each
+// segment) and the axes' tick labels.
+std::vector<Box> pareto_obstacles(
+    const ParetoFrame& f, const std::vector<std::vector<std::pair<double, double>>>& drawn) {
   std::vector<Box> taken;
-  for (const BalanceCell& c : g->cells) {
+  for (const BalanceCell& c : f.g.cells) {
     const double rad = c.variant ? 3.5 : 5.5;
-    taken.push_back({px(c) - rad, py(c) - rad, px(c) + rad, py(c) + rad});
+    taken.push_back({f.px(c) - rad, f.py(c) - rad, f.px(c) + rad, f.py(c) + rad});
   }
-  // The lines, as small boxes every few pixels along each segment.
   for (const auto& line : drawn) {
     for (size_t i = 0; i + 1 < line.size(); ++i) {
       const auto [x0, y0] = line[i];
@@ -180,16 +164,29 @@ std::string pareto_plot(const BalanceResult& r) {
       }
     }
   }
-  taken.push_back({left - 40, bottom, right + 40, bottom + 20});  // x tick labels
-  taken.push_back({left - 48, top - 20, left, bottom});           // y tick labels
-  for (const BalanceCell& c : g->cells) {
+  taken.push_back({f.left - 40, f.bottom, f.right + 40, f.bottom + 20});  // x tick labels
+  taken.push_back({f.left - 48, f.top - 20, f.left, f.bottom});           // y tick labels
+  return taken;
+}
+
+// Labels of the main settings. Each takes the first of a list of places around its point (right,
+// left, above, below, then further out, with a leader line) whose box stays inside the plot and
+// overlaps no other label, no marker and no axis tick label; where none is free, the place that
+// overlaps least.
+void pareto_labels(Svg& svg, const ParetoFrame& f, std::vector<Box> taken) {
+  const auto overlap = [](const Box& a, const Box& b) {
+    const double w = std::min(a[2], b[2]) - std::max(a[0], b[0]);
+    const double h = std::min(a[3], b[3]) - std::max(a[1], b[1]);
+    return w > 0 && h > 0 ? w * h : 0.0;
+  };
+  struct Place {
+    double dx, dy;  // of the text's baseline start from the point
+    bool leader;
+  };
+  for (const BalanceCell& c : f.g.cells) {
     if (c.variant) continue;
     const double w = 6.4 * static_cast<double>(c.label.size()), h = 12;
-    const double cx = px(c), cy = py(c);
-    struct Place {
-      double dx, dy;  // of the text's baseline start from the point
-      bool leader;
-    };
+    const double cx = f.px(c), cy = f.py(c);
     std::vector<Place> places = {
         {8, 4, false}, {-8 - w, 4, false}, {-w / 2, -9, false}, {-w / 2, 17, false}};
     for (double d : {22.0, 36.0, 50.0, 64.0}) {
@@ -203,7 +200,7 @@ std::string pareto_plot(const BalanceResult& r) {
     for (const Place& p : places) {
       const Box box{cx + p.dx, cy + p.dy - h + 2, cx + p.dx + w, cy + p.dy + 2};
       double cost = 0;
-      if (box[0] < left || box[2] > right || box[1] < top || box[3] > bottom) cost += 1e6;
+      if (box[0] < f.left || box[2] > f.right || box[1] < f.top || box[3] > f.bottom) cost += 1e6;
       for (const Box& t : taken) cost += overlap(box, t);
       if (cost < best_cost) {
         best_cost = cost;
@@ -219,9 +216,10 @@ std::string pareto_plot(const BalanceResult& r) {
     svg.text(cx + best.dx, cy + best.dy, c.label, 11, "start", color);
     taken.push_back({cx + best.dx, cy + best.dy - h + 2, cx + best.dx + w, cy + best.dy + 2});
   }
-  // Legend of the variant series.
-  const double lx = right + 20;
-  double ly = top + 10;
+}
+
+// The legend of the variant series and the front, right of the plot.
+void pareto_legend(Svg& svg, double lx, double ly) {
   svg.text(lx, ly, "variants (hollow):", 11, "start", "#222", true);
   for (const auto& [text, policy] : std::vector<std::pair<std::string, std::string>>{
            {"feplb --balance-tolerance 2..20%", "feplb"},
@@ -238,6 +236,43 @@ std::string pareto_plot(const BalanceResult& r) {
   svg.text(lx + 28, ly, "Pareto front", 11);
   ly += 22;
   svg.text(lx, ly, "0 on an axis: drawn at '0'", 10, "start", "#666");
+}
+
+std::string pareto_plot(const BalanceResult& r) {
+  const BalanceGroup* g = r.find(r.config.pareto_ranks, 0.0);
+  const double width = 1000, height = 620;
+  Svg svg(width, height);
+  svg.text(20, 24,
+           fmt::format("Token straggler against weight bytes moved, EP={}, real priors",
+                       r.config.pareto_ranks),
+           17, "start", "#222", true);
+  svg.text(20, 42,
+           fmt::format("each point: one setting, mean over every step of the {} prior{}; filled: "
+                       "default settings, hollow: variants; the line: the Pareto front of runtime "
+                       "settings",
+                       r.config.prior_paths.size(), r.config.prior_paths.size() == 1 ? "" : "s"),
+           11, "start", "#555");
+  if (!g) return svg.done();
+  const double left = 80, right = width - 230, top = 70, bottom = height - 60;
+  const ParetoFrame f{*g,
+                      left,
+                      right,
+                      top,
+                      bottom,
+                      LogAxis{1, 10000, left + 24, right},
+                      LogAxis{0.01, 100, bottom - 26, top}};  // the '0' row 10 px above the axis
+  pareto_axes(svg, f);
+  const auto drawn = pareto_lines(svg, f);
+  for (const BalanceCell& c : g->cells) {
+    const bool main = !c.variant;
+    const std::string tip = fmt::format("{}: {:.0f} MiB, {:.2f}% of mean", c.label,
+                                        c.summary.weight_bytes_per_step / kMiB,
+                                        c.summary.token_straggler / g->mean_rows * 100);
+    svg.marker(f.px(c), f.py(c), main ? 5.5 : 3.5, policy_color(policy_of_label(c.label)), !main,
+               tip);
+  }
+  pareto_labels(svg, f, pareto_obstacles(f, drawn));
+  pareto_legend(svg, right + 20, top + 10);
   return svg.done();
 }
 

@@ -155,16 +155,52 @@ std::string format_table(const SimulationResult& r) {
   return out;
 }
 
-std::string format_json(const SimulationResult& r) {
-  using json = nlohmann::ordered_json;
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// The walk-forward placement's replans (or the file's placement) of a simulation.
+ojson placement_json(const SimulationResult& r) {
   const SimulationConfig& c = r.config;
-  json knobs = json::object();
+  ojson replans = ojson::array();
+  for (const Replan& rp : r.replans) {
+    ojson layers = ojson::array();
+    for (const LayerPlaceStats& l : rp.layers) {
+      layers.push_back({{"layer", l.layer},
+                        {"rehomed_experts", l.rehomed},
+                        {"node_swaps", l.node_swaps},
+                        {"gpu_swaps", l.gpu_swaps},
+                        {"history_between_nodes_before", l.before.node_floor},
+                        {"history_between_nodes_after", l.after.node_floor},
+                        {"history_rows_above_node_mean_before", l.before.gpu_excess},
+                        {"history_rows_above_node_mean_after", l.after.gpu_excess}});
+    }
+    const Migration& m = rp.migration;
+    replans.push_back({{"micro_batch", rp.micro_batch},
+                       {"history_micro_batches", rp.history_micro_batches},
+                       {"rehomed_experts", m.rehomed_experts},
+                       {"rehomed_across_nodes", m.across_nodes},
+                       {"weight_bytes", m.weight_bytes},
+                       {"optimizer_bytes", m.optimizer_bytes},
+                       {"network_bytes", m.network_bytes},
+                       {"place_ms", rp.place_ms},
+                       {"layers", layers}});
+  }
+  return {{"source", r.replans.empty() ? "file" : "walk-forward"},
+          {"replan_interval", c.replan_interval},
+          {"replan_window", c.replan_window > 0 ? c.replan_window : c.replan_interval},
+          {"migration_bytes_per_step", r.migration_bytes_per_step()},
+          {"replans", replans}};
+}
+
+ojson config_json(const SimulationResult& r) {
+  const SimulationConfig& c = r.config;
+  ojson knobs = ojson::object();
   Knobs k = c.knobs;
   for (const KnobInfo& info : list_knobs(k)) {
     std::visit([&](auto* p) { knobs[std::string(info.name)] = *p; }, info.value);
   }
-  json doc;
-  doc["config"] = {
+  ojson config = {
       {"trace", c.trace_label},
       {"model", r.model},
       {"num_experts", r.topo.num_experts()},
@@ -185,116 +221,74 @@ std::string format_json(const SimulationResult& r) {
       {"policies", c.policies},
       {"knobs", knobs},
   };
-  if (!r.final_placement.empty()) {
-    json replans = json::array();
-    for (const Replan& rp : r.replans) {
-      json layers = json::array();
-      for (const LayerPlaceStats& l : rp.layers) {
-        layers.push_back({{"layer", l.layer},
-                          {"rehomed_experts", l.rehomed},
-                          {"node_swaps", l.node_swaps},
-                          {"gpu_swaps", l.gpu_swaps},
-                          {"history_between_nodes_before", l.before.node_floor},
-                          {"history_between_nodes_after", l.after.node_floor},
-                          {"history_rows_above_node_mean_before", l.before.gpu_excess},
-                          {"history_rows_above_node_mean_after", l.after.gpu_excess}});
-      }
-      const Migration& m = rp.migration;
-      replans.push_back({{"micro_batch", rp.micro_batch},
-                         {"history_micro_batches", rp.history_micro_batches},
-                         {"rehomed_experts", m.rehomed_experts},
-                         {"rehomed_across_nodes", m.across_nodes},
-                         {"weight_bytes", m.weight_bytes},
-                         {"optimizer_bytes", m.optimizer_bytes},
-                         {"network_bytes", m.network_bytes},
-                         {"place_ms", rp.place_ms},
-                         {"layers", layers}});
-    }
-    doc["config"]["placement"] = {
-        {"source", r.replans.empty() ? "file" : "walk-forward"},
-        {"replan_interval", c.replan_interval},
-        {"replan_window", c.replan_window > 0 ? c.replan_window : c.replan_interval},
-        {"migration_bytes_per_step", r.migration_bytes_per_step()},
-        {"replans", replans}};
-  }
-  json policies = json::object();
-  for (const PolicyResult& p : r.policies) {
-    const PolicySummary& s = p.summary;
-    policies[p.name] = {
-        {"token_straggler", s.token_straggler},
-        {"token_straggler_p95", s.token_straggler_p95},
-        {"token_max_over_mean", s.token_max_over_mean},
-        {"token_max_over_mean_p95", s.token_max_over_mean_p95},
-        {"gemm_straggler_ms", s.gemm_straggler_ms},
-        {"gemm_straggler_ms_p95", s.gemm_straggler_ms_p95},
-        {"weight_bytes_per_step", s.weight_bytes_per_step},
-        {"token_bytes_per_step", s.token_bytes_per_step},
-        {"guest_experts_per_step", s.guest_experts_per_step},
-        {"fits_static_window", s.fits_static_window},
-        {"window_slack_ms_p5", s.window_slack_ms_p5},
-        {"copy_exposed_ms", s.copy_exposed_ms},
-        {"copy_exposed_ms_p95", s.copy_exposed_ms_p95},
-        {"plan_exposed_ms", s.plan_exposed_ms},
-        {"exposed_ms", s.exposed_ms},
-        {"exposed_ms_p95", s.exposed_ms_p95},
-        {"delayed_steps", s.delayed_steps},
-        {"prefetch_bytes_per_step", s.prefetch_bytes_per_step},
-        {"prefetch_wasted_bytes_per_step", s.prefetch_wasted_bytes_per_step},
-        {"prefetch_hit_rate", s.prefetch_hit_rate},
-        {"prefetch_coverage", s.prefetch_coverage},
-        {"planner_us_median", s.planner_us_median},
-        {"planner_us_p99", s.planner_us_p99},
-        {"token_straggler_reduction", s.token_straggler_reduction},
-        {"gemm_straggler_reduction", s.gemm_straggler_reduction},
-        {"above_oracle_pct_of_mean", s.above_oracle_pct_of_mean},
-        {"inter_node_floor", s.inter_node_floor},
-        {"nvlink_bytes_per_step", s.nvlink_bytes_per_step},
-        {"network_bytes_per_step", s.network_bytes_per_step},
-        {"dispatch_nvlink_bytes_per_step", s.dispatch_nvlink_bytes_per_step},
-        {"dispatch_network_bytes_per_step", s.dispatch_network_bytes_per_step},
-        {"guest_slots_max", s.guest_slots_max},
-        {"transport", data_movement_json(p.movement)},
-    };
-    if (!s.modes.empty()) {
-      json modes = json::object();
-      for (const auto& [mode, count] : s.modes) modes[mode] = count;
-      json per_step = json::array();
-      for (const StepMetrics& m : p.steps) per_step.push_back(m.mode);
-      policies[p.name]["modes"] = modes;
-      policies[p.name]["step_modes"] = per_step;  // in the order of the measured steps
-    }
-  }
+  if (!r.final_placement.empty()) config["placement"] = placement_json(r);
+  return config;
+}
+
+// One policy's summary, transport and (feplb) modes.
+ojson policy_json(const PolicyResult& p) {
+  const PolicySummary& s = p.summary;
+  ojson j = {
+      {"token_straggler", s.token_straggler},
+      {"token_straggler_p95", s.token_straggler_p95},
+      {"token_max_over_mean", s.token_max_over_mean},
+      {"token_max_over_mean_p95", s.token_max_over_mean_p95},
+      {"gemm_straggler_ms", s.gemm_straggler_ms},
+      {"gemm_straggler_ms_p95", s.gemm_straggler_ms_p95},
+      {"weight_bytes_per_step", s.weight_bytes_per_step},
+      {"token_bytes_per_step", s.token_bytes_per_step},
+      {"guest_experts_per_step", s.guest_experts_per_step},
+      {"fits_static_window", s.fits_static_window},
+      {"window_slack_ms_p5", s.window_slack_ms_p5},
+      {"copy_exposed_ms", s.copy_exposed_ms},
+      {"copy_exposed_ms_p95", s.copy_exposed_ms_p95},
+      {"plan_exposed_ms", s.plan_exposed_ms},
+      {"exposed_ms", s.exposed_ms},
+      {"exposed_ms_p95", s.exposed_ms_p95},
+      {"delayed_steps", s.delayed_steps},
+      {"prefetch_bytes_per_step", s.prefetch_bytes_per_step},
+      {"prefetch_wasted_bytes_per_step", s.prefetch_wasted_bytes_per_step},
+      {"prefetch_hit_rate", s.prefetch_hit_rate},
+      {"prefetch_coverage", s.prefetch_coverage},
+      {"planner_us_median", s.planner_us_median},
+      {"planner_us_p99", s.planner_us_p99},
+      {"token_straggler_reduction", s.token_straggler_reduction},
+      {"gemm_straggler_reduction", s.gemm_straggler_reduction},
+      {"above_oracle_pct_of_mean", s.above_oracle_pct_of_mean},
+      {"inter_node_floor", s.inter_node_floor},
+      {"nvlink_bytes_per_step", s.nvlink_bytes_per_step},
+      {"network_bytes_per_step", s.network_bytes_per_step},
+      {"dispatch_nvlink_bytes_per_step", s.dispatch_nvlink_bytes_per_step},
+      {"dispatch_network_bytes_per_step", s.dispatch_network_bytes_per_step},
+      {"guest_slots_max", s.guest_slots_max},
+      {"transport", data_movement_json(p.movement)},
+  };
+  if (s.modes.empty()) return j;
+  ojson modes = ojson::object();
+  for (const auto& [mode, count] : s.modes) modes[mode] = count;
+  ojson per_step = ojson::array();
+  for (const StepMetrics& m : p.steps) per_step.push_back(m.mode);
+  j["modes"] = modes;
+  j["step_modes"] = per_step;  // in the order of the measured steps
+  return j;
+}
+
+}  // namespace
+
+std::string format_json(const SimulationResult& r) {
+  ojson doc;
+  doc["config"] = config_json(r);
+  ojson policies = ojson::object();
+  for (const PolicyResult& p : r.policies) policies[p.name] = policy_json(p);
   doc["policies"] = policies;
   return doc.dump(2) + "\n";
 }
 
-std::string plot_svg(const SimulationResult& r) {
-  // Top: one panel per policy, per-GPU rows at the step where static is worst (own experts'
-  // rows and guest rows stacked, the mean dashed), on one y scale. Bottom: token straggler over
-  // the steps, one line per policy in its colour. The bar colours and the mean line's are used
-  // for nothing else.
-  constexpr const char* kOwn = colors::kOwnRows;
-  constexpr const char* kGuest = colors::kGuestRows;
-  constexpr const char* kMean = colors::kMean;
-  const size_t worst = worst_static_step(r);
-  const int R = r.topo.num_ranks();
-  const int n = static_cast<int>(r.policies.size());
-  const int cols = std::min(n, 3), rows = (n + cols - 1) / cols;
-  const double pw = 330, ph = 220, top = 80, gap = 30, axis_w = 44;
-  const double line_h = 260;
-  const double width = cols * (pw + axis_w) + (cols + 1) * gap;
-  const double height = top + rows * (ph + gap) + line_h + 80;
-  int64_t most = 1;
-  for (const PolicyResult& p : r.policies) {
-    for (int g = 0; g < R; ++g) {
-      most = std::max(most, p.loads[worst].home_rows[g] + p.loads[worst].guest_rows[g]);
-    }
-  }
-  const auto [ymax, ystep] = nice_axis(static_cast<double>(most));
-  const double mean = r.policies.front().steps[worst].mean_rows;
-  const auto [step_id, layer_id] = r.step_ids[worst];
+namespace {
 
-  Svg svg(width, height);
+// The per-GPU-rows plot's title and legend.
+void rows_title(Svg& svg, const SimulationResult& r, size_t worst, double gap) {
+  const auto [step_id, layer_id] = r.step_ids[worst];
   svg.text(gap, 28,
            fmt::format("Token-expert rows per GPU, step {} layer {} (the step where static is "
                        "worst)",
@@ -307,59 +301,68 @@ std::string plot_svg(const SimulationResult& r) {
   // The legend, one entry after another (about 6.7 px per character at 12 px).
   double lx = gap;
   for (const auto& [color, label] : std::vector<std::pair<const char*, const char*>>{
-           {kOwn, "rows of the GPU's own experts"},
-           {kGuest, "guest rows it computes for other GPUs"},
+           {colors::kOwnRows, "rows of the GPU's own experts"},
+           {colors::kGuestRows, "guest rows it computes for other GPUs"},
            {nullptr, "mean rows per GPU"}}) {
     if (color) {
       svg.rect(lx, 54, 10, 10, color);
     } else {
-      svg.line(lx, 59, lx + 22, 59, kMean, 1.5, "5,3");
+      svg.line(lx, 59, lx + 22, 59, colors::kMean, 1.5, "5,3");
       lx += 12;
     }
     svg.text(lx + 14, 63, label, 12, "start", "#444");
     lx += 14 + 6.7 * static_cast<double>(std::string_view(label).size()) + 24;
   }
-  for (int i = 0; i < n; ++i) {
-    const PolicyResult& p = r.policies[i];
-    const double x0 = gap + axis_w + (i % cols) * (pw + axis_w + gap);
-    const double y0 = top + (i / cols) * (ph + gap);
-    const double plot_h = ph - 50, base_y = y0 + 30 + plot_h;
-    const double bw = (pw - 20) / R;
-    const StepMetrics& m = p.steps[worst];
-    svg.text(x0, y0 + 14, p.name, 13, "start", policy_color(p.name), true);
-    svg.text(x0, y0 + 27,
-             fmt::format("S_T {:.0f} rows ({:.3f}x mean), {:.0f} MiB moved", m.token_straggler,
-                         m.token_max_over_mean, static_cast<double>(m.weight_bytes) / kMiB),
-             11, "start", "#444");
-    // The y scale: rows, with a light grid.
-    for (double v = 0; v <= ymax * 1.0001; v += ystep) {
-      const double y = base_y - plot_h * v / ymax;
-      if (v > 0) svg.line(x0, y, x0 + pw - 10, y, "#eeeeee");
-      svg.text(x0 - 4, y + 3.5, fmt::format("{:.0f}", v), 9, "end", "#666");
-    }
-    svg.line(x0, base_y - plot_h, x0, base_y, "#999999");
-    svg.line(x0, base_y, x0 + pw - 10, base_y, "#999999");
-    for (int g = 0; g < R; ++g) {
-      const auto home = static_cast<double>(p.loads[worst].home_rows[g]);
-      const auto guest = static_cast<double>(p.loads[worst].guest_rows[g]);
-      const double home_h = plot_h * home / ymax, guest_h = plot_h * guest / ymax;
-      const double bx = x0 + 5 + g * bw;
-      svg.rect(bx, base_y - home_h, bw * 0.8, home_h, kOwn,
-               fmt::format("GPU {}: {:.0f} own rows", g, home));
-      if (guest_h > 0) {
-        svg.rect(bx, base_y - home_h - guest_h, bw * 0.8, guest_h, kGuest,
-                 fmt::format("GPU {}: {:.0f} guest rows", g, guest));
-      }
-      if (R <= 16) svg.text(bx + bw * 0.4, base_y + 11, fmt::format("{}", g), 9, "middle", "#666");
-    }
-    const double mean_y = base_y - plot_h * mean / ymax;
-    svg.line(x0, mean_y, x0 + pw - 10, mean_y, kMean, 1.5, "5,3");
-  }
+}
 
-  // Token straggler over the steps, one line per policy. Zero sits a few pixels above the x axis
-  // so that a policy at 0 (the oracle) stays visible.
-  const double lx0 = gap + 50, ly0 = top + rows * (ph + gap) + 30;
-  const double lw = width - lx0 - gap - 210, lh = line_h - 60, lift = 5;
+// Where one policy's panel of per-GPU rows sits, and its scale.
+struct RowsPanel {
+  double x0, y0, pw, ph, ymax, ystep, mean;
+};
+
+// One policy's panel: per-GPU own and guest rows at step `worst`, stacked, the mean dashed.
+void rows_panel(Svg& svg, const SimulationResult& r, const PolicyResult& p, size_t worst,
+                const RowsPanel& a) {
+  const int R = r.topo.num_ranks();
+  const double plot_h = a.ph - 50, base_y = a.y0 + 30 + plot_h;
+  const double bw = (a.pw - 20) / R;
+  const StepMetrics& m = p.steps[worst];
+  svg.text(a.x0, a.y0 + 14, p.name, 13, "start", policy_color(p.name), true);
+  svg.text(a.x0, a.y0 + 27,
+           fmt::format("S_T {:.0f} rows ({:.3f}x mean), {:.0f} MiB moved", m.token_straggler,
+                       m.token_max_over_mean, static_cast<double>(m.weight_bytes) / kMiB),
+           11, "start", "#444");
+  // The y scale: rows, with a light grid.
+  for (double v = 0; v <= a.ymax * 1.0001; v += a.ystep) {
+    const double y = base_y - plot_h * v / a.ymax;
+    if (v > 0) svg.line(a.x0, y, a.x0 + a.pw - 10, y, "#eeeeee");
+    svg.text(a.x0 - 4, y + 3.5, fmt::format("{:.0f}", v), 9, "end", "#666");
+  }
+  svg.line(a.x0, base_y - plot_h, a.x0, base_y, "#999999");
+  svg.line(a.x0, base_y, a.x0 + a.pw - 10, base_y, "#999999");
+  for (int g = 0; g < R; ++g) {
+    const auto home = static_cast<double>(p.loads[worst].home_rows[g]);
+    const auto guest = static_cast<double>(p.loads[worst].guest_rows[g]);
+    const double home_h = plot_h * home / a.ymax, guest_h = plot_h * guest / a.ymax;
+    const double bx = a.x0 + 5 + g * bw;
+    svg.rect(bx, base_y - home_h, bw * 0.8, home_h, colors::kOwnRows,
+             fmt::format("GPU {}: {:.0f} own rows", g, home));
+    if (guest_h > 0) {
+      svg.rect(bx, base_y - home_h - guest_h, bw * 0.8, guest_h, colors::kGuestRows,
+               fmt::format("GPU {}: {:.0f} guest rows", g, guest));
+    }
+    if (R <= 16) svg.text(bx + bw * 0.4, base_y + 11, fmt::format("{}", g), 9, "middle", "#666");
+  }
+  const double mean_y = base_y - plot_h * a.mean / a.ymax;
+  svg.line(a.x0, mean_y, a.x0 + a.pw - 10, mean_y, colors::kMean, 1.5, "5,3");
+}
+
+// Token straggler over the steps, one line per policy, in the box from (lx0, ly0), `lw` wide and
+// `line_h` high. Zero sits a few pixels above the x axis so that a policy at 0 (the oracle) stays
+// visible.
+void straggler_lines(Svg& svg, const SimulationResult& r, double gap, double lx0, double ly0,
+                     double lw, double line_h) {
+  const double lh = line_h - 60, lift = 5;
   double smax = 1.0;
   for (const PolicyResult& p : r.policies) {
     for (const StepMetrics& sm : p.steps) smax = std::max(smax, sm.token_straggler);
@@ -376,7 +379,7 @@ std::string plot_svg(const SimulationResult& r) {
   svg.line(lx0, ly0 + 10, lx0, axis_y, "#999999");
   svg.line(lx0, axis_y, lx0 + lw, axis_y, "#999999");
   const size_t nsteps = r.step_ids.size();
-  for (int i = 0; i < n; ++i) {
+  for (size_t i = 0; i < r.policies.size(); ++i) {
     const PolicyResult& p = r.policies[i];
     std::vector<std::pair<double, double>> pts;
     for (size_t j = 0; j < nsteps; ++j) {
@@ -386,12 +389,52 @@ std::string plot_svg(const SimulationResult& r) {
       pts.emplace_back(x, map_y(p.steps[j].token_straggler));
     }
     const char* color = policy_color(p.name);
+    const double row = static_cast<double>(i) * 16;
     svg.polyline(pts, color, 1.5);
-    svg.line(lx0 + lw + 12, ly0 + 22 + i * 16, lx0 + lw + 24, ly0 + 22 + i * 16, color, 3);
-    svg.text(lx0 + lw + 28, ly0 + 26 + i * 16,
+    svg.line(lx0 + lw + 12, ly0 + 22 + row, lx0 + lw + 24, ly0 + 22 + row, color, 3);
+    svg.text(lx0 + lw + 28, ly0 + 26 + row,
              fmt::format("{} (mean {:.0f})", p.name, p.summary.token_straggler), 11);
   }
   svg.text(lx0 + lw / 2, axis_y + 16, "trace step (micro-batch x layer)", 10, "middle", "#666");
+}
+
+}  // namespace
+
+// Top: one panel per policy, per-GPU rows at the step where static is worst (own experts' rows
+// and guest rows stacked, the mean dashed), on one y scale. Bottom: token straggler over the
+// steps, one line per policy in its colour. The bar colours and the mean line's are used for
+// nothing else.
+std::string plot_svg(const SimulationResult& r) {
+  const size_t worst = worst_static_step(r);
+  const int R = r.topo.num_ranks();
+  const int n = static_cast<int>(r.policies.size());
+  const int cols = std::min(n, 3), rows = (n + cols - 1) / cols;
+  const double pw = 330, ph = 220, top = 80, gap = 30, axis_w = 44;
+  const double line_h = 260;
+  const double width = cols * (pw + axis_w) + (cols + 1) * gap;
+  const double height = top + rows * (ph + gap) + line_h + 80;
+  int64_t most = 1;
+  for (const PolicyResult& p : r.policies) {
+    for (int g = 0; g < R; ++g) {
+      most = std::max(most, p.loads[worst].home_rows[g] + p.loads[worst].guest_rows[g]);
+    }
+  }
+  const auto [ymax, ystep] = nice_axis(static_cast<double>(most));
+  const double mean = r.policies.front().steps[worst].mean_rows;
+  Svg svg(width, height);
+  rows_title(svg, r, worst, gap);
+  for (int i = 0; i < n; ++i) {
+    const RowsPanel panel{gap + axis_w + (i % cols) * (pw + axis_w + gap),
+                          top + (i / cols) * (ph + gap),
+                          pw,
+                          ph,
+                          ymax,
+                          ystep,
+                          mean};
+    rows_panel(svg, r, r.policies[i], worst, panel);
+  }
+  const double lx0 = gap + 50, ly0 = top + rows * (ph + gap) + 30;
+  straggler_lines(svg, r, gap, lx0, ly0, width - lx0 - gap - 210, line_h);
   return svg.done();
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 
 #include "feplb/core/error.h"
@@ -123,8 +124,31 @@ const PolicyResult* SimulationResult::find(const std::string& name) const {
   return nullptr;
 }
 
-SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
-                          const Progress& progress) {
+namespace {
+
+// Runs of trace steps [first, end) planned on one placement. A walk-forward replan starts a new
+// epoch; its planners first observe the replan's history [history_first, first).
+struct Epoch {
+  size_t first = 0, end = 0, history_first = 0;
+  const Placement* placement = nullptr;  // null: contiguous homes, one planner for all layers
+};
+
+// The trace's steps with their micro-batches: micro_batch[i] = index of step i's micro-batch
+// (distinct step ids, in trace order); the first warmup_steps micro-batches are history only.
+struct TraceSteps {
+  const Trace& trace;
+  std::vector<int64_t> micro_batch;
+  int64_t warmup_steps;
+  TraceSteps(const Trace& t, int64_t warmup)
+      : trace(t), micro_batch(t.steps.size(), 0), warmup_steps(warmup) {
+    for (size_t i = 1; i < t.steps.size(); ++i) {
+      micro_batch[i] = micro_batch[i - 1] + (t.steps[i].step != t.steps[i - 1].step ? 1 : 0);
+    }
+  }
+  bool warmup(size_t i) const { return micro_batch[i] < warmup_steps; }
+};
+
+void check_config(const Trace& trace, const SimulationConfig& config) {
   validate_knobs(config.knobs);
   FEPLB_REQUIRE_INPUT(config.shape.hidden > 0 && config.shape.ffn > 0,
                       "expert shape: unknown for model '{}'; pass --hidden and --ffn", trace.model);
@@ -134,28 +158,11 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
                       config.replan_interval);
   FEPLB_REQUIRE_INPUT(config.replan_window >= 0, "--window: {} must be at least 0",
                       config.replan_window);
-  SimulationResult result(
-      config, Topology::contiguous(trace.num_ranks, config.gpus_per_node, trace.num_experts));
-  if (!config.placement.empty()) {
-    check_placement_matches(config.placement, trace, config.gpus_per_node);
-  }
-  const bool placed = !config.placement.empty() || config.replan_interval > 0;
-  result.model = trace.model;
-  result.top_k = trace.top_k;
-  result.tokens_per_rank = trace.tokens_per_rank;
-  // micro_batch[i]: index of trace step i's micro-batch (distinct step ids, in trace order); the
-  // first warmup_steps micro-batches are history only.
-  std::vector<int64_t> micro_batch(trace.steps.size(), 0);
-  for (size_t i = 1; i < trace.steps.size(); ++i) {
-    micro_batch[i] = micro_batch[i - 1] + (trace.steps[i].step != trace.steps[i - 1].step ? 1 : 0);
-  }
-  const auto warmup = [&](size_t i) { return micro_batch[i] < config.warmup_steps; };
-  for (size_t i = 0; i < trace.steps.size(); ++i) {
-    if (!warmup(i)) result.step_ids.emplace_back(trace.steps[i].step, trace.steps[i].layer);
-  }
-  FEPLB_REQUIRE_INPUT(!result.step_ids.empty(),
-                      "--warmup: {} leaves no step of the trace to measure", config.warmup_steps);
-  auto& names = result.config.policies;
+}
+
+// The policies to run (static first, added when missing), each once; the dynamic-set knobs that
+// need a placement have one.
+void check_policies(std::vector<std::string>& names, const Knobs& knobs, bool placed) {
   FEPLB_REQUIRE_INPUT(!names.empty(), "policies: none given");
   for (size_t i = 0; i < names.size(); ++i) {
     FEPLB_REQUIRE_INPUT(std::count(names.begin(), names.end(), names[i]) == 1,
@@ -166,20 +173,137 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
   const auto uses = [&](const char* name) {
     return std::find(names.begin(), names.end(), name) != names.end();
   };
-  FEPLB_REQUIRE_INPUT(placed || !uses("feplb") || config.knobs.feplb_dyn_set == 0,
+  FEPLB_REQUIRE_INPUT(placed || !uses("feplb") || knobs.feplb_dyn_set == 0,
                       "--feplb-dyn-set: {} needs a placement (--placement or --walk-forward)",
-                      config.knobs.feplb_dyn_set);
-  FEPLB_REQUIRE_INPUT(placed || !uses("feplb-paper") || config.knobs.paper_dyn_set != 2,
+                      knobs.feplb_dyn_set);
+  FEPLB_REQUIRE_INPUT(placed || !uses("feplb-paper") || knobs.paper_dyn_set != 2,
                       "--paper-dyn-set: 2 needs a placement (--placement or --walk-forward)");
+}
 
-  // Epochs: runs of trace steps [first, end) planned on one placement. A walk-forward replan
-  // starts a new epoch; its planners first observe the replan's history [history_first, first).
-  struct Epoch {
-    size_t first = 0, end = 0, history_first = 0;
-    const Placement* placement = nullptr;  // null: contiguous homes, one planner for all layers
-  };
-  std::vector<Placement> placements;  // one per epoch when placed
+// Walk-forward: the epochs between replans, each replan's placement (after the first, the
+// config's or contiguous, in `placements`) and its record in `result.replans`.
+std::vector<Epoch> walk_forward(const TraceSteps& ts, const SimulationConfig& config,
+                                std::vector<Placement>& placements, SimulationResult& result) {
+  const Trace& trace = ts.trace;
   std::vector<Epoch> epochs;
+  const int64_t window = config.replan_window > 0 ? config.replan_window : config.replan_interval;
+  Placer placer(trace.num_ranks, config.gpus_per_node, trace.num_experts,
+                place_options(config.knobs));
+  size_t start = 0, history_first = 0;
+  for (size_t i = 1; i < trace.steps.size(); ++i) {
+    const int64_t k = ts.micro_batch[i];
+    const bool replan = k != ts.micro_batch[i - 1] && k >= config.warmup_steps &&
+                        (k - config.warmup_steps) % config.replan_interval == 0;
+    if (!replan) continue;
+    epochs.push_back({start, i, history_first, nullptr});
+    size_t first = i;
+    while (first > 0 && ts.micro_batch[first - 1] >= k - window) --first;
+    Replan r;
+    r.micro_batch = k;
+    r.history_micro_batches = k - ts.micro_batch[first];
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<LayerHistory> histories = layer_histories(trace, first, i);
+    Placement next = placer.place(histories, placements.back(), &r.layers);
+    r.place_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    r.migration = migration_between(placements.back(), next, config.shape,
+                                    config.knobs.optimizer_bytes_per_param);
+    result.replans.push_back(std::move(r));
+    placements.push_back(std::move(next));
+    start = i;
+    history_first = first;
+  }
+  epochs.push_back({start, trace.steps.size(), history_first, nullptr});
+  return epochs;
+}
+
+// What every policy's run shares.
+struct PolicyRun {
+  const TraceSteps& ts;
+  const SimulationConfig& config;
+  const Knobs& knobs;  // the result's (prefetch window fixed)
+  const GemmCostModel& cost;
+  const Topology& topo;  // contiguous homes
+};
+
+// One policy over one epoch: one planner per layer on that layer's homes, or one for every layer
+// on contiguous homes; history observed, measured steps planned, checked and measured.
+void run_epoch(const PolicyRun& run, const std::string& name, const Epoch& epoch, PolicyResult& pr,
+               Plan& plan, const std::function<void()>& step_done) {
+  const Trace& trace = run.ts.trace;
+  std::vector<int64_t> layers;
+  std::vector<Topology> topos;
+  std::vector<std::unique_ptr<Planner>> planners;
+  if (epoch.placement) {
+    for (const LayerPlacement& l : epoch.placement->layers) {
+      layers.push_back(l.layer);
+      topos.push_back(layer_topology(*epoch.placement, l));
+      planners.push_back(make_planner(
+          name, PlannerContext{topos.back(), run.config.shape, run.knobs, &run.cost, l.dynamic}));
+    }
+  } else {
+    topos.push_back(run.topo);
+    planners.push_back(
+        make_planner(name, PlannerContext{run.topo, run.config.shape, run.knobs, &run.cost}));
+  }
+  const auto slot = [&](int64_t layer) {
+    if (layers.empty()) return size_t{0};
+    const auto it = std::find(layers.begin(), layers.end(), layer);
+    FEPLB_CHECK(it != layers.end(), "no placement for layer {}", layer);
+    return static_cast<size_t>(it - layers.begin());
+  };
+  // Each layer's recent planner time, for its next plans, as in the GPU layer (where the reserve
+  // is feplb's, its choice of mode follows this host's speed; its plans do not).
+  std::map<int64_t, PlannerClock> clocks;
+  pr.movement = planners.front()->data_movement();
+  for (size_t i = epoch.history_first; i < epoch.first; ++i) {
+    planners[slot(trace.steps[i].layer)]->observe(trace.steps[i]);
+  }
+  for (size_t i = epoch.first; i < epoch.end; ++i) {
+    const RoutingStep& step = trace.steps[i];
+    const size_t k = slot(step.layer);
+    Planner& planner = *planners[k];
+    const Topology& topo = topos[k];
+    if (!run.ts.warmup(i)) {
+      PlannerClock& clock = clocks[step.layer];
+      planner.set_recent_plan_us(clock.recent_us());
+      const double us = timed_plan_us(planner, step, plan, run.config.knobs);
+      clock.add(plan.mode, us);
+      validate(plan, topo, step, run.config.shape, planner.limits());
+      GpuLoads loads;
+      pr.steps.push_back(measure_plan(plan, topo, run.cost, run.knobs, us, &loads));
+      measure_traffic(plan, topo, step, run.config.shape, pr.steps.back());
+      pr.loads.push_back(std::move(loads));
+    }
+    planner.observe(step);
+    step_done();
+  }
+}
+
+}  // namespace
+
+SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
+                          const Progress& progress) {
+  check_config(trace, config);
+  SimulationResult result(
+      config, Topology::contiguous(trace.num_ranks, config.gpus_per_node, trace.num_experts));
+  if (!config.placement.empty()) {
+    check_placement_matches(config.placement, trace, config.gpus_per_node);
+  }
+  const bool placed = !config.placement.empty() || config.replan_interval > 0;
+  result.model = trace.model;
+  result.top_k = trace.top_k;
+  result.tokens_per_rank = trace.tokens_per_rank;
+  const TraceSteps ts(trace, config.warmup_steps);
+  for (size_t i = 0; i < trace.steps.size(); ++i) {
+    if (!ts.warmup(i)) result.step_ids.emplace_back(trace.steps[i].step, trace.steps[i].layer);
+  }
+  FEPLB_REQUIRE_INPUT(!result.step_ids.empty(),
+                      "--warmup: {} leaves no step of the trace to measure", config.warmup_steps);
+  auto& names = result.config.policies;
+  check_policies(names, config.knobs, placed);
+
+  std::vector<Placement> placements;  // one per epoch when placed
   if (placed) {
     placements.push_back(config.placement.empty()
                              ? contiguous_placement(trace.num_ranks, config.gpus_per_node,
@@ -187,38 +311,9 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
                                                     config.knobs.dyn)
                              : config.placement);
   }
-  if (config.replan_interval > 0) {
-    const int64_t window = config.replan_window > 0 ? config.replan_window : config.replan_interval;
-    Placer placer(trace.num_ranks, config.gpus_per_node, trace.num_experts,
-                  place_options(config.knobs));
-    size_t start = 0, history_first = 0;
-    for (size_t i = 1; i < trace.steps.size(); ++i) {
-      const int64_t k = micro_batch[i];
-      const bool replan = k != micro_batch[i - 1] && k >= config.warmup_steps &&
-                          (k - config.warmup_steps) % config.replan_interval == 0;
-      if (!replan) continue;
-      epochs.push_back({start, i, history_first, nullptr});
-      size_t first = i;
-      while (first > 0 && micro_batch[first - 1] >= k - window) --first;
-      Replan r;
-      r.micro_batch = k;
-      r.history_micro_batches = k - micro_batch[first];
-      const auto t0 = std::chrono::steady_clock::now();
-      const std::vector<LayerHistory> histories = layer_histories(trace, first, i);
-      Placement next = placer.place(histories, placements.back(), &r.layers);
-      r.place_ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      r.migration = migration_between(placements.back(), next, config.shape,
-                                      config.knobs.optimizer_bytes_per_param);
-      result.replans.push_back(std::move(r));
-      placements.push_back(std::move(next));
-      start = i;
-      history_first = first;
-    }
-    epochs.push_back({start, trace.steps.size(), history_first, nullptr});
-  } else {
-    epochs.push_back({0, trace.steps.size(), 0, nullptr});
-  }
+  std::vector<Epoch> epochs = config.replan_interval > 0
+                                  ? walk_forward(ts, config, placements, result)
+                                  : std::vector<Epoch>{{0, trace.steps.size(), 0, nullptr}};
   for (size_t e = 0; e < epochs.size() && placed; ++e) epochs[e].placement = &placements[e];
   if (placed) result.final_placement = placements.back();
 
@@ -236,60 +331,15 @@ SimulationResult simulate(const Trace& trace, const SimulationConfig& config,
 
   const int64_t total = static_cast<int64_t>(names.size() * trace.steps.size());
   int64_t done = 0;
+  const auto step_done = [&] {
+    if (progress) progress(++done, total);
+  };
+  const PolicyRun run{ts, config, knobs, cost, result.topo};
   Plan plan;
   for (const std::string& name : names) {
     PolicyResult pr;
     pr.name = name;
-    for (const Epoch& epoch : epochs) {
-      // One planner per layer on that layer's homes, or one for every layer on contiguous homes.
-      std::vector<int64_t> layers;
-      std::vector<Topology> topos;
-      std::vector<std::unique_ptr<Planner>> planners;
-      if (epoch.placement) {
-        for (const LayerPlacement& l : epoch.placement->layers) {
-          layers.push_back(l.layer);
-          topos.push_back(layer_topology(*epoch.placement, l));
-          planners.push_back(make_planner(
-              name, PlannerContext{topos.back(), config.shape, knobs, &cost, l.dynamic}));
-        }
-      } else {
-        topos.push_back(result.topo);
-        planners.push_back(
-            make_planner(name, PlannerContext{result.topo, config.shape, knobs, &cost}));
-      }
-      const auto slot = [&](int64_t layer) {
-        if (layers.empty()) return size_t{0};
-        const auto it = std::find(layers.begin(), layers.end(), layer);
-        FEPLB_CHECK(it != layers.end(), "no placement for layer {}", layer);
-        return static_cast<size_t>(it - layers.begin());
-      };
-      // Each layer's recent planner time, for its next plans, as in the GPU layer (where the
-      // reserve is feplb's, its choice of mode follows this host's speed; its plans do not).
-      std::map<int64_t, PlannerClock> clocks;
-      pr.movement = planners.front()->data_movement();
-      for (size_t i = epoch.history_first; i < epoch.first; ++i) {
-        planners[slot(trace.steps[i].layer)]->observe(trace.steps[i]);
-      }
-      for (size_t i = epoch.first; i < epoch.end; ++i) {
-        const RoutingStep& step = trace.steps[i];
-        const size_t k = slot(step.layer);
-        Planner& planner = *planners[k];
-        const Topology& topo = topos[k];
-        if (!warmup(i)) {
-          PlannerClock& clock = clocks[step.layer];
-          planner.set_recent_plan_us(clock.recent_us());
-          const double us = timed_plan_us(planner, step, plan, config.knobs);
-          clock.add(plan.mode, us);
-          validate(plan, topo, step, config.shape, planner.limits());
-          GpuLoads loads;
-          pr.steps.push_back(measure_plan(plan, topo, cost, knobs, us, &loads));
-          measure_traffic(plan, topo, step, config.shape, pr.steps.back());
-          pr.loads.push_back(std::move(loads));
-        }
-        planner.observe(step);
-        if (progress) progress(++done, total);
-      }
-    }
+    for (const Epoch& epoch : epochs) run_epoch(run, name, epoch, pr, plan, step_done);
     pr.summary = summarise_steps(pr.steps);
     result.policies.push_back(std::move(pr));
   }
