@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -894,6 +896,370 @@ json small_experts(int reps) {
           {"cases", cases}};
 }
 
+// The command line.
+struct Options {
+  std::string out = "h200.json", table_out = "gemm_table.json",
+              trace_path = "data/traces/default.json";
+  std::string prior_path = "data/priors/mixtral-8x7b__olmoe-repo__c4.json";
+  std::string table_in = "data/cost/h200-glm5.json";
+  std::string table_dir = ".";
+  bool quick = false;
+  double deadline_s = 420;
+  std::string sections =
+      "peak,grouped,table,shape_tables,skewed,copy,slowdown,straggler,noise,exposure,layertime,"
+      "bwdexposure,layer,training,paths";
+  std::string paths_shape = "qwen3-235b";
+  int paths_steps = 12;
+  int paths_prime = 1;
+  std::vector<std::string> knob_args;
+};
+
+void add_options(CLI::App& app, Options& o) {
+  app.add_option("--out", o.out);
+  app.add_option("--table-out", o.table_out);
+  app.add_option("--trace", o.trace_path);
+  app.add_option("--prior", o.prior_path);
+  app.add_option("--table-in", o.table_in, "GEMM table to use when the table section is not run");
+  app.add_option("--table-dir", o.table_dir,
+                 "where section shape_tables writes h200-<shape>.json (Qwen3 shapes)");
+  app.add_option("--sections", o.sections, "comma-separated sections to run (default all)");
+  app.add_flag("--quick", o.quick);
+  app.add_option("--knob", o.knob_args,
+                 "NAME=VALUE: a knob for the planners (repeatable; feplb knobs lists them)");
+  app.add_option("--deadline", o.deadline_s,
+                 "write what is measured and exit after this many seconds");
+  app.add_option(
+         "--paths-shape", o.paths_shape,
+         "section paths: expert shape, qwen3-235b (H=4096 F=1536), qwen3-30b (H=2048 F=768) "
+         "or glm5")
+      ->check(CLI::IsMember({"qwen3-235b", "qwen3-30b", "glm5"}));
+  app.add_option("--paths-steps", o.paths_steps, "section paths: measured steps per mode")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--paths-prime", o.paths_prime,
+                 "section paths: 1 (default) the layers prime their planners while the counts "
+                 "travel (RuntimeConfig::prime_planner), 0 not")
+      ->check(CLI::Range(0, 1));
+}
+
+// One run's state, shared by its sections in order: the results document (saved after each
+// section), the GLM-5 expert bench, the GEMM table, the knobs and the trace, and what earlier
+// sections measured for later ones (cuBLAS peak, copy-engine rate).
+struct Run {
+  const Options& o;
+  json doc;
+  std::mutex doc_mu;
+  int reps = 20;
+  double peak = 0;
+  double ce_gbps = 2000.0;  // same-device copy-engine rate measured in earlier runs, if not now
+  std::unique_ptr<ExpertBench> eb;
+  std::unique_ptr<TableCostModel> table;
+  Knobs knobs;
+  std::unique_ptr<RooflineCostModel> roofline;
+  Trace trace;
+
+  explicit Run(const Options& options) : o(options), reps(options.quick ? 5 : 20) {}
+  bool want(const char* name) const {
+    return ("," + o.sections + ",").find("," + std::string(name) + ",") != std::string::npos;
+  }
+  void save() {
+    std::lock_guard<std::mutex> lock(doc_mu);
+    write_file(o.out, doc.dump(2) + "\n", true);
+  }
+  double pct(double t) const { return peak > 0 ? t / peak * 100 : 0.0; }
+  static double tf(double flops, double ms) { return flops / (ms * 1e-3) / 1e12; }
+  int quick_or(int fast, int full) const { return o.quick ? fast : full; }
+};
+
+// Watchdog: a hung GPU (or a section far slower than planned) must not eat the whole lease.
+void start_watchdog(Run& run) {
+  std::thread([&run, deadline_s = run.o.deadline_s] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(deadline_s));
+    std::fprintf(stderr, "feplb_gpu_bench: deadline of %.0f s reached; saving partial results\n",
+                 deadline_s);
+    {
+      std::lock_guard<std::mutex> lock(run.doc_mu);
+      run.doc["incomplete"] = "deadline reached";
+      write_file(run.o.out, run.doc.dump(2) + "\n", true);
+    }
+    std::fflush(stdout);
+    std::_Exit(3);
+  }).detach();
+}
+
+void section_peak(Run& r) {
+  r.peak = gemm_tflops(8192, 8192, 8192, r.reps);
+  const double peak2 = gemm_tflops(16384, 4096, 6144, r.reps);
+  r.doc["cublas_peak_tflops"] = r.peak;
+  r.doc["cublas_16384x4096x6144_tflops"] = peak2;
+  log("cuBLAS bf16 8192^3: {:.0f} TFLOP/s; 16384x4096x6144: {:.0f}", r.peak, peak2);
+}
+
+// The expert FFN of 16 even experts: one stream, four streams, cuBLAS's grouped batched GEMM.
+void section_grouped(Run& r) {
+  const std::vector<int64_t> even(16, 4096);
+  const double loop1 = r.eb->run_ms(even, 1, r.reps), loop4 = r.eb->run_ms(even, 4, r.reps),
+               grouped = r.eb->run_grouped_ms(even, r.reps);
+  const double f16 = flops_of(kGlm5, 16 * 4096);
+  const double best = std::max({Run::tf(f16, loop1), Run::tf(f16, loop4), Run::tf(f16, grouped)});
+  r.doc["grouped_gemm_tflops"] = best;
+  r.doc["grouped_gemm"] = {
+      {"workload", "16 experts x 4096 rows, H=6144 F=2048 SwiGLU (gate, up, down + SwiGLU kernel)"},
+      {"loop_1_stream_tflops", Run::tf(f16, loop1)},
+      {"loop_4_streams_tflops", Run::tf(f16, loop4)},
+      {"cublas_grouped_batched_tflops", Run::tf(f16, grouped)},
+      {"pct_of_peak", r.pct(best)}};
+  log("grouped GEMM 16x4096: loop {:.0f}, loop x4 streams {:.0f}, cublasGemmGroupedBatchedEx "
+      "{:.0f} TFLOP/s ({:.0f}% of peak)",
+      Run::tf(f16, loop1), Run::tf(f16, loop4), Run::tf(f16, grouped), r.pct(best));
+}
+
+// Per-expert FFN time tables of other expert shapes, for the simulator's cost model.
+void section_shape_tables(Run& r) {
+  const std::vector<std::pair<std::string, ExpertShape>> shapes = {{"qwen3-235b", kQwen3_235b},
+                                                                   {"qwen3-30b", kQwen3_30b}};
+  json files = json::object();
+  for (const auto& [name, shape] : shapes) {
+    ExpertBench sb(shape, 16 * 4096 + 8192, 16, 1);
+    const TableCostModel t = gemm_table(sb, r.o.quick);
+    const std::string path = r.o.table_dir + "/h200-" + name + ".json";
+    write_file(path, format_gemm_table(t), true);
+    files[name] = {{"file", path}, {"ms_at_4096_rows", t.expert_ms(4096)}};
+    log("GEMM table {} ({}): 4096 rows -> {:.3f} ms per expert, wrote {}", name, shape.describe(),
+        t.expert_ms(4096), path);
+  }
+  r.doc["shape_tables"] = files;
+}
+
+// The GEMM table (measured by section table, else read), the knobs and the trace.
+void load_inputs(Run& r) {
+  if (r.want("table")) {
+    r.table = std::make_unique<TableCostModel>(gemm_table(*r.eb, r.o.quick));
+    write_file(r.o.table_out, format_gemm_table(*r.table), true);
+    r.doc["gemm_table_file"] = r.o.table_out;
+    log("GEMM table: {} row counts, 4096 rows -> {:.3f} ms per expert", r.table->rows().size(),
+        r.table->expert_ms(4096));
+  } else {
+    r.table = std::make_unique<TableCostModel>(read_gemm_table(r.o.table_in));
+    r.doc["gemm_table_file"] = r.o.table_in;
+  }
+  std::vector<KnobOverride> overrides;
+  for (const std::string& kv : r.o.knob_args) overrides.push_back(parse_knob_override(kv));
+  apply_knobs(r.knobs, overrides);
+  validate_knobs(r.knobs);
+  if (!r.o.knob_args.empty()) r.doc["knobs"] = r.o.knob_args;
+  r.roofline = std::make_unique<RooflineCostModel>(kGlm5, r.knobs);
+  r.trace = read_trace(r.o.trace_path);
+}
+
+// The busiest GPU's slices after feplb balances the trace's worst step, three ways.
+void section_skewed(Run& r) {
+  const auto skew_rows = skewed_rows(r.trace, r.knobs, *r.table);
+  int64_t skew_total = 0;
+  for (int64_t x : skew_rows) skew_total += x;
+  const double s1 = r.eb->run_ms(skew_rows, 1, r.reps), s4 = r.eb->run_ms(skew_rows, 4, r.reps),
+               sg = r.eb->run_grouped_ms(skew_rows, r.reps);
+  const double fs = flops_of(kGlm5, skew_total);
+  const double best_skew = std::max({Run::tf(fs, s1), Run::tf(fs, s4), Run::tf(fs, sg)});
+  r.doc["grouped_gemm_skewed_tflops"] = best_skew;
+  r.doc["grouped_gemm_skewed"] = {
+      {"rows", skew_rows},
+      {"loop_1_stream_tflops", Run::tf(fs, s1)},
+      {"loop_4_streams_tflops", Run::tf(fs, s4)},
+      {"cublas_grouped_batched_tflops", Run::tf(fs, sg)},
+      {"pct_of_peak", r.pct(best_skew)},
+      {"source", "busiest GPU after feplb balances the worst step of " + r.o.trace_path}};
+  log("skewed ({} slices, {} rows): loop {:.0f}, x4 {:.0f}, grouped {:.0f} TFLOP/s ({:.0f}% of "
+      "peak)",
+      skew_rows.size(), skew_total, Run::tf(fs, s1), Run::tf(fs, s4), Run::tf(fs, sg),
+      r.pct(best_skew));
+}
+
+void section_copy(Run& r) {
+  const json copy = copy_bandwidth(r.reps);
+  r.ce_gbps = copy["ce_d2d_gbps"].get<double>();
+  r.doc["ce_copy_gbps"] = copy["ce_d2d_gbps"];
+  r.doc["copy_bandwidth"] = copy;
+  log("copy: CE D2D {:.0f} GB/s, batch {:.0f}, D2H {:.0f}, SM copy 24 blocks {:.0f}, 132 "
+      "blocks {:.0f}",
+      copy["ce_d2d_gbps"].get<double>(), copy["ce_batch_d2d_gbps"].get<double>(),
+      copy["d2h_pinned_gbps"].get<double>(), copy["sm_copy_24_blocks_gbps"].get<double>(),
+      copy["sm_copy_132_blocks_gbps"].get<double>());
+}
+
+void section_slowdown(Run& r) {
+  const json slow = gemm_slowdown(*r.eb, 400.0, r.quick_or(4, 24));
+  r.doc["gemm_slowdown_ce_pct"] = slow["ce_pct"]["median"];
+  r.doc["gemm_slowdown_sm_pct"] = slow["sm24_pct"]["median"];
+  r.doc["gemm_slowdown"] = slow;
+  log("GEMM slowdown at 400 GB/s: CE {:+.1f}% [{:+.1f}, {:+.1f}], SM24 {:+.1f}%, SM32 {:+.1f}%",
+      slow["ce_pct"]["median"].get<double>(), slow["ce_pct"]["p10"].get<double>(),
+      slow["ce_pct"]["p90"].get<double>(), slow["sm24_pct"]["median"].get<double>(),
+      slow["sm32_pct"]["median"].get<double>());
+}
+
+// Measured GEMM straggler on the trace and on a paper-like real-prior trace (Mixtral's routing
+// counts widened to 128 experts).
+void section_straggler(Run& r) {
+  WorkloadSpec spec;
+  spec.num_ranks = 8;
+  spec.num_steps = r.quick_or(2, 8);
+  Prior prior = expand_prior(read_prior(r.o.prior_path), 128, 1);
+  Trace paper_like = generate_trace(prior, spec);
+  measured_straggler(*r.eb, r.trace, "default trace", r.knobs, *r.table, *r.roofline,
+                     1);  // warm-up
+  r.doc["measured_gemm_straggler_ms"] = {
+      {"default_trace", measured_straggler(*r.eb, r.trace, "default trace", r.knobs, *r.table,
+                                           *r.roofline, r.quick_or(2, 8))},
+      {"mixtral_c4_trace", measured_straggler(*r.eb, paper_like, "mixtral c4 prior", r.knobs,
+                                              *r.table, *r.roofline, r.quick_or(2, 8))}};
+}
+
+void section_noise(Run& r) {
+  r.doc["straggler_noise_floor"] =
+      straggler_noise_floor(*r.eb, r.trace, r.knobs, *r.table, r.quick_or(2, 8));
+  log("straggler noise floor (identical work timed as 8 ranks): median {:.3f} ms",
+      r.doc["straggler_noise_floor"]["null_straggler_ms"]["median"].get<double>());
+}
+
+void section_exposure(Run& r) {
+  const double lead = 30.0;  // us before the first copy: counts round trip + plan
+  const json expo = isolated_exposure(*r.eb, r.trace, r.knobs, *r.table, r.ce_gbps,
+                                      r.knobs.copy_gbps, r.quick_or(2, 8), lead);
+  r.doc["exposed_pct"] = expo["exposed_pct"]["median"];
+  r.doc["exposure"] = expo;
+  log("exposed (isolated, {:.0f} GB/s emulated): median {:.2f}% max {:.2f}% of the slowest "
+      "rank's GEMM time",
+      r.knobs.copy_gbps, expo["exposed_pct"]["median"].get<double>(),
+      expo["exposed_pct"]["max"].get<double>());
+}
+
+void section_layertime(Run& r) {
+  double got = 0;
+  const Trace paper_like = trace_with_gpu_skew(1.25, r.quick_or(2, 6), &got);
+  log("layer time per policy, paper-like skew (GPU max/mean {:.3f}):", got);
+  json paper =
+      layer_times(*r.eb, paper_like, r.knobs, *r.table, r.quick_or(2, 6), r.quick_or(3, 9));
+  log("layer time per policy, heavy skew ({}: GPU max/mean {:.3f}):", r.o.trace_path,
+      gpu_max_over_mean(r.trace));
+  json heavy = layer_times(*r.eb, r.trace, r.knobs, *r.table, r.quick_or(2, 6), r.quick_or(3, 9));
+  r.doc["layer_fwd_ms"] = {{"paper_like", paper["layer_fwd_ms"]}, {"heavy", heavy["layer_fwd_ms"]}};
+  r.doc["layer_bwd_ms"] = {{"paper_like", paper["layer_bwd_ms"]}, {"heavy", heavy["layer_bwd_ms"]}};
+  r.doc["layer_times"] = {{"paper_like", paper}, {"heavy", heavy}};
+}
+
+void section_bwdexposure(Run& r) {
+  const double lead = 30.0;
+  const json recopy =
+      isolated_exposure(*r.eb, r.trace, r.knobs, *r.table, r.ce_gbps, r.knobs.copy_gbps,
+                        r.quick_or(2, 8), lead, ExpertBench::Pass::kBackward, true);
+  const json kept =
+      isolated_exposure(*r.eb, r.trace, r.knobs, *r.table, r.ce_gbps, r.knobs.copy_gbps,
+                        r.quick_or(2, 8), lead, ExpertBench::Pass::kBackward, false);
+  r.doc["backward_exposed_pct"] = recopy["exposed_pct"]["median"];
+  r.doc["backward_exposure"] = {
+      {"weights_copied_again", recopy},
+      {"weights_still_in_slots", kept},
+      {"note",
+       "backward_exposed_pct is the worse case: every guest's weights copied "
+       "again (its slot was reused by another layer since forward)"}};
+  log("backward exposed (isolated): {:.2f}% (weights copied again), {:.2f}% (weights kept) "
+      "median; max {:.2f}%",
+      recopy["exposed_pct"]["median"].get<double>(), kept["exposed_pct"]["median"].get<double>(),
+      recopy["exposed_pct"]["max"].get<double>());
+}
+
+// The layer itself with the trace's ranks as virtual ranks: its plan latency.
+void section_layer(Run& r) {
+  const VirtualLayerStats lay =
+      run_virtual_layer(r.trace, kGlm5, "feplb", r.knobs, r.quick_or(4, 16), 8, 60);
+  r.doc["plan_latency_us"] = spread(lay.counts_to_first_copy_us);
+  r.doc["layer_virtual_ranks"] = {
+      {"policy", "feplb"},
+      {"virtual_ranks", r.trace.num_ranks},
+      {"forwards", lay.forwards},
+      {"counts_to_first_copy_us", spread(lay.counts_to_first_copy_us)},
+      {"counts_to_host_us", spread(lay.counts_to_host_us)},
+      {"plan_us", spread(lay.plan_us)},
+      {"counts_to_plan_us", spread(lay.counts_to_plan_us)},
+      {"wait_ms", spread(lay.wait_ms)},
+      {"wait_pct_of_forward", spread(lay.wait_pct)},
+      {"forward_ms", spread(lay.forward_ms)},
+      {"note",
+       "8 virtual ranks share one GPU (their GEMMs run concurrently, copies are same-device); "
+       "latency "
+       "is from counts ready on the GPU (stream synchronised) to the first phase-2 copy "
+       "issued. The "
+       "copies are issued once the plan is ready AND this rank's phase-1 all-to-all is "
+       "enqueued (the "
+       "copy stream waits for it by event); with virtual ranks that all-to-all enqueue "
+       "includes an "
+       "in-process barrier of all 8 ranks' threads, so counts_to_plan_us is the scheduler's "
+       "own part"}};
+  const json& lat = r.doc["plan_latency_us"];
+  log("plan latency (counts ready on GPU -> first copy issued): median {:.1f} us, p90 {:.1f}, "
+      "max {:.1f}; "
+      "counts to host {:.1f} us, plan {:.1f} us, counts to plan ready {:.1f} us",
+      lat["median"].get<double>(), lat["p90"].get<double>(), lat["max"].get<double>(),
+      quantile_of(lay.counts_to_host_us, 0.5), quantile_of(lay.plan_us, 0.5),
+      quantile_of(lay.counts_to_plan_us, 0.5));
+}
+
+void section_paths(Run& r) {
+  const ExpertShape shape = r.o.paths_shape == "glm5"        ? kGlm5
+                            : r.o.paths_shape == "qwen3-30b" ? kQwen3_30b
+                                                             : kQwen3_235b;
+  log("layer paths on a many-donor trace ({} experts, EP=8, virtual ranks):", r.o.paths_shape);
+  r.doc["paths"] = paths_bench(shape, r.o.paths_shape, r.knobs, r.quick_or(3, r.o.paths_steps),
+                               r.o.paths_prime == 1, "data", 120);
+}
+
+// The sections in their order: each runs when asked, then the document is saved. The expert
+// bench lives from after peak to before the layer sections (its streams would share hardware
+// queues with the virtual ranks').
+void run_sections(Run& r) {
+  using Section = void (*)(Run&);
+  if (r.want("peak")) {
+    section_peak(r);
+    r.save();
+  }
+  r.eb = std::make_unique<ExpertBench>(kGlm5, 16 * 4096 + 8192, 16, 4);
+  if (r.want("grouped")) {
+    section_grouped(r);
+    r.save();
+  }
+  if (r.want("small_experts")) {
+    r.doc["small_experts"] = small_experts(r.reps);
+    r.save();
+  }
+  if (r.want("shape_tables")) {
+    section_shape_tables(r);
+    r.save();
+  }
+  load_inputs(r);
+  const std::pair<const char*, Section> on_the_bench[] = {
+      {"skewed", section_skewed},       {"copy", section_copy},
+      {"slowdown", section_slowdown},   {"straggler", section_straggler},
+      {"noise", section_noise},         {"exposure", section_exposure},
+      {"layertime", section_layertime}, {"bwdexposure", section_bwdexposure}};
+  for (const auto& [name, fn] : on_the_bench) {
+    if (!r.want(name)) continue;
+    fn(r);
+    r.save();
+  }
+  r.eb.reset();
+  for (const auto& [name, fn] : std::initializer_list<std::pair<const char*, Section>>{
+           {"layer", section_layer}, {"paths", section_paths}}) {
+    if (!r.want(name)) continue;
+    fn(r);
+    r.save();
+  }
+  if (r.want("training")) {
+    r.doc["training"] = training_steps(r.trace, r.quick_or(2, 4), r.quick_or(3, 6), 120);
+    log("training loss on vs off: max relative difference {:.2e}",
+        r.doc["training"]["loss_max_rel_diff_on_vs_off"].get<double>());
+  }
+}
+
 }  // namespace
 }  // namespace feplb::cuda
 
@@ -902,64 +1268,11 @@ int main(int argc, char** argv) {
   using namespace feplb::cuda;
   request_stream_connections();
   CLI::App app{"feplb GPU benchmarks (H200)"};
-  std::string out = "h200.json", table_out = "gemm_table.json",
-              trace_path = "data/traces/default.json";
-  std::string prior_path = "data/priors/mixtral-8x7b__olmoe-repo__c4.json";
-  std::string table_in = "data/cost/h200-glm5.json";
-  std::string table_dir = ".";
-  bool quick = false;
-  app.add_option("--out", out);
-  app.add_option("--table-out", table_out);
-  app.add_option("--trace", trace_path);
-  app.add_option("--prior", prior_path);
-  app.add_option("--table-in", table_in, "GEMM table to use when the table section is not run");
-  app.add_option("--table-dir", table_dir,
-                 "where section shape_tables writes h200-<shape>.json (Qwen3 shapes)");
-  double deadline_s = 420;
-  std::string sections =
-      "peak,grouped,table,shape_tables,skewed,copy,slowdown,straggler,noise,exposure,layertime,"
-      "bwdexposure,layer,training,paths";
-  std::string paths_shape = "qwen3-235b";
-  int paths_steps = 12;
-  int paths_prime = 1;
-  app.add_option("--sections", sections, "comma-separated sections to run (default all)");
-  app.add_flag("--quick", quick);
-  std::vector<std::string> knob_args;
-  app.add_option("--knob", knob_args,
-                 "NAME=VALUE: a knob for the planners (repeatable; feplb knobs lists them)");
-  app.add_option("--deadline", deadline_s,
-                 "write what is measured and exit after this many seconds");
-  app.add_option(
-         "--paths-shape", paths_shape,
-         "section paths: expert shape, qwen3-235b (H=4096 F=1536), qwen3-30b (H=2048 F=768) "
-         "or glm5")
-      ->check(CLI::IsMember({"qwen3-235b", "qwen3-30b", "glm5"}));
-  app.add_option("--paths-steps", paths_steps, "section paths: measured steps per mode")
-      ->check(CLI::Range(1, 1000));
-  app.add_option("--paths-prime", paths_prime,
-                 "section paths: 1 (default) the layers prime their planners while the counts "
-                 "travel (RuntimeConfig::prime_planner), 0 not")
-      ->check(CLI::Range(0, 1));
+  Options o;
+  add_options(app, o);
   CLI11_PARSE(app, argc, argv);
-  json doc;
-  std::mutex doc_mu;
-  auto save = [&] {
-    std::lock_guard<std::mutex> lock(doc_mu);
-    write_file(out, doc.dump(2) + "\n", true);
-  };
-  // Watchdog: a hung GPU (or a section far slower than planned) must not eat the whole lease.
-  std::thread([&, deadline_s] {
-    std::this_thread::sleep_for(std::chrono::duration<double>(deadline_s));
-    std::fprintf(stderr, "feplb_gpu_bench: deadline of %.0f s reached; saving partial results\n",
-                 deadline_s);
-    {
-      std::lock_guard<std::mutex> lock(doc_mu);
-      doc["incomplete"] = "deadline reached";
-      write_file(out, doc.dump(2) + "\n", true);
-    }
-    std::fflush(stdout);
-    std::_Exit(3);
-  }).detach();
+  Run run(o);
+  start_watchdog(run);
   try {
     std::string why;
     const auto devs = list_devices(&why);
@@ -967,256 +1280,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "feplb_gpu_bench: no GPU: %s\n", why.c_str());
       return 2;
     }
-    const int reps = quick ? 5 : 20;
-    auto want = [&](const char* name) {
-      return ("," + sections + ",").find("," + std::string(name) + ",") != std::string::npos;
-    };
-    doc["device"] = {{"name", devs[0].name},
-                     {"sms", devs[0].sm_count},
-                     {"copy_engines", devs[0].async_engine_count},
-                     {"driver", devs[0].driver_version},
-                     {"runtime", devs[0].runtime_version}};
+    run.doc["device"] = {{"name", devs[0].name},
+                         {"sms", devs[0].sm_count},
+                         {"copy_engines", devs[0].async_engine_count},
+                         {"driver", devs[0].driver_version},
+                         {"runtime", devs[0].runtime_version}};
     log("device: {}, {} SMs, {} copy engines", devs[0].name, devs[0].sm_count,
         devs[0].async_engine_count);
-
-    double peak = 0;
-    if (want("peak")) {
-      peak = gemm_tflops(8192, 8192, 8192, reps);
-      const double peak2 = gemm_tflops(16384, 4096, 6144, reps);
-      doc["cublas_peak_tflops"] = peak;
-      doc["cublas_16384x4096x6144_tflops"] = peak2;
-      log("cuBLAS bf16 8192^3: {:.0f} TFLOP/s; 16384x4096x6144: {:.0f}", peak, peak2);
-      save();
-    }
-    auto pct = [&](double t) { return peak > 0 ? t / peak * 100 : 0.0; };
-    auto eb = std::make_unique<ExpertBench>(kGlm5, 16 * 4096 + 8192, 16, 4);
-    auto tf = [](double flops, double ms) { return flops / (ms * 1e-3) / 1e12; };
-    if (want("grouped")) {
-      const std::vector<int64_t> even(16, 4096);
-      const double loop1 = eb->run_ms(even, 1, reps), loop4 = eb->run_ms(even, 4, reps),
-                   grouped = eb->run_grouped_ms(even, reps);
-      const double f16 = flops_of(kGlm5, 16 * 4096);
-      const double best = std::max({tf(f16, loop1), tf(f16, loop4), tf(f16, grouped)});
-      doc["grouped_gemm_tflops"] = best;
-      doc["grouped_gemm"] = {
-          {"workload",
-           "16 experts x 4096 rows, H=6144 F=2048 SwiGLU (gate, up, down + SwiGLU kernel)"},
-          {"loop_1_stream_tflops", tf(f16, loop1)},
-          {"loop_4_streams_tflops", tf(f16, loop4)},
-          {"cublas_grouped_batched_tflops", tf(f16, grouped)},
-          {"pct_of_peak", pct(best)}};
-      log("grouped GEMM 16x4096: loop {:.0f}, loop x4 streams {:.0f}, cublasGemmGroupedBatchedEx "
-          "{:.0f} TFLOP/s ({:.0f}% of peak)",
-          tf(f16, loop1), tf(f16, loop4), tf(f16, grouped), pct(best));
-      save();
-    }
-    if (want("small_experts")) {
-      doc["small_experts"] = small_experts(reps);
-      save();
-    }
-    if (want("shape_tables")) {
-      // Per-expert FFN time tables of other expert shapes, for the simulator's cost model.
-      const std::vector<std::pair<std::string, ExpertShape>> shapes = {{"qwen3-235b", kQwen3_235b},
-                                                                       {"qwen3-30b", kQwen3_30b}};
-      json files = json::object();
-      for (const auto& [name, shape] : shapes) {
-        ExpertBench sb(shape, 16 * 4096 + 8192, 16, 1);
-        const TableCostModel t = gemm_table(sb, quick);
-        const std::string path = table_dir + "/h200-" + name + ".json";
-        write_file(path, format_gemm_table(t), true);
-        files[name] = {{"file", path}, {"ms_at_4096_rows", t.expert_ms(4096)}};
-        log("GEMM table {} ({}): 4096 rows -> {:.3f} ms per expert, wrote {}", name,
-            shape.describe(), t.expert_ms(4096), path);
-      }
-      doc["shape_tables"] = files;
-      save();
-    }
-    std::unique_ptr<TableCostModel> table_ptr;
-    if (want("table")) {
-      table_ptr = std::make_unique<TableCostModel>(gemm_table(*eb, quick));
-      write_file(table_out, format_gemm_table(*table_ptr), true);
-      doc["gemm_table_file"] = table_out;
-      log("GEMM table: {} row counts, 4096 rows -> {:.3f} ms per expert", table_ptr->rows().size(),
-          table_ptr->expert_ms(4096));
-    } else {
-      table_ptr = std::make_unique<TableCostModel>(read_gemm_table(table_in));
-      doc["gemm_table_file"] = table_in;
-    }
-    const TableCostModel& table = *table_ptr;
-    Knobs knobs;
-    std::vector<KnobOverride> overrides;
-    for (const std::string& kv : knob_args) overrides.push_back(parse_knob_override(kv));
-    apply_knobs(knobs, overrides);
-    validate_knobs(knobs);
-    if (!knob_args.empty()) doc["knobs"] = knob_args;
-    const RooflineCostModel roofline(kGlm5, knobs);
-    const Trace trace = read_trace(trace_path);
-    if (want("skewed")) {
-      const auto skew_rows = skewed_rows(trace, knobs, table);
-      int64_t skew_total = 0;
-      for (int64_t r : skew_rows) skew_total += r;
-      const double s1 = eb->run_ms(skew_rows, 1, reps), s4 = eb->run_ms(skew_rows, 4, reps),
-                   sg = eb->run_grouped_ms(skew_rows, reps);
-      const double fs = flops_of(kGlm5, skew_total);
-      const double best_skew = std::max({tf(fs, s1), tf(fs, s4), tf(fs, sg)});
-      doc["grouped_gemm_skewed_tflops"] = best_skew;
-      doc["grouped_gemm_skewed"] = {
-          {"rows", skew_rows},
-          {"loop_1_stream_tflops", tf(fs, s1)},
-          {"loop_4_streams_tflops", tf(fs, s4)},
-          {"cublas_grouped_batched_tflops", tf(fs, sg)},
-          {"pct_of_peak", pct(best_skew)},
-          {"source", "busiest GPU after feplb balances the worst step of " + trace_path}};
-      log("skewed ({} slices, {} rows): loop {:.0f}, x4 {:.0f}, grouped {:.0f} TFLOP/s ({:.0f}% of "
-          "peak)",
-          skew_rows.size(), skew_total, tf(fs, s1), tf(fs, s4), tf(fs, sg), pct(best_skew));
-      save();
-    }
-    double ce_gbps =
-        2000.0;  // same-device copy-engine rate measured in earlier runs, if not measured now
-    if (want("copy")) {
-      const json copy = copy_bandwidth(reps);
-      ce_gbps = copy["ce_d2d_gbps"].get<double>();
-      doc["ce_copy_gbps"] = copy["ce_d2d_gbps"];
-      doc["copy_bandwidth"] = copy;
-      log("copy: CE D2D {:.0f} GB/s, batch {:.0f}, D2H {:.0f}, SM copy 24 blocks {:.0f}, 132 "
-          "blocks {:.0f}",
-          copy["ce_d2d_gbps"].get<double>(), copy["ce_batch_d2d_gbps"].get<double>(),
-          copy["d2h_pinned_gbps"].get<double>(), copy["sm_copy_24_blocks_gbps"].get<double>(),
-          copy["sm_copy_132_blocks_gbps"].get<double>());
-      save();
-    }
-    if (want("slowdown")) {
-      const json slow = gemm_slowdown(*eb, 400.0, quick ? 4 : 24);
-      doc["gemm_slowdown_ce_pct"] = slow["ce_pct"]["median"];
-      doc["gemm_slowdown_sm_pct"] = slow["sm24_pct"]["median"];
-      doc["gemm_slowdown"] = slow;
-      log("GEMM slowdown at 400 GB/s: CE {:+.1f}% [{:+.1f}, {:+.1f}], SM24 {:+.1f}%, SM32 {:+.1f}%",
-          slow["ce_pct"]["median"].get<double>(), slow["ce_pct"]["p10"].get<double>(),
-          slow["ce_pct"]["p90"].get<double>(), slow["sm24_pct"]["median"].get<double>(),
-          slow["sm32_pct"]["median"].get<double>());
-      save();
-    }
-    if (want("straggler")) {
-      // A paper-like real-prior trace (Mixtral's routing counts widened to 128 experts).
-      WorkloadSpec spec;
-      spec.num_ranks = 8;
-      spec.num_steps = quick ? 2 : 8;
-      Prior prior = expand_prior(read_prior(prior_path), 128, 1);
-      Trace paper_like = generate_trace(prior, spec);
-      measured_straggler(*eb, trace, "default trace", knobs, table, roofline, 1);  // warm-up
-      doc["measured_gemm_straggler_ms"] = {
-          {"default_trace",
-           measured_straggler(*eb, trace, "default trace", knobs, table, roofline, quick ? 2 : 8)},
-          {"mixtral_c4_trace", measured_straggler(*eb, paper_like, "mixtral c4 prior", knobs, table,
-                                                  roofline, quick ? 2 : 8)}};
-      save();
-    }
-    if (want("noise")) {
-      doc["straggler_noise_floor"] = straggler_noise_floor(*eb, trace, knobs, table, quick ? 2 : 8);
-      log("straggler noise floor (identical work timed as 8 ranks): median {:.3f} ms",
-          doc["straggler_noise_floor"]["null_straggler_ms"]["median"].get<double>());
-      save();
-    }
-    if (want("exposure")) {
-      const double lead = 30.0;  // us before the first copy: counts round trip + plan
-      const json expo = isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps,
-                                          quick ? 2 : 8, lead);
-      doc["exposed_pct"] = expo["exposed_pct"]["median"];
-      doc["exposure"] = expo;
-      log("exposed (isolated, {:.0f} GB/s emulated): median {:.2f}% max {:.2f}% of the slowest "
-          "rank's GEMM time",
-          knobs.copy_gbps, expo["exposed_pct"]["median"].get<double>(),
-          expo["exposed_pct"]["max"].get<double>());
-      save();
-    }
-    if (want("layertime")) {
-      double got = 0;
-      const Trace paper_like = trace_with_gpu_skew(1.25, quick ? 2 : 6, &got);
-      log("layer time per policy, paper-like skew (GPU max/mean {:.3f}):", got);
-      json paper = layer_times(*eb, paper_like, knobs, table, quick ? 2 : 6, quick ? 3 : 9);
-      log("layer time per policy, heavy skew ({}: GPU max/mean {:.3f}):", trace_path,
-          gpu_max_over_mean(trace));
-      json heavy = layer_times(*eb, trace, knobs, table, quick ? 2 : 6, quick ? 3 : 9);
-      doc["layer_fwd_ms"] = {{"paper_like", paper["layer_fwd_ms"]},
-                             {"heavy", heavy["layer_fwd_ms"]}};
-      doc["layer_bwd_ms"] = {{"paper_like", paper["layer_bwd_ms"]},
-                             {"heavy", heavy["layer_bwd_ms"]}};
-      doc["layer_times"] = {{"paper_like", paper}, {"heavy", heavy}};
-      save();
-    }
-    if (want("bwdexposure")) {
-      const double lead = 30.0;
-      const json recopy =
-          isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps, quick ? 2 : 8, lead,
-                            ExpertBench::Pass::kBackward, true);
-      const json kept = isolated_exposure(*eb, trace, knobs, table, ce_gbps, knobs.copy_gbps,
-                                          quick ? 2 : 8, lead, ExpertBench::Pass::kBackward, false);
-      doc["backward_exposed_pct"] = recopy["exposed_pct"]["median"];
-      doc["backward_exposure"] = {
-          {"weights_copied_again", recopy},
-          {"weights_still_in_slots", kept},
-          {"note",
-           "backward_exposed_pct is the worse case: every guest's weights copied "
-           "again (its slot was reused by another layer since forward)"}};
-      log("backward exposed (isolated): {:.2f}% (weights copied again), {:.2f}% (weights kept) "
-          "median; max {:.2f}%",
-          recopy["exposed_pct"]["median"].get<double>(),
-          kept["exposed_pct"]["median"].get<double>(), recopy["exposed_pct"]["max"].get<double>());
-      save();
-    }
-    eb.reset();  // its streams would share hardware queues with the virtual ranks'
-    if (want("layer")) {
-      const VirtualLayerStats lay =
-          run_virtual_layer(trace, kGlm5, "feplb", knobs, quick ? 4 : 16, 8, 60);
-      doc["plan_latency_us"] = spread(lay.counts_to_first_copy_us);
-      doc["layer_virtual_ranks"] = {
-          {"policy", "feplb"},
-          {"virtual_ranks", trace.num_ranks},
-          {"forwards", lay.forwards},
-          {"counts_to_first_copy_us", spread(lay.counts_to_first_copy_us)},
-          {"counts_to_host_us", spread(lay.counts_to_host_us)},
-          {"plan_us", spread(lay.plan_us)},
-          {"counts_to_plan_us", spread(lay.counts_to_plan_us)},
-          {"wait_ms", spread(lay.wait_ms)},
-          {"wait_pct_of_forward", spread(lay.wait_pct)},
-          {"forward_ms", spread(lay.forward_ms)},
-          {"note",
-           "8 virtual ranks share one GPU (their GEMMs run concurrently, copies are same-device); "
-           "latency "
-           "is from counts ready on the GPU (stream synchronised) to the first phase-2 copy "
-           "issued. The "
-           "copies are issued once the plan is ready AND this rank's phase-1 all-to-all is "
-           "enqueued (the "
-           "copy stream waits for it by event); with virtual ranks that all-to-all enqueue "
-           "includes an "
-           "in-process barrier of all 8 ranks' threads, so counts_to_plan_us is the scheduler's "
-           "own part"}};
-      log("plan latency (counts ready on GPU -> first copy issued): median {:.1f} us, p90 {:.1f}, "
-          "max {:.1f}; "
-          "counts to host {:.1f} us, plan {:.1f} us, counts to plan ready {:.1f} us",
-          doc["plan_latency_us"]["median"].get<double>(),
-          doc["plan_latency_us"]["p90"].get<double>(), doc["plan_latency_us"]["max"].get<double>(),
-          quantile_of(lay.counts_to_host_us, 0.5), quantile_of(lay.plan_us, 0.5),
-          quantile_of(lay.counts_to_plan_us, 0.5));
-      save();
-    }
-    if (want("paths")) {
-      const ExpertShape shape = paths_shape == "glm5"        ? kGlm5
-                                : paths_shape == "qwen3-30b" ? kQwen3_30b
-                                                             : kQwen3_235b;
-      log("layer paths on a many-donor trace ({} experts, EP=8, virtual ranks):", paths_shape);
-      doc["paths"] = paths_bench(shape, paths_shape, knobs, quick ? 3 : paths_steps,
-                                 paths_prime == 1, "data", 120);
-      save();
-    }
-    if (want("training")) {
-      doc["training"] = training_steps(trace, quick ? 2 : 4, quick ? 3 : 6, 120);
-      log("training loss on vs off: max relative difference {:.2e}",
-          doc["training"]["loss_max_rel_diff_on_vs_off"].get<double>());
-    }
-    save();
-    log("wrote {} and {}", out, table_out);
+    run_sections(run);
+    run.save();
+    log("wrote {} and {}", o.out, o.table_out);
   } catch (const InputError& e) {
     std::fprintf(stderr, "feplb_gpu_bench: %s\n", e.what());
     return 2;
