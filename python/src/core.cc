@@ -157,9 +157,10 @@ void require_counts(const Int64Array& a, std::string_view name, std::vector<py::
   }
 }
 
-void bind_core(py::module_& m) {
-  register_errors();
+namespace {
 
+// The module's functions: the error mapping's test hook, the policies, the limits, the knobs.
+void bind_functions(py::module_& m) {
   m.def(
       "_raise_for_test",
       [](const std::string& kind, const std::string& message) {
@@ -209,7 +210,9 @@ void bind_core(py::module_& m) {
         return out;
       },
       "Every knob's value once `overrides` are applied (checked as the planners check them).");
+}
 
+void bind_expert_shape(py::module_& m) {
   py::class_<ExpertShape>(m, "ExpertShape",
                           "One SwiGLU expert: gate and up [hidden, ffn], down [ffn, hidden].")
       .def(py::init([](const py::object& hidden_arg, const py::object& ffn_arg,
@@ -256,7 +259,9 @@ void bind_core(py::module_& m) {
         return fmt::format("ExpertShape(hidden={}, ffn={}, dtype='{}')", s.hidden, s.ffn,
                            dtype_name(s.dtype));
       });
+}
 
+void bind_topology(py::module_& m) {
   py::class_<Topology>(m, "Topology",
                        "One EP group: GPUs, NVLink domains (one node's GPUs), experts and their "
                        "home GPUs (contiguous unless a placement is given).")
@@ -293,6 +298,15 @@ void bind_core(py::module_& m) {
                     std::ranges::equal(a.homes(), b.homes());
            })
       .def("__repr__", [](const Topology& t) { return fmt::format("Topology({})", t.describe()); });
+}
+
+}  // namespace
+
+void bind_core(py::module_& m) {
+  register_errors();
+  bind_functions(m);
+  bind_expert_shape(m);
+  bind_topology(m);
 }
 
 }  // namespace feplb::python

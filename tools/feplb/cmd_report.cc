@@ -245,7 +245,9 @@ std::string given_command(const CLI::App& cmd) {
   return out;
 }
 
-void run_report(ReportOptions o, const std::string& command) {
+// The report's flags against each other, in the order the errors are reported, and the defaults
+// that depend on the report asked for. `dir`: the priors' directory, whose files are listed.
+void check_report_flags(ReportOptions& o, const std::string& dir) {
   namespace fs = std::filesystem;
   // A list flag given as '' is refused, not taken for its default.
   for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--ranks", &o.ranks},
@@ -255,7 +257,6 @@ void run_report(ReportOptions o, const std::string& command) {
     FEPLB_REQUIRE_INPUT(o.cmd->count(flag) == 0 || !value->empty(),
                         "{}: empty; give a comma-separated list (see --help)", flag);
   }
-  const std::string dir = o.priors_dir.empty() ? data_path("priors") : o.priors_dir;
   std::error_code ec;
   FEPLB_REQUIRE_INPUT(fs::is_directory(dir, ec), "--priors: {} is not a directory", dir);
   for (const auto& entry : fs::directory_iterator(dir)) {
@@ -303,20 +304,11 @@ void run_report(ReportOptions o, const std::string& command) {
                       "--plots: only with --anchors, --rack or --modes");
   FEPLB_REQUIRE_INPUT(o.plots_dir.empty() || fs::is_directory(o.plots_dir, ec),
                       "--plots: {} is not a directory", o.plots_dir);
-  if (!o.rack) o.sweep.ranks = parse_list<int>(o.ranks, "--ranks");
-  for (int r : o.sweep.ranks) {
-    FEPLB_REQUIRE_INPUT(r <= limits::kMaxRanks, "--ranks: {} is outside [1, {}]", r,
-                        limits::kMaxRanks);
-  }
-  o.sweep.sim.policies = split_policies(o.policies);
-  o.sweep.sim.warmup_steps = o.warmup;
-  o.sweep.sim.knobs = o.knobs;
-  o.sweep.gpus_per_node = o.gpus_per_node;
-  o.sweep.sim.shape = resolve_shape(o.shape, nullptr, o.sweep.model);
-  validate_knobs(o.sweep.sim.knobs);
+}
 
-  // Every input (the priors, their directory, the cost table) and output, before any work.
-  FileSet files(o.force);
+// Every input (the priors, their directory, the cost table) and output, before any work.
+void declare_report_files(const ReportOptions& o, const std::string& dir, FileSet& files) {
+  namespace fs = std::filesystem;
   files.input_dir("the --priors directory", dir);
   for (const std::string& p : o.sweep.prior_paths) files.input("a prior file", p);
   files.input("the --cost-model table", cost_model_path(o.cost_model));
@@ -331,6 +323,24 @@ void run_report(ReportOptions o, const std::string& command) {
       files.output("--plots", (fs::path(o.plots_dir) / name).string());
     }
   }
+}
+
+void run_report(ReportOptions o, const std::string& command) {
+  const std::string dir = o.priors_dir.empty() ? data_path("priors") : o.priors_dir;
+  check_report_flags(o, dir);
+  if (!o.rack) o.sweep.ranks = parse_list<int>(o.ranks, "--ranks");
+  for (int r : o.sweep.ranks) {
+    FEPLB_REQUIRE_INPUT(r <= limits::kMaxRanks, "--ranks: {} is outside [1, {}]", r,
+                        limits::kMaxRanks);
+  }
+  o.sweep.sim.policies = split_policies(o.policies);
+  o.sweep.sim.warmup_steps = o.warmup;
+  o.sweep.sim.knobs = o.knobs;
+  o.sweep.gpus_per_node = o.gpus_per_node;
+  o.sweep.sim.shape = resolve_shape(o.shape, nullptr, o.sweep.model);
+  validate_knobs(o.sweep.sim.knobs);
+  FileSet files(o.force);
+  declare_report_files(o, dir, files);
   files.check();
   route_human_output(files);
 
@@ -339,22 +349,10 @@ void run_report(ReportOptions o, const std::string& command) {
       resolve_cost(o.cost_model, o.sweep.sim.shape, o.sweep.sim.knobs, *o.gpu_class);
   o.sweep.sim.cost = cost.model.get();
   o.sweep.sim.cost_label = cost.label;
-  if (o.anchors) {
-    run_anchors(o, files, command);
-    return;
-  }
-  if (o.rack) {
-    run_rack_report(o, files, command);
-    return;
-  }
-  if (o.modes) {
-    run_modes_report(o, files, command);
-    return;
-  }
-  if (o.placement) {
-    run_placement(o, files, command);
-    return;
-  }
+  if (o.anchors) return run_anchors(o, files, command);
+  if (o.rack) return run_rack_report(o, files, command);
+  if (o.modes) return run_modes_report(o, files, command);
+  if (o.placement) return run_placement(o, files, command);
   ProgressLine progress("report", !o.quiet);
   const SweepResult r = run_sweep(o.sweep, std::ref(progress));
   const std::string md = format_sweep_markdown(r, command);
