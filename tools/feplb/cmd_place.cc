@@ -55,6 +55,43 @@ const char* score_name(DynScore s) {
   return "";
 }
 
+// The placement in force: --current (checked against the trace) or contiguous homes.
+Placement current_placement(const PlaceCommandOptions& o, const Trace& trace) {
+  if (o.current.empty()) {
+    return contiguous_placement(trace.num_ranks, o.gpus_per_node, trace.num_experts,
+                                trace_layers(trace), o.knobs.dyn);
+  }
+  Placement current = read_placement(o.current);
+  try {
+    check_placement_matches(current, trace, o.gpus_per_node);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", o.current, e.what()));
+  }
+  return current;
+}
+
+// Per layer, on the history: between nodes, above the node mean, static's straggler, swaps and
+// experts re-homed, current -> new.
+void print_layer_table(const std::vector<LayerPlaceStats>& stats) {
+  const char* row = "%-6s  %-30s  %-26s  %-32s  %-11s  %s\n";
+  std::fprintf(human_out(), row, "layer", "between nodes, per GPU", "above node mean, all GPUs",
+               "static straggler", "swaps", "re-homed");
+  std::fprintf(human_out(), row, "", "(% of the mean load)", "(rows to move in-node)",
+               "(% of the mean load)", "node / GPU", "experts");
+  for (const LayerPlaceStats& s : stats) {
+    const double mean = s.before.mean_rows;
+    std::fprintf(
+        human_out(), row, fmt::format("{}", s.layer).c_str(),
+        fmt::format("{} -> {}", pct(s.before.node_floor, mean), pct(s.after.node_floor, mean))
+            .c_str(),
+        fmt::format("{:.0f} -> {:.0f}", s.before.gpu_excess, s.after.gpu_excess).c_str(),
+        fmt::format("{} -> {}", pct(s.before.gpu_straggler, mean), pct(s.after.gpu_straggler, mean))
+            .c_str(),
+        fmt::format("{} / {}", s.node_swaps, s.gpu_swaps).c_str(),
+        fmt::format("{}", s.rehomed).c_str());
+  }
+}
+
 void run_place(const PlaceCommandOptions& o) {
   FEPLB_REQUIRE_INPUT(!o.trace.empty(), "--trace: required (the history)");
   validate_knobs(o.knobs);
@@ -72,18 +109,7 @@ void run_place(const PlaceCommandOptions& o) {
   const ExpertShape shape = resolve_shape(o.shape, &trace, trace.model);
   FEPLB_REQUIRE_INPUT(shape.hidden > 0 && shape.ffn > 0,
                       "expert shape: unknown for model '{}'; pass --hidden and --ffn", trace.model);
-  Placement current;
-  if (o.current.empty()) {
-    current = contiguous_placement(trace.num_ranks, o.gpus_per_node, trace.num_experts,
-                                   trace_layers(trace), o.knobs.dyn);
-  } else {
-    current = read_placement(o.current);
-    try {
-      check_placement_matches(current, trace, o.gpus_per_node);
-    } catch (const InputError& e) {
-      throw InputError(fmt::format("{}: {}", o.current, e.what()));
-    }
-  }
+  const Placement current = current_placement(o, trace);
 
   // The history: the trace's last `window` micro-batches (all by default).
   std::vector<size_t> starts;  // trace index where each micro-batch begins
@@ -118,23 +144,7 @@ void run_place(const PlaceCommandOptions& o) {
       score_name(options.dyn_score), ms);
   std::fprintf(human_out(),
                "on the history (in-sample), current -> new, rows per micro-batch:\n\n");
-  const char* row = "%-6s  %-30s  %-26s  %-32s  %-11s  %s\n";
-  std::fprintf(human_out(), row, "layer", "between nodes, per GPU", "above node mean, all GPUs",
-               "static straggler", "swaps", "re-homed");
-  std::fprintf(human_out(), row, "", "(% of the mean load)", "(rows to move in-node)",
-               "(% of the mean load)", "node / GPU", "experts");
-  for (const LayerPlaceStats& s : stats) {
-    const double mean = s.before.mean_rows;
-    std::fprintf(
-        human_out(), row, fmt::format("{}", s.layer).c_str(),
-        fmt::format("{} -> {}", pct(s.before.node_floor, mean), pct(s.after.node_floor, mean))
-            .c_str(),
-        fmt::format("{:.0f} -> {:.0f}", s.before.gpu_excess, s.after.gpu_excess).c_str(),
-        fmt::format("{} -> {}", pct(s.before.gpu_straggler, mean), pct(s.after.gpu_straggler, mean))
-            .c_str(),
-        fmt::format("{} / {}", s.node_swaps, s.gpu_swaps).c_str(),
-        fmt::format("{}", s.rehomed).c_str());
-  }
+  print_layer_table(stats);
   std::fprintf(
       human_out(),
       "\nmigration against the %s placement: %lld experts re-homed (%lld to another node); "
