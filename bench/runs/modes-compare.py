@@ -1,7 +1,7 @@
 # Compares the default against the best explicit mode in two `feplb report --modes --json` files:
 # per file the workloads meeting the target and the geometric mean of the default's GEMM straggler
 # + exposed time over the best mode's; then each workload where the two differ by more than 0.5%.
-# usage: python3 bench/results/modes-compare.py A.json B.json
+# usage: python3 bench/runs/modes-compare.py A.json B.json
 import json,math,sys
 def load(f):
   d=json.load(open(f)); out=[]
