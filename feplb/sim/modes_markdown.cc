@@ -30,10 +30,9 @@ std::string cell_text(const BalanceCell* c) {
                      gemm_plus_exposed(*c));
 }
 
-}  // namespace
-
-std::string format_modes_markdown(const ModesResult& r, const std::string& command,
-                                  const std::string& plot_dir) {
+// The title, the plot and the workloads and columns paragraphs (with the count of workloads met).
+std::string modes_header(const ModesResult& r, const std::string& command,
+                         const std::string& plot_dir) {
   const std::vector<BalanceVariant>& modes = r.config.modes;
   int met = 0;
   for (const ModesWorkload& w : r.workloads) met += judge(w, modes).met() ? 1 : 0;
@@ -54,27 +53,33 @@ std::string format_modes_markdown(const ModesResult& r, const std::string& comma
        at = rack_points.find(',', at + 2)) {
     rack_points.replace(at, 1, ", ");
   }
-  out += fmt::format(
-      "**Workloads** (every one the other reports run): the real priors at EP 2, 4 and 8 with "
-      "GLM-5 experts (core.md; no history); the many-donor workloads at EP=8 with three expert "
-      "shapes (balance.md section 8; 16 micro-batches of history); lognormal max/mean {:g} with "
-      "{} experts per GPU at EP {} (NxD: N NVLink domains of D GPUs), and few experts per GPU "
-      "with hot experts (rack.md sections 1 and 2; 8 micro-batches of history). GEMM times from "
-      "the measured H200 table of each shape.\n\n"
-      "**Columns.** Each cell: token straggler removed against static / GEMM straggler + "
-      "exposed time (ms, mean over steps; exposed = late copies plus, for a plan the dispatch "
-      "waits for, the planner's time; every plan is clocked on the host that runs the report, and "
-      "one that outlasts the reserve its copies were planned for delays them by the difference, "
-      "so a slower or busier host shows more exposed time where plans come near their reserve, "
-      "at EP=256 most). `feplb` is the default (no knob set). The best explicit "
-      "mode is the one with the least GEMM straggler + exposed time among the {} below that "
-      "remove at least 95% of the token straggler (all of them where none does). **Target** for "
-      "the default: within 5% (or 0.005 ms, whichever is larger) of the best explicit mode, no "
-      "higher than LLEP's and MoonEP's wherever the best mode is, and at least 95% of the token "
-      "straggler removed wherever the best mode removes that much. **Met on {} of {} "
-      "workloads.**\n\n",
-      rack.skew, rack.experts_per_gpu, rack_points, modes.size(), met, r.workloads.size());
-  out +=
+  return out +
+         fmt::format(
+             "**Workloads** (every one the other reports run): the real priors at EP 2, 4 and 8 "
+             "with GLM-5 experts (core.md; no history); the many-donor workloads at EP=8 with "
+             "three expert shapes (balance.md section 8; 16 micro-batches of history); lognormal "
+             "max/mean {:g} with {} experts per GPU at EP {} (NxD: N NVLink domains of D GPUs), "
+             "and few experts per GPU with hot experts (rack.md sections 1 and 2; 8 micro-batches "
+             "of history). GEMM times from the measured H200 table of each shape.\n\n"
+             "**Columns.** Each cell: token straggler removed against static / GEMM straggler + "
+             "exposed time (ms, mean over steps; exposed = late copies plus, for a plan the "
+             "dispatch waits for, the planner's time; every plan is clocked on the host that runs "
+             "the report, and one that outlasts the reserve its copies were planned for delays "
+             "them by the difference, so a slower or busier host shows more exposed time where "
+             "plans come near their reserve, at EP=256 most). `feplb` is the default (no knob "
+             "set). The best explicit mode is the one with the least GEMM straggler + exposed "
+             "time among the {} below that remove at least 95% of the token straggler (all of "
+             "them where none does). **Target** for the default: within 5% (or 0.005 ms, "
+             "whichever is larger) of the best explicit mode, no higher than LLEP's and MoonEP's "
+             "wherever the best mode is, and at least 95% of the token straggler removed wherever "
+             "the best mode removes that much. **Met on {} of {} workloads.**\n\n",
+             rack.skew, rack.experts_per_gpu, rack_points, modes.size(), met, r.workloads.size());
+}
+
+// One line per workload: the default, the best explicit mode, the anchors, the verdict.
+std::string verdict_table(const ModesResult& r) {
+  const std::vector<BalanceVariant>& modes = r.config.modes;
+  std::string out =
       "| # | section | workload | default | best explicit mode | default / best | llep | moonep | "
       "met |\n|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < r.workloads.size(); ++i) {
@@ -93,7 +98,13 @@ std::string format_modes_markdown(const ModesResult& r, const std::string& comma
                                              v.beats_anchors ? "" : ", above an anchor",
                                              v.token_ok ? "" : ", token straggler"));
   }
-  out +=
+  return out;
+}
+
+// Every explicit mode on every workload, then the modes' knobs.
+std::string modes_table(const ModesResult& r) {
+  const std::vector<BalanceVariant>& modes = r.config.modes;
+  std::string out =
       "\n## Every explicit mode\n\nGEMM straggler + exposed time, ms (token straggler removed "
       "in brackets where it is below 95%).\n\n| # |";
   for (const BalanceVariant& m : modes) out += fmt::format(" {} |", m.label);
@@ -118,6 +129,13 @@ std::string format_modes_markdown(const ModesResult& r, const std::string& comma
   out += "\n**The modes' knobs:**\n\n";
   for (const BalanceVariant& m : modes) out += fmt::format("- {}: `{}`\n", m.label, knob_text(m));
   return out;
+}
+
+}  // namespace
+
+std::string format_modes_markdown(const ModesResult& r, const std::string& command,
+                                  const std::string& plot_dir) {
+  return modes_header(r, command, plot_dir) + verdict_table(r) + modes_table(r);
 }
 
 std::string format_modes_json(const ModesResult& r, const std::string& command) {

@@ -77,8 +77,10 @@ SweepResult run_sweep(const SweepConfig& config, const Progress& progress) {
   return result;
 }
 
-std::string format_sweep_markdown(const SweepResult& r, const std::string& command) {
-  const SweepConfig& c = r.config;
+namespace {
+
+// The title and the workload and columns paragraphs.
+std::string sweep_header(const SweepConfig& c, const std::string& command) {
   const Knobs& k = c.sim.knobs;
   std::string out = fmt::format(
       "# Balance on real-prior traces, every policy\n\n"
@@ -105,44 +107,53 @@ std::string format_sweep_markdown(const SweepResult& r, const std::string& comma
         "them, none is measured.\n",
         c.sim.warmup_steps);
   }
-  for (const SweepPool& pool : r.pools) {
-    out += fmt::format("\n## EP={}: pooled over {} priors ({:.0f} rows per GPU on average)\n\n",
-                       pool.ranks, c.prior_paths.size(), pool.mean_rows);
-    out +=
-        "| policy | S_T rows | vs static | above oracle | max/mean | S_G ms | vs static | weights "
-        "MiB | tokens MiB | fits | exposed ms | planner us |\n";
-    out += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for (size_t p = 0; p < pool.policy_names.size(); ++p) {
-      const PolicySummary& s = pool.summaries[p];
-      out += fmt::format(
-          "| {} | {:.0f} ({:.0f}) | {:+.1f}% | {:.2f}% | {:.3f} | {:.3f} ({:.3f}) | {:+.1f}% | "
-          "{:.0f} | {:.0f} | {:.0f}% | {:.3f} | {:.1f} / {:.1f} |\n",
-          pool.policy_names[p], s.token_straggler, s.token_straggler_p95,
-          -s.token_straggler_reduction * 100, s.above_oracle_pct_of_mean, s.token_max_over_mean,
-          s.gemm_straggler_ms, s.gemm_straggler_ms_p95, -s.gemm_straggler_reduction * 100,
-          s.weight_bytes_per_step / kMiB, s.token_bytes_per_step / kMiB, s.fits_static_window * 100,
-          s.copy_exposed_ms, s.planner_us_median, s.planner_us_p99);
-    }
-    const PolicySummary* st = find(pool.policy_names, pool.summaries, "static");
-    const PolicySummary* fe = find(pool.policy_names, pool.summaries, "feplb");
-    const PolicySummary* pa = find(pool.policy_names, pool.summaries, "feplb-paper");
-    const PolicySummary* fm = find(pool.policy_names, pool.summaries, "fastermoe");
-    if (st && fe) {
-      out += fmt::format("\nfeplb: token straggler {} lower than static, GEMM straggler {} lower",
-                         share_pct(fe->token_straggler_reduction),
-                         share_pct(fe->gemm_straggler_reduction));
-      if (fm)
-        out += fmt::format(", {:.1f}x lower token straggler than fastermoe",
-                           fm->token_straggler / std::max(fe->token_straggler, 1e-9));
-      if (pa)
-        out += fmt::format(", {:.1f}x lower than feplb-paper",
-                           pa->token_straggler / std::max(fe->token_straggler, 1e-9));
-      out += fmt::format(
-          "; {:.2f}% of the mean load above the oracle; copies fit the window in {} of steps.\n",
-          fe->above_oracle_pct_of_mean, share_pct(fe->fits_static_window));
-    }
+  return out;
+}
+
+// One EP size pooled over the priors: every policy's line, then feplb against the others.
+std::string pool_section(const SweepPool& pool, size_t priors) {
+  std::string out =
+      fmt::format("\n## EP={}: pooled over {} priors ({:.0f} rows per GPU on average)\n\n",
+                  pool.ranks, priors, pool.mean_rows);
+  out +=
+      "| policy | S_T rows | vs static | above oracle | max/mean | S_G ms | vs static | weights "
+      "MiB | tokens MiB | fits | exposed ms | planner us |\n";
+  out += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (size_t p = 0; p < pool.policy_names.size(); ++p) {
+    const PolicySummary& s = pool.summaries[p];
+    out += fmt::format(
+        "| {} | {:.0f} ({:.0f}) | {:+.1f}% | {:.2f}% | {:.3f} | {:.3f} ({:.3f}) | {:+.1f}% | "
+        "{:.0f} | {:.0f} | {:.0f}% | {:.3f} | {:.1f} / {:.1f} |\n",
+        pool.policy_names[p], s.token_straggler, s.token_straggler_p95,
+        -s.token_straggler_reduction * 100, s.above_oracle_pct_of_mean, s.token_max_over_mean,
+        s.gemm_straggler_ms, s.gemm_straggler_ms_p95, -s.gemm_straggler_reduction * 100,
+        s.weight_bytes_per_step / kMiB, s.token_bytes_per_step / kMiB, s.fits_static_window * 100,
+        s.copy_exposed_ms, s.planner_us_median, s.planner_us_p99);
   }
-  out += "\n## Per prior: token straggler, mean rows (change vs static)\n\n| EP | prior |";
+  const PolicySummary* st = find(pool.policy_names, pool.summaries, "static");
+  const PolicySummary* fe = find(pool.policy_names, pool.summaries, "feplb");
+  const PolicySummary* pa = find(pool.policy_names, pool.summaries, "feplb-paper");
+  const PolicySummary* fm = find(pool.policy_names, pool.summaries, "fastermoe");
+  if (!st || !fe) return out;
+  out += fmt::format("\nfeplb: token straggler {} lower than static, GEMM straggler {} lower",
+                     share_pct(fe->token_straggler_reduction),
+                     share_pct(fe->gemm_straggler_reduction));
+  if (fm)
+    out += fmt::format(", {:.1f}x lower token straggler than fastermoe",
+                       fm->token_straggler / std::max(fe->token_straggler, 1e-9));
+  if (pa)
+    out += fmt::format(", {:.1f}x lower than feplb-paper",
+                       pa->token_straggler / std::max(fe->token_straggler, 1e-9));
+  return out + fmt::format(
+                   "; {:.2f}% of the mean load above the oracle; copies fit the window in {} of "
+                   "steps.\n",
+                   fe->above_oracle_pct_of_mean, share_pct(fe->fits_static_window));
+}
+
+// Every (EP, prior): each policy's token straggler and its change against static.
+std::string per_prior_table(const SweepResult& r) {
+  std::string out =
+      "\n## Per prior: token straggler, mean rows (change vs static)\n\n| EP | prior |";
   const auto& names = r.runs.front().policy_names;
   for (const std::string& n : names) out += " " + n + " |";
   out += "\n|---|---|";
@@ -160,6 +171,14 @@ std::string format_sweep_markdown(const SweepResult& r, const std::string& comma
     out += "\n";
   }
   return out;
+}
+
+}  // namespace
+
+std::string format_sweep_markdown(const SweepResult& r, const std::string& command) {
+  std::string out = sweep_header(r.config, command);
+  for (const SweepPool& pool : r.pools) out += pool_section(pool, r.config.prior_paths.size());
+  return out + per_prior_table(r);
 }
 
 std::string format_sweep_json(const SweepResult& r, const std::string& command) {
