@@ -116,6 +116,30 @@ class SignalCleanup {
   }
 };
 
+// Holds SIGINT, SIGTERM and SIGHUP back from this thread for its life, so that a step and the
+// record SignalCleanup's handler reads of it (a file made and tracked, an output placed and its
+// undo) happen together: a signal in between left a temporary file, or one output placed and not
+// undone. A signal that arrives meanwhile is delivered when the old mask is back. Held only around
+// file-system calls that do not block for long (never around writing an output's content).
+class SignalBlock {
+ public:
+  SignalBlock() {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+    blocked_ = ::pthread_sigmask(SIG_BLOCK, &set, &old_) == 0;
+  }
+  ~SignalBlock() {
+    if (blocked_) ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SignalBlock(const SignalBlock&) = delete;
+  SignalBlock& operator=(const SignalBlock&) = delete;
+
+ private:
+  sigset_t old_;
+  bool blocked_ = false;
+};
+
 // What an output path names.
 struct Target {
   enum Kind { kStream, kSpecial, kRegular, kMissing } kind = kMissing;
@@ -236,10 +260,16 @@ int write_stream(int fd, std::string_view content) {
 }
 
 // A new empty file with a short unique name (".feplb-XXXXXX": a 255-byte target name still fits
-// NAME_MAX) in `dir`; its descriptor, and its path in `tmp`. -1 and errno on failure.
-int make_temp(const fs::path& dir, std::string& tmp) {
+// NAME_MAX) in `dir`, tracked for SignalCleanup (`slot`) from the moment it exists; its
+// descriptor, and its path in `tmp`. -1 and errno on failure.
+int make_temp(const fs::path& dir, std::string& tmp, int& slot) {
   tmp = (dir / ".feplb-XXXXXX").string();
-  return ::mkostemp(tmp.data(), O_CLOEXEC);
+  const SignalBlock hold;
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  const int err = errno;
+  if (fd >= 0) slot = SignalCleanup::track(SignalCleanup::kUnlink, tmp);
+  errno = err;
+  return fd;
 }
 
 // The mode a new file gets (0666 less the umask).
@@ -256,10 +286,9 @@ std::string write_temp(const std::string& path, const Target& t, std::string_vie
                        int& slot) {
   const fs::path dir = fs::path(t.resolved).parent_path();
   std::string tmp;
-  const int fd = make_temp(dir, tmp);
+  const int fd = make_temp(dir, tmp, slot);
   FEPLB_REQUIRE_INPUT(fd >= 0, "{}: cannot create a file in {} ({})", path, dir.string(),
                       errno_text(errno));
-  slot = SignalCleanup::track(SignalCleanup::kUnlink, tmp);
   mode_t mode = new_file_mode();
   struct stat st {};
   if (t.kind == Target::kRegular && ::stat(t.resolved.c_str(), &st) == 0) mode = st.st_mode & 07777;
@@ -287,8 +316,10 @@ struct Placing {
 
 // Moves `p.tmp` to `p.resolved`. A new file by link, which fails if a file appeared there
 // meanwhile (EEXIST); with `overwrite`, an existing one by rename, the replaced file kept aside as
-// `p.backup` (a hard link) until every output is in place. 0 or the errno.
+// `p.backup` (a hard link) until every output is in place. 0 or the errno. Signals wait until
+// the file system and SignalCleanup's records agree again.
 int place(Placing& p, bool overwrite) {
+  const SignalBlock hold;
   struct stat st {};
   const bool exists = ::stat(p.resolved.c_str(), &st) == 0;
   if (!exists || !overwrite) {
@@ -354,10 +385,10 @@ bool same_file(const Target& a, const Target& b) {
 void require_writable_dir(const std::string& path, const std::string& resolved) {
   const fs::path dir = fs::path(resolved).parent_path();
   std::string probe;
-  const int fd = make_temp(dir, probe);
+  int slot = -1;
+  const int fd = make_temp(dir, probe, slot);
   FEPLB_REQUIRE_INPUT(fd >= 0, "{}: cannot create a file in {} ({}); nothing was written", path,
                       dir.string(), errno_text(errno));
-  int slot = SignalCleanup::track(SignalCleanup::kUnlink, probe);
   ::close(fd);
   ::unlink(probe.c_str());
   SignalCleanup::untrack(slot);
@@ -548,12 +579,16 @@ std::vector<std::string> FileSet::commit() {
     if (err == EEXIST) fail(fmt::format("{}: exists; pass --force to overwrite", p.path));
     if (err != 0) fail(fmt::format("{}: cannot rename into place ({})", p.path, errno_text(err)));
   }
-  // Done: a signal from here on keeps the outputs (and removes a kept-aside file not yet removed).
-  for (Placing& p : regular) {
-    if (!p.backup.empty()) {
-      SignalCleanup::set_state(p.undo_slot, SignalCleanup::kUnlink);
-    } else {
-      SignalCleanup::untrack(p.undo_slot);
+  // Done: every output's undo dropped at once (a signal meanwhile waits), so a signal keeps all
+  // of them; then the kept-aside files removed.
+  {
+    const SignalBlock hold;
+    for (Placing& p : regular) {
+      if (!p.backup.empty()) {
+        SignalCleanup::set_state(p.undo_slot, SignalCleanup::kUnlink);
+      } else {
+        SignalCleanup::untrack(p.undo_slot);
+      }
     }
   }
   for (Placing& p : regular) {
