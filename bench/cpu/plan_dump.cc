@@ -4,8 +4,8 @@
 // one line per plan: case, step, and a 64-bit FNV-1a hash and the length of serialize(plan).
 // Run it before and after the change and diff the outputs:
 //   build/bin/feplb_plan_dump [--policy feplb] > before.txt; (change, rebuild) ...; diff
-// With --schedule each line also hashes the plan's schedule (Plan::schedule, every time in hex
-// floating point), which serialize() leaves out: a change to the schedule writer or to the times
+// With --schedule each line also hashes the plan's schedule (serialize(plan.schedule): every time
+// in hex floating point), which serialize(plan) leaves out: a change to the schedule writer or to the times
 // a planner models must leave it the same too.
 #include <fmt/format.h>
 
@@ -67,42 +67,6 @@ uint64_t fnv1a(const std::string& s) {
     h *= 1099511628211ull;
   }
   return h;
-}
-
-// The schedule's bytes: every number it holds, times bit for bit (%a).
-void put(std::string& out, const char* tag, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, " %s%a", tag, v);
-  out += buf;
-}
-void put(std::string& out, const char* tag, int64_t v) {
-  out += ' ';
-  out += tag;
-  out += std::to_string(v);
-}
-std::string schedule_bytes(const Schedule& s) {
-  std::string out;
-  put(out, "s", s.copy_start_ms);
-  for (const CopyTime& c : s.copies) {
-    put(out, "c", c.start_ms);
-    put(out, "", c.end_ms);
-    put(out, "", int64_t{c.timed});
-  }
-  for (size_t g = 0; g < s.own_ms.size(); ++g) {
-    put(out, "g", s.own_ms[g]);
-    put(out, "", s.prefetch_ms[g]);
-    put(out, "", s.ready_ms[g]);
-  }
-  for (int b : s.turn_begin) put(out, "tb", int64_t{b});
-  for (const OwnerTurn& t : s.turns) {
-    put(out, "t", int64_t{t.owner});
-    put(out, "", t.lands_ms);
-    put(out, "", t.gemm_ms);
-    put(out, "", t.wait_ms);
-  }
-  for (int b : s.helper_begin) put(out, "hb", int64_t{b});
-  for (int h : s.helpers) put(out, "h", int64_t{h});
-  return out;
 }
 
 struct KnobCase {
@@ -215,7 +179,7 @@ int run(const std::string& policy, bool with_schedule) {
                       static_cast<unsigned long long>(fnv1a(bytes)), bytes.size());
           if (with_schedule) {
             std::printf(" %016llx %s",
-                        static_cast<unsigned long long>(fnv1a(schedule_bytes(plan.schedule))),
+                        static_cast<unsigned long long>(fnv1a(serialize(plan.schedule))),
                         plan.mode.c_str());
           }
           std::printf("\n");

@@ -452,7 +452,7 @@ void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, Polic
   v[kCopies] = static_cast<double>(f.copies + b.copies);
   v[kGuestRows] = static_cast<double>(f.guest_rows);
   v[kRecopies] = static_cast<double>(b.weight_recopies);
-  const StepMetrics m = measure_plan(layer.last_plan(), *topo_, *cost_, knobs_, 0.0);
+  const StepMetrics m = measure_plan(layer.last_plan(), *topo_, *cost_, 0.0);
   // Untimed: the helpers' gradient contributions land, the gradient starts again at zero, and
   // every row count met so far gets its exact GEMM algorithm (a training job reaches that steady
   // state after a few steps; a short benchmark would otherwise time the bucket algorithms and the

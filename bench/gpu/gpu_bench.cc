@@ -253,8 +253,8 @@ json measured_straggler(ExpertBench& eb, const Trace& t, const std::string& labe
     for (const PlannedStep& ps : plan_trace(t, {policy}, knobs, table, steps)) {
       const std::vector<double> g = rank_gemm_ms(eb, ps.plan, t.num_ranks, 5);
       meas.push_back(*std::max_element(g.begin(), g.end()) - mean_of(g));
-      pred_table.push_back(measure_plan(ps.plan, topo, table, knobs, 0).gemm_straggler_ms);
-      pred_roof.push_back(measure_plan(ps.plan, topo, roofline, knobs, 0).gemm_straggler_ms);
+      pred_table.push_back(measure_plan(ps.plan, topo, table, 0).gemm_straggler_ms);
+      pred_roof.push_back(measure_plan(ps.plan, topo, roofline, 0).gemm_straggler_ms);
     }
     const double m = mean_of(meas), pt = mean_of(pred_table), pr = mean_of(pred_roof);
     out[policy] = {{"measured_ms", m},

@@ -95,13 +95,13 @@ void ScheduleWriter::write(Plan& plan, const Topology& topo, const Knobs& knobs,
   held_.clear();
   for (const ResidentReplica& r : plan.resident) held_.push_back(r.gpu * E + r.expert);
   std::sort(held_.begin(), held_.end());
-  if (!write_gpu_by_gpu(plan, topo, cost, times)) write_sorted(plan, topo, cost, times);
+  write_turns(plan, topo, cost, times);
   set_waits(s, R);
   write_helpers(plan, R, times);
 }
 
-bool ScheduleWriter::write_gpu_by_gpu(Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                                      std::span<const CopyTime> times) {
+void ScheduleWriter::write_turns(Plan& plan, const Topology& topo, const GemmCostModel& cost,
+                                 std::span<const CopyTime> times) {
   const int R = topo.num_ranks();
   const int64_t E = topo.num_experts();
   const std::vector<Copy>& copies = plan.copies;
@@ -112,7 +112,6 @@ bool ScheduleWriter::write_gpu_by_gpu(Plan& plan, const Topology& topo, const Ge
   // Each receiver's pairs (contiguous, pair_begin_), with when each owner's last copy into it
   // lands; and per expert, the receivers its phase-2 copies go into (a list from into_head_).
   pairs_.clear();
-  guest_count_.clear();
   into_.clear();
   into_head_.assign(static_cast<size_t>(E), -1);
   pair_begin_.resize(rank(R) + 1);
@@ -132,18 +131,20 @@ bool ScheduleWriter::write_gpu_by_gpu(Plan& plan, const Topology& topo, const Ge
         pair_gpu_[rank(c.src_gpu)] = g;
         pair_at_[rank(c.src_gpu)] = static_cast<int>(pairs_.size());
         pairs_.push_back({g, c.src_gpu, Schedule::kNever, 0.0, false});
-        guest_count_.push_back(0);
       }
       PairTime& t = pairs_[rank(pair_at_[rank(c.src_gpu)])];
       t.ms = std::max(t.ms, times[i].end_ms);
     }
   }
   pair_begin_[rank(R)] = static_cast<int>(pairs_.size());
-  // Each slice's GEMM, in plan order (each GPU's sums in the order a bucket by GPU gives): own
-  // work (its home, a replica held there), a guest waiting for its owner's copies (a turn), or a
-  // guest whose inputs need no phase-2 copy (ready).
+  // Each slice's GEMM, in plan order (so each GPU's sums are in plan order): own work (its home,
+  // a replica held there), a guest waiting for its owner's copies (a turn), or a guest whose
+  // inputs need no phase-2 copy (ready). A guest whose copies came from GPUs other than its owner
+  // (none of the owner's copies go into its GPU) waits for nothing of the owner's: its owner's
+  // turn there lands at kNever (unowned_).
   s.own_ms.assign(rank(R), 0.0);
   s.ready_ms.assign(rank(R), 0.0);
+  unowned_.clear();
   for (const Slice& sl : plan.slices) {
     const int g = sl.gpu;
     const double ms = cost.expert_ms(sl.rows);
@@ -160,87 +161,33 @@ bool ScheduleWriter::write_gpu_by_gpu(Plan& plan, const Topology& topo, const Ge
       s.ready_ms[rank(g)] += ms;
       continue;
     }
-    // Its owner's pair on g; none (its copies came from another GPU) is left to write_sorted().
     int p = pair_begin_[rank(g)];
     while (p < pair_begin_[rank(g) + 1] && pairs_[rank(p)].other != home) ++p;
-    if (p == pair_begin_[rank(g) + 1] || ++guest_count_[rank(p)] > 2) return false;
-    pairs_[rank(p)].gemm_ms += ms;
-    pairs_[rank(p)].guests = true;
+    PairTime* t = p < pair_begin_[rank(g) + 1] ? &pairs_[rank(p)] : nullptr;
+    for (size_t u = 0; !t && u < unowned_.size(); ++u) {
+      if (unowned_[u].gpu == g && unowned_[u].other == home) t = &unowned_[u];
+    }
+    if (!t) t = &unowned_.emplace_back(PairTime{g, home, Schedule::kNever, 0.0, false});
+    t->gemm_ms += ms;
+    t->guests = true;
   }
-  // Turns: per receiver, its owners whose guests wait for copies, in landing order.
+  // Turns: per receiver, its owners whose guests wait for copies, in landing order (then owner).
   s.turn_begin.assign(rank(R) + 1, 0);
   s.turns.clear();
   for (int g = 0; g < R; ++g) {
-    const auto first = pairs_.begin() + pair_begin_[rank(g)];
-    const auto last = std::remove_if(first, pairs_.begin() + pair_begin_[rank(g) + 1],
-                                     [](const PairTime& t) { return !t.guests; });
-    std::sort(first, last, [](const PairTime& a, const PairTime& b) {
+    turn_scratch_.clear();
+    for (int p = pair_begin_[rank(g)]; p < pair_begin_[rank(g) + 1]; ++p) {
+      if (pairs_[rank(p)].guests) turn_scratch_.push_back(pairs_[rank(p)]);
+    }
+    for (const PairTime& t : unowned_) {
+      if (t.gpu == g) turn_scratch_.push_back(t);
+    }
+    std::sort(turn_scratch_.begin(), turn_scratch_.end(), [](const PairTime& a, const PairTime& b) {
       return a.ms != b.ms ? a.ms < b.ms : a.other < b.other;
     });
-    for (auto t = first; t != last; ++t) s.turns.push_back({t->other, t->ms, t->gemm_ms, 0.0});
+    for (const PairTime& t : turn_scratch_) s.turns.push_back({t.other, t.ms, t.gemm_ms, 0.0});
     s.turn_begin[rank(g) + 1] = static_cast<int>(s.turns.size());
   }
-  return true;
-}
-
-void ScheduleWriter::write_sorted(Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                                  std::span<const CopyTime> times) {
-  const int R = topo.num_ranks();
-  const int64_t E = topo.num_experts();
-  const auto key = [E](int gpu, int expert) { return static_cast<int64_t>(gpu) * E + expert; };
-  Schedule& s = plan.schedule;
-  s.own_ms.assign(rank(R), 0.0);
-  s.ready_ms.assign(rank(R), 0.0);
-  // The phase-2 copies a GPU waits for by (receiver, expert), and when each owner's last one into
-  // each receiver lands.
-  copied_.clear();
-  pairs_.clear();
-  for (const int i : copy_ids_) {
-    const Copy& c = plan.copies[rank(i)];
-    copied_.push_back(key(c.dst_gpu, c.expert));
-    pairs_.push_back({c.dst_gpu, c.src_gpu, times[rank(i)].end_ms, 0.0, false});
-  }
-  std::sort(copied_.begin(), copied_.end());
-  for (const Slice& sl : plan.slices) {
-    const double ms = cost.expert_ms(sl.rows);
-    const int home = topo.home(sl.expert);
-    const int64_t k = key(sl.gpu, sl.expert);
-    if (home == sl.gpu || std::binary_search(held_.begin(), held_.end(), k)) {
-      s.own_ms[rank(sl.gpu)] += ms;
-    } else if (std::binary_search(copied_.begin(), copied_.end(), k)) {
-      pairs_.push_back({sl.gpu, home, Schedule::kNever, ms, true});
-    } else {
-      s.ready_ms[rank(sl.gpu)] += ms;
-    }
-  }
-  // Turns: per receiver, its owners (last landing, guests' time), in landing order.
-  std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
-    return a.gpu != b.gpu ? a.gpu < b.gpu : a.other < b.other;
-  });
-  size_t w = 0;
-  for (size_t i = 0; i < pairs_.size(); ++i) {
-    if (w > 0 && pairs_[w - 1].gpu == pairs_[i].gpu && pairs_[w - 1].other == pairs_[i].other) {
-      PairTime& t = pairs_[w - 1];
-      t.ms = std::max(t.ms, pairs_[i].ms);
-      t.gemm_ms += pairs_[i].gemm_ms;
-      t.guests = t.guests || pairs_[i].guests;
-    } else {
-      pairs_[w++] = pairs_[i];
-    }
-  }
-  pairs_.resize(w);
-  std::erase_if(pairs_, [](const PairTime& t) { return !t.guests; });  // copies no slice uses
-  std::sort(pairs_.begin(), pairs_.end(), [](const PairTime& a, const PairTime& b) {
-    if (a.gpu != b.gpu) return a.gpu < b.gpu;
-    return a.ms != b.ms ? a.ms < b.ms : a.other < b.other;
-  });
-  s.turn_begin.assign(rank(R) + 1, 0);
-  s.turns.clear();
-  for (const PairTime& t : pairs_) {
-    ++s.turn_begin[rank(t.gpu) + 1];
-    s.turns.push_back({t.other, t.ms, t.gemm_ms, 0.0});
-  }
-  for (int g = 0; g < R; ++g) s.turn_begin[rank(g) + 1] += s.turn_begin[rank(g)];
 }
 
 void ScheduleWriter::set_waits(Schedule& s, int num_ranks) {

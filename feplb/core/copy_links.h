@@ -169,14 +169,8 @@ class ScheduleWriter {
   };
   // Steps 1-3 of every GPU (own_ms, ready_ms, turns) with no sort over the whole plan: the
   // phase-2 copies bucketed by receiver and merged per owner, then the slices in plan order.
-  // False where an owner's guests on one GPU are three or more (their GEMM times' sum depends on
-  // the order the global sort leaves them in) or a guest's copies came from a GPU other than its
-  // owner: write_sorted() then writes them all.
-  bool write_gpu_by_gpu(Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                        std::span<const CopyTime> times);
-  // The same by sorting every (receiver, owner) pair of the plan.
-  void write_sorted(Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                    std::span<const CopyTime> times);
+  void write_turns(Plan& plan, const Topology& topo, const GemmCostModel& cost,
+                   std::span<const CopyTime> times);
   // Per GPU, the turns' waits (the timeline without slack).
   static void set_waits(Schedule& s, int num_ranks);
   // Per sender, its helpers by when its first copy to each starts.
@@ -188,7 +182,6 @@ class ScheduleWriter {
               std::vector<int>& by_gpu);
 
   CopyTimer timer_;
-  std::vector<int64_t> copied_;  // gpu * E + expert of every phase-2 copy waited for, sorted
   std::vector<int64_t> held_;    // gpu * E + expert of every resident replica, sorted
   std::vector<PairTime> pairs_;
   std::vector<int> copy_begin_, copy_by_gpu_;  // phase-2 copies waited for, by receiver/sender
@@ -196,7 +189,9 @@ class ScheduleWriter {
   std::vector<int> pair_begin_;   // [num_ranks + 1] receiver g's pairs: [pair_begin_[g], [g + 1])
   std::vector<int> pair_at_;      // [num_ranks] index into pairs_ of the other GPU's pair (stamped)
   std::vector<int> pair_gpu_;     // [num_ranks] the GPU pair_at_ was set for
-  std::vector<int> guest_count_;  // per pair_ entry: guest slices merged into it
+  std::vector<PairTime> unowned_;  // (receiver, owner) pairs of guests none of whose copies
+                                   // came from their owner
+  std::vector<PairTime> turn_scratch_;  // one receiver's turns, being sorted
   // The receivers of each expert's phase-2 copies: a list per expert from into_head_ ([num_experts]
   // index into into_, -1: none), each entry with the next (-1: last).
   struct Into {

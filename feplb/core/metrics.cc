@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "feplb/core/copy_links.h"
+#include "feplb/core/error.h"
 
 namespace feplb {
 
@@ -108,7 +109,7 @@ void measure_timelines(const Schedule& schedule, int R, double delay_ms, StepMet
 }  // namespace
 
 StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                         const Knobs& knobs, double planner_us, GpuLoads* loads) {
+                         double planner_us, GpuLoads* loads) {
   const int R = topo.num_ranks(), E = topo.num_experts();
   StepMetrics m;
   m.planner_us = planner_us;
@@ -119,22 +120,18 @@ StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostM
   std::vector<int64_t> rows_at(static_cast<size_t>(R) * E, 0);  // [gpu, expert]
   for (const Slice& s : plan.slices) rows_at[static_cast<size_t>(s.gpu) * E + s.expert] += s.rows;
 
-  // The plan's schedule, t = 0 when the GPUs start their expert GEMMs (a plan made without one,
-  // by hand: written here the same way). Phase-2 copies start once the plan exists, the planner's
-  // time after the GEMMs start (two-phase: it planned while the dispatch ran), or at once (a plan
-  // made before the dispatch, whose latency delays the dispatch, so every GPU, instead). The
-  // schedule assumed the planner's budget; the copies of a plan ready later (earlier) land that
-  // much later (earlier).
+  // The plan's schedule (written by its planner, t = 0 when the GPUs start their expert GEMMs).
+  // Phase-2 copies start once the plan exists, the planner's time after the GEMMs start (two-phase:
+  // it planned while the dispatch ran), or at once (a plan made before the dispatch, whose latency
+  // delays the dispatch, so every GPU, instead). The schedule assumed the planner's budget; the
+  // copies of a plan ready later (earlier) land that much later (earlier).
   const double plan_ms = planner_us * 1e-3;
   m.plan_exposed_ms = plan.planned_before_dispatch ? plan_ms : 0.0;
-  const Plan* scheduled = &plan;
-  Plan written;
-  if (!plan.schedule.written(plan.copies.size(), R)) {
-    written = plan;
-    ScheduleWriter().write(written, topo, knobs, cost);
-    scheduled = &written;
-  }
-  const Schedule& schedule = scheduled->schedule;
+  FEPLB_REQUIRE_INPUT(plan.schedule.written(plan.copies.size(), R),
+                      "measure_plan: the plan has no schedule for its {} copies on {} GPUs "
+                      "(Planner::plan writes one; a plan made by hand needs ScheduleWriter::write)",
+                      plan.copies.size(), R);
+  const Schedule& schedule = plan.schedule;
   const double delay_ms = (plan.planned_before_dispatch ? 0.0 : plan_ms) - schedule.copy_start_ms;
   count_copies(plan, topo, rows_at, guest_slots, m);
   GpuLoads l;

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "feplb/core/cost_model.h"
-#include "feplb/core/knobs.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/routing.h"
 #include "feplb/core/topology.h"
@@ -77,12 +76,11 @@ struct GpuLoads {
 };
 
 // `planner_us` is the measured planning time: the phase-2 copies start that long after the GEMMs
-// (the plan's schedule assumed knobs.planner_budget_us), or, for a plan made before the dispatch,
-// every GPU starts that much later. Prefetch copies start knobs.prefetch_window_us before the
-// GEMMs, ahead of every other copy on their links. The plan's schedule (Plan::schedule) is read,
-// or written here for a plan made without one.
+// (the plan's schedule assumed its reserve), or, for a plan made before the dispatch, every GPU
+// starts that much later. The copies' times and each GPU's order of work are the plan's schedule
+// (Plan::schedule, written by its planner; Error without one); `cost` the GEMM times of the loads.
 StepMetrics measure_plan(const Plan& plan, const Topology& topo, const GemmCostModel& cost,
-                         const Knobs& knobs, double planner_us, GpuLoads* loads = nullptr);
+                         double planner_us, GpuLoads* loads = nullptr);
 
 // Fills the dispatch_* fields of `m`: the phase-1 traffic of the plan's rows. Per expert, the rows
 // that leave their source (all but kSource slices) are taken in source-rank order and handed to

@@ -1,6 +1,7 @@
 #include "feplb/core/plan.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "feplb/core/error.h"
 
@@ -273,6 +274,44 @@ std::string serialize(const Plan& plan) {
   out += "D";
   for (uint8_t d : plan.dynamic) out += d ? '1' : '0';
   out += '\n';
+  return out;
+}
+
+namespace {
+void put(std::string& out, const char* tag, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " %s%a", tag, v);
+  out += buf;
+}
+void put(std::string& out, const char* tag, int64_t v) {
+  out += ' ';
+  out += tag;
+  out += std::to_string(v);
+}
+}  // namespace
+
+std::string serialize(const Schedule& s) {
+  std::string out;
+  put(out, "s", s.copy_start_ms);
+  for (const CopyTime& c : s.copies) {
+    put(out, "c", c.start_ms);
+    put(out, "", c.end_ms);
+    put(out, "", int64_t{c.timed});
+  }
+  for (size_t g = 0; g < s.own_ms.size(); ++g) {
+    put(out, "g", s.own_ms[g]);
+    put(out, "", s.prefetch_ms[g]);
+    put(out, "", s.ready_ms[g]);
+  }
+  for (int b : s.turn_begin) put(out, "tb", int64_t{b});
+  for (const OwnerTurn& t : s.turns) {
+    put(out, "t", int64_t{t.owner});
+    put(out, "", t.lands_ms);
+    put(out, "", t.gemm_ms);
+    put(out, "", t.wait_ms);
+  }
+  for (int b : s.helper_begin) put(out, "hb", int64_t{b});
+  for (int h : s.helpers) put(out, "h", int64_t{h});
   return out;
 }
 

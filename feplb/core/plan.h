@@ -88,7 +88,8 @@ struct Plan {
   // planners). Not part of serialize().
   std::string mode;
   // When its copies run and the order each GPU runs its guests in, as the planner modelled it:
-  // written once by the planner (Planner::plan ends with ScheduleWriter). Not part of serialize().
+  // written once by the planner (Planner::plan ends with ScheduleWriter); the metrics and the GPU
+  // layer refuse a plan without one. Not part of serialize(plan): serialize(schedule).
   Schedule schedule;
 
   // Empties the plan for `num_experts` experts, keeping allocated capacity.
@@ -129,7 +130,10 @@ struct PlanLimits {
 void validate(const Plan& plan, const Topology& topo, const RoutingStep& routing,
               const ExpertShape& shape, const PlanLimits& limits);
 
-// Canonical bytes of a plan (for determinism checks and golden files).
+// Canonical bytes of a plan (for determinism checks and golden files): its slices, copies,
+// replicas, path and dynamic experts.
 std::string serialize(const Plan& plan);
+// Canonical bytes of a schedule: every number it holds, times bit for bit (hex floating point).
+std::string serialize(const Schedule& schedule);
 
 }  // namespace feplb

@@ -27,6 +27,7 @@ namespace feplb {
 struct CopyTime {
   double start_ms = 0, end_ms = 0;
   bool timed = false;  // false: not waited for inside the window (outputs back, replicas)
+  bool operator==(const CopyTime&) const = default;
 };
 
 // The guests one GPU runs for one owner once the owner's phase-2 copies into it have landed.
@@ -35,6 +36,7 @@ struct OwnerTurn {
   double lands_ms = 0;  // when the owner's last phase-2 copy into this GPU lands
   double gemm_ms = 0;   // modelled GEMM time of those guests
   double wait_ms = 0;   // modelled idle time of the GPU just before them (0: none)
+  bool operator==(const OwnerTurn&) const = default;
 };
 
 struct Schedule {
@@ -53,6 +55,8 @@ struct Schedule {
   std::vector<int> helper_begin;  // [num_ranks + 1]
   std::vector<int> helpers;
 
+  // Every number equal, bit for bit.
+  bool operator==(const Schedule&) const = default;
   // Whether it was written for a plan of `num_copies` copies and `num_ranks` GPUs.
   bool written(size_t num_copies, int num_ranks) const {
     return copies.size() == num_copies && turn_begin.size() == static_cast<size_t>(num_ranks) + 1;

@@ -271,7 +271,7 @@ void run_epoch(const PolicyRun& run, const std::string& name, const Epoch& epoch
       clock.add(plan.mode, us);
       validate(plan, topo, step, run.config.shape, planner.limits());
       GpuLoads loads;
-      pr.steps.push_back(measure_plan(plan, topo, run.cost, run.knobs, us, &loads));
+      pr.steps.push_back(measure_plan(plan, topo, run.cost, us, &loads));
       measure_traffic(plan, topo, step, run.config.shape, pr.steps.back());
       pr.loads.push_back(std::move(loads));
     }

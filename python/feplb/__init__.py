@@ -64,7 +64,7 @@ def _not_loaded(error: ImportError) -> str:
 try:
     from ._feplb import LIMITS, ExpertShape, Topology
     from ._data import data_dir, default_trace_path
-    from ._plan import Copies, Knob, Plan, Planner, Slices, knobs, plan, policies
+    from ._plan import Copies, Knob, Plan, Planner, Schedule, Slices, knobs, plan, policies
     from ._simulate import DEFAULT_POLICIES, simulate
     from ._trace import Trace, TraceStep
 except ImportError as _error:  # the extension is not built for this interpreter, or no numpy
@@ -86,6 +86,7 @@ __all__ = [
     "LIMITS",
     "Plan",
     "Planner",
+    "Schedule",
     "Slices",
     "Topology",
     "Trace",

@@ -67,6 +67,32 @@ class Copies:
 
 
 @dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When the plan's copies run and the order each GPU runs its work in, as its planner modelled
+    it (ms from when the GPUs start their expert GEMMs; -inf: never). Each GPU runs its own experts
+    (own_ms), then, once the weights prefetched into it have landed (prefetch_ms), the guests
+    that need no phase-2 copy (ready_ms), then turn by turn each owner whose phase-2 copies into
+    it land (turn_*, per GPU in running order). Each GPU issues its phase-2 copies helper by
+    helper (helper_gpu[i] sends to helper[i], in issue order). The GPU layer runs plans in this
+    order; the metrics read it."""
+
+    copy_start_ms: float  # when the phase-2 copies were modelled to start
+    copy_start: np.ndarray  # [copies] per copy of Plan.copies
+    copy_end: np.ndarray
+    copy_timed: np.ndarray  # 0: not waited for (outputs back, replicas)
+    own_ms: np.ndarray  # [num_ranks]
+    prefetch_ms: np.ndarray  # [num_ranks]
+    ready_ms: np.ndarray  # [num_ranks]
+    turn_gpu: np.ndarray  # [turns]
+    turn_owner: np.ndarray
+    turn_lands_ms: np.ndarray  # when the owner's last phase-2 copy into the GPU lands
+    turn_gemm_ms: np.ndarray  # the owner's guests' GEMM time there
+    turn_wait_ms: np.ndarray  # the GPU's modelled idle time just before them
+    helper_gpu: np.ndarray  # [pairs]
+    helper: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """One (micro-batch, layer)'s balancing decision, validated against the counts and the
     topology (every row computed exactly once, weights and rows wherever they are computed,
@@ -83,6 +109,7 @@ class Plan:
     guest_rows: np.ndarray  # [num_ranks] rows of other GPUs' experts computed there
     gemm_ms: np.ndarray  # [num_ranks] modelled expert GEMM time per GPU
     metrics: dict  # token/GEMM straggler, bytes by link, copy window, planner_us (measured)
+    schedule: Schedule  # when its copies run and each GPU's order of work, as planned
     serialized: bytes  # canonical bytes of the plan (equal plans, equal bytes)
 
     @property
@@ -125,6 +152,7 @@ def _plan_from(policy: str, d: dict) -> Plan:
         guest_rows=d["guest_rows"],
         gemm_ms=d["gemm_ms"],
         metrics=d["metrics"],
+        schedule=Schedule(**d["schedule"]),
         serialized=d["serialized"],
     )
 

@@ -2,6 +2,7 @@
 // plans returned as numpy arrays. Like the C++ Planner it keeps the history some policies learn
 // from (eplb, feplb-paper): plan() observes each step unless told not to.
 #include "feplb/core/plan.h"
+#include "feplb/core/schedule.h"
 
 #include <pybind11/stl.h>
 
@@ -86,7 +87,7 @@ class PyPlanner {
     if (observe) planner_->observe(step_);
     ++steps_;
     GpuLoads loads;
-    StepMetrics m = measure_plan(plan, topo_, *cost_.model, knobs_, planner_us, &loads);
+    StepMetrics m = measure_plan(plan, topo_, *cost_.model, planner_us, &loads);
     measure_traffic(plan, topo_, step_, shape_, m);
     return to_python(plan, m, loads);
   }
@@ -180,8 +181,52 @@ class PyPlanner {
     out["guest_rows"] = to_numpy(loads.guest_rows);
     out["gemm_ms"] = to_numpy(loads.gemm_ms);
     out["metrics"] = metrics;
+    out["schedule"] = schedule_to_python(plan.schedule);
     out["serialized"] = py::bytes(serialize(plan));
     return out;
+  }
+
+  // Plan::schedule as arrays: per copy, per GPU, per turn (with its GPU), per (sender, helper).
+  py::dict schedule_to_python(const Schedule& s) const {
+    const int R = topo_.num_ranks();
+    std::vector<double> start, end;
+    std::vector<uint8_t> timed;
+    for (const CopyTime& c : s.copies) {
+      start.push_back(c.start_ms);
+      end.push_back(c.end_ms);
+      timed.push_back(c.timed);
+    }
+    std::vector<int64_t> turn_gpu, owner, helper_gpu, helper;
+    std::vector<double> lands, gemm, wait;
+    for (int g = 0; g < R; ++g) {
+      for (const OwnerTurn& t : s.turns_of(g)) {
+        turn_gpu.push_back(g);
+        owner.push_back(t.owner);
+        lands.push_back(t.lands_ms);
+        gemm.push_back(t.gemm_ms);
+        wait.push_back(t.wait_ms);
+      }
+      for (int h : s.helpers_of(g)) {
+        helper_gpu.push_back(g);
+        helper.push_back(h);
+      }
+    }
+    py::dict d;
+    d["copy_start_ms"] = s.copy_start_ms;
+    d["copy_start"] = to_numpy(start);
+    d["copy_end"] = to_numpy(end);
+    d["copy_timed"] = to_numpy(timed);
+    d["own_ms"] = to_numpy(s.own_ms);
+    d["prefetch_ms"] = to_numpy(s.prefetch_ms);
+    d["ready_ms"] = to_numpy(s.ready_ms);
+    d["turn_gpu"] = to_numpy(turn_gpu);
+    d["turn_owner"] = to_numpy(owner);
+    d["turn_lands_ms"] = to_numpy(lands);
+    d["turn_gemm_ms"] = to_numpy(gemm);
+    d["turn_wait_ms"] = to_numpy(wait);
+    d["helper_gpu"] = to_numpy(helper_gpu);
+    d["helper"] = to_numpy(helper);
+    return d;
   }
 
   Topology topo_;

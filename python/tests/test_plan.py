@@ -171,3 +171,33 @@ def test_dynamic_sets(skewed):
     widened = feplb.plan(skewed, "feplb", shape=SHAPE, dynamic=dynamic, feplb_dyn_set=1)
     check_invariants(widened, skewed, feplb.Topology(8, 64))
     assert widened.metrics["token_straggler"] < p.metrics["token_straggler"]
+
+
+def test_the_schedule_comes_with_the_plan(skewed):
+    """Plan.schedule is what the planner modelled: one time per copy, the GPUs' own and guest work,
+    and turns whose GEMM times add up to the guests' modelled time."""
+    topo = feplb.Topology(8, 64)
+    p = feplb.plan(skewed, "feplb", shape=SHAPE, one_hop=0, prefetch=0)
+    s = p.schedule
+    assert isinstance(s, feplb.Schedule)
+    assert len(p.copies) > 0
+    assert len(s.copy_start) == len(s.copy_end) == len(s.copy_timed) == len(p.copies)
+    assert (s.copy_end >= s.copy_start).all()
+    # Phase-2 copies (weights, token rows) are waited for and start no earlier than copy_start_ms.
+    phase2 = np.isin(p.copies.kind, ["weights", "token_rows"])
+    assert s.copy_timed[phase2].all() and (s.copy_start[phase2] >= s.copy_start_ms).all()
+    assert len(s.own_ms) == len(s.ready_ms) == len(s.prefetch_ms) == topo.num_ranks
+    # Each helper runs one turn per owner, after the owner's copies into it land; the turns' and
+    # the own work's GEMM times add up to the plan's modelled GEMM time per GPU.
+    for g in range(topo.num_ranks):
+        mine = s.turn_gpu == g
+        assert len(set(s.turn_owner[mine])) == mine.sum()
+        lands = s.turn_lands_ms[mine]
+        assert (np.diff(lands) >= 0).all()
+        total = s.own_ms[g] + s.ready_ms[g] + s.turn_gemm_ms[mine].sum()
+        assert total == pytest.approx(p.gemm_ms[g], rel=1e-9)
+    # Every sender lists each GPU it sends phase-2 copies to once.
+    senders = p.copies.src_gpu[phase2]
+    for g in set(senders.tolist()):
+        helpers = s.helper[s.helper_gpu == g]
+        assert sorted(helpers.tolist()) == sorted(set(p.copies.dst_gpu[phase2 & (p.copies.src_gpu == g)].tolist()))

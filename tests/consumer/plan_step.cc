@@ -35,8 +35,8 @@ int main(int argc, char** argv) {
     feplb::Plan base;
     no_balancing->plan(routing, base);
 
-    const feplb::StepMetrics before = feplb::measure_plan(base, ctx.topo, cost, ctx.knobs, 0);
-    const feplb::StepMetrics after = feplb::measure_plan(plan, ctx.topo, cost, ctx.knobs, 0);
+    const feplb::StepMetrics before = feplb::measure_plan(base, ctx.topo, cost, 0);
+    const feplb::StepMetrics after = feplb::measure_plan(plan, ctx.topo, cost, 0);
     std::printf(
         "%d ranks, %d experts, %lld rows: token straggler %.0f rows (static) -> %.0f (feplb), %zu "
         "copies\n",

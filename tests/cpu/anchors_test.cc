@@ -214,8 +214,8 @@ TEST(EplbPlanner, ReplicasOnTheSteadyStateBalanceTheLoad) {
   planner->plan(s0, plan);
   b.make("static")->plan(s0, none);
   validate(plan, b.topo, s0, b.shape, planner->limits());
-  const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0);
-  const StepMetrics s = measure_plan(none, b.topo, *b.cost, b.knobs, 0.0);
+  const StepMetrics m = measure_plan(plan, b.topo, *b.cost, 0.0);
+  const StepMetrics s = measure_plan(none, b.topo, *b.cost, 0.0);
   EXPECT_LT(m.token_straggler, 0.2 * s.token_straggler);
   EXPECT_EQ(m.weight_bytes, plan.weight_bytes());
   EXPECT_TRUE(m.fits_static_window) << "installs happen between micro-batches";

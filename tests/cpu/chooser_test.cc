@@ -297,7 +297,7 @@ TEST(FeplbChooser, MovesToAModeThatIsFarBetter) {
     planner->plan(s, plan);
     validate(plan, b.topo, s, b.shape, planner->limits());
     EXPECT_EQ(plan.mode, chooser->mode_of(0).label());
-    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, reserve_us);
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, reserve_us);
     layer_ms.push_back(m.gemm_straggler_ms + m.exposed_ms());
     planner->observe(s);
   }
@@ -374,7 +374,7 @@ TEST(FeplbChooser, CostIsTheMetricsGemmStragglerAndExposedTime) {
         const double took_us = reserve_us * scale;
         const double delay_ms = one_hop ? 0.0 : (took_us - reserve_us) * 1e-3;
         const PlanCost c = plan_cost(plan, b.topo, took_us * 1e-3, gemm, rows, delay_ms);
-        const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, took_us);
+        const StepMetrics m = measure_plan(plan, b.topo, *b.cost, took_us);
         EXPECT_NEAR(c.layer_ms, m.gemm_straggler_ms + m.exposed_ms(), 1e-9) << one_hop << scale;
         EXPECT_NEAR(c.token_straggler, m.token_straggler, 1e-9);
       }

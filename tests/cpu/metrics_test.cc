@@ -13,6 +13,13 @@ namespace {
 using testing::glm5;
 using testing::step_from;
 
+// measure_plan of a plan made by hand, its schedule written first as a planner writes its plans'.
+StepMetrics measured(Plan& plan, const Topology& topo, const GemmCostModel& cost, const Knobs& k,
+                     double planner_us) {
+  ScheduleWriter().write(plan, topo, k, cost);
+  return measure_plan(plan, topo, cost, planner_us);
+}
+
 TEST(CostModel, ZeroRowsCostNothingAndTimeNeverFallsWithRows) {
   const Knobs k;
   const RooflineCostModel m(glm5(), k);
@@ -55,7 +62,7 @@ TEST(Metrics, HandExample) {
   std::vector<int64_t> moved = {150, 0, 0, 0};
   plan.add_home_slices(topo, s, moved);
   validate(plan, topo, s, shape, PlanLimits{});
-  const StepMetrics m = measure_plan(plan, topo, cost, k, 1.0);
+  const StepMetrics m = measured(plan, topo, cost, k, 1.0);
   EXPECT_DOUBLE_EQ(m.mean_rows, 250);
   EXPECT_DOUBLE_EQ(m.token_straggler, 0);
   EXPECT_DOUBLE_EQ(m.token_max_over_mean, 1.0);
@@ -67,7 +74,7 @@ TEST(Metrics, HandExample) {
   Plan none;
   none.clear(4);
   none.add_home_slices(topo, s, std::vector<int64_t>(4, 0));
-  const StepMetrics n = measure_plan(none, topo, cost, k, 0.0);
+  const StepMetrics n = measured(none, topo, cost, k, 0.0);
   EXPECT_DOUBLE_EQ(n.token_straggler, 150);
   EXPECT_DOUBLE_EQ(n.token_max_over_mean, 1.6);
   EXPECT_DOUBLE_EQ(n.oracle_straggler, 0);
@@ -85,7 +92,7 @@ TEST(Metrics, CopiesThatLandAfterTheOwnWorkDoNotFit) {
   plan.clear(4);
   plan.add_migration(0, 0, 1, 2000, glm5());
   plan.add_home_slices(topo, s, {2000, 0, 0, 0});
-  const StepMetrics m = measure_plan(plan, topo, cost, k, 0.0);
+  const StepMetrics m = measured(plan, topo, cost, k, 0.0);
   EXPECT_FALSE(m.fits_static_window);
   EXPECT_LT(m.window_slack_ms, 0);
   // Weights + rows at copy_gbps from when the plan exists (0 us planner here): GPU 1 finishes at
@@ -114,7 +121,7 @@ TEST(Metrics, LateCopiesDelayTheLayerOnlyWhenTheReceiverBecomesTheSlowest) {
   plan.clear(4);
   plan.add_migration(0, 0, 1, 2000, glm5());
   plan.add_home_slices(topo, s, {2000, 0, 0, 0});
-  StepMetrics m = measure_plan(plan, topo, cost, k, 0.0);
+  StepMetrics m = measured(plan, topo, cost, k, 0.0);
   EXPECT_FALSE(m.fits_static_window);
   EXPECT_LT(m.window_slack_ms, 0);
   ASSERT_LT(arrival_ms(2000) + cost.expert_ms(2000), cost.expert_ms(6000));
@@ -124,7 +131,7 @@ TEST(Metrics, LateCopiesDelayTheLayerOnlyWhenTheReceiverBecomesTheSlowest) {
   plan.clear(4);
   plan.add_migration(0, 0, 1, 4000, glm5());
   plan.add_home_slices(topo, s, {4000, 0, 0, 0});
-  m = measure_plan(plan, topo, cost, k, 0.0);
+  m = measured(plan, topo, cost, k, 0.0);
   EXPECT_FALSE(m.fits_static_window);
   const double gpu1_finish = std::max(cost.expert_ms(2), arrival_ms(4000)) + cost.expert_ms(4000);
   ASSERT_GT(gpu1_finish, m.gemm_max_ms);
@@ -150,7 +157,7 @@ TEST(Metrics, PrefetchAndOneHopNeedNoCopyAfterThePlanButChargeThePlan) {
   plan.add_migration(0, 0, 1, 4000, glm5(), /*weights_prefetched=*/true, /*one_hop=*/true);
   plan.add_home_slices(topo, s, {4000, 0, 0, 0});
   validate(plan, topo, s, glm5(), PlanLimits{});
-  StepMetrics m = measure_plan(plan, topo, cost, k, 3.0);
+  StepMetrics m = measured(plan, topo, cost, k, 3.0);
   EXPECT_TRUE(m.fits_static_window);
   EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0);
   EXPECT_NEAR(m.plan_exposed_ms, 3.0e-3, 1e-12);  // the planner, not the counts round trip
@@ -166,7 +173,7 @@ TEST(Metrics, PrefetchAndOneHopNeedNoCopyAfterThePlanButChargeThePlan) {
   // With too little earlier work (1 us) the used prefetch lands after GPU 1's own 1-row GEMM:
   // GPU 1 waits, and since its 4000 rows then end after GPU 0's, the layer is delayed too.
   k.prefetch_window_us = 1;
-  m = measure_plan(plan, topo, cost, k, 3.0);
+  m = measured(plan, topo, cost, k, 3.0);
   EXPECT_FALSE(m.fits_static_window);
   EXPECT_GT(m.copy_exposed_ms, 0.0);
   // Two-phase with the weights prefetched: only the rows are copied after the plan.
@@ -176,7 +183,7 @@ TEST(Metrics, PrefetchAndOneHopNeedNoCopyAfterThePlanButChargeThePlan) {
   plan.add_home_slices(topo, s, {4000, 0, 0, 0});
   validate(plan, topo, s, glm5(), PlanLimits{});
   k.prefetch_window_us = 1000;
-  m = measure_plan(plan, topo, cost, k, 0.0);
+  m = measured(plan, topo, cost, k, 0.0);
   EXPECT_EQ(m.token_bytes, 2 * 4000 * glm5().row_bytes());
   EXPECT_EQ(m.guest_experts, 0);
   EXPECT_DOUBLE_EQ(m.plan_exposed_ms, 0.0);
@@ -197,7 +204,7 @@ TEST(Metrics, TrafficSplitsNvlinkAndNetwork) {
   Plan plan;
   plan.clear(4);
   plan.add_home_slices(topo, s, {0, 0, 0, 0});
-  StepMetrics m = measure_plan(plan, topo, cost, k, 0.0);
+  StepMetrics m = measured(plan, topo, cost, k, 0.0);
   measure_traffic(plan, topo, s, shape, m);
   EXPECT_EQ(m.dispatch_nvlink_bytes, 2 * 10 * row);
   EXPECT_EQ(m.dispatch_network_bytes, 2 * 20 * row);
@@ -209,7 +216,7 @@ TEST(Metrics, TrafficSplitsNvlinkAndNetwork) {
   plan.slices.push_back({0, 2, 20, RowSource::kDispatched});
   plan.copies.push_back({CopyKind::kWeights, 0, 0, 2, 0, shape.weight_bytes()});
   validate(plan, topo, s, shape, PlanLimits{false, 4});
-  m = measure_plan(plan, topo, cost, k, 0.0);
+  m = measured(plan, topo, cost, k, 0.0);
   measure_traffic(plan, topo, s, shape, m);
   EXPECT_EQ(m.dispatch_nvlink_bytes, 2 * 20 * row);
   EXPECT_EQ(m.dispatch_network_bytes, 0);
@@ -220,7 +227,7 @@ TEST(Metrics, TrafficSplitsNvlinkAndNetwork) {
   plan.clear(4);
   plan.add_migration(0, 0, 1, 20, shape);
   plan.add_home_slices(topo, s, {20, 0, 0, 0});
-  m = measure_plan(plan, topo, cost, k, 0.0);
+  m = measured(plan, topo, cost, k, 0.0);
   measure_traffic(plan, topo, s, shape, m);
   EXPECT_EQ(m.dispatch_network_bytes, 2 * 20 * row);  // as static
   EXPECT_EQ(m.nvlink_bytes, shape.weight_bytes() + 2 * 20 * row);
@@ -242,7 +249,7 @@ TEST(Metrics, ResidentReplicasAreOwnWorkAndInstallsAreNotTimed) {
   plan.resident.push_back({0, 1});
   plan.copies.push_back({CopyKind::kReplicaWeights, 0, 0, 1, 0, glm5().weight_bytes()});
   validate(plan, topo, s, glm5(), PlanLimits{true, 1});
-  const StepMetrics m = measure_plan(plan, topo, cost, k, 0.0);
+  const StepMetrics m = measured(plan, topo, cost, k, 0.0);
   EXPECT_TRUE(m.fits_static_window);
   EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0);
   EXPECT_EQ(m.weight_bytes, glm5().weight_bytes());

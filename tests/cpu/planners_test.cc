@@ -101,9 +101,9 @@ TEST(Planners, OneHotExpert) {
   Bench timed(8, 8, 128, exposed);
   timed.make("feplb")->plan(s, plan);
   const StepMetrics m =
-      measure_plan(plan, timed.topo, *timed.cost, exposed, exposed.planner_budget_us);
+      measure_plan(plan, timed.topo, *timed.cost, exposed.planner_budget_us);
   b.make("static")->plan(s, plan);
-  const StepMetrics none = measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0);
+  const StepMetrics none = measure_plan(plan, b.topo, *b.cost, 0.0);
   EXPECT_LT(m.gemm_max_ms + m.copy_exposed_ms, 0.8 * none.gemm_max_ms);
   EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0) << "exposed copies never delay the slowest GPU";
 }
@@ -180,11 +180,11 @@ TEST(Planners, OracleReachesTheFloorAndNoInDomainPolicyBeatsIt) {
       const RoutingStep s = random_step(sh.ranks, sh.experts, sh.top_k, sh.tokens, 3.0, seed);
       Plan plan;
       b.make("oracle")->plan(s, plan);
-      const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0);
+      const StepMetrics m = measure_plan(plan, b.topo, *b.cost, 0.0);
       EXPECT_DOUBLE_EQ(m.token_straggler, oracle_token_straggler(b.topo, s.expert_counts));
       for (const char* name : {"static", "feplb-paper", "feplb"}) {
         b.make(name)->plan(s, plan);
-        EXPECT_GE(measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0).token_straggler + 1e-9,
+        EXPECT_GE(measure_plan(plan, b.topo, *b.cost, 0.0).token_straggler + 1e-9,
                   m.token_straggler)
             << name;
       }
@@ -396,7 +396,7 @@ TEST(Feplb, HiddenCopyTimingKeepsCopiesInsideTheWindow) {
     Plan plan;
     b.make("feplb")->plan(s, plan);
     // The planner reserves planner_budget_us; measure with that planner time.
-    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, b.knobs.planner_budget_us);
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs.planner_budget_us);
     EXPECT_TRUE(m.fits_static_window) << "seed " << seed << " slack " << m.window_slack_ms;
     EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0);
   }
@@ -410,7 +410,7 @@ TEST(Feplb, ExposedCopiesNeverDelayTheSlowestGpu) {
     const RoutingStep s = random_step(8, 128, 8, 4096, 12.0, seed);
     Plan plan;
     b.make("feplb")->plan(s, plan);
-    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, b.knobs.planner_budget_us);
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs.planner_budget_us);
     EXPECT_LE(m.copy_exposed_ms, 1e-9) << "seed " << seed;
   }
 }
@@ -453,7 +453,7 @@ TEST(Feplb, PrefetchPredictsFromTheLayersLastPlanAndThePlanUsesIt) {
       EXPECT_EQ(listed[j].expert, predicted[j].expert);
       EXPECT_EQ(listed[j].dst_gpu, predicted[j].dst_gpu);
     }
-    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, b.knobs.planner_budget_us);
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs.planner_budget_us);
     hits += m.prefetch_hits;
     prefetched += m.prefetch_copies;
     planner->observe(steps[i]);
@@ -475,7 +475,7 @@ TEST(Feplb, CopiesHideBehindGuestsWhoseCopiesLandedEarlier) {
     Plan plan;
     b.make("feplb")->plan(s, plan);
     validate(plan, b.topo, s, b.shape, PlanLimits{});
-    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, b.knobs.planner_budget_us);
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs.planner_budget_us);
     EXPECT_TRUE(m.fits_static_window) << "step " << s.step << " slack " << m.window_slack_ms;
     straggler += m.token_straggler;
     std::vector<double> own_ms(8, 0.0), last_lands_ms(8, 0.0);
@@ -502,7 +502,7 @@ TEST(Feplb, CopiesHideBehindGuestsWhoseCopiesLandedEarlier) {
   for (const RoutingStep& s : many_donor_steps(8, 128, 4, 11)) {
     Plan plan;
     c.make("feplb")->plan(s, plan);
-    own_straggler += measure_plan(plan, c.topo, *c.cost, c.knobs, 0.0).token_straggler;
+    own_straggler += measure_plan(plan, c.topo, *c.cost, 0.0).token_straggler;
   }
   EXPECT_LT(straggler, own_straggler);
 }
@@ -529,7 +529,7 @@ TEST(Feplb, EveryCopyLandsWhenThePlannerSaid) {
   Plan plan;
   for (const RoutingStep& s : trace.steps) {
     planner->plan(s, plan);
-    const StepMetrics m = measure_plan(plan, topo, *table.model, k, k.planner_budget_us);
+    const StepMetrics m = measure_plan(plan, topo, *table.model, k.planner_budget_us);
     EXPECT_TRUE(m.fits_static_window)
         << "step " << s.step << " layer " << s.layer << ": slack " << m.window_slack_ms << " ms";
     planner->observe(s);
@@ -548,14 +548,14 @@ TEST(Feplb, AWrongPredictionCostsBytesNotCorrectness) {
   Plan plan;
   planner->plan(other, plan);
   validate(plan, b.topo, other, b.shape, planner->limits());  // every row once, weights present
-  const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, 0.0);
+  const StepMetrics m = measure_plan(plan, b.topo, *b.cost, 0.0);
   EXPECT_GT(m.prefetch_copies, 0);
   EXPECT_GT(m.prefetch_wasted_bytes, 0);
   // The balance is as good as without prefetch, up to one split point's rounding: the plan
   // prefers the (wrong) helpers holding prefetched weights, so it splits differently.
   Plan off;
   b.make("feplb")->plan(other, off);
-  EXPECT_LE(m.token_straggler, measure_plan(off, b.topo, *b.cost, b.knobs, 0.0).token_straggler +
+  EXPECT_LE(m.token_straggler, measure_plan(off, b.topo, *b.cost, 0.0).token_straggler +
                                    static_cast<double>(b.knobs.slice_align_rows));
 }
 
@@ -576,7 +576,7 @@ TEST(Feplb, OneHopDispatchesMigratedRowsStraightToTheHelper) {
     }
     EXPECT_GT(guests, 0);
     for (const Copy& c : plan.copies) EXPECT_EQ(c.kind, CopyKind::kWeights);
-    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, 2.0);
+    const StepMetrics m = measure_plan(plan, b.topo, *b.cost, 2.0);
     EXPECT_EQ(m.token_bytes, 0);
     EXPECT_NEAR(m.plan_exposed_ms, 2.0e-3, 1e-12);
     Plan two_phase;
@@ -584,7 +584,7 @@ TEST(Feplb, OneHopDispatchesMigratedRowsStraightToTheHelper) {
     b2.make("feplb")->plan(s, two_phase);
     // Rows need no copy, so receivers with little own work can take more: balance is no worse.
     EXPECT_LE(m.token_straggler,
-              measure_plan(two_phase, b.topo, *b.cost, b2.knobs, 0.0).token_straggler + 1);
+              measure_plan(two_phase, b.topo, *b.cost, 0.0).token_straggler + 1);
   }
 }
 
@@ -601,8 +601,8 @@ TEST(Feplb, LargeDomainPlansAreValidAndDeterministic) {
   EXPECT_EQ(serialize(a), serialize(c));
   Plan st;
   b.make("static")->plan(s, st);
-  EXPECT_LT(measure_plan(a, b.topo, *b.cost, b.knobs, 0.0).token_straggler,
-            0.2 * measure_plan(st, b.topo, *b.cost, b.knobs, 0.0).token_straggler);
+  EXPECT_LT(measure_plan(a, b.topo, *b.cost, 0.0).token_straggler,
+            0.2 * measure_plan(st, b.topo, *b.cost, 0.0).token_straggler);
 }
 
 // Rack scale, `trace gen --skew 5 --ranks 256 --experts 1024` (4 experts per GPU, one NVLink domain
@@ -631,11 +631,11 @@ TEST(Feplb, RackScaleDomainOf256ReducesTheStragglerBy95Percent) {
     }
     planner->plan(s, plan);
     validate(plan, topo, s, shape, planner->limits());
-    const StepMetrics m = measure_plan(plan, topo, *table.model, k, k.planner_budget_us);
+    const StepMetrics m = measure_plan(plan, topo, *table.model, k.planner_budget_us);
     EXPECT_DOUBLE_EQ(m.copy_exposed_ms, 0.0) << "step " << s.step;
     feplb_sum += m.token_straggler;
     stat->plan(s, plan);
-    static_sum += measure_plan(plan, topo, *table.model, k, 0.0).token_straggler;
+    static_sum += measure_plan(plan, topo, *table.model, 0.0).token_straggler;
   }
   EXPECT_GE(1.0 - feplb_sum / static_sum, 0.95) << feplb_sum / 8 << " rows vs " << static_sum / 8;
 }
@@ -672,18 +672,18 @@ TimeBalanceRun run_time_balance(const Knobs& k, double budget_check = 0,
     }
     planner->plan(s, plan);
     validate(plan, topo, s, shape, planner->limits());
-    const StepMetrics m = measure_plan(plan, topo, *table.model, k, k.planner_budget_us);
+    const StepMetrics m = measure_plan(plan, topo, *table.model, k.planner_budget_us);
     run.token_straggler += m.token_straggler / 16;
     run.gemm_straggler_ms += m.gemm_straggler_ms / 16;
     if (budget_check > 0) {
       stat->plan(s, static_plan);
       by_rows->plan(s, rows_plan);
       const double limit =
-          budget_check * measure_plan(static_plan, topo, *table.model, k, 0.0).token_straggler;
+          budget_check * measure_plan(static_plan, topo, *table.model, 0.0).token_straggler;
       // When even the rows plan is above the budget (its copies do not fit the windows), the mode
       // falls back to it, levelled, which leaves no GPU with more rows than the rows plan did.
       const double by_rows_straggler =
-          measure_plan(rows_plan, topo, *table.model, k, 0.0).token_straggler;
+          measure_plan(rows_plan, topo, *table.model, 0.0).token_straggler;
       const bool rows_fallback =
           by_rows_straggler > limit + 1e-9 && m.token_straggler <= by_rows_straggler + 1e-9;
       run.within_budget += m.token_straggler <= limit + 1e-9 || rows_fallback ? 1 : 0;
@@ -777,7 +777,7 @@ TEST(Feplb, TimeBudgetLevelsSmallExpertsBelowMoonEp) {
   for (const RoutingStep& s : steps) {
     if (s.step < 8) continue;
     moonep->plan(s, plan);
-    moonep_ms += measure_plan(plan, topo, *table.model, k, 0.0).gemm_straggler_ms / 16;
+    moonep_ms += measure_plan(plan, topo, *table.model, 0.0).gemm_straggler_ms / 16;
   }
   for (int64_t one_hop : {0, 1}) {
     k.time_balance_budget = 0.05;
@@ -849,7 +849,7 @@ TEST(Feplb, OneHopSplitsAHotExpertOverManyHelpers) {
   const double mean = static_cast<double>(s.total_rows()) / R;
   EXPECT_GT(helpers, b.knobs.max_helpers_per_expert);
   EXPECT_LT(static_cast<double>(max_of(rows)), 158400 - (helpers - 1) * 0.05 * mean);  // GPU 5
-  const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs, b.knobs.planner_budget_us);
+  const StepMetrics m = measure_plan(plan, b.topo, *b.cost, b.knobs.planner_budget_us);
   EXPECT_TRUE(m.fits_static_window);
 }
 

@@ -37,6 +37,7 @@ struct TwoRanks {
     plan.add_migration(0, 0, 1, 40, testing::glm5());
     std::vector<int64_t> moved = {40, 0, 0, 0};
     plan.add_home_slices(topo, routing, moved);
+    testing::write_schedule(plan, topo);
   }
 };
 
@@ -103,6 +104,7 @@ TEST(StepLayout, StaticExpertsComeFirst) {
   plan.clear(3);
   plan.dynamic[0] = 1;
   plan.add_home_slices(topo, routing, {0, 0, 0});
+  testing::write_schedule(plan, topo);
   StepLayout l;
   l.build(topo, routing, plan, 0, roomy());
   ASSERT_EQ(l.home_work().size(), 3u);
@@ -163,6 +165,7 @@ TEST(StepLayout, OneHopSplitsEachSourcesRowsByTheOrdinalRule) {
   plan.dynamic[0] = 1;
   plan.add_migration(0, 0, 1, 40, testing::glm5(), /*weights_prefetched=*/false, /*one_hop=*/true);
   plan.add_home_slices(topo, routing, {40, 0, 0, 0});
+  testing::write_schedule(plan, topo);
   StepLayout l0, l1;
   l0.build(topo, routing, plan, 0, roomy());
   l1.build(topo, routing, plan, 1, roomy());
@@ -237,6 +240,7 @@ TEST(StepLayout, PrefetchedPairsKeepTheSlotsTheyWereCopiedInto) {
   plan.add_migration(0, 0, 2, 50, testing::glm5(), /*weights_prefetched=*/true, /*one_hop=*/false);
   plan.add_migration(3, 1, 2, 40, testing::glm5(), /*weights_prefetched=*/false, /*one_hop=*/true);
   plan.add_home_slices(topo, routing, {50, 0, 0, 40, 0, 0});
+  testing::write_schedule(plan, topo);
   std::vector<int> slot, next;
   cuda::prefetch_slots(plan.copies, 3, slot, next);
   ASSERT_EQ(slot.size(), plan.copies.size());
@@ -279,6 +283,11 @@ TEST(StepLayout, InconsistentInputsAreInputErrors) {
   Plan bad = t.plan;
   bad.slices[0].gpu = 7;
   EXPECT_THROW(l.build(t.topo, t.routing, bad, 0, roomy()), InputError);
+  l.build(t.topo, t.routing, t.plan, 0, roomy());
+  EXPECT_TRUE(l.fits()) << l.error();
+  Plan unscheduled = t.plan;  // the order of its copies and guests unknown
+  unscheduled.schedule.clear();
+  EXPECT_THROW(l.build(t.topo, t.routing, unscheduled, 0, roomy()), InputError);
 }
 
 // Runs phase 1 of `plan` on the host over every rank's layout: each row is labelled (expert,
@@ -523,7 +532,7 @@ void set_orders(Plan& plan, int R, int gpu, const std::vector<int>& helpers,
 }
 
 // Exports go helper by helper in the schedule's issue order (the order the planner modelled), the
-// helpers it does not list after them ascending; ascending without a schedule.
+// helpers it does not list after them ascending.
 TEST(StepLayout, ExportsFollowTheScheduledIssueOrder) {
   const int R = 4, E = 12;
   const Topology topo = Topology::contiguous(R, 8, E);
@@ -548,11 +557,9 @@ TEST(StepLayout, ExportsFollowTheScheduledIssueOrder) {
     return v;
   };
   StepLayout l;
-  l.build(topo, routing, plan, 0, roomy());  // no schedule
-  ASSERT_TRUE(l.fits()) << l.error();
-  EXPECT_EQ(helpers(l), (std::vector<int>{1, 2, 3}));
   set_orders(plan, R, 0, {3, 1, 2}, {});
   l.build(topo, routing, plan, 0, roomy());
+  ASSERT_TRUE(l.fits()) << l.error();
   EXPECT_EQ(helpers(l), (std::vector<int>{3, 1, 2}));
   set_orders(plan, R, 0, {2}, {});  // helpers 1 and 3 get no phase-2 copy: ascending, after
   l.build(topo, routing, plan, 0, roomy());
@@ -595,11 +602,9 @@ TEST(StepLayout, GuestsFollowTheScheduledTurns) {
     return v;
   };
   StepLayout l;
-  l.build(topo, routing, plan, 3, roomy());
-  ASSERT_TRUE(l.fits()) << l.error();
-  EXPECT_EQ(owners(l), (std::vector<int>{0, 1, 2}));  // ascending without a schedule
   set_orders(plan, R, 3, {}, {1, 2, 0});
   l.build(topo, routing, plan, 3, roomy());
+  ASSERT_TRUE(l.fits()) << l.error();
   EXPECT_EQ(owners(l), (std::vector<int>{1, 2, 0}));
   set_orders(plan, R, 3, {}, {2, 1});  // owner 0's guests wait for no copy: first
   l.build(topo, routing, plan, 3, roomy());

@@ -83,6 +83,7 @@ struct Scenario {
       moved[2] = 8;
     }
     plan.add_home_slices(topo, routing, moved);
+    testing::write_schedule(plan, topo);
   }
 
   static RoutingStep make(int R, bool idle_expert) {

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "feplb/core/copy_links.h"
 #include "feplb/core/cost_model.h"
 #include "feplb/core/planners/feplb/fixed_mode.h"
 #include "feplb/core/planners/planner.h"
@@ -29,6 +30,13 @@ inline RoutingStep step_from(const std::vector<std::vector<int64_t>>& counts, in
 // copies, 20 us reserved for the planner (the defaults before feplb chose its own mode). Tests of
 // one mode's behaviour start from these; Knobs{} leaves the mode to feplb's chooser.
 inline Knobs explicit_knobs() { return fixed_mode_knobs(); }
+
+// Writes the schedule of a plan made by hand (explicit_knobs(), GLM-5 experts on the roofline), as
+// a planner writes its plans': the metrics and the GPU layer refuse a plan without one.
+inline void write_schedule(Plan& plan, const Topology& topo) {
+  const Knobs k = explicit_knobs();
+  ScheduleWriter().write(plan, topo, k, RooflineCostModel(glm5(), k));
+}
 
 // feplb's one hop refined from the previous micro-batch (one_hop_refine), late copies, with a
 // prefetch window of 500 us.

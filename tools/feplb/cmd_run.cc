@@ -117,7 +117,7 @@ void measure_row(const RunSetup& s, cuda::ExpertBench& bench, cuda::ExpertGemm e
                  Row& r) {
   const cuda::ExpertBench::Gemms gemms = bench_gemms(expert_gemm);
   for (const Plan& plan : r.plans) {
-    const StepMetrics m = measure_plan(plan, s.topo, s.cost, s.o.knobs, 0.0);
+    const StepMetrics m = measure_plan(plan, s.topo, s.cost, 0.0);
     const std::vector<double> g = cuda::rank_gemm_ms(bench, plan, s.topo.num_ranks(), 5, gemms);
     r.st.push_back(m.token_straggler);
     r.sg_pred.push_back(m.gemm_straggler_ms);

@@ -68,6 +68,9 @@ class Planner {
     make_plan(routing, out);
     schedule_.write(out, ctx_.topo, ctx_.knobs, schedule_cost());
   }
+  // Writes the schedule of a plan made outside plan() (the GPU layer's one-rank plans) as plan()
+  // writes its plans'.
+  void write_schedule(Plan& out) { schedule_.write(out, ctx_.topo, ctx_.knobs, schedule_cost()); }
   // Called once per step after planning it, for planners that learn from history.
   virtual void observe(const RoutingStep& /*routing*/) {}
   // Brings the planner's code and the tables its plans read back into the CPU's caches: plans

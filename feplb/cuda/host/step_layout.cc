@@ -39,6 +39,10 @@ void StepLayout::build(const Topology& topo, const RoutingStep& routing, const P
   FEPLB_REQUIRE_INPUT(static_cast<int>(plan.dynamic.size()) == E,
                       "step layout: plan marks {} experts, topology has {}", plan.dynamic.size(),
                       E);
+  FEPLB_REQUIRE_INPUT(plan.schedule.written(plan.copies.size(), R),
+                      "step layout: the plan has no schedule for its {} copies on {} GPUs "
+                      "(Planner::plan writes one; a plan made by hand needs ScheduleWriter::write)",
+                      plan.copies.size(), R);
   rank_ = rank;
   reset(topo);
   check_copies(topo, plan);
@@ -269,13 +273,10 @@ void StepLayout::build_work(const Topology& topo, const Plan& plan) {
     }
     if (!listed_first) out.insert(out.end(), listed.begin(), listed.end());
   };
-  const bool scheduled = plan.schedule.written(plan.copies.size(), R);
   // Owners in the order the receiver runs their guests: those whose guests here wait for no
   // phase-2 copy first, then the schedule's turns (by when the owner's copies land).
   turn_owners_.clear();
-  if (scheduled) {
-    for (const OwnerTurn& t : plan.schedule.turns_of(rank)) turn_owners_.push_back(t.owner);
-  }
+  for (const OwnerTurn& t : plan.schedule.turns_of(rank)) turn_owners_.push_back(t.owner);
   order(turn_owners_, /*listed_first=*/false, owner_order_);
   guests_.clear();
   for (int peer : owner_order_) {
@@ -293,8 +294,7 @@ void StepLayout::build_work(const Topology& topo, const Plan& plan) {
   }
   // Helpers in issue order: those the schedule lists (this rank's phase-2 copies, by when the
   // first one to each starts), then the others ascending.
-  order(scheduled ? plan.schedule.helpers_of(rank) : std::span<const int>{}, /*listed_first=*/true,
-        helper_order_);
+  order(plan.schedule.helpers_of(rank), /*listed_first=*/true, helper_order_);
   exports_.clear();
   for (int peer : helper_order_) {
     for (size_t i = 0; i < n; ++i) {

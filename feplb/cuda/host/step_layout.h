@@ -118,8 +118,8 @@ class StepLayout {
   // Derives the layout of `plan` (for `routing`) as rank `rank` sees it. Never throws for a plan
   // that does not fit: error() says why (the same text on every rank), and the work lists are
   // then incomplete and must not be used. Throws InputError for inputs that disagree (routing or
-  // plan shapes against the topology). The plan's schedule (Plan::schedule, written by its
-  // planner; a plan without one is taken as unordered) orders the exports: helper by helper, the
+  // plan shapes against the topology, a plan without its schedule). The plan's schedule
+  // (Plan::schedule, written by its planner) orders the exports: helper by helper, the
   // helpers this rank sends phase-2 copies to in the schedule's issue order, then the others
   // ascending; and the guests: owner by owner, first the owners whose guests here wait for no
   // phase-2 copy (ascending), then the schedule's turns (when the owner's copies land), so the

@@ -126,7 +126,8 @@ void MoeLayer::Impl::settle_ring(bool all, double& waited_us) {
 }
 
 // One forward's counts on the host: its routing and its plan, which on one rank is every expert's
-// rows at home (the planner is not called: there is nothing to balance, nor to learn for later).
+// rows at home (the planner does not plan: there is nothing to balance, nor to learn for later;
+// it writes the plan's schedule, as for every plan).
 void MoeLayer::Impl::settle(const RowCounts& c) {
   RuntimeState& r = *rt;
   const int E = static_cast<int>(r.E);
@@ -154,6 +155,7 @@ void MoeLayer::Impl::settle(const RowCounts& c) {
     if (counts[e] > 0) last_plan.slices.push_back({e, 0, counts[e], RowSource::kHome});
   }
   last_plan.mode = "one rank";
+  planner->write_schedule(last_plan);
   std::lock_guard<std::mutex> lock(r.handles_mu);
   MicroBatchState& h = r.handles[static_cast<size_t>(c.slot)];
   if (h.in_use && h.generation == c.generation) {
