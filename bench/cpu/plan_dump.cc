@@ -5,8 +5,8 @@
 // Run it before and after the change and diff the outputs:
 //   build/bin/feplb_plan_dump [--policy feplb] > before.txt; (change, rebuild) ...; diff
 // With --schedule each line also hashes the plan's schedule (serialize(plan.schedule): every time
-// in hex floating point), which serialize(plan) leaves out: a change to the schedule writer or to the times
-// a planner models must leave it the same too.
+// in hex floating point), which serialize(plan) leaves out: a change to the schedule writer or to
+// the times a planner models must leave it the same too.
 #include <fmt/format.h>
 
 #include <cstdint>

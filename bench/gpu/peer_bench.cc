@@ -26,11 +26,11 @@
 
 #include "bench/harness/kernels/kernels.h"
 #include "feplb/core/stats.h"
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/device.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/nccl_comm.h"
-#include "feplb/cuda/runtime/check.h"
-#include "feplb/cuda/runtime/resources.h"
 #include "feplb/cuda/transport/ipc_signals.h"
 #include "feplb/cuda/transport/stream_ops.h"
 #include "feplb/dist/launch.h"

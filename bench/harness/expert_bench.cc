@@ -6,9 +6,9 @@
 
 #include "bench/harness/kernels/kernels.h"
 #include "feplb/core/stats.h"
+#include "feplb/cuda/base/check.h"
 #include "feplb/cuda/gemm/expert_ffn.h"
 #include "feplb/cuda/kernels/kernels.h"
-#include "feplb/cuda/runtime/check.h"
 
 namespace feplb::cuda {
 

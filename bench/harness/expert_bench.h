@@ -13,9 +13,9 @@
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/topology.h"
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/gemm/gemm.h"
 #include "feplb/cuda/gemm/grouped_ffn.h"
-#include "feplb/cuda/runtime/resources.h"
 
 namespace feplb::cuda {
 

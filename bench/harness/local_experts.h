@@ -6,9 +6,9 @@
 #include <span>
 #include <vector>
 
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/gemm/expert_ffn.h"
 #include "feplb/cuda/moe_layer.h"
-#include "feplb/cuda/runtime/resources.h"
 
 namespace feplb::cuda {
 

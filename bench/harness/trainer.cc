@@ -5,9 +5,9 @@
 #include "bench/harness/kernels/kernels.h"
 #include "bench/harness/local_experts.h"
 #include "bench/harness/rank_threads.h"
+#include "feplb/cuda/base/check.h"
 #include "feplb/cuda/gemm/expert_ffn.h"
 #include "feplb/cuda/kernels/kernels.h"
-#include "feplb/cuda/runtime/check.h"
 #include "feplb/sim/workload.h"
 
 namespace feplb::cuda {

@@ -182,15 +182,15 @@ class ScheduleWriter {
               std::vector<int>& by_gpu);
 
   CopyTimer timer_;
-  std::vector<int64_t> held_;    // gpu * E + expert of every resident replica, sorted
+  std::vector<int64_t> held_;  // gpu * E + expert of every resident replica, sorted
   std::vector<PairTime> pairs_;
   std::vector<int> copy_begin_, copy_by_gpu_;  // phase-2 copies waited for, by receiver/sender
   std::vector<int> copy_ids_;                  // the phase-2 copies waited for
-  std::vector<int> pair_begin_;   // [num_ranks + 1] receiver g's pairs: [pair_begin_[g], [g + 1])
-  std::vector<int> pair_at_;      // [num_ranks] index into pairs_ of the other GPU's pair (stamped)
-  std::vector<int> pair_gpu_;     // [num_ranks] the GPU pair_at_ was set for
-  std::vector<PairTime> unowned_;  // (receiver, owner) pairs of guests none of whose copies
-                                   // came from their owner
+  std::vector<int> pair_begin_;  // [num_ranks + 1] receiver g's pairs: [pair_begin_[g], [g + 1])
+  std::vector<int> pair_at_;     // [num_ranks] index into pairs_ of the other GPU's pair (stamped)
+  std::vector<int> pair_gpu_;    // [num_ranks] the GPU pair_at_ was set for
+  std::vector<PairTime> unowned_;       // (receiver, owner) pairs of guests none of whose copies
+                                        // came from their owner
   std::vector<PairTime> turn_scratch_;  // one receiver's turns, being sorted
   // The receivers of each expert's phase-2 copies: a list per expert from into_head_ ([num_experts]
   // index into into_, -1: none), each entry with the next (-1: last).

@@ -183,9 +183,8 @@ class MoeLayer {
   // backward hand new row counts to a background thread of the runtime themselves.
   void refine_gemm_algorithms(double budget_ms);
 
-  struct Impl;
-
  private:
+  struct Impl;  // layer/layer_impl.h
   std::unique_ptr<Impl> impl_;
 };
 

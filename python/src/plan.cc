@@ -2,7 +2,6 @@
 // plans returned as numpy arrays. Like the C++ Planner it keeps the history some policies learn
 // from (eplb, feplb-paper): plan() observes each step unless told not to.
 #include "feplb/core/plan.h"
-#include "feplb/core/schedule.h"
 
 #include <pybind11/stl.h>
 
@@ -13,6 +12,7 @@
 #include "feplb/core/limits.h"
 #include "feplb/core/metrics.h"
 #include "feplb/core/planners/planner.h"
+#include "feplb/core/schedule.h"
 #include "feplb/sim/cost_choice.h"
 #include "feplb/sim/simulate.h"
 #include "python/src/bindings.h"

@@ -100,8 +100,7 @@ TEST(Planners, OneHotExpert) {
   exposed.copy_timing = 2;
   Bench timed(8, 8, 128, exposed);
   timed.make("feplb")->plan(s, plan);
-  const StepMetrics m =
-      measure_plan(plan, timed.topo, *timed.cost, exposed.planner_budget_us);
+  const StepMetrics m = measure_plan(plan, timed.topo, *timed.cost, exposed.planner_budget_us);
   b.make("static")->plan(s, plan);
   const StepMetrics none = measure_plan(plan, b.topo, *b.cost, 0.0);
   EXPECT_LT(m.gemm_max_ms + m.copy_exposed_ms, 0.8 * none.gemm_max_ms);
@@ -583,8 +582,7 @@ TEST(Feplb, OneHopDispatchesMigratedRowsStraightToTheHelper) {
     Bench b2(8, 8, 128);
     b2.make("feplb")->plan(s, two_phase);
     // Rows need no copy, so receivers with little own work can take more: balance is no worse.
-    EXPECT_LE(m.token_straggler,
-              measure_plan(two_phase, b.topo, *b.cost, 0.0).token_straggler + 1);
+    EXPECT_LE(m.token_straggler, measure_plan(two_phase, b.topo, *b.cost, 0.0).token_straggler + 1);
   }
 }
 

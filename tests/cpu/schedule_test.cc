@@ -149,20 +149,22 @@ TEST(Schedule, GuestsCopiedByAnotherGpuAndThreeGuestsOfOneOwner) {
   for (int e : {3, 4, 5}) plan.add_migration(e, 1, 0, 100 * e, glm5());  // owner 1's, on GPU 0
   plan.slices.push_back({0, 2, 50, RowSource::kHome});  // expert 0 (GPU 0's) on GPU 2 ...
   plan.copies.push_back({CopyKind::kWeights, 0, 1, 2, 0, glm5().weight_bytes()});  // from GPU 1
-  plan.slices.push_back({7, 2, 10, RowSource::kHome});  // GPU 2's own
+  plan.slices.push_back({7, 2, 10, RowSource::kHome});                             // GPU 2's own
   ScheduleWriter().write(plan, topo, knobs, cost);
   const Schedule& s = plan.schedule;
   ASSERT_TRUE(s.written(plan.copies.size(), 3));
   double lands = Schedule::kNever;  // owner 1's last phase-2 copy into GPU 0
   for (size_t i = 0; i < plan.copies.size(); ++i) {
     const Copy& c = plan.copies[i];
-    if (c.src_gpu == 1 && c.dst_gpu == 0 && s.copies[i].timed) lands = std::max(lands, s.copies[i].end_ms);
+    if (c.src_gpu == 1 && c.dst_gpu == 0 && s.copies[i].timed)
+      lands = std::max(lands, s.copies[i].end_ms);
   }
   const auto turns0 = s.turns_of(0);
   ASSERT_EQ(turns0.size(), 1u);
   EXPECT_EQ(turns0[0].owner, 1);
   EXPECT_EQ(turns0[0].lands_ms, lands);
-  EXPECT_EQ(turns0[0].gemm_ms, ((0.0 + cost.expert_ms(300)) + cost.expert_ms(400)) + cost.expert_ms(500));
+  EXPECT_EQ(turns0[0].gemm_ms,
+            ((0.0 + cost.expert_ms(300)) + cost.expert_ms(400)) + cost.expert_ms(500));
   const auto turns2 = s.turns_of(2);
   ASSERT_EQ(turns2.size(), 1u);
   EXPECT_EQ(turns2[0].owner, 0);

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "feplb/core/errors.h"
+#include "feplb/cuda/host/signals.h"
 #include "feplb/cuda/host/step_layout.h"
 #include "feplb/cuda/program/build_program.h"
-#include "feplb/cuda/program/signals.h"
 #include "test_util.h"
 
 namespace feplb {

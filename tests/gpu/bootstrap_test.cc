@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/nccl_comm.h"
-#include "feplb/cuda/runtime/check.h"
-#include "feplb/cuda/runtime/resources.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace feplb {

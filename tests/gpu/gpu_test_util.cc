@@ -7,8 +7,8 @@
 #include "bench/harness/local_experts.h"
 #include "bench/harness/rank_threads.h"
 #include "bench/harness/trace_runner.h"
-#include "feplb/cuda/runtime/check.h"
-#include "feplb/cuda/runtime/resources.h"
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/resources.h"
 
 namespace feplb::testing {
 

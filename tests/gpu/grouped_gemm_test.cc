@@ -15,10 +15,10 @@
 
 #include "feplb/core/bf16.h"
 #include "feplb/core/rng.h"
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/gemm/grouped_ffn.h"
 #include "feplb/cuda/kernels/kernels.h"
-#include "feplb/cuda/runtime/check.h"
-#include "feplb/cuda/runtime/resources.h"
 #include "gpu_test_util.h"
 
 namespace feplb {

@@ -6,9 +6,9 @@
 #include <gtest/gtest.h>
 
 #include "bench/harness/kernels/kernels.h"
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/kernels/kernels.h"
-#include "feplb/cuda/runtime/check.h"
-#include "feplb/cuda/runtime/resources.h"
 #include "feplb/cuda/transport.h"
 #include "feplb/cuda/transport/ce_copy.h"
 #include "feplb/cuda/transport/stream_ops.h"

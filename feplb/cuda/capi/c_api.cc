@@ -15,10 +15,10 @@
 
 #include "feplb/core/error.h"
 #include "feplb/core/metrics.h"
+#include "feplb/cuda/base/check.h"
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/nccl_comm.h"
 #include "feplb/cuda/runtime.h"
-#include "feplb/cuda/runtime/check.h"
 #include "feplb/cuda/transport.h"
 
 using json = nlohmann::json;

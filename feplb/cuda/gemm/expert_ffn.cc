@@ -1,7 +1,7 @@
 #include "feplb/cuda/gemm/expert_ffn.h"
 
+#include "feplb/cuda/base/check.h"
 #include "feplb/cuda/kernels/kernels.h"
-#include "feplb/cuda/runtime/check.h"
 
 namespace feplb::cuda {
 

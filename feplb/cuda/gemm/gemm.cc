@@ -4,7 +4,7 @@
 #include <chrono>
 #include <mutex>
 
-#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/base/check.h"
 
 namespace feplb::cuda {
 namespace {

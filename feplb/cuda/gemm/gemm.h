@@ -30,7 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "feplb/cuda/runtime/resources.h"
+#include "feplb/cuda/base/resources.h"
 
 namespace feplb::cuda {
 

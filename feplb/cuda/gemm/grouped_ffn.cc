@@ -4,7 +4,7 @@
 #include <unordered_set>
 
 #include "feplb/core/error.h"
-#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/base/check.h"
 
 namespace feplb::cuda {
 

@@ -22,8 +22,8 @@
 #include <span>
 #include <unordered_set>
 
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/kernels/ffn_tables.h"
-#include "feplb/cuda/runtime/resources.h"
 
 namespace feplb::cuda {
 

@@ -1,7 +1,7 @@
 #include "feplb/cuda/gemm/refiner.h"
 
 #include "feplb/core/error.h"
-#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/base/check.h"
 
 namespace feplb::cuda {
 

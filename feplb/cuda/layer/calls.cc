@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include "feplb/cuda/base/check.h"
 #include "feplb/cuda/layer/layer_impl.h"
-#include "feplb/cuda/runtime/check.h"
 
 namespace feplb::cuda {
 namespace {

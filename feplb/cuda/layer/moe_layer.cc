@@ -2,8 +2,8 @@
 // and runs them; program/ holds the programs and the executor).
 #include "feplb/cuda/moe_layer.h"
 
+#include "feplb/cuda/base/check.h"
 #include "feplb/cuda/layer/layer_impl.h"
-#include "feplb/cuda/runtime/check.h"
 
 namespace feplb::cuda {
 namespace {

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <atomic>
 
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/spin_wait.h"
 #include "feplb/cuda/layer/layer_impl.h"
-#include "feplb/cuda/runtime/check.h"
-#include "feplb/cuda/runtime/spin_wait.h"
 
 namespace feplb::cuda {
 namespace {

@@ -2,11 +2,11 @@
 
 #include <chrono>
 
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/spin_wait.h"
 #include "feplb/cuda/gemm/expert_ffn.h"
 #include "feplb/cuda/kernels/kernels.h"
-#include "feplb/cuda/runtime/check.h"
 #include "feplb/cuda/runtime/runtime_state.h"
-#include "feplb/cuda/runtime/spin_wait.h"
 
 namespace feplb::cuda {
 namespace {

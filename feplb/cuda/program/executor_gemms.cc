@@ -1,12 +1,12 @@
 // Executor's GEMM steps (program/executor.h): a batch of expert FFNs bound to pointers and run as
 // grouped GEMMs (gemm/grouped_ffn.h) or one cuBLASLt GEMM per item and stage, and a one-rank call's
 // FFNs over rows counted on the GPU (Op::kCountedGemm).
+#include "feplb/cuda/base/check.h"
 #include "feplb/cuda/gemm/expert_ffn.h"
 #include "feplb/cuda/gemm/grouped_ffn.h"
 #include "feplb/cuda/kernels/ffn_tables.h"
 #include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/program/executor.h"
-#include "feplb/cuda/runtime/check.h"
 #include "feplb/cuda/runtime/runtime_state.h"
 
 namespace feplb::cuda {

@@ -1,7 +1,7 @@
 // StepProgram: what one call of the GPU layer (forward, backward, their dispatched-rows forms,
 // prefetch) does, as data: per host thread (the caller's, the rank's scheduler), an ordered list
 // of typed steps, each on one of the rank's streams: exchanges (all-to-all-v, all-gathers),
-// GEMM batches, copy-engine batches, signals and waits (named families, program/signals.h),
+// GEMM batches, copy-engine batches, signals and waits (named families, host/signals.h),
 // stream events, host hand-offs between the two threads, kernels and timeline marks. Buffers are
 // named (Buf) with a row, slot or expert index; the executor (program/executor.h) resolves them
 // to the current micro-batch's and the runtime's pointers when it runs the steps. Plain host code
@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "feplb/cuda/program/signals.h"
+#include "feplb/cuda/host/signals.h"
 
 namespace feplb::cuda {
 

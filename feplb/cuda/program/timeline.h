@@ -10,8 +10,8 @@
 #include <chrono>
 #include <vector>
 
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/program/step_program.h"
-#include "feplb/cuda/runtime/resources.h"
 
 namespace feplb::cuda {
 

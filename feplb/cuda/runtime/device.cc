@@ -1,6 +1,6 @@
 #include "feplb/cuda/device.h"
 
-#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/base/check.h"
 
 namespace feplb {
 

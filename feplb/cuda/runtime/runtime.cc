@@ -8,7 +8,7 @@
 #include <thread>
 #include <utility>
 
-#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/base/check.h"
 #include "feplb/cuda/runtime/runtime_state.h"
 
 namespace feplb::cuda {

@@ -1,4 +1,4 @@
-// SignalBoard: the rank's named signals (program/signals.h) over one signal set of its transport.
+// SignalBoard: the rank's named signals (host/signals.h) over one signal set of its transport.
 // It owns the slot layout (no slot arithmetic outside it) and the value sequences (the call
 // numbers, each rank's slots-quiet count). The mechanism is the transport's default
 // (SignalMechanism::kEvent, CUDA events: the one ordering CUDA documents across streams, GPUs and
@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "feplb/cuda/program/signals.h"
+#include "feplb/cuda/host/signals.h"
 #include "feplb/cuda/transport.h"
 
 namespace feplb::cuda {

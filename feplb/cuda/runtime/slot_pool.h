@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "feplb/core/expert_shape.h"
-#include "feplb/cuda/runtime/resources.h"
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/transport.h"
 
 namespace feplb::cuda {

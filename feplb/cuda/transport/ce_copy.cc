@@ -1,6 +1,6 @@
 #include "feplb/cuda/transport/ce_copy.h"
 
-#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/base/check.h"
 #include "feplb/cuda/transport/stream_ops.h"
 
 namespace feplb::cuda {

@@ -4,9 +4,9 @@
 #include <mutex>
 #include <vector>
 
-#include "feplb/cuda/runtime/check.h"
-#include "feplb/cuda/runtime/resources.h"
-#include "feplb/cuda/runtime/spin_wait.h"
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/resources.h"
+#include "feplb/cuda/base/spin_wait.h"
 #include "feplb/cuda/transport.h"
 
 namespace feplb::cuda {

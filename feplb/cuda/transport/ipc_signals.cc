@@ -16,9 +16,9 @@
 #include <random>
 #include <utility>
 
-#include "feplb/cuda/runtime/check.h"
-#include "feplb/cuda/runtime/resources.h"
-#include "feplb/cuda/runtime/spin_wait.h"
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/resources.h"
+#include "feplb/cuda/base/spin_wait.h"
 #include "feplb/cuda/transport/stream_ops.h"
 
 namespace feplb::cuda {

@@ -5,8 +5,8 @@
 #include <map>
 #include <set>
 
-#include "feplb/cuda/runtime/check.h"
-#include "feplb/cuda/runtime/resources.h"
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/transport.h"
 #include "feplb/cuda/transport/ipc_signals.h"
 #include "feplb/cuda/transport/peer_memory.h"

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <utility>
 
-#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/base/check.h"
 
 namespace feplb::cuda {
 

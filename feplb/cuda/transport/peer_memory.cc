@@ -9,7 +9,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/base/check.h"
 
 namespace feplb::cuda {
 namespace {

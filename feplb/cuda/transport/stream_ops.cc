@@ -5,7 +5,7 @@
 
 #include <mutex>
 
-#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/base/check.h"
 
 namespace feplb::cuda {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <utility>
 
-#include "feplb/cuda/runtime/check.h"
+#include "feplb/cuda/base/check.h"
 
 namespace feplb::cuda {
 

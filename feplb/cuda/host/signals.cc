@@ -1,4 +1,4 @@
-#include "feplb/cuda/program/signals.h"
+#include "feplb/cuda/host/signals.h"
 
 #include "feplb/core/error.h"
 

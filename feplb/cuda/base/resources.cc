@@ -1,4 +1,4 @@
-#include "feplb/cuda/runtime/resources.h"
+#include "feplb/cuda/base/resources.h"
 
 #include <chrono>
 #include <thread>
