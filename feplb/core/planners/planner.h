@@ -10,7 +10,6 @@
 #include <string_view>
 #include <vector>
 
-#include "feplb/core/copy_links.h"
 #include "feplb/core/cost_model.h"
 #include "feplb/core/expert_shape.h"
 #include "feplb/core/knobs.h"
@@ -19,6 +18,8 @@
 #include "feplb/core/topology.h"
 
 namespace feplb {
+
+class ScheduleWriter;  // copy_links.h
 
 // What every planner is built from. The cost model must outlive the planner.
 struct PlannerContext {
@@ -54,8 +55,8 @@ struct ModeTime {
 
 class Planner {
  public:
-  explicit Planner(const PlannerContext& ctx) : ctx_(ctx) {}
-  virtual ~Planner() = default;
+  explicit Planner(const PlannerContext& ctx);
+  virtual ~Planner();
   virtual std::string_view name() const = 0;
   // The rules validate() holds this planner's plans to.
   virtual PlanLimits limits() const;
@@ -64,13 +65,10 @@ class Planner {
   // Plans one step and writes the plan's schedule (Plan::schedule: when its copies run, the order
   // each GPU runs its guests in). `routing.expert_counts` must be filled. Overwrites `out`. Does
   // not change the planner's state, so it may be called repeatedly (timing) with identical results.
-  void plan(const RoutingStep& routing, Plan& out) {
-    make_plan(routing, out);
-    schedule_.write(out, ctx_.topo, ctx_.knobs, schedule_cost());
-  }
+  void plan(const RoutingStep& routing, Plan& out);
   // Writes the schedule of a plan made outside plan() (the GPU layer's one-rank plans) as plan()
   // writes its plans'.
-  void write_schedule(Plan& out) { schedule_.write(out, ctx_.topo, ctx_.knobs, schedule_cost()); }
+  void write_schedule(Plan& out);
   // Called once per step after planning it, for planners that learn from history.
   virtual void observe(const RoutingStep& /*routing*/) {}
   // Brings the planner's code and the tables its plans read back into the CPU's caches: plans
@@ -82,11 +80,7 @@ class Planner {
   // thread waits for the next counts calls it meanwhile: on a host where the rest of the training
   // step has evicted the planner, the plan then runs from warm caches instead of cold ones
   // (docs/planners.md, "Cold caches").
-  bool prime(int64_t layer, Plan& scratch) {
-    if (!prime_plan(layer, scratch)) return false;
-    schedule_.write(scratch, ctx_.topo, ctx_.knobs, schedule_cost());
-    return true;
-  }
+  bool prime(int64_t layer, Plan& scratch);
   // The weight copies to start before the next micro-batch of `layer` is routed
   // (CopyKind::kPrefetchWeights, home -> predicted helper, in issue order), predicted from what
   // this planner observed; the next plan() of that layer lists exactly these. Empty for planners
@@ -131,7 +125,7 @@ class Planner {
   const PlannerContext ctx_;
 
  private:
-  ScheduleWriter schedule_;
+  std::unique_ptr<ScheduleWriter> schedule_;
 };
 
 // Names of every planner, in the order `feplb simulate` lists them by default.

@@ -1,6 +1,9 @@
+// The planners by name, and what every Planner does around its policy: the schedule of each plan,
+// the default limits and data movement.
 #include <functional>
 #include <utility>
 
+#include "feplb/core/copy_links.h"
 #include "feplb/core/error.h"
 #include "feplb/core/planners/planner.h"
 #include "feplb/core/planners/policies.h"
@@ -21,6 +24,25 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
 }
 
 }  // namespace
+
+Planner::Planner(const PlannerContext& ctx)
+    : ctx_(ctx), schedule_(std::make_unique<ScheduleWriter>()) {}
+Planner::~Planner() = default;
+
+void Planner::plan(const RoutingStep& routing, Plan& out) {
+  make_plan(routing, out);
+  schedule_->write(out, ctx_.topo, ctx_.knobs, schedule_cost());
+}
+
+void Planner::write_schedule(Plan& out) {
+  schedule_->write(out, ctx_.topo, ctx_.knobs, schedule_cost());
+}
+
+bool Planner::prime(int64_t layer, Plan& scratch) {
+  if (!prime_plan(layer, scratch)) return false;
+  schedule_->write(scratch, ctx_.topo, ctx_.knobs, schedule_cost());
+  return true;
+}
 
 PlanLimits Planner::limits() const {
   PlanLimits l;

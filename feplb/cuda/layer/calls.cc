@@ -35,7 +35,7 @@ class Carver {
 
 // GEMM kernels the runtime enqueued so far: per-expert cuBLASLt GEMMs and grouped GEMMs.
 int64_t gemm_launches(const RuntimeState& r) {
-  return r.gemm.launches() + (r.grouped ? r.grouped->gemm_launches() : 0);
+  return r.ffn.gemm.launches() + (r.ffn.grouped ? r.ffn.grouped->gemm_launches() : 0);
 }
 
 }  // namespace
@@ -72,9 +72,9 @@ CallFacts MoeLayer::Impl::facts(bool dispatched) const {
   f.training = r.cfg.training;
   f.sync_before_counts = r.cfg.sync_before_counts;
   f.dispatched = dispatched;
-  f.settle = r.pending.active;
-  f.prefetch_into_here = r.pending.into_here;
-  f.prefetch_targets = r.pending.targets;
+  f.settle = r.calls.pending.active;
+  f.prefetch_into_here = r.calls.pending.into_here;
+  f.prefetch_targets = r.calls.pending.targets;
   return f;
 }
 
@@ -105,7 +105,7 @@ MicroBatchState& MoeLayer::Impl::begin_forward(MicroBatch& handle, int64_t rows,
   RuntimeState& r = *rt;
   handle.rt_ = rt;
   handle.slot_ = r.acquire(layer_id);
-  MicroBatchState& h = r.handles[static_cast<size_t>(handle.slot_)];
+  MicroBatchState& h = r.batches.states[static_cast<size_t>(handle.slot_)];
   handle.generation_ = h.generation;  // from here on, an exception gives the memory back
   const uint32_t seq = r.board->next_call();
   h.forward_seq = seq;
@@ -115,7 +115,7 @@ MicroBatchState& MoeLayer::Impl::begin_forward(MicroBatch& handle, int64_t rows,
   b.mb = &h;
   b.call = seq;
   f = facts(dispatched);
-  f.prefetched_here = f.settle && r.pending.layer_id == layer_id;
+  f.prefetched_here = f.settle && r.calls.pending.layer_id == layer_id;
   job.prefetched = f.prefetched_here;
   return h;
 }
@@ -183,7 +183,7 @@ void MoeLayer::Impl::run_forward_body(MicroBatch& handle, MicroBatchState& h, co
   last_plan = h.plan;
   last_routing = h.routing;
   // Row counts met for the first time: their exact GEMM algorithms chosen in the background.
-  timed(call_host.refine_us, [&] { rt->refiner.take(rt->gemm); });
+  timed(call_host.refine_us, [&] { rt->ffn.refiner.take(rt->ffn.gemm); });
   fstats.host = finish_host();
   if (!rt->cfg.training) handle.release();  // forward only: nothing to keep
 }
@@ -218,7 +218,7 @@ void MoeLayer::Impl::run_backward(MicroBatch& mb, MicroBatchState& h, GradMode m
   bstats.copies += result_copies;
   r.release(mb.slot_, mb.generation_, b.stream);
   mb.release();
-  timed(call_host.refine_us, [&] { r.refiner.take(r.gemm); });
+  timed(call_host.refine_us, [&] { r.ffn.refiner.take(r.ffn.gemm); });
   bstats.host = finish_host();
 }
 
@@ -248,20 +248,21 @@ void MoeLayer::Impl::host(HostAction action, Bindings& b) {
     }
     case HostAction::kStageCounts:  // the previous call's D2H into the pinned buffer is done
       for (int i = 0; i < r.experts_per_rank; ++i)
-        r.counts_host.get()[i] = static_cast<int32_t>(rows_per_expert[static_cast<size_t>(i)]);
-      r.counts_host.get()[r.experts_per_rank] =
+        r.arena.counts_host.get()[i] =
+            static_cast<int32_t>(rows_per_expert[static_cast<size_t>(i)]);
+      r.arena.counts_host.get()[r.experts_per_rank] =
           std::atomic_ref<int32_t>(*planner_us.get()).load(std::memory_order_relaxed);
       break;
     case HostAction::kStartJob:
       r.scheduler.post(&Impl::run_job, this);
       break;
     case HostAction::kDropPrefetch:
-      r.pending.active = false;
+      r.calls.pending.active = false;
       break;
     case HostAction::kStartPrefetch: {
       const uint32_t seq = r.board->next_call();
       b.call = seq;
-      PendingPrefetch& p = r.pending;
+      PendingPrefetch& p = r.calls.pending;
       p.active = true;
       p.layer_id = layer_id;
       p.seq = seq;

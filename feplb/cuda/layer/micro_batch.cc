@@ -34,15 +34,15 @@ void MicroBatch::release() noexcept {
 
 bool MicroBatch::valid() const {
   if (!rt_ || slot_ < 0) return false;
-  std::lock_guard<std::mutex> lock(rt_->handles_mu);
-  const MicroBatchState& h = rt_->handles[static_cast<size_t>(slot_)];
+  std::lock_guard<std::mutex> lock(rt_->batches.mu);
+  const MicroBatchState& h = rt_->batches.states[static_cast<size_t>(slot_)];
   return h.in_use && h.generation == generation_;
 }
 
 MicroBatchState& MicroBatch::checked() const {
   FEPLB_REQUIRE_INPUT(
       valid(), "micro-batch handle is empty (consumed by a backward, dropped, or moved from)");
-  return rt_->handles[static_cast<size_t>(slot_)];
+  return rt_->batches.states[static_cast<size_t>(slot_)];
 }
 
 const Plan& MicroBatch::plan() const { return checked().plan; }

@@ -13,12 +13,12 @@ namespace {
 class CallGuard {
  public:
   CallGuard(RuntimeState& rt, const char* who) : rt_(rt) {
-    FEPLB_REQUIRE_INPUT(!rt_.in_call.exchange(true, std::memory_order_acq_rel),
+    FEPLB_REQUIRE_INPUT(!rt_.calls.in_call.exchange(true, std::memory_order_acq_rel),
                         "{}: another call of this runtime is running (calls of one rank's runtime "
                         "must not overlap)",
                         who);
   }
-  ~CallGuard() { rt_.in_call.store(false, std::memory_order_release); }
+  ~CallGuard() { rt_.calls.in_call.store(false, std::memory_order_release); }
   CallGuard(const CallGuard&) = delete;
   CallGuard& operator=(const CallGuard&) = delete;
 
@@ -94,8 +94,8 @@ const RoutingStep& MoeLayer::last_routing() const {
   return impl_->last_routing;
 }
 void MoeLayer::refine_gemm_algorithms(double budget_ms) {
-  impl_->rt->gemm.refine(budget_ms);
-  if (budget_ms < 0) impl_->rt->refiner.drain();
+  impl_->rt->ffn.gemm.refine(budget_ms);
+  if (budget_ms < 0) impl_->rt->ffn.refiner.drain();
 }
 
 // GPU times are spans of the forward's timeline.

@@ -19,7 +19,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 bool MoeLayer::Impl::one_rank_runs(std::span<const ExpertParams> w, int64_t num_tokens) const {
   const RuntimeState& r = *rt;
-  if (r.world != 1 || !r.grouped || r.pending.active) return false;
+  if (r.world != 1 || !r.ffn.grouped || r.calls.pending.active) return false;
   if (r.experts_per_rank > kernels::kFfnItemsPerLaunch) return false;
   if (r.cfg.expert_gemm != ExpertGemm::kGrouped &&
       !GroupedFfn::faster_than_per_expert(r.H, r.F, num_tokens * K, r.experts_per_rank))
@@ -79,7 +79,7 @@ void MoeLayer::Impl::stage_row_counts(const Bindings& b) {
   c.copied.record(b.stream);
   c.seq = h.forward_seq;
   c.pairs = b.num_tokens * b.top_k;
-  c.slot = static_cast<int>(&h - r.handles.data());
+  c.slot = static_cast<int>(&h - r.batches.states.data());
   c.generation = h.generation;
   ++row_counts_pending;
 }
@@ -156,8 +156,8 @@ void MoeLayer::Impl::settle(const RowCounts& c) {
   }
   last_plan.mode = "one rank";
   planner->write_schedule(last_plan);
-  std::lock_guard<std::mutex> lock(r.handles_mu);
-  MicroBatchState& h = r.handles[static_cast<size_t>(c.slot)];
+  std::lock_guard<std::mutex> lock(r.batches.mu);
+  MicroBatchState& h = r.batches.states[static_cast<size_t>(c.slot)];
   if (h.in_use && h.generation == c.generation) {
     h.routing = routing;
     h.plan = last_plan;

@@ -24,8 +24,8 @@ void MoeLayer::Impl::run_job(void* self) {
     if (!m->job.backward) m->plan_job();
     m->issue_inputs();
   } catch (...) {
-    m->rt->error = std::current_exception();
-    m->rt->failed.store(true, std::memory_order_release);
+    m->rt->calls.error = std::current_exception();
+    m->rt->calls.failed.store(true, std::memory_order_release);
   }
 }
 
@@ -34,7 +34,7 @@ void MoeLayer::Impl::wait_counts() const {
   const RuntimeState& r = *rt;
   const auto deadline = Clock::now() + std::chrono::duration<double>(r.cfg.timeout_s);
   for (uint64_t spins = 0;; ++spins) {
-    const cudaError_t q = cudaEventQuery(r.ev_counts.get());
+    const cudaError_t q = cudaEventQuery(r.streams.ev_counts.get());
     if (q == cudaSuccess) break;
     if (q != cudaErrorNotReady) FEPLB_CUDA_CHECK(q);
     if ((spins & 16383) == 16383) r.check_peers("the counts all-gather");
@@ -67,7 +67,7 @@ void MoeLayer::Impl::routing_from_counts(MicroBatchState& h) {
     std::fill(h.routing.counts.begin(), h.routing.counts.end(), 0);
     const int L = r.experts_per_rank;
     for (int d = 0; d < R; ++d) {
-      const int32_t* row = r.counts_host.get() + static_cast<size_t>(d) * (L + 1);
+      const int32_t* row = r.arena.counts_host.get() + static_cast<size_t>(d) * (L + 1);
       const auto local = r.cfg.topo.local_experts(d);
       for (int i = 0; i < L; ++i) h.routing.at(d, local[i]) = row[i];
       recent_us = std::max(recent_us, row[L]);
@@ -75,7 +75,7 @@ void MoeLayer::Impl::routing_from_counts(MicroBatchState& h) {
     return;
   }
   for (int d = 0; d < R; ++d) {
-    const int32_t* row = r.counts_host.get() + static_cast<size_t>(d) * (E + 2);
+    const int32_t* row = r.arena.counts_host.get() + static_cast<size_t>(d) * (E + 2);
     recent_us = std::max(recent_us, row[E + 1]);
     std::copy(row, row + E, h.routing.counts.begin() + static_cast<std::ptrdiff_t>(d) * E);
     if (row[E] > 0 && job.bad_ids == 0) {
@@ -88,7 +88,7 @@ void MoeLayer::Impl::routing_from_counts(MicroBatchState& h) {
 // Weights prefetched for this forward: the plan must list exactly what was copied, in order (the
 // layout then gives each pair the slot it was copied into). `hits`: pairs the plan computes with.
 void MoeLayer::Impl::check_prefetched(const MicroBatchState& h, int64_t& hits) {
-  const std::vector<Copy>& done = rt->pending.copies;
+  const std::vector<Copy>& done = rt->calls.pending.copies;
   size_t k = 0;
   bool same = true;
   for (const Copy& c : h.plan.copies) {
@@ -117,11 +117,11 @@ void MoeLayer::Impl::plan_job() {
   job.prime_us = 0;
   job.prime_overtaken = false;
   const bool prime = r.cfg.prime_planner && (prime_overtaken < 0.5 || seq % kPrimeRetry == 0);
-  if (prime && cudaEventQuery(r.ev_counts.get()) == cudaErrorNotReady) {
+  if (prime && cudaEventQuery(r.streams.ev_counts.get()) == cudaErrorNotReady) {
     const auto p0 = Clock::now();
     if (planner->prime(layer_id, h.plan)) {
       job.prime_us = us_between(p0, Clock::now());
-      job.prime_overtaken = cudaEventQuery(r.ev_counts.get()) != cudaErrorNotReady;
+      job.prime_overtaken = cudaEventQuery(r.streams.ev_counts.get()) != cudaErrorNotReady;
       prime_overtaken = 0.8 * prime_overtaken + (job.prime_overtaken ? 0.2 : 0.0);
     }
   }
@@ -131,7 +131,7 @@ void MoeLayer::Impl::plan_job() {
   if (job.bad_ids > 0) {
     // Every rank sees the same counts and stops at the same step; nothing is planned or copied.
     job.runs = false;
-    r.plan_seq.store(seq, std::memory_order_release);
+    r.calls.plan_seq.store(seq, std::memory_order_release);
     return;
   }
   h.routing.sum_experts();
@@ -169,9 +169,10 @@ void MoeLayer::Impl::plan_job() {
   h.stats.guest_rows = h.layout.guest_rows_here();
   for (const GuestWork& g : h.layout.guest_work())
     h.stats.dispatched_rows += g.dispatched ? g.rows : 0;
-  h.stats.prefetched_pairs = job.prefetched ? static_cast<int64_t>(r.pending.copies.size()) : 0;
+  h.stats.prefetched_pairs =
+      job.prefetched ? static_cast<int64_t>(r.calls.pending.copies.size()) : 0;
   h.stats.prefetch_hits = hits;
-  r.plan_seq.store(seq, std::memory_order_release);
+  r.calls.plan_seq.store(seq, std::memory_order_release);
 }
 
 // Phase-2 inputs, helper by helper (program/build_program.h, build_inputs), then, forward, the

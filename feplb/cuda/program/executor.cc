@@ -26,13 +26,13 @@ const char* flag_what(HostFlag flag) {
 std::atomic<uint32_t>& host_flag(RuntimeState& rt, HostFlag flag) {
   switch (flag) {
     case HostFlag::kPlanned:
-      return rt.plan_seq;
+      return rt.calls.plan_seq;
     case HostFlag::kDispatched:
-      return rt.dispatched_seq;
+      return rt.calls.dispatched_seq;
     case HostFlag::kCopiesOut:
       break;
   }
-  return rt.copies_seq;
+  return rt.calls.copies_seq;
 }
 
 }  // namespace
@@ -86,7 +86,7 @@ void Executor::await(HostFlag flag, uint32_t call) const {
   const std::atomic<uint32_t>& seq = host_flag(rt_, flag);
   const auto deadline = Clock::now() + std::chrono::duration<double>(rt_.cfg.timeout_s);
   for (uint64_t spins = 0; seq.load(std::memory_order_acquire) < call; ++spins) {
-    if (rt_.failed.load(std::memory_order_acquire)) std::rethrow_exception(rt_.error);
+    if (rt_.calls.failed.load(std::memory_order_acquire)) std::rethrow_exception(rt_.calls.error);
     if ((spins & 16383) == 16383) rt_.check_peers(flag_what(flag));
     if ((spins & 1023) == 0 && Clock::now() > deadline) {
       throw Error(fmt::format("layer '{}' rank {}: waited {:.0f} s for the scheduler ({})", name_,
@@ -103,7 +103,7 @@ void Executor::step(const StepList& list, const Step& s, Bindings& b, ProgramHoo
       kernel(s, b, st);
       break;
     case Op::kAllGather:
-      rt_.transport.all_gather_i32(rt_.counts.get(), rt_.counts_all.get(),
+      rt_.transport.all_gather_i32(rt_.arena.counts.get(), rt_.arena.counts_all.get(),
                                    static_cast<size_t>(s.count), st);
       break;
     case Op::kExchange:
@@ -164,34 +164,34 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
   // A one-rank forward counts into its micro-batch (kept for its backward) and scatters its rows
   // straight to their place at home; otherwise into the runtime's counts and send rows.
   const bool one_rank = h && h->one_rank;
-  int32_t* counts = one_rank ? h->expert_rows : r.counts.get();
-  int32_t* offsets = one_rank ? h->expert_row0 : r.offsets.get();
+  int32_t* counts = one_rank ? h->expert_rows : r.arena.counts.get();
+  int32_t* offsets = one_rank ? h->expert_row0 : r.arena.offsets.get();
   switch (s.kernel) {
     case KernelId::kZeroCounts:
       FEPLB_CUDA_CHECK(cudaMemsetAsync(
-          counts, 0, one_rank ? static_cast<size_t>(E + 1) * sizeof(int32_t) : r.counts.bytes(),
-          st));
-      FEPLB_CUDA_CHECK(cudaMemsetAsync(r.cursor.get(), 0, r.cursor.bytes(), st));
+          counts, 0,
+          one_rank ? static_cast<size_t>(E + 1) * sizeof(int32_t) : r.arena.counts.bytes(), st));
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(r.arena.cursor.get(), 0, r.arena.cursor.bytes(), st));
       break;
     case KernelId::kCountExperts:
       FEPLB_CUDA_CHECK(kernels::count_experts(b.topk_idx, pairs, E, counts, st));
       break;
     case KernelId::kPlannerTime:  // read when the copy runs: any rank's value is agreed by all
       if (b.planner_us)
-        FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts.get() + E + 1, b.planner_us, sizeof(int32_t),
-                                         cudaMemcpyHostToDevice, st));
+        FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.arena.counts.get() + E + 1, b.planner_us,
+                                         sizeof(int32_t), cudaMemcpyHostToDevice, st));
       break;
     case KernelId::kSendOffsets:
-      FEPLB_CUDA_CHECK(kernels::send_offsets(counts, r.order.get(), E, offsets, st));
+      FEPLB_CUDA_CHECK(kernels::send_offsets(counts, r.arena.order.get(), E, offsets, st));
       break;
     case KernelId::kScatterRows:
-      FEPLB_CUDA_CHECK(kernels::scatter_rows(b.hidden, b.topk_idx, b.num_tokens, b.top_k, E, H,
-                                             offsets, r.cursor.get(),
-                                             one_rank ? h->x_home : r.send.get(), h->pair_pos, st));
+      FEPLB_CUDA_CHECK(kernels::scatter_rows(
+          b.hidden, b.topk_idx, b.num_tokens, b.top_k, E, H, offsets, r.arena.cursor.get(),
+          one_rank ? h->x_home : r.arena.send.get(), h->pair_pos, st));
       break;
     case KernelId::kScatterGrad:
       FEPLB_CUDA_CHECK(kernels::scatter_grad(b.grad_out, h->pair_pos, b.topk_weight, h->y_send,
-                                             b.num_tokens, b.top_k, H, r.send.get(),
+                                             b.num_tokens, b.top_k, H, r.arena.send.get(),
                                              b.grad_topk_weight, st));
       break;
     case KernelId::kCombine:
@@ -199,8 +199,8 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
                                         b.top_k, H, b.out, st));
       break;
     case KernelId::kCombineGrad:
-      FEPLB_CUDA_CHECK(kernels::combine(r.ybuf.get(), h->pair_pos, nullptr, b.num_tokens, b.top_k,
-                                        H, b.out, st));
+      FEPLB_CUDA_CHECK(kernels::combine(r.arena.ybuf.get(), h->pair_pos, nullptr, b.num_tokens,
+                                        b.top_k, H, b.out, st));
       break;
     case KernelId::kZeroGrads:  // one expert's, in its gradients' dtype
       zero_grads(b.grads[static_cast<size_t>(s.a.index)], st);
@@ -218,12 +218,12 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
       break;
     }
     case KernelId::kCountsFromCaller:
-      FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts.get(), r.counts_host.get(),
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.arena.counts.get(), r.arena.counts_host.get(),
                                        static_cast<size_t>(s.count) * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, st));
       break;
     case KernelId::kCountsToHost:
-      FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.counts_host.get(), r.counts_all.get(),
+      FEPLB_CUDA_CHECK(cudaMemcpyAsync(r.arena.counts_host.get(), r.arena.counts_all.get(),
                                        static_cast<size_t>(s.count) * sizeof(int32_t),
                                        cudaMemcpyDeviceToHost, st));
       break;
@@ -305,9 +305,9 @@ cudaStream_t Executor::stream(StreamId id, const Bindings& b) const {
     case StreamId::kCompute:
       return b.stream;
     case StreamId::kCopyIn:
-      return rt_.copy_in.get();
+      return rt_.streams.copy_in.get();
     case StreamId::kCopyOut:
-      return rt_.copy_out.get();
+      return rt_.streams.copy_out.get();
   }
   return b.stream;
 }
@@ -315,23 +315,23 @@ cudaStream_t Executor::stream(StreamId id, const Bindings& b) const {
 cudaEvent_t Executor::event(EventId id) const {
   switch (id) {
     case EventId::kCounts:
-      return rt_.ev_counts.get();
+      return rt_.streams.ev_counts.get();
     case EventId::kDispatched:
-      return rt_.ev_dispatched.get();
+      return rt_.streams.ev_dispatched.get();
     case EventId::kCopyInDone:
-      return rt_.ev_copy_in_done.get();
+      return rt_.streams.ev_copy_in_done.get();
     case EventId::kGuestReady:
-      return rt_.ev_guest_ready.get();
+      return rt_.streams.ev_guest_ready.get();
     case EventId::kGuestDone:
-      return rt_.ev_guest_done.get();
+      return rt_.streams.ev_guest_done.get();
     case EventId::kCopyOutDone:
-      return rt_.ev_copy_out_done.get();
+      return rt_.streams.ev_copy_out_done.get();
     case EventId::kCallDone:
-      return rt_.ev_call_done.get();
+      return rt_.streams.ev_call_done.get();
     case EventId::kPrefetchReady:
-      return rt_.ev_prefetch_ready.get();
+      return rt_.streams.ev_prefetch_ready.get();
     case EventId::kPrefetchDone:
-      return rt_.ev_prefetch_done.get();
+      return rt_.streams.ev_prefetch_done.get();
     case EventId::kStagingFree:
       return rt_.pool->staging_free();
     case EventId::kGradsFree:
@@ -349,7 +349,7 @@ uint32_t Executor::value(Value v, int peer, const Bindings& b) const {
     case Value::kQuiet:
       return rt_.board->quiet(peer);
     case Value::kPrefetch:
-      return rt_.pending.seq;
+      return rt_.calls.pending.seq;
   }
   return b.call;
 }
@@ -360,28 +360,28 @@ bf16* Executor::rows(const Ref& ref, const Bindings& b) const {
   bf16* base = nullptr;
   switch (ref.buf) {
     case Buf::kSend:
-      base = r.send.get();
+      base = r.arena.send.get();
       break;
     case Buf::kBack:
-      base = r.ybuf.get();
+      base = r.arena.ybuf.get();
       break;
     case Buf::kDyHome:
-      base = r.dyrecv.get();
+      base = r.arena.dyrecv.get();
       break;
     case Buf::kResultsHome:
-      base = r.yrecv.get();
+      base = r.arena.yrecv.get();
       break;
     case Buf::kGuestIn:
-      base = r.guest_in.get();
+      base = r.arena.guest_in.get();
       break;
     case Buf::kGuestOut:
-      base = r.guest_out.get();
+      base = r.arena.guest_out.get();
       break;
     case Buf::kXHome:
       base = h->x_home;
       break;
     case Buf::kGuestX:
-      base = h->x_guest ? h->x_guest : r.guest_in.get();
+      base = h->x_guest ? h->x_guest : r.arena.guest_in.get();
       break;
     case Buf::kXGuest:
       base = h->x_guest;
@@ -396,10 +396,10 @@ bf16* Executor::rows(const Ref& ref, const Bindings& b) const {
       base = b.caller_out;
       break;
     case Buf::kPeerGuestIn:
-      base = r.peer_guest_in[static_cast<size_t>(ref.rank)];
+      base = r.arena.peer_guest_in[static_cast<size_t>(ref.rank)];
       break;
     case Buf::kPeerResultsHome:
-      base = r.peer_yrecv[static_cast<size_t>(ref.rank)];
+      base = r.arena.peer_yrecv[static_cast<size_t>(ref.rank)];
       break;
     default:
       throw Error(fmt::format("step program: buffer {} is not a row buffer", buf_name(ref.buf)));

@@ -76,28 +76,28 @@ void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStrea
   const int64_t H = r.H, F = r.F;
   items_.clear();
   for (uint32_t i = s.begin; i < s.end; ++i) items_.push_back(bind(list.gemms[i], b, s.backward));
-  if (r.grouped && grouped_pays(list, s) && grouped_gemms(list, s, b, st)) return;
+  if (r.ffn.grouped && grouped_pays(list, s) && grouped_gemms(list, s, b, st)) return;
   const auto item = [&](uint32_t i) -> const GemmOperands& { return items_[i - s.begin]; };
   if (!s.backward) {
     for (uint32_t i = s.begin; i < s.end; ++i)
-      ffn_gate_up(r.gemm, st, item(i).x, list.gemms[i].rows, item(i).w_gu, item(i).gu, H, F);
+      ffn_gate_up(r.ffn.gemm, st, item(i).x, list.gemms[i].rows, item(i).w_gu, item(i).gu, H, F);
     swiglu_runs(list, s.begin, s.begin, s.end, false, st);
     for (uint32_t i = s.begin; i < s.end; ++i)
-      ffn_down(r.gemm, st, item(i).act, list.gemms[i].rows, item(i).w_down, item(i).y, H, F);
+      ffn_down(r.ffn.gemm, st, item(i).act, list.gemms[i].rows, item(i).w_down, item(i).y, H, F);
     return;
   }
   for (uint32_t i = s.begin; i < s.end; ++i) {
     const GemmItem& g = list.gemms[i];
     const GemmOperands& it = item(i);
-    ffn_backward_down(r.gemm, st, g.rows, it.w_down, it.act, it.dy, it.g_gu, it.g_down, it.g_f32,
-                      g.beta, it.act, H, F);
+    ffn_backward_down(r.ffn.gemm, st, g.rows, it.w_down, it.act, it.dy, it.g_gu, it.g_down,
+                      it.g_f32, g.beta, it.act, H, F);
   }
   swiglu_runs(list, s.begin, s.begin, s.end, true, st);
   for (uint32_t i = s.begin; i < s.end; ++i) {
     const GemmItem& g = list.gemms[i];
     const GemmOperands& it = item(i);
-    ffn_backward_gate_up(r.gemm, st, it.x, g.rows, it.w_gu, it.gu, it.g_gu, it.g_f32, g.beta, it.y,
-                         H, F);
+    ffn_backward_gate_up(r.ffn.gemm, st, it.x, g.rows, it.w_gu, it.gu, it.g_gu, it.g_f32, g.beta,
+                         it.y, H, F);
     if (g.guest && b.guest_rows) *b.guest_rows += g.rows;
   }
 }
@@ -150,13 +150,13 @@ bool Executor::grouped_gemms(const StepList& list, const Step& s, Bindings& b, c
                 s.begin + static_cast<uint32_t>(end), s.backward, st);
   };
   if (s.backward) {
-    rt_.grouped->backward(ffn_items_, runs, st);
+    rt_.ffn.grouped->backward(ffn_items_, runs, st);
     if (b.guest_rows) {
       for (uint32_t i = s.begin; i < s.end; ++i)
         if (list.gemms[i].guest) *b.guest_rows += list.gemms[i].rows;
     }
   } else {
-    rt_.grouped->forward(ffn_items_, runs, st);
+    rt_.ffn.grouped->forward(ffn_items_, runs, st);
   }
   return true;
 }
@@ -196,7 +196,7 @@ void Executor::counted_gemms(const Step& s, Bindings& b, cudaStream_t st) {
   }
   const GroupedFfn::DeviceRows dev{h.expert_rows, h.expert_row0, pairs};
   if (s.backward) {
-    r.grouped->backward(
+    r.ffn.grouped->backward(
         ffn_items_, dev,
         [&] {
           FEPLB_CUDA_CHECK(
@@ -204,7 +204,7 @@ void Executor::counted_gemms(const Step& s, Bindings& b, cudaStream_t st) {
         },
         st);
   } else {
-    r.grouped->forward(
+    r.ffn.grouped->forward(
         ffn_items_, dev,
         [&] { FEPLB_CUDA_CHECK(kernels::swiglu(h.gu_home, pairs, F, h.act_home, st)); }, st);
   }

@@ -103,49 +103,50 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
   pool = std::make_unique<ExpertSlotPool>(
       transport, cfg.shape, static_cast<int>(cfg.knobs.max_num_dyn), staging, cfg.name + ".pool");
 
-  send = DeviceBuffer<bf16>(static_cast<size_t>(max_pairs * H));
-  yrecv = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap * H));
-  guest_in = DeviceBuffer<bf16>(static_cast<size_t>(guest_cap * H));
-  guest_out = DeviceBuffer<bf16>(static_cast<size_t>(guest_cap * H));
+  arena.send = DeviceBuffer<bf16>(static_cast<size_t>(max_pairs * H));
+  arena.yrecv = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap * H));
+  arena.guest_in = DeviceBuffer<bf16>(static_cast<size_t>(guest_cap * H));
+  arena.guest_out = DeviceBuffer<bf16>(static_cast<size_t>(guest_cap * H));
   if (cfg.training) {
-    ybuf = DeviceBuffer<bf16>(static_cast<size_t>(max_pairs * H));
-    dyrecv = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap * H));
+    arena.ybuf = DeviceBuffer<bf16>(static_cast<size_t>(max_pairs * H));
+    arena.dyrecv = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap * H));
   }
-  counts = DeviceBuffer<int32_t>(static_cast<size_t>(E + 2));
-  cursor = DeviceBuffer<int32_t>(static_cast<size_t>(E));
-  offsets = DeviceBuffer<int32_t>(static_cast<size_t>(E));
-  order = DeviceBuffer<int32_t>(static_cast<size_t>(E));
-  counts_all = DeviceBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
-  counts_host = PinnedBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
+  arena.counts = DeviceBuffer<int32_t>(static_cast<size_t>(E + 2));
+  arena.cursor = DeviceBuffer<int32_t>(static_cast<size_t>(E));
+  arena.offsets = DeviceBuffer<int32_t>(static_cast<size_t>(E));
+  arena.order = DeviceBuffer<int32_t>(static_cast<size_t>(E));
+  arena.counts_all = DeviceBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
+  arena.counts_host = PinnedBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
   // The expert GEMMs: grouped (sizes read on the GPU) where this GPU runs those kernels.
   const bool grouped_here = GroupedFfn::available();
   FEPLB_REQUIRE_INPUT(cfg.expert_gemm != ExpertGemm::kGrouped || grouped_here,
                       "runtime: expert_gemm 'grouped' needs a GPU of compute capability 9.0 (H100, "
                       "H200); use 'auto' or 'per_expert' on this one");
   if (cfg.expert_gemm != ExpertGemm::kPerExpert && grouped_here)
-    grouped = std::make_unique<GroupedFfn>(H, F);
+    ffn.grouped = std::make_unique<GroupedFfn>(H, F);
 
   // Send order: experts grouped by home rank, each rank's experts in its local order.
   std::vector<int32_t> send_order;
   for (int d = 0; d < world; ++d) {
     for (int e : topo.local_experts(d)) send_order.push_back(e);
   }
-  FEPLB_CUDA_CHECK(cudaMemcpy(order.get(), send_order.data(), send_order.size() * sizeof(int32_t),
-                              cudaMemcpyHostToDevice));
+  FEPLB_CUDA_CHECK(cudaMemcpy(arena.order.get(), send_order.data(),
+                              send_order.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
 
   const std::string prefix = "feplb." + cfg.name + ".";
-  transport.register_buffer(prefix + "guest_in", guest_in.get(), guest_in.bytes());
-  transport.register_buffer(prefix + "yrecv", yrecv.get(), yrecv.bytes());
+  transport.register_buffer(prefix + "guest_in", arena.guest_in.get(), arena.guest_in.bytes());
+  transport.register_buffer(prefix + "yrecv", arena.yrecv.get(), arena.yrecv.bytes());
   board = std::make_unique<SignalBoard>(transport, prefix + "signals");
-  pending.into_here.assign(static_cast<size_t>(world), 0);
-  pending.targets.assign(static_cast<size_t>(world), 0);
+  calls.pending.into_here.assign(static_cast<size_t>(world), 0);
+  calls.pending.targets.assign(static_cast<size_t>(world), 0);
   if (transport.supports_peer_copies()) {
     for (int p = 0; p < world; ++p) {
-      peer_guest_in.push_back(static_cast<bf16*>(transport.peer_buffer(prefix + "guest_in", p)));
-      peer_yrecv.push_back(static_cast<bf16*>(transport.peer_buffer(prefix + "yrecv", p)));
+      arena.peer_guest_in.push_back(
+          static_cast<bf16*>(transport.peer_buffer(prefix + "guest_in", p)));
+      arena.peer_yrecv.push_back(static_cast<bf16*>(transport.peer_buffer(prefix + "yrecv", p)));
     }
   }
-  handles.resize(static_cast<size_t>(cfg.max_in_flight));
+  batches.states.resize(static_cast<size_t>(cfg.max_in_flight));
   if (cfg.measure_planner) measure_planner_times();
 }
 
@@ -176,11 +177,11 @@ void RuntimeState::measure_planner_times() {
   }
   DeviceBuffer<int32_t> mine_d(n), all_d(count);
   FEPLB_CUDA_CHECK(cudaMemcpyAsync(mine_d.get(), mine.get(), n * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, copy_in.get()));
-  transport.all_gather_i32(mine_d.get(), all_d.get(), n, copy_in.get());
+                                   cudaMemcpyHostToDevice, streams.copy_in.get()));
+  transport.all_gather_i32(mine_d.get(), all_d.get(), n, streams.copy_in.get());
   FEPLB_CUDA_CHECK(cudaMemcpyAsync(all.get(), all_d.get(), count * sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, copy_in.get()));
-  sync(copy_in.get(), "the planner times' all-gather");
+                                   cudaMemcpyDeviceToHost, streams.copy_in.get()));
+  sync(streams.copy_in.get(), "the planner times' all-gather");
   for (size_t r = 0; r < static_cast<size_t>(world); ++r) {
     for (size_t i = 0; i < n; ++i) {
       planner_times[i].us = std::max<double>(planner_times[i].us, all.get()[r * n + i]);
@@ -188,11 +189,17 @@ void RuntimeState::measure_planner_times() {
   }
 }
 
+size_t CallArenas::device_bytes() const {
+  return send.bytes() + ybuf.bytes() + dyrecv.bytes() + yrecv.bytes() + guest_in.bytes() +
+         guest_out.bytes() + counts.bytes() + cursor.bytes() + offsets.bytes() + order.bytes() +
+         counts_all.bytes();
+}
+
 RuntimeState::~RuntimeState() {
   // The scheduler thread is joined first (declared last). Outstanding GPU work may still use the
   // buffers: wait for the copy streams before they are freed.
-  FEPLB_CUDA_WARN(cudaStreamSynchronize(copy_in.get()));
-  FEPLB_CUDA_WARN(cudaStreamSynchronize(copy_out.get()));
+  FEPLB_CUDA_WARN(cudaStreamSynchronize(streams.copy_in.get()));
+  FEPLB_CUDA_WARN(cudaStreamSynchronize(streams.copy_out.get()));
 }
 
 void RuntimeState::check_peers(const char* waiting_for) const {
@@ -226,19 +233,19 @@ void RuntimeState::sync(cudaStream_t stream, const char* what) const {
 }
 
 void RuntimeState::check_usable(const char* who) const {
-  if (failed.load(std::memory_order_acquire)) std::rethrow_exception(error);
-  if (!open.load(std::memory_order_acquire)) {
+  if (calls.failed.load(std::memory_order_acquire)) std::rethrow_exception(calls.error);
+  if (!calls.open.load(std::memory_order_acquire)) {
     throw InputError(fmt::format("{}: its runtime (rank {}) was destroyed", who, rank));
   }
 }
 
 int RuntimeState::acquire(int layer_id) {
-  std::lock_guard<std::mutex> lock(handles_mu);
-  for (size_t i = 0; i < handles.size(); ++i) {
-    MicroBatchState& h = handles[i];
+  std::lock_guard<std::mutex> lock(batches.mu);
+  for (size_t i = 0; i < batches.states.size(); ++i) {
+    MicroBatchState& h = batches.states[i];
     if (h.in_use) continue;
     h.in_use = true;
-    h.generation = next_generation++;
+    h.generation = batches.next_generation++;
     h.layer_id = layer_id;
     h.dispatched = false;
     h.one_rank = false;
@@ -250,12 +257,12 @@ int RuntimeState::acquire(int layer_id) {
   throw InputError(fmt::format(
       "forward: {} micro-batches are already in flight (forward done, no backward yet), the "
       "runtime's max_in_flight; run their backwards or drop their handles first",
-      handles.size()));
+      batches.states.size()));
 }
 
 void RuntimeState::release(int slot, uint64_t generation, cudaStream_t stream) noexcept {
-  std::lock_guard<std::mutex> lock(handles_mu);
-  MicroBatchState& h = handles[static_cast<size_t>(slot)];
+  std::lock_guard<std::mutex> lock(batches.mu);
+  MicroBatchState& h = batches.states[static_cast<size_t>(slot)];
   if (!h.in_use || h.generation != generation) return;
   if (!stream) stream = h.stream;
   try {
@@ -282,9 +289,9 @@ void* RuntimeState::allocate(size_t bytes, cudaStream_t stream) {
 }
 
 size_t RuntimeState::saved_bytes() const {
-  std::lock_guard<std::mutex> lock(handles_mu);
+  std::lock_guard<std::mutex> lock(batches.mu);
   size_t bytes = 0;
-  for (const MicroBatchState& h : handles) {
+  for (const MicroBatchState& h : batches.states) {
     if (h.in_use) bytes += h.bytes_tokens + h.bytes_plan;
   }
   return bytes;
@@ -296,7 +303,7 @@ EpRuntime::EpRuntime(const RuntimeConfig& config, Transport& transport)
     : state_(std::make_shared<RuntimeState>(config, transport)) {}
 
 EpRuntime::~EpRuntime() {
-  if (state_) state_->open.store(false, std::memory_order_release);
+  if (state_) state_->calls.open.store(false, std::memory_order_release);
 }
 
 const RuntimeConfig& EpRuntime::config() const { return state_->cfg; }
@@ -306,23 +313,21 @@ Transport& EpRuntime::transport() const { return state_->transport; }
 
 size_t EpRuntime::workspace_bytes() const {
   const RuntimeState& s = *state_;
-  return s.pool->device_bytes() + s.send.bytes() + s.ybuf.bytes() + s.dyrecv.bytes() +
-         s.yrecv.bytes() + s.guest_in.bytes() + s.guest_out.bytes() + s.counts.bytes() +
-         s.cursor.bytes() + s.offsets.bytes() + s.order.bytes() + s.counts_all.bytes() +
-         (s.grouped ? s.grouped->device_bytes() : 0);
+  return s.pool->device_bytes() + s.arena.device_bytes() +
+         (s.ffn.grouped ? s.ffn.grouped->device_bytes() : 0);
 }
 
 size_t EpRuntime::saved_bytes() const { return state_->saved_bytes(); }
 
 ExpertGemm EpRuntime::expert_gemm() const {
-  if (!state_->grouped) return ExpertGemm::kPerExpert;
+  if (!state_->ffn.grouped) return ExpertGemm::kPerExpert;
   return state_->cfg.expert_gemm == ExpertGemm::kGrouped ? ExpertGemm::kGrouped : ExpertGemm::kAuto;
 }
 
 int EpRuntime::micro_batches_in_flight() const {
-  std::lock_guard<std::mutex> lock(state_->handles_mu);
+  std::lock_guard<std::mutex> lock(state_->batches.mu);
   int n = 0;
-  for (const MicroBatchState& h : state_->handles) n += h.in_use ? 1 : 0;
+  for (const MicroBatchState& h : state_->batches.states) n += h.in_use ? 1 : 0;
   return n;
 }
 

@@ -76,6 +76,70 @@ struct PendingPrefetch {
   std::vector<uint8_t> targets;    // [R] ranks some owner prefetched into
 };
 
+// Buffers of one call at a time (every call starts after the previous one's work on the GPU),
+// sized once by the runtime; the executor binds the named buffers of a program to them. Rows of
+// H bf16 unless said otherwise.
+struct CallArenas {
+  DeviceBuffer<bf16> send;      // [max_pairs, H] X (forward) or dY (backward) in send order
+  DeviceBuffer<bf16> ybuf;      // [max_pairs, H] backward: dX back in send order
+  DeviceBuffer<bf16> dyrecv;    // [recv_cap, H] backward: dY at the experts' homes
+  DeviceBuffer<bf16> yrecv;     // [recv_cap, H] Y (forward) or dX (backward) at home; peers write
+  DeviceBuffer<bf16> guest_in;  // [guest_cap, H] guests' X (forward) or dY (backward); owners write
+  DeviceBuffer<bf16> guest_out;  // [guest_cap, H] guests' Y or dX
+  // [E + 2]: rows per expert, then out-of-range ids, then the layer's recent planner time (us;
+  // MoeLayer's planner clock), gathered with them so that every rank reserves alike.
+  DeviceBuffer<int32_t> counts;
+  DeviceBuffer<int32_t> cursor, offsets, order;  // [E]
+  DeviceBuffer<int32_t> counts_all;              // [R, E + 2] every rank's counts
+  PinnedBuffer<int32_t> counts_host;  // [R, E + 2] (dispatched rows: [R, experts_per_rank + 1])
+  std::vector<bf16*> peer_yrecv, peer_guest_in;  // [R] peers' arenas as addressed here
+
+  size_t device_bytes() const;
+};
+
+// The rank's streams besides the caller's, and the events that order a call's steps across them
+// (program/step_program.h, StreamId and EventId).
+struct CallStreams {
+  Stream copy_in;   // phase-2 inputs and prefetched weights (first in, first out)
+  Stream copy_out;  // results back
+  Event ev_counts, ev_dispatched, ev_copy_in_done, ev_guest_ready, ev_guest_done, ev_copy_out_done,
+      ev_call_done;
+  Event ev_prefetch_ready,
+      ev_prefetch_done;  // the prefetch's stream work before its copies; its copies
+};
+
+// The order of the rank's calls and what passes between them: whether the runtime is open and a
+// call is in progress, the host hand-offs of the current call (its number: SignalBoard::call())
+// between the caller's thread and the scheduler's (program/step_program.h, HostFlag: the plan is
+// ready, phase 1 is posted, the phase-2 input copies are issued; each published with release and
+// read with acquire, so what the publishing thread wrote before, the plan, the layout, the stats,
+// is visible after), the scheduler's failure, and the prefetch a later call settles.
+struct CallOrder {
+  std::atomic<bool> open{true};
+  std::atomic<bool> in_call{false};
+  std::atomic<uint32_t> plan_seq{0}, copies_seq{0}, dispatched_seq{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  PendingPrefetch pending;  // weights before routing not settled yet (the same on every rank)
+};
+
+// The micro-batch states between forwards and their backwards (MicroBatch handles index them);
+// handles may be dropped from any thread.
+struct MicroBatches {
+  mutable std::mutex mu;
+  std::vector<MicroBatchState> states;
+  uint64_t next_generation = 1;
+};
+
+// The expert FFN's engines.
+struct ExpertFfnEngines {
+  GemmEngine gemm;
+  GemmRefiner refiner;  // exact algorithms for the shapes `gemm` met first, in the background
+  // The expert GEMMs as grouped GEMMs (RuntimeConfig::expert_gemm); null: per expert with `gemm`.
+  std::unique_ptr<GroupedFfn> grouped;
+};
+
+// What an EpRuntime owns, in parts with one job each; the executor and the layer use the parts.
 struct RuntimeState {
   RuntimeState(const RuntimeConfig& config, Transport& transport);
   ~RuntimeState();
@@ -105,58 +169,20 @@ struct RuntimeState {
   std::vector<ModeTime> planner_times;
   int rank = 0, world = 1, experts_per_rank = 0;
   int64_t H = 0, F = 0, E = 0, max_pairs = 0, recv_cap = 0, guest_cap = 0;
-  std::atomic<bool> open{true};
-  std::atomic<bool> in_call{false};
   int next_layer_id = 0;
 
   std::unique_ptr<Allocator> own_allocator;
   Allocator* allocator = nullptr;
   std::unique_ptr<ExpertSlotPool> pool;
-
-  // Buffers of one call at a time (every call starts after the previous one's work on the GPU).
-  // Rows of H bf16 unless said otherwise.
-  DeviceBuffer<bf16> send;      // [max_pairs, H] X (forward) or dY (backward) in send order
-  DeviceBuffer<bf16> ybuf;      // [max_pairs, H] backward: dX back in send order
-  DeviceBuffer<bf16> dyrecv;    // [recv_cap, H] backward: dY at the experts' homes
-  DeviceBuffer<bf16> yrecv;     // [recv_cap, H] Y (forward) or dX (backward) at home; peers write
-  DeviceBuffer<bf16> guest_in;  // [guest_cap, H] guests' X (forward) or dY (backward); owners write
-  DeviceBuffer<bf16> guest_out;  // [guest_cap, H] guests' Y or dX
-  // [E + 2]: rows per expert, then out-of-range ids, then the layer's recent planner time (us;
-  // MoeLayer's planner clock), gathered with them so that every rank reserves alike.
-  DeviceBuffer<int32_t> counts;
-  DeviceBuffer<int32_t> cursor, offsets, order;  // [E]
-  DeviceBuffer<int32_t> counts_all;              // [R, E + 2] every rank's counts
-  PinnedBuffer<int32_t> counts_host;  // [R, E + 2] (dispatched rows: [R, experts_per_rank + 1])
-  std::vector<bf16*> peer_yrecv, peer_guest_in;  // [R] peers' arenas as addressed here
+  CallArenas arena;
   // The named signals (weights and rows landed, results back, dW back, slots quiet, prefetch
   // landed), their slot layout and value sequences: the call numbers, each rank's slots-quiet
   // count (updated identically on every rank).
   std::unique_ptr<SignalBoard> board;
-  Stream copy_in,
-      copy_out;  // phase-2 inputs and prefetched weights (first in, first out), results back
-  GemmEngine gemm;
-  GemmRefiner refiner;  // exact algorithms for the shapes `gemm` met first, in the background
-  // The expert GEMMs as grouped GEMMs (RuntimeConfig::expert_gemm); null: per expert with `gemm`.
-  std::unique_ptr<GroupedFfn> grouped;
-  Event ev_counts, ev_dispatched, ev_copy_in_done, ev_guest_ready, ev_guest_done, ev_copy_out_done,
-      ev_call_done;
-  Event ev_prefetch_ready,
-      ev_prefetch_done;  // the prefetch's stream work before its copies; its copies
-
-  // Weights before routing: the prefetch not settled yet (the same on every rank).
-  PendingPrefetch pending;
-
-  // Host hand-offs of the current call (its number: board->call()) between the caller's thread
-  // and the scheduler's (program/step_program.h, HostFlag): the plan is ready, phase 1 is posted,
-  // the phase-2 input copies are issued. Each is published with release and read with acquire:
-  // what the publishing thread wrote before (the plan, the layout, the stats) is visible after.
-  std::atomic<uint32_t> plan_seq{0}, copies_seq{0}, dispatched_seq{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-
-  mutable std::mutex handles_mu;  // handles may be dropped from any thread
-  std::vector<MicroBatchState> handles;
-  uint64_t next_generation = 1;
+  CallStreams streams;
+  ExpertFfnEngines ffn;
+  CallOrder calls;
+  MicroBatches batches;
 
   JobThread scheduler;  // last: joined first, before the buffers its jobs use go away
 };
