@@ -102,18 +102,21 @@ void ScheduleWriter::write(Plan& plan, const Topology& topo, const Knobs& knobs,
 
 void ScheduleWriter::write_turns(Plan& plan, const Topology& topo, const GemmCostModel& cost,
                                  std::span<const CopyTime> times) {
+  pair_copies(plan, topo, times);
+  add_slices(plan, topo, cost);
+  order_turns(plan.schedule, topo.num_ranks());
+}
+
+void ScheduleWriter::pair_copies(const Plan& plan, const Topology& topo,
+                                 std::span<const CopyTime> times) {
   const int R = topo.num_ranks();
-  const int64_t E = topo.num_experts();
   const std::vector<Copy>& copies = plan.copies;
-  Schedule& s = plan.schedule;
   bucket(
       R, copy_ids_.size(), [&](size_t i) { return copies[rank(copy_ids_[i])].dst_gpu; },
       copy_begin_, copy_by_gpu_);
-  // Each receiver's pairs (contiguous, pair_begin_), with when each owner's last copy into it
-  // lands; and per expert, the receivers its phase-2 copies go into (a list from into_head_).
   pairs_.clear();
   into_.clear();
-  into_head_.assign(static_cast<size_t>(E), -1);
+  into_head_.assign(static_cast<size_t>(topo.num_experts()), -1);
   pair_begin_.resize(rank(R) + 1);
   pair_gpu_.assign(rank(R), -1);
   pair_at_.resize(rank(R));
@@ -137,11 +140,12 @@ void ScheduleWriter::write_turns(Plan& plan, const Topology& topo, const GemmCos
     }
   }
   pair_begin_[rank(R)] = static_cast<int>(pairs_.size());
-  // Each slice's GEMM, in plan order (so each GPU's sums are in plan order): own work (its home,
-  // a replica held there), a guest waiting for its owner's copies (a turn), or a guest whose
-  // inputs need no phase-2 copy (ready). A guest whose copies came from GPUs other than its owner
-  // (none of the owner's copies go into its GPU) waits for nothing of the owner's: its owner's
-  // turn there lands at kNever (unowned_).
+}
+
+void ScheduleWriter::add_slices(Plan& plan, const Topology& topo, const GemmCostModel& cost) {
+  const int R = topo.num_ranks();
+  const int64_t E = topo.num_experts();
+  Schedule& s = plan.schedule;
   s.own_ms.assign(rank(R), 0.0);
   s.ready_ms.assign(rank(R), 0.0);
   unowned_.clear();
@@ -171,10 +175,12 @@ void ScheduleWriter::write_turns(Plan& plan, const Topology& topo, const GemmCos
     t->gemm_ms += ms;
     t->guests = true;
   }
-  // Turns: per receiver, its owners whose guests wait for copies, in landing order (then owner).
-  s.turn_begin.assign(rank(R) + 1, 0);
+}
+
+void ScheduleWriter::order_turns(Schedule& s, int num_ranks) {
+  s.turn_begin.assign(rank(num_ranks) + 1, 0);
   s.turns.clear();
-  for (int g = 0; g < R; ++g) {
+  for (int g = 0; g < num_ranks; ++g) {
     turn_scratch_.clear();
     for (int p = pair_begin_[rank(g)]; p < pair_begin_[rank(g) + 1]; ++p) {
       if (pairs_[rank(p)].guests) turn_scratch_.push_back(pairs_[rank(p)]);

@@ -168,9 +168,15 @@ class ScheduleWriter {
     bool guests;  // a receiver and an owner: some guest slice waits for these copies
   };
   // Steps 1-3 of every GPU (own_ms, ready_ms, turns) with no sort over the whole plan: the
-  // phase-2 copies bucketed by receiver and merged per owner, then the slices in plan order.
+  // phase-2 copies bucketed by receiver and merged per owner (pair_copies), then the slices in
+  // plan order (add_slices: each GPU's and each turn's GEMM times summed in plan order; a guest
+  // none of whose copies came from its owner waits for nothing of the owner's, its turn landing
+  // at kNever), then each receiver's turns in landing order (order_turns).
   void write_turns(Plan& plan, const Topology& topo, const GemmCostModel& cost,
                    std::span<const CopyTime> times);
+  void pair_copies(const Plan& plan, const Topology& topo, std::span<const CopyTime> times);
+  void add_slices(Plan& plan, const Topology& topo, const GemmCostModel& cost);
+  void order_turns(Schedule& s, int num_ranks);
   // Per GPU, the turns' waits (the timeline without slack).
   static void set_waits(Schedule& s, int num_ranks);
   // Per sender, its helpers by when its first copy to each starts.

@@ -293,6 +293,53 @@ const BalanceGroup* BalanceResult::find(int ranks, double skew) const {
   return nullptr;
 }
 
+namespace {
+
+// The workloads of the report: the real priors widened to its experts, then the lognormal skews.
+struct BalanceWorkload {
+  std::string name;
+  double skew;  // 0: real prior
+  Prior prior;
+};
+std::vector<BalanceWorkload> balance_workloads(const BalanceConfig& config) {
+  std::vector<BalanceWorkload> workloads;
+  for (const std::string& path : config.prior_paths) {
+    workloads.push_back({file_stem(path), 0.0,
+                         expand_prior(read_prior(path), config.num_experts, config.workload.seed)});
+  }
+  for (double skew : config.skews) {
+    workloads.push_back(
+        {fmt::format("lognormal {}", skew), skew,
+         lognormal_prior(config.num_experts, skew, config.skew_layers, config.skew_seed)});
+  }
+  return workloads;
+}
+
+// A real prior's trace beyond the policies: the placed policies (re-homed experts counted into
+// `rehomed` over `layers`) and, at the Pareto EP, every variant, their steps into `acc`.
+void collect_real_extras(const BalanceConfig& config, const Trace& trace,
+                         const SimulationConfig& sim, int num_domains, int ranks,
+                         std::vector<BalanceSteps>& acc, double& rehomed, int64_t& layers) {
+  SimulationConfig placed = sim;
+  placed.policies = config.placed_policies;
+  const SimulationResult rp = simulate_placed(trace, placed, num_domains, rehomed, layers);
+  for (const PolicyResult& p : rp.policies) collect_steps(acc, p.name + kPlaced, p, true, false);
+  if (ranks != config.pareto_ranks) return;
+  for (const BalanceVariant& v : config.variants) {
+    SimulationConfig vs = sim;
+    vs.policies = {v.policy};
+    apply_knobs(vs.knobs, v.knobs);
+    double unused = 0;
+    int64_t unused_layers = 0;
+    const SimulationResult rv = v.placed_homes
+                                    ? simulate_placed(trace, vs, num_domains, unused, unused_layers)
+                                    : simulate(trace, vs);
+    collect_steps(acc, v.label, *rv.find(v.policy), v.placed_homes, true);
+  }
+}
+
+}  // namespace
+
 BalanceResult run_balance(const BalanceConfig& config, const Progress& progress) {
   FEPLB_REQUIRE_INPUT(!config.prior_paths.empty() || !config.skews.empty(), "priors: none found");
   FEPLB_REQUIRE_INPUT(!config.ranks.empty(), "--ranks: none given");
@@ -305,21 +352,7 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
     policies.insert(policies.begin(), "static");
   }
 
-  struct Workload {
-    std::string name;
-    double skew;  // 0: real prior
-    Prior prior;
-  };
-  std::vector<Workload> workloads;
-  for (const std::string& path : config.prior_paths) {
-    workloads.push_back({file_stem(path), 0.0,
-                         expand_prior(read_prior(path), config.num_experts, config.workload.seed)});
-  }
-  for (double skew : config.skews) {
-    workloads.push_back(
-        {fmt::format("lognormal {}", skew), skew,
-         lognormal_prior(config.num_experts, skew, config.skew_layers, config.skew_seed)});
-  }
+  const std::vector<BalanceWorkload> workloads = balance_workloads(config);
   const int64_t total = static_cast<int64_t>(config.ranks.size() * workloads.size());
   int64_t done = 0;
   for (int ranks : config.ranks) {
@@ -327,7 +360,7 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
     std::vector<BalanceSteps> real;
     double rehomed = 0;
     int64_t layers = 0;
-    for (const Workload& w : workloads) {
+    for (const BalanceWorkload& w : workloads) {
       WorkloadSpec spec = config.workload;
       spec.num_ranks = ranks;
       spec.top_k = config.top_k;
@@ -342,26 +375,7 @@ BalanceResult run_balance(const BalanceConfig& config, const Progress& progress)
       std::vector<BalanceSteps>& acc = w.skew > 0 ? one : real;
       for (const PolicyResult& p : r.policies) collect_steps(acc, p.name, p, false, false);
       if (w.skew == 0) {
-        SimulationConfig placed = sim;
-        placed.policies = config.placed_policies;
-        const SimulationResult rp =
-            simulate_placed(trace, placed, topo.num_domains(), rehomed, layers);
-        for (const PolicyResult& p : rp.policies)
-          collect_steps(acc, p.name + kPlaced, p, true, false);
-        if (ranks == config.pareto_ranks) {
-          for (const BalanceVariant& v : config.variants) {
-            SimulationConfig vs = sim;
-            vs.policies = {v.policy};
-            apply_knobs(vs.knobs, v.knobs);
-            double unused = 0;
-            int64_t unused_layers = 0;
-            const SimulationResult rv =
-                v.placed_homes
-                    ? simulate_placed(trace, vs, topo.num_domains(), unused, unused_layers)
-                    : simulate(trace, vs);
-            collect_steps(acc, v.label, *rv.find(v.policy), v.placed_homes, true);
-          }
-        }
+        collect_real_extras(config, trace, sim, topo.num_domains(), ranks, acc, rehomed, layers);
       } else {
         result.groups.push_back(summarise_group(ranks, topo.num_domains(), w.skew, one));
       }

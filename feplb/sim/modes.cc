@@ -149,6 +149,104 @@ ModesVerdict judge(const ModesWorkload& w, const std::vector<BalanceVariant>& mo
   return v;
 }
 
+namespace {
+
+// core.md: every real prior at EP 2, 4, 8, GLM-5 experts, no history.
+void add_core_specs(const ModesConfig& c, const std::map<std::string, Prior>& widened,
+                    std::vector<Spec>& specs) {
+  for (int ranks : {2, 4, 8}) {
+    for (const auto& [stem, prior] : widened) {
+      Spec s{"core", fmt::format("{}, EP={}", stem, ranks), kGlm5, {prior}, ranks, 8};
+      s.steps = c.workload.num_steps;
+      specs.push_back(std::move(s));
+    }
+  }
+}
+
+// balance.md section 8: many donors at the EP of its targets (8), its three shapes, its history
+// and measured micro-batches (16 and 16).
+void add_many_donor_specs(const std::map<std::string, Prior>& widened, std::vector<Spec>& specs) {
+  const BalanceConfig md;  // balance.md's workloads, as `feplb report --anchors` runs them
+  const int ranks = md.many_donor_target_ranks;
+  for (const NamedShape& sh : md.many_donor_shapes) {
+    Spec gen{"many-donor",
+             fmt::format("generator, many donors, {}", sh.name),
+             sh,
+             {many_donor_prior(md.num_experts, ranks, md.gpus_per_node, md.many_donor_hot,
+                               md.many_donor_cold_min, md.many_donor_expert_skew, md.skew_layers,
+                               md.skew_seed)},
+             ranks,
+             md.gpus_per_node,
+             md.num_experts,
+             md.warmup_steps,
+             md.workload.num_steps};
+    specs.push_back(std::move(gen));
+    for (const auto& [stem, prior] : widened) {
+      if (!shows_many_donors(prior, ranks)) continue;
+      specs.push_back({"many-donor",
+                       fmt::format("{}, {}", stem, sh.name),
+                       sh,
+                       {prior},
+                       ranks,
+                       md.gpus_per_node,
+                       md.num_experts,
+                       md.warmup_steps,
+                       md.workload.num_steps});
+    }
+  }
+}
+
+// rack.md: lognormal max/mean 5, 4 experts per GPU, from one node to racks; few experts per
+// GPU with hot experts (real top-8 priors at EP=64, lognormal max/mean 13 at EP=72); its
+// history and measured micro-batches (8 and 8).
+void add_rack_specs(const ModesConfig& c, std::vector<Spec>& specs) {
+  const RackConfig rack;  // rack.md's workloads, as `feplb report --rack` runs them by default
+  for (const RackPoint& p : rack.points) {
+    const int ranks = p.ranks(), experts = rack.experts_per_gpu * ranks;
+    Spec s{"rack",
+           fmt::format("lognormal max/mean {:g}, {} experts per GPU, EP={}{}", rack.skew,
+                       rack.experts_per_gpu, ranks,
+                       p.domains > 1 ? fmt::format(" ({}x{})", p.domains, p.domain_size) : ""),
+           kGlm5,
+           {lognormal_prior(experts, rack.skew, rack.skew_layers, c.workload.seed)},
+           ranks,
+           p.domain_size,
+           experts,
+           rack.warmup_steps,
+           rack.workload.num_steps};
+    specs.push_back(std::move(s));
+  }
+  for (int k : rack.few_experts_per_gpu) {
+    const int prior_experts = k * rack.prior_ranks, hot_experts = k * rack.hot_ranks;
+    std::vector<Prior> real;
+    for (const std::string& path : c.prior_paths) {
+      Prior p = read_prior(path);
+      if (p.top_k != rack.top_k || prior_experts % p.num_experts() != 0) continue;
+      real.push_back(expand_prior(p, prior_experts, c.workload.seed));
+    }
+    if (!real.empty()) {
+      specs.push_back(
+          {"few experts",
+           fmt::format("real priors ({}), {} per GPU, EP={}", real.size(), k, rack.prior_ranks),
+           kGlm5, std::move(real), rack.prior_ranks, rack.prior_ranks, prior_experts,
+           rack.warmup_steps, rack.workload.num_steps});
+    }
+    specs.push_back(
+        {"few experts",
+         fmt::format("lognormal max/mean {:g}, {} per GPU, EP={}", rack.hot_skew, k,
+                     rack.hot_ranks),
+         kGlm5,
+         {lognormal_prior(hot_experts, rack.hot_skew, rack.skew_layers, c.workload.seed)},
+         rack.hot_ranks,
+         rack.hot_ranks,
+         hot_experts,
+         rack.warmup_steps,
+         rack.workload.num_steps});
+  }
+}
+
+}  // namespace
+
 ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
   const ModesConfig& c = config;
   FEPLB_REQUIRE_INPUT(!c.core || !c.prior_paths.empty(), "priors: none found");
@@ -158,96 +256,9 @@ ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
   for (const std::string& path : c.prior_paths) {
     widened[file_stem(path)] = expand_prior(read_prior(path), 128, c.workload.seed);
   }
-  // core.md: every real prior at EP 2, 4, 8, GLM-5 experts, no history.
-  if (c.core) {
-    for (int ranks : {2, 4, 8}) {
-      for (const auto& [stem, prior] : widened) {
-        Spec s{"core", fmt::format("{}, EP={}", stem, ranks), kGlm5, {prior}, ranks, 8};
-        s.steps = c.workload.num_steps;
-        specs.push_back(std::move(s));
-      }
-    }
-  }
-  // balance.md section 8: many donors at the EP of its targets (8), its three shapes, its history
-  // and measured micro-batches (16 and 16).
-  if (c.many_donor) {
-    const BalanceConfig md;  // balance.md's workloads, as `feplb report --anchors` runs them
-    const int ranks = md.many_donor_target_ranks;
-    for (const NamedShape& sh : md.many_donor_shapes) {
-      Spec gen{"many-donor",
-               fmt::format("generator, many donors, {}", sh.name),
-               sh,
-               {many_donor_prior(md.num_experts, ranks, md.gpus_per_node, md.many_donor_hot,
-                                 md.many_donor_cold_min, md.many_donor_expert_skew, md.skew_layers,
-                                 md.skew_seed)},
-               ranks,
-               md.gpus_per_node,
-               md.num_experts,
-               md.warmup_steps,
-               md.workload.num_steps};
-      specs.push_back(std::move(gen));
-      for (const auto& [stem, prior] : widened) {
-        if (!shows_many_donors(prior, ranks)) continue;
-        specs.push_back({"many-donor",
-                         fmt::format("{}, {}", stem, sh.name),
-                         sh,
-                         {prior},
-                         ranks,
-                         md.gpus_per_node,
-                         md.num_experts,
-                         md.warmup_steps,
-                         md.workload.num_steps});
-      }
-    }
-  }
-  // rack.md: lognormal max/mean 5, 4 experts per GPU, from one node to racks; few experts per
-  // GPU with hot experts (real top-8 priors at EP=64, lognormal max/mean 13 at EP=72); its
-  // history and measured micro-batches (8 and 8).
-  if (c.rack) {
-    const RackConfig rack;  // rack.md's workloads, as `feplb report --rack` runs them by default
-    for (const RackPoint& p : rack.points) {
-      const int ranks = p.ranks(), experts = rack.experts_per_gpu * ranks;
-      Spec s{"rack",
-             fmt::format("lognormal max/mean {:g}, {} experts per GPU, EP={}{}", rack.skew,
-                         rack.experts_per_gpu, ranks,
-                         p.domains > 1 ? fmt::format(" ({}x{})", p.domains, p.domain_size) : ""),
-             kGlm5,
-             {lognormal_prior(experts, rack.skew, rack.skew_layers, c.workload.seed)},
-             ranks,
-             p.domain_size,
-             experts,
-             rack.warmup_steps,
-             rack.workload.num_steps};
-      specs.push_back(std::move(s));
-    }
-    for (int k : rack.few_experts_per_gpu) {
-      const int prior_experts = k * rack.prior_ranks, hot_experts = k * rack.hot_ranks;
-      std::vector<Prior> real;
-      for (const std::string& path : c.prior_paths) {
-        Prior p = read_prior(path);
-        if (p.top_k != rack.top_k || prior_experts % p.num_experts() != 0) continue;
-        real.push_back(expand_prior(p, prior_experts, c.workload.seed));
-      }
-      if (!real.empty()) {
-        specs.push_back(
-            {"few experts",
-             fmt::format("real priors ({}), {} per GPU, EP={}", real.size(), k, rack.prior_ranks),
-             kGlm5, std::move(real), rack.prior_ranks, rack.prior_ranks, prior_experts,
-             rack.warmup_steps, rack.workload.num_steps});
-      }
-      specs.push_back(
-          {"few experts",
-           fmt::format("lognormal max/mean {:g}, {} per GPU, EP={}", rack.hot_skew, k,
-                       rack.hot_ranks),
-           kGlm5,
-           {lognormal_prior(hot_experts, rack.hot_skew, rack.skew_layers, c.workload.seed)},
-           rack.hot_ranks,
-           rack.hot_ranks,
-           hot_experts,
-           rack.warmup_steps,
-           rack.workload.num_steps});
-    }
-  }
+  if (c.core) add_core_specs(c, widened, specs);
+  if (c.many_donor) add_many_donor_specs(widened, specs);
+  if (c.rack) add_rack_specs(c, specs);
   if (!c.only.empty()) {
     std::erase_if(specs, [&](const Spec& s) {
       return fmt::format("{}: {}", s.section, s.name).find(c.only) == std::string::npos;

@@ -131,8 +131,10 @@ const RackGroup* RackResult::find(const std::string& section, int ranks, int exp
   return nullptr;
 }
 
-RackResult run_rack(const RackConfig& config, const Progress& progress) {
-  const RackConfig& c = config;
+namespace {
+
+// InputError for a configuration the report cannot run.
+void check_rack_config(const RackConfig& c) {
   FEPLB_REQUIRE_INPUT(!c.points.empty(), "--ranks: no EP size given");
   FEPLB_REQUIRE_INPUT(c.experts_per_gpu >= 1, "--experts-per-gpu: {} must be at least 1",
                       c.experts_per_gpu);
@@ -140,6 +142,25 @@ RackResult run_rack(const RackConfig& config, const Progress& progress) {
   for (int k : c.few_experts_per_gpu) {
     FEPLB_REQUIRE_INPUT(k >= 1, "experts per GPU: {} must be at least 1", k);
   }
+}
+
+// The real priors of top-k models, read once; their file stems appended to `stems`.
+std::vector<Prior> read_real_priors(const RackConfig& c, std::vector<std::string>& stems) {
+  std::vector<Prior> real;
+  for (const std::string& path : c.prior_paths) {
+    Prior p = read_prior(path);
+    if (p.top_k != c.top_k) continue;
+    real.push_back(std::move(p));
+    stems.push_back(file_stem(path));
+  }
+  return real;
+}
+
+}  // namespace
+
+RackResult run_rack(const RackConfig& config, const Progress& progress) {
+  const RackConfig& c = config;
+  check_rack_config(c);
   RackResult result{config, {}, {}};
   std::vector<std::string>& policies = result.config.sim.policies;
   if (std::find(policies.begin(), policies.end(), "static") == policies.end()) {
@@ -147,14 +168,7 @@ RackResult run_rack(const RackConfig& config, const Progress& progress) {
   }
   const SimulationConfig& sim = result.config.sim;
 
-  // The real priors of top-k models, read once.
-  std::vector<Prior> real;
-  for (const std::string& path : c.prior_paths) {
-    Prior p = read_prior(path);
-    if (p.top_k != c.top_k) continue;
-    real.push_back(std::move(p));
-    result.priors.push_back(file_stem(path));
-  }
+  const std::vector<Prior> real = read_real_priors(c, result.priors);
   std::vector<std::string> models;  // the real priors' models, for the workload's label
   for (const Prior& p : real) {
     if (std::find(models.begin(), models.end(), p.model) == models.end()) models.push_back(p.model);

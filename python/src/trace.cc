@@ -78,11 +78,9 @@ RankTokens rank_tokens(const Int64Array& counts, int top_k, const std::optional<
   return out;
 }
 
-PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
-                    const Int64Array& layer_ids, int64_t top_k,
-                    std::optional<int64_t> tokens_per_rank, const std::optional<Int64Array>& tokens,
-                    const std::string& model, std::optional<ExpertShape> shape,
-                    const std::string& generator_json) {
+// InputError unless the arrays have the shapes and ranges a trace holds.
+void check_arrays(const Int64Array& counts, const Int64Array& step_ids, const Int64Array& layer_ids,
+                  int64_t top_k, std::optional<int64_t> tokens_per_rank) {
   FEPLB_REQUIRE_INPUT(counts.ndim() == 3, "counts: expected [steps, ranks, experts], got {} axes",
                       counts.ndim());
   const auto N = counts.shape(0), R = counts.shape(1), E = counts.shape(2);
@@ -102,7 +100,11 @@ PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
   require_counts(counts, "counts", {N, R, E}, "(steps, ranks, experts)", kMaxTokensPerRank);
   require_counts(step_ids, "step_ids", {N}, "(steps,)", kMaxStepId);
   require_counts(layer_ids, "layer_ids", {N}, "(steps,)", kMaxStepId);
-  // What save() writes, load() reads: the free-form parts within the reader's limits.
+}
+
+// InputError unless the free-form parts fit what save() writes and load() reads.
+void check_free_form(const std::string& model, const std::optional<ExpertShape>& shape,
+                     const std::string& generator_json) {
   FEPLB_REQUIRE_INPUT(nlohmann::json(model).dump().size() - 2 <= kMaxFreeFormBytes,
                       "model: {} bytes, more than the {} a trace may hold", model.size(),
                       kMaxFreeFormBytes);
@@ -123,6 +125,52 @@ PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
                             shape->ffn <= (1 << 20),
                         "expert_shape: hidden and ffn must be in 1..{}", 1 << 20);
   }
+}
+
+// Step i of `counts` ([steps, ranks, experts]) as a routing step; a rank with fewer tokens than
+// the trace's, or with dropped rows, carries its own.
+RoutingStep step_from_arrays(const Int64Array& counts, py::ssize_t i, int64_t step, int64_t layer,
+                             const RankTokens& rt, int64_t tokens_per_rank) {
+  const auto R = counts.shape(1), E = counts.shape(2);
+  const int64_t* c = counts.data();
+  RoutingStep s(step, layer, static_cast<int>(R), static_cast<int>(E));
+  bool uniform = true;
+  for (py::ssize_t r = 0; r < R; ++r) {
+    const size_t k = static_cast<size_t>(i * R + r);
+    const int64_t rank_tokens = rt.tokens[k];
+    FEPLB_REQUIRE_INPUT(rank_tokens <= tokens_per_rank,
+                        "tokens[{}][{}]: {} is above tokens_per_rank = {}", i, r, rank_tokens,
+                        tokens_per_rank);
+    uniform = uniform && rank_tokens == tokens_per_rank && rt.dropped[k] == 0;
+    for (py::ssize_t e = 0; e < E; ++e) {
+      const int64_t v = c[(i * R + r) * E + e];
+      // A token picks top_k distinct experts: no expert gets more rows than the rank's tokens.
+      FEPLB_REQUIRE_INPUT(v <= rank_tokens,
+                          "counts[{}][{}][{}]: {} rows exceed the rank's {} tokens (a token "
+                          "picks top_k distinct experts)",
+                          i, r, e, v, rank_tokens);
+      s.at(static_cast<int>(r), static_cast<int>(e)) = v;
+    }
+  }
+  if (!uniform) {
+    s.tokens.assign(rt.tokens.begin() + i * R, rt.tokens.begin() + (i + 1) * R);
+    s.dropped.assign(rt.dropped.begin() + i * R, rt.dropped.begin() + (i + 1) * R);
+    if (std::all_of(s.dropped.begin(), s.dropped.end(), [](int64_t d) { return d == 0; })) {
+      s.dropped.clear();
+    }
+  }
+  s.sum_experts();
+  return s;
+}
+
+PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
+                    const Int64Array& layer_ids, int64_t top_k,
+                    std::optional<int64_t> tokens_per_rank, const std::optional<Int64Array>& tokens,
+                    const std::string& model, std::optional<ExpertShape> shape,
+                    const std::string& generator_json) {
+  check_arrays(counts, step_ids, layer_ids, top_k, tokens_per_rank);
+  const auto N = counts.shape(0), R = counts.shape(1), E = counts.shape(2);
+  check_free_form(model, shape, generator_json);
   if (tokens) require_counts(*tokens, "tokens", {N, R}, "(steps, ranks)", kMaxTokensPerRank);
   const RankTokens rt = rank_tokens(counts, static_cast<int>(top_k), tokens, tokens_per_rank);
 
@@ -139,41 +187,13 @@ PyTrace from_arrays(const Int64Array& counts, const Int64Array& step_ids,
   t.expert_shape = shape;
   t.generator_json = generator_json;
   std::set<std::pair<int64_t, int64_t>> seen;
-  const int64_t* c = counts.data();
   for (py::ssize_t i = 0; i < N; ++i) {
     const int64_t step = step_ids.data()[i], layer = layer_ids.data()[i];
     FEPLB_REQUIRE_INPUT(step <= kMaxStepId, "step_ids[{}]: {} is above {}", i, step, kMaxStepId);
     FEPLB_REQUIRE_INPUT(layer <= kMaxStepId, "layer_ids[{}]: {} is above {}", i, layer, kMaxStepId);
     FEPLB_REQUIRE_INPUT(seen.emplace(step, layer).second,
                         "step_ids/layer_ids[{}]: step {} layer {} appears twice", i, step, layer);
-    RoutingStep s(step, layer, static_cast<int>(R), static_cast<int>(E));
-    bool uniform = true;
-    for (py::ssize_t r = 0; r < R; ++r) {
-      const size_t k = static_cast<size_t>(i * R + r);
-      const int64_t rank_tokens = rt.tokens[k];
-      FEPLB_REQUIRE_INPUT(rank_tokens <= t.tokens_per_rank,
-                          "tokens[{}][{}]: {} is above tokens_per_rank = {}", i, r, rank_tokens,
-                          t.tokens_per_rank);
-      uniform = uniform && rank_tokens == t.tokens_per_rank && rt.dropped[k] == 0;
-      for (py::ssize_t e = 0; e < E; ++e) {
-        const int64_t v = c[(i * R + r) * E + e];
-        // A token picks top_k distinct experts: no expert gets more rows than the rank's tokens.
-        FEPLB_REQUIRE_INPUT(v <= rank_tokens,
-                            "counts[{}][{}][{}]: {} rows exceed the rank's {} tokens (a token "
-                            "picks top_k distinct experts)",
-                            i, r, e, v, rank_tokens);
-        s.at(static_cast<int>(r), static_cast<int>(e)) = v;
-      }
-    }
-    if (!uniform) {
-      s.tokens.assign(rt.tokens.begin() + i * R, rt.tokens.begin() + (i + 1) * R);
-      s.dropped.assign(rt.dropped.begin() + i * R, rt.dropped.begin() + (i + 1) * R);
-      if (std::all_of(s.dropped.begin(), s.dropped.end(), [](int64_t d) { return d == 0; })) {
-        s.dropped.clear();
-      }
-    }
-    s.sum_experts();
-    t.steps.push_back(std::move(s));
+    t.steps.push_back(step_from_arrays(counts, i, step, layer, rt, t.tokens_per_rank));
   }
   return out;
 }

@@ -359,6 +359,80 @@ void run_report(ReportOptions o, const std::string& command) {
   write_outputs(o, files, md, [&] { return format_sweep_json(r, command); });
 }
 
+// The reports besides the sweep (--anchors, --rack, --modes, --placement) and their own options.
+void add_report_kinds(CLI::App& cmd, ReportOptions& o) {
+  cmd.add_flag(
+      "--anchors", o.anchors,
+      "the anchors side by side (docs/results/balance.md): every policy on real priors and "
+      "lognormal skews, Pareto variants, placed homes; with --plots, SVGs");
+  cmd.add_flag("--rack", o.rack,
+               "rack-scale NVLink domains (docs/results/rack.md): every policy from one 8-GPU "
+               "node to domains of 72 and 256 GPUs and several racks, few experts per GPU with "
+               "hot experts, GPU classes side by side; with --plots, SVGs");
+  cmd.add_flag("--modes", o.modes,
+               "feplb's default against every explicit mode and the anchors on every workload "
+               "of the other reports (docs/results/modes.md); with --plots, an SVG");
+  non_empty(
+      cmd.add_option("--workloads", o.workloads,
+                     "--modes: only the workloads whose 'section: name' contains this text (e.g. "
+                     "'many-donor: generator' or 'EP=72')"));
+  add_int(cmd, "--experts-per-gpu", o.experts_per_gpu, 1, limits::kMaxExperts,
+          "--rack: experts per GPU of the EP sweep (default 4)");
+  non_empty(
+      cmd.add_option("--compare-gpus", o.compare_gpus,
+                     "--rack: GPU classes compared at EP=72, comma-separated, or none (default: "
+                     "every class)"));
+  cmd.add_flag("--placement", o.placement,
+               "the macro timescale (docs/results/placement.md): walk-forward expert placement "
+               "on real priors at EP=16 (2 nodes) and EP=8, and the placer's timing");
+  add_int(cmd, "--walk-forward", o.walk_forward, 1, limits::kMaxStepId,
+          "--placement: replan every N micro-batches (default 32)");
+  add_int(cmd, "--window", o.window, 1, limits::kMaxStepId,
+          "--placement: micro-batches of history per replan (default 32)");
+  add_int(cmd, "--timing-steps", o.timing_steps, 1, limits::kMaxStepId,
+          "--placement: micro-batches of history the placer is timed on (default 1000)");
+}
+
+// The sweep's workloads, policies and model (the other reports take what applies to them), and
+// where the plots go.
+void add_sweep_options(CLI::App& cmd, ReportOptions& o) {
+  cmd.add_option("--ranks", o.ranks,
+                 fmt::format("comma-separated EP sizes (default 2,4,8; --anchors: 2,4,8,16; "
+                             "--rack: {}, where R is one NVLink domain of R GPUs and NxD N "
+                             "domains of D)",
+                             format_rack_points(RackConfig{}.points)));
+  add_policies(cmd, o.policies,
+               "comma-separated policies (default: the five core ones; --anchors, --rack: every "
+               "planner)");
+  cmd.add_option("--skews", o.skews,
+                 "--anchors: lognormal max/mean over experts, comma-separated, or none (default "
+                 "1.2,2,5,10); --rack: one value (default 5)");
+  add_int(cmd, "--warmup", o.warmup, 0, limits::kMaxStepId,
+          fmt::format("micro-batches of history observed before the measured ones (default 0; "
+                      "--anchors: {}; --placement: {}; --rack: {})",
+                      BalanceConfig{}.warmup_steps, PlacementReportConfig{}.warmup_steps,
+                      RackConfig{}.warmup_steps));
+  non_empty(
+      cmd.add_option("--plots", o.plots_dir,
+                     "--anchors, --rack: write the balance-*.svg / rack-*.svg plots into this "
+                     "directory"));
+  add_int(cmd, "--experts", o.sweep.num_experts, 1, limits::kMaxExperts,
+          "experts; priors are widened to it (default 128)");
+  add_int(cmd, "--top-k", o.sweep.top_k, 1, limits::kMaxExperts, "experts per token (default 8)");
+  add_int(cmd, "--tokens-per-rank", o.sweep.workload.tokens_per_rank, 0, int64_t{1} << 24,
+          "tokens per GPU (default 4096)");
+  add_int(cmd, "--steps", o.sweep.workload.num_steps, 1, limits::kMaxStepId,
+          fmt::format("measured micro-batches per prior (default {}; --placement: {}; --rack: {})",
+                      o.sweep.workload.num_steps, PlacementReportConfig{}.workload.num_steps,
+                      RackConfig{}.workload.num_steps));
+  add_int(cmd, "--seq-len", o.sweep.workload.seq_len, 1, int64_t{1} << 24,
+          "tokens per sequence (default 4096)");
+  add_real(cmd, "--concentration", o.sweep.workload.concentration, 0.0, 1e12,
+           "Dirichlet concentration; 0: none (default 2000)");
+  add_int(cmd, "--seed", o.sweep.workload.seed, "random seed (default 1)");
+  add_model_flag(cmd, o.sweep.model, "model name (default glm5-128e)");
+}
+
 }  // namespace
 
 void add_report_command(CLI::App& app) {
@@ -369,71 +443,8 @@ void add_report_command(CLI::App& app) {
       "Sweep every prior file x EP size x policy and write a Markdown/JSON report (no GPU)");
   non_empty(
       cmd->add_option("--priors", o->priors_dir, "directory of prior files (default data/priors)"));
-  cmd->add_flag(
-      "--anchors", o->anchors,
-      "the anchors side by side (docs/results/balance.md): every policy on real priors and "
-      "lognormal skews, Pareto variants, placed homes; with --plots, SVGs");
-  cmd->add_flag("--rack", o->rack,
-                "rack-scale NVLink domains (docs/results/rack.md): every policy from one 8-GPU "
-                "node to domains of 72 and 256 GPUs and several racks, few experts per GPU with "
-                "hot experts, GPU classes side by side; with --plots, SVGs");
-  cmd->add_flag("--modes", o->modes,
-                "feplb's default against every explicit mode and the anchors on every workload "
-                "of the other reports (docs/results/modes.md); with --plots, an SVG");
-  non_empty(
-      cmd->add_option("--workloads", o->workloads,
-                      "--modes: only the workloads whose 'section: name' contains this text (e.g. "
-                      "'many-donor: generator' or 'EP=72')"));
-  add_int(*cmd, "--experts-per-gpu", o->experts_per_gpu, 1, limits::kMaxExperts,
-          "--rack: experts per GPU of the EP sweep (default 4)");
-  non_empty(
-      cmd->add_option("--compare-gpus", o->compare_gpus,
-                      "--rack: GPU classes compared at EP=72, comma-separated, or none (default: "
-                      "every class)"));
-  cmd->add_flag("--placement", o->placement,
-                "the macro timescale (docs/results/placement.md): walk-forward expert placement "
-                "on real priors at EP=16 (2 nodes) and EP=8, and the placer's timing");
-  add_int(*cmd, "--walk-forward", o->walk_forward, 1, limits::kMaxStepId,
-          "--placement: replan every N micro-batches (default 32)");
-  add_int(*cmd, "--window", o->window, 1, limits::kMaxStepId,
-          "--placement: micro-batches of history per replan (default 32)");
-  add_int(*cmd, "--timing-steps", o->timing_steps, 1, limits::kMaxStepId,
-          "--placement: micro-batches of history the placer is timed on (default 1000)");
-  cmd->add_option("--ranks", o->ranks,
-                  fmt::format("comma-separated EP sizes (default 2,4,8; --anchors: 2,4,8,16; "
-                              "--rack: {}, where R is one NVLink domain of R GPUs and NxD N "
-                              "domains of D)",
-                              format_rack_points(RackConfig{}.points)));
-  add_policies(*cmd, o->policies,
-               "comma-separated policies (default: the five core ones; --anchors, --rack: every "
-               "planner)");
-  cmd->add_option("--skews", o->skews,
-                  "--anchors: lognormal max/mean over experts, comma-separated, or none (default "
-                  "1.2,2,5,10); --rack: one value (default 5)");
-  add_int(*cmd, "--warmup", o->warmup, 0, limits::kMaxStepId,
-          fmt::format("micro-batches of history observed before the measured ones (default 0; "
-                      "--anchors: {}; --placement: {}; --rack: {})",
-                      BalanceConfig{}.warmup_steps, PlacementReportConfig{}.warmup_steps,
-                      RackConfig{}.warmup_steps));
-  non_empty(
-      cmd->add_option("--plots", o->plots_dir,
-                      "--anchors, --rack: write the balance-*.svg / rack-*.svg plots into this "
-                      "directory"));
-  add_int(*cmd, "--experts", o->sweep.num_experts, 1, limits::kMaxExperts,
-          "experts; priors are widened to it (default 128)");
-  add_int(*cmd, "--top-k", o->sweep.top_k, 1, limits::kMaxExperts, "experts per token (default 8)");
-  add_int(*cmd, "--tokens-per-rank", o->sweep.workload.tokens_per_rank, 0, int64_t{1} << 24,
-          "tokens per GPU (default 4096)");
-  add_int(*cmd, "--steps", o->sweep.workload.num_steps, 1, limits::kMaxStepId,
-          fmt::format("measured micro-batches per prior (default {}; --placement: {}; --rack: {})",
-                      o->sweep.workload.num_steps, PlacementReportConfig{}.workload.num_steps,
-                      RackConfig{}.workload.num_steps));
-  add_int(*cmd, "--seq-len", o->sweep.workload.seq_len, 1, int64_t{1} << 24,
-          "tokens per sequence (default 4096)");
-  add_real(*cmd, "--concentration", o->sweep.workload.concentration, 0.0, 1e12,
-           "Dirichlet concentration; 0: none (default 2000)");
-  add_int(*cmd, "--seed", o->sweep.workload.seed, "random seed (default 1)");
-  add_model_flag(*cmd, o->sweep.model, "model name (default glm5-128e)");
+  add_report_kinds(*cmd, *o);
+  add_sweep_options(*cmd, *o);
   non_empty(cmd->add_option("--md", o->out_md, "write the Markdown report here (default: stdout)"));
   non_empty(cmd->add_option("--json", o->out_json, "write the JSON results here (- for stdout)"));
   cmd->add_flag("--force", o->force, "overwrite existing output files");

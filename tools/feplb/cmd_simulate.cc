@@ -27,6 +27,49 @@ struct SimulateOptions : ModelFlags {
   bool force = false, quiet = false;
 };
 
+// Ranks with different token counts, or dropped rows: the table's means are of what was routed.
+void say_token_range(const Trace& trace) {
+  int64_t lo = trace.tokens_per_rank, hi = 0;
+  double rows = 0, dropped = 0;
+  for (const RoutingStep& s : trace.steps) {
+    for (int src = 0; src < trace.num_ranks; ++src) {
+      lo = std::min(lo, trace.tokens_of(s, src));
+      hi = std::max(hi, trace.tokens_of(s, src));
+      rows += static_cast<double>(trace.tokens_of(s, src) * trace.top_k);
+      dropped += static_cast<double>(trace.dropped_of(s, src));
+    }
+  }
+  std::fprintf(human_out(),
+               "tokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
+               static_cast<long long>(lo), static_cast<long long>(hi),
+               rows > 0 ? dropped / rows * 100.0 : 0.0);
+}
+
+// The simulation of `trace` (read from `path`) as the options ask, but its cost model.
+SimulationConfig simulation_config(const SimulateOptions& o, const Trace& trace,
+                                   const std::string& path,
+                                   const std::vector<std::string>& policies) {
+  SimulationConfig cfg;
+  cfg.policies = policies;
+  cfg.gpus_per_node = o.gpus_per_node;
+  cfg.warmup_steps = o.warmup;
+  if (!o.placement.empty()) {
+    cfg.placement = read_placement(o.placement);
+    try {
+      check_placement_matches(cfg.placement, trace, o.gpus_per_node);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("{}: {}", o.placement, e.what()));
+    }
+  }
+  cfg.replan_interval = o.walk_forward;
+  cfg.replan_window = o.window;
+  cfg.shape = resolve_shape(o.shape, &trace, trace.model);
+  cfg.knobs = o.knobs;
+  cfg.trace_label = path;
+  cfg.gpu = std::string(o.gpu_class->name);
+  return cfg;
+}
+
 void run_simulate(const SimulateOptions& o) {
   const std::string path = o.trace.empty() ? default_trace_path() : o.trace;
   FEPLB_REQUIRE_INPUT(o.window == 0 || o.walk_forward > 0, "--window: only with --walk-forward");
@@ -58,46 +101,13 @@ void run_simulate(const SimulateOptions& o) {
   FEPLB_REQUIRE_INPUT(trace.num_ranks <= o.gpus_per_node || trace.num_ranks % o.gpus_per_node == 0,
                       "--gpus-per-node: {} does not divide the trace's num_ranks {}",
                       o.gpus_per_node, trace.num_ranks);
-  SimulationConfig cfg;
-  cfg.policies = policies;
-  cfg.gpus_per_node = o.gpus_per_node;
-  cfg.warmup_steps = o.warmup;
-  if (!o.placement.empty()) {
-    cfg.placement = read_placement(o.placement);
-    try {
-      check_placement_matches(cfg.placement, trace, o.gpus_per_node);
-    } catch (const InputError& e) {
-      throw InputError(fmt::format("{}: {}", o.placement, e.what()));
-    }
-  }
-  cfg.replan_interval = o.walk_forward;
-  cfg.replan_window = o.window;
-  cfg.shape = resolve_shape(o.shape, &trace, trace.model);
-  cfg.knobs = o.knobs;
-  cfg.trace_label = path;
-  cfg.gpu = std::string(o.gpu_class->name);
+  SimulationConfig cfg = simulation_config(o, trace, path, policies);
   const CostChoice cost = resolve_cost(o.cost_model, cfg.shape, o.knobs, *o.gpu_class);
   cfg.cost = cost.model.get();
   cfg.cost_label = cost.label;
   ProgressLine progress("simulate", !o.quiet);
   const SimulationResult result = simulate(trace, cfg, std::ref(progress));
-  if (!trace.uniform()) {
-    // Ranks with different token counts, or dropped rows: the table's means are of what was routed.
-    int64_t lo = trace.tokens_per_rank, hi = 0;
-    double rows = 0, dropped = 0;
-    for (const RoutingStep& s : trace.steps) {
-      for (int src = 0; src < trace.num_ranks; ++src) {
-        lo = std::min(lo, trace.tokens_of(s, src));
-        hi = std::max(hi, trace.tokens_of(s, src));
-        rows += static_cast<double>(trace.tokens_of(s, src) * trace.top_k);
-        dropped += static_cast<double>(trace.dropped_of(s, src));
-      }
-    }
-    std::fprintf(human_out(),
-                 "tokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
-                 static_cast<long long>(lo), static_cast<long long>(hi),
-                 rows > 0 ? dropped / rows * 100.0 : 0.0);
-  }
+  if (!trace.uniform()) say_token_range(trace);
   std::fputs(format_table(result).c_str(), human_out());
   if (!o.json_out.empty()) files.stage(o.json_out, format_json(result));
   if (!o.plot_out.empty()) files.stage(o.plot_out, plot_svg(result));

@@ -61,10 +61,11 @@ int default_staging_slots(const Knobs& knobs) {
       std::max<int64_t>({1, knobs.dyn * knobs.max_helpers_per_expert, knobs.max_num_dyn}));
 }
 
-RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(config), transport(t) {
+namespace {
+
+// InputError for a configuration no runtime of `world` ranks can run.
+void check_config(const RuntimeConfig& cfg, int world) {
   const Topology& topo = cfg.topo;
-  rank = transport.rank();
-  world = transport.world_size();
   FEPLB_REQUIRE_INPUT(world == topo.num_ranks(), "runtime: transport has {} ranks, topology {}",
                       world, topo.num_ranks());
   FEPLB_REQUIRE_INPUT(cfg.shape.dtype == Dtype::kBf16, "runtime: only bf16 experts are supported");
@@ -82,6 +83,15 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
                       cfg.guest_capacity_rows);
   FEPLB_REQUIRE_INPUT(cfg.timeout_s > 0, "runtime: timeout {} s", cfg.timeout_s);
   validate_knobs(cfg.knobs);
+}
+
+}  // namespace
+
+RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(config), transport(t) {
+  const Topology& topo = cfg.topo;
+  rank = transport.rank();
+  world = transport.world_size();
+  check_config(cfg, world);
   H = cfg.shape.hidden;
   F = cfg.shape.ffn;
   E = topo.num_experts();
@@ -102,7 +112,30 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
                       "runtime: a training runtime needs gradient staging slots");
   pool = std::make_unique<ExpertSlotPool>(
       transport, cfg.shape, static_cast<int>(cfg.knobs.max_num_dyn), staging, cfg.name + ".pool");
+  // The expert GEMMs: grouped (sizes read on the GPU) where this GPU runs those kernels.
+  const bool grouped_here = GroupedFfn::available();
+  FEPLB_REQUIRE_INPUT(cfg.expert_gemm != ExpertGemm::kGrouped || grouped_here,
+                      "runtime: expert_gemm 'grouped' needs a GPU of compute capability 9.0 (H100, "
+                      "H200); use 'auto' or 'per_expert' on this one");
+  if (cfg.expert_gemm != ExpertGemm::kPerExpert && grouped_here)
+    ffn.grouped = std::make_unique<GroupedFfn>(H, F);
+  make_arenas();
+  const std::string prefix = "feplb." + cfg.name + ".";
+  board = std::make_unique<SignalBoard>(transport, prefix + "signals");
+  calls.pending.into_here.assign(static_cast<size_t>(world), 0);
+  calls.pending.targets.assign(static_cast<size_t>(world), 0);
+  if (transport.supports_peer_copies()) {  // the peers' arenas as addressed here
+    for (int p = 0; p < world; ++p) {
+      arena.peer_guest_in.push_back(
+          static_cast<bf16*>(transport.peer_buffer(prefix + "guest_in", p)));
+      arena.peer_yrecv.push_back(static_cast<bf16*>(transport.peer_buffer(prefix + "yrecv", p)));
+    }
+  }
+  batches.states.resize(static_cast<size_t>(cfg.max_in_flight));
+  if (cfg.measure_planner) measure_planner_times();
+}
 
+void RuntimeState::make_arenas() {
   arena.send = DeviceBuffer<bf16>(static_cast<size_t>(max_pairs * H));
   arena.yrecv = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap * H));
   arena.guest_in = DeviceBuffer<bf16>(static_cast<size_t>(guest_cap * H));
@@ -117,37 +150,17 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
   arena.order = DeviceBuffer<int32_t>(static_cast<size_t>(E));
   arena.counts_all = DeviceBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
   arena.counts_host = PinnedBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
-  // The expert GEMMs: grouped (sizes read on the GPU) where this GPU runs those kernels.
-  const bool grouped_here = GroupedFfn::available();
-  FEPLB_REQUIRE_INPUT(cfg.expert_gemm != ExpertGemm::kGrouped || grouped_here,
-                      "runtime: expert_gemm 'grouped' needs a GPU of compute capability 9.0 (H100, "
-                      "H200); use 'auto' or 'per_expert' on this one");
-  if (cfg.expert_gemm != ExpertGemm::kPerExpert && grouped_here)
-    ffn.grouped = std::make_unique<GroupedFfn>(H, F);
-
   // Send order: experts grouped by home rank, each rank's experts in its local order.
   std::vector<int32_t> send_order;
   for (int d = 0; d < world; ++d) {
-    for (int e : topo.local_experts(d)) send_order.push_back(e);
+    for (int e : cfg.topo.local_experts(d)) send_order.push_back(e);
   }
   FEPLB_CUDA_CHECK(cudaMemcpy(arena.order.get(), send_order.data(),
                               send_order.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-
+  // The arenas peers write into, registered with the transport.
   const std::string prefix = "feplb." + cfg.name + ".";
   transport.register_buffer(prefix + "guest_in", arena.guest_in.get(), arena.guest_in.bytes());
   transport.register_buffer(prefix + "yrecv", arena.yrecv.get(), arena.yrecv.bytes());
-  board = std::make_unique<SignalBoard>(transport, prefix + "signals");
-  calls.pending.into_here.assign(static_cast<size_t>(world), 0);
-  calls.pending.targets.assign(static_cast<size_t>(world), 0);
-  if (transport.supports_peer_copies()) {
-    for (int p = 0; p < world; ++p) {
-      arena.peer_guest_in.push_back(
-          static_cast<bf16*>(transport.peer_buffer(prefix + "guest_in", p)));
-      arena.peer_yrecv.push_back(static_cast<bf16*>(transport.peer_buffer(prefix + "yrecv", p)));
-    }
-  }
-  batches.states.resize(static_cast<size_t>(cfg.max_in_flight));
-  if (cfg.measure_planner) measure_planner_times();
 }
 
 PlannerContext gpu_planner_context(const RuntimeConfig& c, const GemmCostModel* cost) {

@@ -161,6 +161,9 @@ struct RuntimeState {
   size_t saved_bytes() const;
   // RuntimeConfig::measure_planner: planner_times, measured here and agreed (collective).
   void measure_planner_times();
+  // The call's buffers (CallArenas), sized from the configuration; those peers write into
+  // registered with the transport.
+  void make_arenas();
 
   RuntimeConfig cfg;
   Transport& transport;
