@@ -273,6 +273,15 @@ class Bench {
   }
 
  private:
+  // run()'s sections, in order.
+  void connect();
+  std::vector<std::string> describe();
+  void make_inputs();
+  json run_policies(const std::vector<std::string>& policies, std::vector<PolicySeries>& series);
+  void record_memory();
+  json summarise(const std::vector<std::string>& policies, const std::vector<PolicySeries>& series,
+                 json& pol);
+  void finish_document(const json& pol, const json& ex);
   void load_workload();
   std::unique_ptr<MoeLayer> make_layer(const std::string& policy);
   void run_step(MoeLayer& layer, const std::string& policy, size_t i, PolicySeries& ps);
@@ -775,7 +784,8 @@ json Bench::simulate_steps() {
   return j;
 }
 
-int Bench::run() {
+// One process per GPU: the communicator, the knobs and the workload.
+void Bench::connect() {
   comm_ = std::make_unique<NcclCommunicator>(env_, o_.timeout_s);
   t_ = comm_->transport();  // collective (peer reachability probe)
   rank_ = t_->rank();
@@ -788,6 +798,11 @@ int Bench::run() {
   apply_knobs(knobs_, overrides);
   validate_knobs(knobs_);
   load_workload();
+}
+
+// The document's header (devices, topology, shape, knobs); the policies that run here (static
+// alone where the GPUs cannot address each other's memory).
+std::vector<std::string> Bench::describe() {
   const bool peers = t_->supports_peer_copies();
   std::vector<std::string> policies = kGpuPolicies;
   std::string skipped;
@@ -842,6 +857,11 @@ int Bench::run() {
   }
   save();
 
+  return policies;
+}
+
+// The inputs, the runtime (collective) and the experts' weights, the same for every policy.
+void Bench::make_inputs() {
   s_ = std::make_unique<Stream>();
   const cudaStream_t s = s_->get();
   g_ = std::make_unique<Gather>(*t_, s, o_.timeout_s);
@@ -886,7 +906,12 @@ int Bench::run() {
                                         1.0f / std::sqrt(static_cast<float>(H_)), s));
   FEPLB_CUDA_CHECK(cudaMemsetAsync(experts_->grads(), 0, experts_->grad_bytes(), s));
   sync_with_timeout(s, o_.timeout_s, "weights");
+}
 
+// Every policy's steps on the one runtime, interleaved or one policy after another; each policy's
+// JSON, as far as measured, saved as it goes.
+json Bench::run_policies(const std::vector<std::string>& policies,
+                         std::vector<PolicySeries>& series) {
   // Every policy's layer on the one runtime: a layer holds its planner, the runtime the buffers.
   const size_t np = policies.size(), n_steps = static_cast<size_t>(o_.warmup + o_.steps);
   const bool interleaved = o_.interleave != "off";
@@ -910,7 +935,6 @@ int Bench::run() {
     save_locked();
   }
 
-  std::vector<PolicySeries> series(np);
   json pol, warmups;
   if (interleaved) {
     for (size_t p = 0; p < np; ++p) layers_.push_back(make_layer(policies[p]));
@@ -951,6 +975,11 @@ int Bench::run() {
       save_locked();
     }
   }
+  return pol;
+}
+
+void Bench::record_memory() {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
   {
     std::lock_guard<std::mutex> lock(g_doc_mu);
     g_doc["memory_gib"] = {
@@ -959,9 +988,12 @@ int Bench::run() {
         {"weights", static_cast<double>(experts_->weight_elems()) * 2 / gib},
         {"fp32_gradients", static_cast<double>(experts_->grad_bytes()) / gib}};
   }
-  runtime_.reset();
-  g_->barrier();
+}
 
+// The exchanges timed alone and the simulator's prediction beside each policy's measurements:
+// the EP overhead, speedups, gain captured, the log lines. Returns the exchanges' JSON.
+json Bench::summarise(const std::vector<std::string>& policies,
+                      const std::vector<PolicySeries>& series, json& pol) {
   const json ex = time_exchanges();
   const double gather_ms = ex["counts_allgather_ms"]["median"].get<double>();
   const double dc_ms = ex["dispatch_plus_combine_ms"]["median"].get<double>();
@@ -1031,6 +1063,11 @@ int Bench::run() {
         sim["fastermoe"]["token_straggler_rows"]["median"].get<double>(),
         sim["fastermoe"]["gemm_straggler_ms"]["median"].get<double>());
   }
+  return ex;
+}
+
+// The document's last part: the policies, the exchanges and what every number means.
+void Bench::finish_document(const json& pol, const json& ex) {
   {
     std::lock_guard<std::mutex> lock(g_doc_mu);
     g_doc["policies"] = pol;
@@ -1090,6 +1127,19 @@ int Bench::run() {
     g_doc["complete"] = true;
     save_locked();
   }
+}
+
+int Bench::run() {
+  connect();
+  const std::vector<std::string> policies = describe();
+  make_inputs();
+  std::vector<PolicySeries> series(policies.size());
+  json pol = run_policies(policies, series);
+  record_memory();
+  runtime_.reset();
+  g_->barrier();
+  const json ex = summarise(policies, series, pol);
+  finish_document(pol, ex);
   if (rank_ == 0 && !o_.out.empty()) log0("wrote {}", o_.out);
   g_->barrier();
   return 0;

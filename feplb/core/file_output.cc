@@ -509,6 +509,54 @@ void FileSet::stage(const std::string& path, std::string content) {
   FEPLB_CHECK(false, "{} was not named as an output, or was staged twice", path);
 }
 
+namespace {
+
+// A failed commit: what it placed undone (the replaced files back, new ones removed), its
+// temporary files removed, then InputError: `what`, and which of the staged `paths` were written
+// (streams and special files, outputs that could not be undone) and which not.
+[[noreturn]] void abandon_commit(const std::string& what, std::vector<Placing>& regular,
+                                 std::vector<std::string>& written,
+                                 const std::vector<std::string>& paths) {
+  std::vector<std::string> not_written;
+  for (Placing& p : regular) {
+    const bool undone = !p.placed || unplace(p);
+    if (undone) {
+      if (!p.tmp.empty()) ::unlink(p.tmp.c_str());
+      if (!p.backup.empty()) ::unlink(p.backup.c_str());
+    }
+    SignalCleanup::untrack(p.undo_slot);
+    SignalCleanup::untrack(p.tmp_slot);
+    if (!undone) written.push_back(shown(p.path));
+  }
+  for (const std::string& path : paths) {
+    if (std::find(written.begin(), written.end(), shown(path)) == written.end()) {
+      not_written.push_back(shown(path));
+    }
+  }
+  throw InputError(what + written_note(written, not_written));
+}
+
+// A commit that placed every output: every undo dropped at once (a signal meanwhile waits), so a
+// signal keeps all of them; then the kept-aside files removed.
+void keep_placed(std::vector<Placing>& regular) {
+  {
+    const SignalBlock hold;
+    for (Placing& p : regular) {
+      if (!p.backup.empty()) {
+        SignalCleanup::set_state(p.undo_slot, SignalCleanup::kUnlink);
+      } else {
+        SignalCleanup::untrack(p.undo_slot);
+      }
+    }
+  }
+  for (Placing& p : regular) {
+    if (!p.backup.empty()) ::unlink(p.backup.c_str());
+    SignalCleanup::untrack(p.undo_slot);
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> FileSet::commit() {
   FEPLB_CHECK(checked_, "FileSet::commit before check");
   std::vector<Output*> staged;
@@ -520,25 +568,9 @@ std::vector<std::string> FileSet::commit() {
   const SignalCleanup on_signal;  // a signal meanwhile leaves no temporary file behind
   std::vector<Placing> regular;
   std::vector<std::string> written;  // streams and special files written (cannot be undone)
-  const auto fail = [&](const std::string& what) {
-    std::vector<std::string> not_written;
-    for (Placing& p : regular) {
-      const bool undone = !p.placed || unplace(p);
-      if (undone) {
-        if (!p.tmp.empty()) ::unlink(p.tmp.c_str());
-        if (!p.backup.empty()) ::unlink(p.backup.c_str());
-      }
-      SignalCleanup::untrack(p.undo_slot);
-      SignalCleanup::untrack(p.tmp_slot);
-      if (!undone) written.push_back(shown(p.path));
-    }
-    for (const Output* o : staged) {
-      if (std::find(written.begin(), written.end(), shown(o->entry.path)) == written.end()) {
-        not_written.push_back(shown(o->entry.path));
-      }
-    }
-    throw InputError(what + written_note(written, not_written));
-  };
+  std::vector<std::string> paths;    // the staged outputs, in staged order
+  for (const Output* o : staged) paths.push_back(o->entry.path);
+  const auto fail = [&](const std::string& what) { abandon_commit(what, regular, written, paths); };
   // 1. Every regular file to a temporary file beside it.
   for (const Output* o : staged) {
     const Target t = inspect(o->entry.path);
@@ -579,24 +611,7 @@ std::vector<std::string> FileSet::commit() {
     if (err == EEXIST) fail(fmt::format("{}: exists; pass --force to overwrite", p.path));
     if (err != 0) fail(fmt::format("{}: cannot rename into place ({})", p.path, errno_text(err)));
   }
-  // Done: every output's undo dropped at once (a signal meanwhile waits), so a signal keeps all
-  // of them; then the kept-aside files removed.
-  {
-    const SignalBlock hold;
-    for (Placing& p : regular) {
-      if (!p.backup.empty()) {
-        SignalCleanup::set_state(p.undo_slot, SignalCleanup::kUnlink);
-      } else {
-        SignalCleanup::untrack(p.undo_slot);
-      }
-    }
-  }
-  for (Placing& p : regular) {
-    if (!p.backup.empty()) ::unlink(p.backup.c_str());
-    SignalCleanup::untrack(p.undo_slot);
-  }
-  std::vector<std::string> paths;
-  for (const Output* o : staged) paths.push_back(o->entry.path);
+  keep_placed(regular);
   return paths;
 }
 

@@ -211,17 +211,15 @@ py::array_t<int64_t> step_counts(const RoutingStep& s) {
   return out;
 }
 
-}  // namespace
-
-void bind_trace(py::module_& m) {
-  py::class_<PyTrace>(m, "Trace")
-      .def_static(
-          "load",
-          [](const std::string& path) {
-            PyTrace t{read_trace(path), path};
-            return t;
-          },
-          py::arg("path"))
+// Reading and writing traces: files, JSON text, a framework's arrays.
+void bind_trace_io(py::class_<PyTrace>& cls) {
+  cls.def_static(
+         "load",
+         [](const std::string& path) {
+           PyTrace t{read_trace(path), path};
+           return t;
+         },
+         py::arg("path"))
       .def_static(
           "from_json",
           [](const std::string& text) {
@@ -242,14 +240,18 @@ void bind_trace(py::module_& m) {
             write_file(path, format_trace(t.trace), overwrite);
           },
           py::arg("path"), py::arg("overwrite"))
-      .def("to_json", [](const PyTrace& t) { return format_trace(t.trace); })
-      .def_property_readonly(
-          "path",
-          [](const PyTrace& t) {
-            // The OS's bytes, decoded as os.fsdecode does.
-            return py::reinterpret_steal<py::str>(PyUnicode_DecodeFSDefaultAndSize(
-                t.path.data(), static_cast<Py_ssize_t>(t.path.size())));
-          })
+      .def("to_json", [](const PyTrace& t) { return format_trace(t.trace); });
+}
+
+// What a trace holds: its fields, and its counts as arrays.
+void bind_trace_contents(py::class_<PyTrace>& cls) {
+  cls.def_property_readonly(
+         "path",
+         [](const PyTrace& t) {
+           // The OS's bytes, decoded as os.fsdecode does.
+           return py::reinterpret_steal<py::str>(PyUnicode_DecodeFSDefaultAndSize(
+               t.path.data(), static_cast<Py_ssize_t>(t.path.size())));
+         })
       .def_property_readonly("model", [](const PyTrace& t) { return t.trace.model; })
       .def_property_readonly("num_experts", [](const PyTrace& t) { return t.trace.num_experts; })
       .def_property_readonly("num_ranks", [](const PyTrace& t) { return t.trace.num_ranks; })
@@ -293,6 +295,14 @@ void bind_trace(py::module_& m) {
             return py::make_tuple(s.step, s.layer);
           },
           py::arg("index"));
+}
+
+}  // namespace
+
+void bind_trace(py::module_& m) {
+  py::class_<PyTrace> cls(m, "Trace");
+  bind_trace_io(cls);
+  bind_trace_contents(cls);
 }
 
 }  // namespace feplb::python
