@@ -591,6 +591,101 @@ constexpr PathMode kPathModes[] = {{"two_phase", 0, 0, 1, 0},
                                    {"one_hop_refined", 1, 0, -1, 0, 1},
                                    {"auto", -1, -1, -1, -1}};
 
+// What the paths benchmark measured: per mode, step and rank the forward's stats; rank 0's plan
+// modes; the runtime's planner times measured at start (rank 0).
+struct PathsMeasured {
+  std::vector<std::vector<std::vector<ForwardStats>>> stats;  // [mode][step][rank]
+  std::vector<std::vector<std::string>> plan_modes;           // [mode][step]
+  std::vector<ModeTime> start_times;
+};
+
+// One mode's JSON and log lines; `base_wait` and `base_fwd` (per step) are two-phase's, filled
+// by the first mode.
+json path_mode_json(int mi, const PathsMeasured& m, int steps, int R, const ExpertShape& shape,
+                    std::vector<double>& base_wait, std::vector<double>& base_fwd) {
+  const auto& stats = m.stats;
+  const auto& plan_modes = m.plan_modes;
+  std::vector<double> wait, fwd, wait_pct, weights, pairs, hits, dispatched, guests, d_wait,
+      fwd_ratio, plan_us, prime_us;
+  int overtaken = 0;
+  std::map<std::string, int> mode_steps;  // rank 0's plans by the mode they were planned in
+  double pair_sum = 0, hit_sum = 0;
+  for (int i = 0; i < steps; ++i) {
+    const auto& per_rank = stats[static_cast<size_t>(mi)][static_cast<size_t>(i)];
+    ++mode_steps[plan_modes[static_cast<size_t>(mi)][static_cast<size_t>(i)]];
+    double w = 0, f = 0, pu = 0;
+    int64_t wc = 0, dr = 0, gr = 0;
+    for (const ForwardStats& st : per_rank) {
+      w = std::max(w, static_cast<double>(st.wait_ms));
+      f = std::max(f, static_cast<double>(st.forward_ms));
+      wc += st.weight_copies;
+      dr += st.dispatched_rows;
+      gr += st.guest_rows;
+      pu = std::max(pu, st.plan_us);
+      if (st.prime_us > 0) prime_us.push_back(st.prime_us);
+      overtaken += st.prime_overtaken ? 1 : 0;
+    }
+    plan_us.push_back(pu);
+    wait.push_back(w);
+    fwd.push_back(f);
+    wait_pct.push_back(f > 0 ? 100.0 * w / f : 0.0);
+    weights.push_back(static_cast<double>(wc));
+    dispatched.push_back(static_cast<double>(dr));
+    guests.push_back(static_cast<double>(gr));
+    pairs.push_back(static_cast<double>(per_rank[0].prefetched_pairs));
+    hits.push_back(static_cast<double>(per_rank[0].prefetch_hits));
+    pair_sum += static_cast<double>(per_rank[0].prefetched_pairs);
+    hit_sum += static_cast<double>(per_rank[0].prefetch_hits);
+    if (mi == 0) {
+      base_wait.push_back(w);
+      base_fwd.push_back(f);
+    }
+    d_wait.push_back(w - base_wait[static_cast<size_t>(i)]);
+    fwd_ratio.push_back(base_fwd[static_cast<size_t>(i)] > 0 ? f / base_fwd[static_cast<size_t>(i)]
+                                                             : 0.0);
+  }
+  const PathMode& mode = kPathModes[mi];
+  json j = {{"one_hop", mode.one_hop},
+            {"prefetch", mode.prefetch},
+            {"copy_timing", mode.copy_timing},
+            {"time_balance_budget", mode.time_balance_budget},
+            {"one_hop_refine", mode.one_hop_refine},
+            {"copy_wait_ms", spread(wait)},
+            {"forward_ms", spread(fwd)},
+            {"copy_wait_pct_of_forward", spread(wait_pct)},
+            {"copy_wait_minus_two_phase_ms", spread(d_wait)},
+            {"forward_over_two_phase", spread(fwd_ratio)},
+            {"weight_copies_per_step", spread(weights)},
+            {"weight_gib_per_step",
+             mean_of(weights) * static_cast<double>(shape.weight_bytes()) / (1 << 30)},
+            {"prefetched_pairs_per_step", spread(pairs)},
+            {"prefetch_hits_per_step", spread(hits)},
+            {"prefetch_hit_rate", pair_sum > 0 ? hit_sum / pair_sum : 0.0},
+            {"dispatched_rows_per_step", spread(dispatched)},
+            {"guest_rows_per_step", spread(guests)},
+            {"plan_us_slowest_rank", spread(plan_us)},
+            {"prime_us", spread(prime_us)},
+            {"primes", static_cast<int64_t>(prime_us.size())},
+            {"primes_overtaken", overtaken},
+            {"rank0_plans_by_mode", mode_steps}};
+  log("  {:<17} copy wait {:.3f} ms [p10 {:.3f}, p90 {:.3f}] ({:.1f}% of forward), forward "
+      "{:.3f} ms "
+      "[{:.3f}, {:.3f}], x{:.3f} vs two-phase; weights {:.1f}/step, prefetch hits {:.0f}/{:.0f}",
+      mode.name, quantile_of(wait, 0.5), quantile_of(wait, 0.1), quantile_of(wait, 0.9),
+      quantile_of(wait_pct, 0.5), quantile_of(fwd, 0.5), quantile_of(fwd, 0.1),
+      quantile_of(fwd, 0.9), quantile_of(fwd_ratio, 0.5), mean_of(weights), hit_sum, pair_sum);
+  log("  {:<17} plans: median {:.1f} us [p90 {:.1f}] on the slowest rank; primed {} of {} "
+      "(median {:.1f} us), the counts overtook {}",
+      "", quantile_of(plan_us, 0.5), quantile_of(plan_us, 0.9), prime_us.size(), steps * R,
+      quantile_of(prime_us, 0.5), overtaken);
+  if (mode.one_hop < 0 || mode.prefetch < 0)  // a mode feplb chooses: what it chose
+    for (const auto& [label, n] : mode_steps)
+      log("  {:<17} rank 0 planned {} of {} steps as \"{}\" (plans: median {:.1f} us on the "
+          "slowest rank)",
+          "", n, steps, label, quantile_of(plan_us, 0.5));
+  return j;
+}
+
 json paths_bench(const ExpertShape& shape, const std::string& shape_name, const Knobs& knobs,
                  int steps, bool prime, const std::string& data_dir, double timeout_s) {
   constexpr int R = 8, E = 128, kWarmup = 2;
@@ -622,19 +717,16 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
   const GemmCostModel& model =
       cost.model ? *cost.model : static_cast<const GemmCostModel&>(roofline);
   const double window_us = prefetch_window_us(shape, S, knobs);
-  // stats[mode][step][rank]
-  std::vector<std::vector<std::vector<ForwardStats>>> stats(
-      M, std::vector<std::vector<ForwardStats>>(static_cast<size_t>(steps),
-                                                std::vector<ForwardStats>(R)));
-  // rank 0's plan per mode and step: the mode it was planned in, and its planner time
-  std::vector<std::vector<std::string>> plan_modes(M, std::vector<std::string>(steps));
-  std::vector<ModeTime> start_times;  // the runtime's planner times measured at start (rank 0)
+  PathsMeasured m;
+  m.stats.assign(M, std::vector<std::vector<ForwardStats>>(static_cast<size_t>(steps),
+                                                           std::vector<ForwardStats>(R)));
+  m.plan_modes.assign(M, std::vector<std::string>(steps));
   InProcessGroup group(R, timeout_s);
   run_rank_threads(R, [&](int r) {
     EpRuntime runtime(c, group.endpoint(r));
     if (r == 0) {
       const std::span<const ModeTime> st = runtime.planner_times();
-      start_times.assign(st.begin(), st.end());
+      m.start_times.assign(st.begin(), st.end());
     }
     std::vector<std::unique_ptr<MoeLayer>> layers;
     for (const PathMode& mode : kPathModes) {
@@ -676,10 +768,10 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
         layer.forward(experts.params(), x.get(), idx.get(), wt.get(), S, out.get(), s.get());
         sync_with_timeout(s.get(), timeout_s, "paths forward");
         if (i >= kWarmup) {
-          stats[static_cast<size_t>(mi)][static_cast<size_t>(i - kWarmup)][r] =
+          m.stats[static_cast<size_t>(mi)][static_cast<size_t>(i - kWarmup)][r] =
               layer.last_forward_stats();
           if (r == 0)
-            plan_modes[static_cast<size_t>(mi)][static_cast<size_t>(i - kWarmup)] =
+            m.plan_modes[static_cast<size_t>(mi)][static_cast<size_t>(i - kWarmup)] =
                 layer.last_plan().mode;
         }
       }
@@ -687,89 +779,11 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
   });
   json modes = json::object();
   std::vector<double> base_wait, base_fwd;
-  for (int mi = 0; mi < M; ++mi) {
-    std::vector<double> wait, fwd, wait_pct, weights, pairs, hits, dispatched, guests, d_wait,
-        fwd_ratio, plan_us, prime_us;
-    int overtaken = 0;
-    std::map<std::string, int> mode_steps;  // rank 0's plans by the mode they were planned in
-    double pair_sum = 0, hit_sum = 0;
-    for (int i = 0; i < steps; ++i) {
-      const auto& per_rank = stats[static_cast<size_t>(mi)][static_cast<size_t>(i)];
-      ++mode_steps[plan_modes[static_cast<size_t>(mi)][static_cast<size_t>(i)]];
-      double w = 0, f = 0, pu = 0;
-      int64_t wc = 0, dr = 0, gr = 0;
-      for (const ForwardStats& st : per_rank) {
-        w = std::max(w, static_cast<double>(st.wait_ms));
-        f = std::max(f, static_cast<double>(st.forward_ms));
-        wc += st.weight_copies;
-        dr += st.dispatched_rows;
-        gr += st.guest_rows;
-        pu = std::max(pu, st.plan_us);
-        if (st.prime_us > 0) prime_us.push_back(st.prime_us);
-        overtaken += st.prime_overtaken ? 1 : 0;
-      }
-      plan_us.push_back(pu);
-      wait.push_back(w);
-      fwd.push_back(f);
-      wait_pct.push_back(f > 0 ? 100.0 * w / f : 0.0);
-      weights.push_back(static_cast<double>(wc));
-      dispatched.push_back(static_cast<double>(dr));
-      guests.push_back(static_cast<double>(gr));
-      pairs.push_back(static_cast<double>(per_rank[0].prefetched_pairs));
-      hits.push_back(static_cast<double>(per_rank[0].prefetch_hits));
-      pair_sum += static_cast<double>(per_rank[0].prefetched_pairs);
-      hit_sum += static_cast<double>(per_rank[0].prefetch_hits);
-      if (mi == 0) {
-        base_wait.push_back(w);
-        base_fwd.push_back(f);
-      }
-      d_wait.push_back(w - base_wait[static_cast<size_t>(i)]);
-      fwd_ratio.push_back(
-          base_fwd[static_cast<size_t>(i)] > 0 ? f / base_fwd[static_cast<size_t>(i)] : 0.0);
-    }
-    const PathMode& mode = kPathModes[mi];
-    modes[mode.name] = {{"one_hop", mode.one_hop},
-                        {"prefetch", mode.prefetch},
-                        {"copy_timing", mode.copy_timing},
-                        {"time_balance_budget", mode.time_balance_budget},
-                        {"one_hop_refine", mode.one_hop_refine},
-                        {"copy_wait_ms", spread(wait)},
-                        {"forward_ms", spread(fwd)},
-                        {"copy_wait_pct_of_forward", spread(wait_pct)},
-                        {"copy_wait_minus_two_phase_ms", spread(d_wait)},
-                        {"forward_over_two_phase", spread(fwd_ratio)},
-                        {"weight_copies_per_step", spread(weights)},
-                        {"weight_gib_per_step",
-                         mean_of(weights) * static_cast<double>(shape.weight_bytes()) / (1 << 30)},
-                        {"prefetched_pairs_per_step", spread(pairs)},
-                        {"prefetch_hits_per_step", spread(hits)},
-                        {"prefetch_hit_rate", pair_sum > 0 ? hit_sum / pair_sum : 0.0},
-                        {"dispatched_rows_per_step", spread(dispatched)},
-                        {"guest_rows_per_step", spread(guests)},
-                        {"plan_us_slowest_rank", spread(plan_us)},
-                        {"prime_us", spread(prime_us)},
-                        {"primes", static_cast<int64_t>(prime_us.size())},
-                        {"primes_overtaken", overtaken},
-                        {"rank0_plans_by_mode", mode_steps}};
-    log("  {:<17} copy wait {:.3f} ms [p10 {:.3f}, p90 {:.3f}] ({:.1f}% of forward), forward "
-        "{:.3f} ms "
-        "[{:.3f}, {:.3f}], x{:.3f} vs two-phase; weights {:.1f}/step, prefetch hits {:.0f}/{:.0f}",
-        mode.name, quantile_of(wait, 0.5), quantile_of(wait, 0.1), quantile_of(wait, 0.9),
-        quantile_of(wait_pct, 0.5), quantile_of(fwd, 0.5), quantile_of(fwd, 0.1),
-        quantile_of(fwd, 0.9), quantile_of(fwd_ratio, 0.5), mean_of(weights), hit_sum, pair_sum);
-    log("  {:<17} plans: median {:.1f} us [p90 {:.1f}] on the slowest rank; primed {} of {} "
-        "(median {:.1f} us), the counts overtook {}",
-        "", quantile_of(plan_us, 0.5), quantile_of(plan_us, 0.9), prime_us.size(), steps * R,
-        quantile_of(prime_us, 0.5), overtaken);
-    if (mode.one_hop < 0 || mode.prefetch < 0)  // a mode feplb chooses: what it chose
-      for (const auto& [label, n] : mode_steps)
-        log("  {:<17} rank 0 planned {} of {} steps as \"{}\" (plans: median {:.1f} us on the "
-            "slowest rank)",
-            "", n, steps, label, quantile_of(plan_us, 0.5));
-  }
+  for (int mi = 0; mi < M; ++mi)
+    modes[kPathModes[mi].name] = path_mode_json(mi, m, steps, R, shape, base_wait, base_fwd);
   json start = json::array();
-  for (const ModeTime& m : start_times)
-    start.push_back({{"mode", m.mode}, {"p90_us", m.us}, {"p99_us", m.p99_us}});
+  for (const ModeTime& mt : m.start_times)
+    start.push_back({{"mode", mt.mode}, {"p90_us", mt.us}, {"p99_us", mt.p99_us}});
   return json{
       {"shape",
        {{"name", shape_name},
