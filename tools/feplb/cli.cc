@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <csignal>
@@ -335,6 +336,23 @@ std::FILE* human_out() { return human_stream; }
 
 void route_human_output(const FileSet& files) {
   human_stream = files.writes_stdout() ? stderr : stdout;
+}
+
+void say_token_range(const Trace& trace, const char* indent) {
+  int64_t lo = trace.tokens_per_rank, hi = 0;
+  double rows = 0, dropped = 0;
+  for (const RoutingStep& s : trace.steps) {
+    for (int src = 0; src < trace.num_ranks; ++src) {
+      lo = std::min(lo, trace.tokens_of(s, src));
+      hi = std::max(hi, trace.tokens_of(s, src));
+      rows += static_cast<double>(trace.tokens_of(s, src) * trace.top_k);
+      dropped += static_cast<double>(trace.dropped_of(s, src));
+    }
+  }
+  std::fprintf(human_out(),
+               "%stokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
+               indent, static_cast<long long>(lo), static_cast<long long>(hi),
+               rows > 0 ? dropped / rows * 100.0 : 0.0);
 }
 
 void say_wrote(const std::string& path) {

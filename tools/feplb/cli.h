@@ -112,6 +112,10 @@ void route_human_output(const FileSet& files);
 // "wrote PATH" on human_out() for a file (nothing for a stream: the output itself went there).
 void say_wrote(const std::string& path);
 
+// A trace whose ranks have different token counts, or dropped rows: "tokens per rank and step
+// LO..HI; P% of token-expert rows dropped" after `indent` on human_out().
+void say_token_range(const Trace& trace, const char* indent = "");
+
 // An option that takes a path or a name: an empty value (a script's unset variable) is an error
 // naming the option, never "not given".
 CLI::Option* non_empty(CLI::Option* option);

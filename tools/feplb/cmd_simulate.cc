@@ -27,24 +27,6 @@ struct SimulateOptions : ModelFlags {
   bool force = false, quiet = false;
 };
 
-// Ranks with different token counts, or dropped rows: the table's means are of what was routed.
-void say_token_range(const Trace& trace) {
-  int64_t lo = trace.tokens_per_rank, hi = 0;
-  double rows = 0, dropped = 0;
-  for (const RoutingStep& s : trace.steps) {
-    for (int src = 0; src < trace.num_ranks; ++src) {
-      lo = std::min(lo, trace.tokens_of(s, src));
-      hi = std::max(hi, trace.tokens_of(s, src));
-      rows += static_cast<double>(trace.tokens_of(s, src) * trace.top_k);
-      dropped += static_cast<double>(trace.dropped_of(s, src));
-    }
-  }
-  std::fprintf(human_out(),
-               "tokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
-               static_cast<long long>(lo), static_cast<long long>(hi),
-               rows > 0 ? dropped / rows * 100.0 : 0.0);
-}
-
 // The simulation of `trace` (read from `path`) as the options ask, but its cost model.
 SimulationConfig simulation_config(const SimulateOptions& o, const Trace& trace,
                                    const std::string& path,
@@ -107,6 +89,7 @@ void run_simulate(const SimulateOptions& o) {
   cfg.cost_label = cost.label;
   ProgressLine progress("simulate", !o.quiet);
   const SimulationResult result = simulate(trace, cfg, std::ref(progress));
+  // Ranks with different token counts, or dropped rows: the table's means are of what was routed.
   if (!trace.uniform()) say_token_range(trace);
   std::fputs(format_table(result).c_str(), human_out());
   if (!o.json_out.empty()) files.stage(o.json_out, format_json(result));

@@ -96,22 +96,7 @@ void run_info(const std::string& path, int gpus_per_node) {
   if (!t.generator_json.empty()) {
     std::fprintf(human_out(), "  generator %s\n", printable(t.generator_json).c_str());
   }
-  if (!t.uniform()) {
-    int64_t min_tokens = t.tokens_per_rank, max_tokens = 0;
-    double rows = 0, dropped = 0;
-    for (const RoutingStep& s : t.steps) {
-      for (int src = 0; src < t.num_ranks; ++src) {
-        min_tokens = std::min(min_tokens, t.tokens_of(s, src));
-        max_tokens = std::max(max_tokens, t.tokens_of(s, src));
-        rows += static_cast<double>(t.tokens_of(s, src) * t.top_k);
-        dropped += static_cast<double>(t.dropped_of(s, src));
-      }
-    }
-    std::fprintf(human_out(),
-                 "  tokens per rank and step %lld..%lld; %.2f%% of token-expert rows dropped\n",
-                 static_cast<long long>(min_tokens), static_cast<long long>(max_tokens),
-                 rows > 0 ? dropped / rows * 100.0 : 0.0);
-  }
+  if (!t.uniform()) say_token_range(t, "  ");
   // Per layer: expert skew (busiest expert / mean expert) and GPU skew under contiguous placement.
   std::map<int64_t, std::vector<const RoutingStep*>> by_layer;
   for (const RoutingStep& s : t.steps) by_layer[s.layer].push_back(&s);
