@@ -76,8 +76,6 @@ struct LayerConfig {
   std::string name = "moe";  // for messages
 };
 
-struct MicroBatchState;  // internal
-
 // What one forward keeps for its backward (plan, layout, saved activations). Move-only. Given to
 // backward() once; dropping it unused gives its memory back (stream-ordered on the forward's
 // stream). Valid while its runtime lives.
@@ -100,9 +98,9 @@ class MicroBatch {
 
  private:
   friend class MoeLayer;
-  MicroBatchState& checked() const;
+  size_t checked() const;  // the state's slot in the runtime; InputError when the handle is empty
   void release() noexcept;
-  std::shared_ptr<RuntimeState> rt_;
+  std::shared_ptr<EpRuntime::State> rt_;
   int slot_ = -1;
   uint64_t generation_ = 0;
 };

@@ -91,9 +91,6 @@ struct RuntimeConfig {
 // the feplb planner's limits (dyn x max_helpers_per_expert), and at least max_num_dyn.
 int default_staging_slots(const Knobs& knobs);
 
-struct RuntimeState;   // internal (feplb/cuda/runtime/runtime_state.h, not installed)
-struct RuntimeAccess;  // internal: how the layer reaches the state
-
 class EpRuntime {
  public:
   // Collective over the transport's ranks: every rank constructs its runtime with the same
@@ -134,8 +131,12 @@ class EpRuntime {
   ExpertGemm expert_gemm() const;
 
  private:
-  friend struct RuntimeAccess;
-  std::shared_ptr<RuntimeState> state_;
+  // Its state (defined in the library), shared with its layers and micro-batch handles, which
+  // keep it alive.
+  struct State;
+  friend class MoeLayer;
+  friend class MicroBatch;
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace feplb::cuda

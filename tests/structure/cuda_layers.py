@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """feplb/cuda as a one-way graph of folders: fails on an include that goes up (or sideways into an
-unknown folder), on an installed header that names an internal one, and on CUDA in the host-only
-folder. Run by ctest as structure.cuda_layers; `python3 tests/structure/cuda_layers.py [ROOT]`.
+unknown folder), on an installed header that includes an internal one or names a type an
+internal header defines (a forward declaration included), and on CUDA in the host-only folder. Run by ctest as structure.cuda_layers; `python3 tests/structure/cuda_layers.py [ROOT]`.
 
 The folders, lowest first: each may include its own headers, the installed headers at the top of
 feplb/cuda/, feplb/core/, and the folders below it, never one above it.
@@ -25,6 +25,18 @@ LAYERS = [
 HOST_ONLY = {"host"}
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 CUDA_HEADER = re.compile(r"^(cuda|cublas|cudnn|nccl|cutlass|cute)|^(cuda_|cu[A-Z])")
+# A type defined at namespace level (not `struct A::B`, a nested type's out-of-line definition).
+TYPE_DEFINITION = re.compile(r"^(?:struct|class)\s+(\w+)\s*(?:final\s*)?(?:\{|:(?!:))", re.M)
+
+
+def internal_types(cuda: pathlib.Path) -> dict:
+    """The types internal headers define, each with the header that defines it."""
+    types = {}
+    for path in sorted(cuda.rglob("*")):
+        if path.suffix in {".h", ".cuh"} and path.parent != cuda:
+            for name in TYPE_DEFINITION.findall(path.read_text()):
+                types.setdefault(name, path.relative_to(cuda))
+    return types
 
 
 def main() -> int:
@@ -32,6 +44,13 @@ def main() -> int:
     cuda = root / "feplb" / "cuda"
     rank = {name: i for i, name in enumerate(LAYERS)}
     errors = []
+    hidden = internal_types(cuda)
+    for path in sorted(cuda.glob("*.h")):
+        code = re.sub(r"//[^\n]*", "", path.read_text())  # names in comments are fine
+        for name, where in hidden.items():
+            if re.search(rf"\b{name}\b", code):
+                errors.append(f"feplb/cuda/{path.name}: an installed header names {name}, "
+                              f"internal to feplb/cuda/{where}")
     for path in sorted(cuda.rglob("*")):
         if path.suffix not in {".h", ".cc", ".cu", ".cuh"}:
             continue
@@ -56,9 +75,10 @@ def main() -> int:
     for e in errors:
         print(e)
     if errors:
-        print(f"{len(errors)} include(s) against the layers " + " < ".join(LAYERS))
+        print(f"{len(errors)} violation(s) of the layers " + " < ".join(LAYERS))
         return 1
-    print("feplb/cuda layers: " + " < ".join(LAYERS) + ": every include goes down")
+    print("feplb/cuda layers: " + " < ".join(LAYERS) + ": every include goes down, "
+          "no installed header names an internal type")
     return 0
 
 

@@ -40,13 +40,13 @@ int64_t gemm_launches(const RuntimeState& r) {
 
 }  // namespace
 
-MoeLayer::Impl::Impl(std::shared_ptr<RuntimeState> runtime, const LayerConfig& config,
+MoeLayer::Impl::Impl(std::shared_ptr<EpRuntime::State> runtime, const LayerConfig& config,
                      std::unique_ptr<Planner> p)
     : rt(std::move(runtime)),
       cfg(config),
       planner(std::move(p)),
-      exec(*rt, cfg.name, ev_grads_done, forward_timeline, backward_timeline),
-      sched_exec(*rt, cfg.name, ev_grads_done, forward_timeline, backward_timeline) {}
+      exec(CallParts(*rt), cfg.name, ev_grads_done, forward_timeline, backward_timeline),
+      sched_exec(CallParts(*rt), cfg.name, ev_grads_done, forward_timeline, backward_timeline) {}
 
 void MoeLayer::Impl::start_host(Bindings& b) {
   call_host = HostTimes{};

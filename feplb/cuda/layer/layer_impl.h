@@ -33,10 +33,10 @@ namespace feplb::cuda {
 struct MoeLayer::Impl final : ProgramHooks {
   using Clock = std::chrono::steady_clock;
 
-  Impl(std::shared_ptr<RuntimeState> runtime, const LayerConfig& config,
+  Impl(std::shared_ptr<EpRuntime::State> runtime, const LayerConfig& config,
        std::unique_ptr<Planner> planner);
 
-  std::shared_ptr<RuntimeState> rt;
+  std::shared_ptr<EpRuntime::State> rt;
   LayerConfig cfg;
   std::unique_ptr<Planner> planner;
   int layer_id = 0;

@@ -39,19 +39,19 @@ bool MicroBatch::valid() const {
   return h.in_use && h.generation == generation_;
 }
 
-MicroBatchState& MicroBatch::checked() const {
+size_t MicroBatch::checked() const {
   FEPLB_REQUIRE_INPUT(
       valid(), "micro-batch handle is empty (consumed by a backward, dropped, or moved from)");
-  return rt_->batches.states[static_cast<size_t>(slot_)];
+  return static_cast<size_t>(slot_);
 }
 
-const Plan& MicroBatch::plan() const { return checked().plan; }
-const RoutingStep& MicroBatch::routing() const { return checked().routing; }
-const ForwardStats& MicroBatch::stats() const { return checked().stats; }
+const Plan& MicroBatch::plan() const { return rt_->batches.states[checked()].plan; }
+const RoutingStep& MicroBatch::routing() const { return rt_->batches.states[checked()].routing; }
+const ForwardStats& MicroBatch::stats() const { return rt_->batches.states[checked()].stats; }
 size_t MicroBatch::saved_bytes() const {
-  const MicroBatchState& h = checked();
+  const MicroBatchState& h = rt_->batches.states[checked()];
   return h.bytes_tokens + h.bytes_plan;
 }
-int64_t MicroBatch::num_tokens() const { return checked().num_tokens; }
+int64_t MicroBatch::num_tokens() const { return rt_->batches.states[checked()].num_tokens; }
 
 }  // namespace feplb::cuda

@@ -49,7 +49,7 @@ std::unique_ptr<Planner> make_gpu_planner(const EpRuntime& runtime, std::string_
 
 MoeLayer::MoeLayer(EpRuntime& runtime, const LayerConfig& config,
                    std::unique_ptr<Planner> planner) {
-  const std::shared_ptr<RuntimeState>& state = RuntimeAccess::state(runtime);
+  const std::shared_ptr<EpRuntime::State>& state = runtime.state_;
   RuntimeState& r = *state;
   r.check_usable("layer");
   FEPLB_REQUIRE_INPUT(planner != nullptr, "layer '{}': no planner", config.name);
@@ -183,7 +183,7 @@ MicroBatchState& MoeLayer::Impl::consumed(MicroBatch& mb, bool dispatched, const
   FEPLB_REQUIRE_INPUT(!mb.rt_ || mb.rt_ == rt,
                       "{} of layer '{}': the micro-batch belongs to another runtime", who,
                       cfg.name);
-  MicroBatchState& h = mb.checked();
+  MicroBatchState& h = rt->batches.states[mb.checked()];
   if (!dispatched) {
     FEPLB_REQUIRE_INPUT(h.layer_id == layer_id,
                         "{} of layer '{}' (layer {}): the micro-batch is layer {}'s", who, cfg.name,

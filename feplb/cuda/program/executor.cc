@@ -23,21 +23,21 @@ const char* flag_what(HostFlag flag) {
   return "?";
 }
 
-std::atomic<uint32_t>& host_flag(RuntimeState& rt, HostFlag flag) {
+std::atomic<uint32_t>& host_flag(CallOrder& calls, HostFlag flag) {
   switch (flag) {
     case HostFlag::kPlanned:
-      return rt.calls.plan_seq;
+      return calls.plan_seq;
     case HostFlag::kDispatched:
-      return rt.calls.dispatched_seq;
+      return calls.dispatched_seq;
     case HostFlag::kCopiesOut:
       break;
   }
-  return rt.calls.copies_seq;
+  return calls.copies_seq;
 }
 
 }  // namespace
 
-Executor::Executor(RuntimeState& rt, const std::string& name, Event& grads_done, Timeline& forward,
+Executor::Executor(CallParts rt, const std::string& name, Event& grads_done, Timeline& forward,
                    Timeline& backward)
     : rt_(rt), name_(name), grads_done_(grads_done), forward_(forward), backward_(backward) {}
 
@@ -83,7 +83,7 @@ void Executor::run(const StepList& list, Bindings& b, ProgramHooks& hooks) {
 
 void Executor::await(HostFlag flag, uint32_t call) const {
   using Clock = std::chrono::steady_clock;
-  const std::atomic<uint32_t>& seq = host_flag(rt_, flag);
+  const std::atomic<uint32_t>& seq = host_flag(rt_.calls, flag);
   const auto deadline = Clock::now() + std::chrono::duration<double>(rt_.cfg.timeout_s);
   for (uint64_t spins = 0; seq.load(std::memory_order_acquire) < call; ++spins) {
     if (rt_.calls.failed.load(std::memory_order_acquire)) std::rethrow_exception(rt_.calls.error);
@@ -127,13 +127,13 @@ void Executor::step(const StepList& list, const Step& s, Bindings& b, ProgramHoo
       memcpys(list, s, b, st);
       break;
     case Op::kSignal:
-      rt_.board->signal(s.family, s.peer, value(s.value, rt_.rank, b), st);
+      rt_.board.signal(s.family, s.peer, value(s.value, rt_.rank, b), st);
       break;
     case Op::kWait:
       wait(s, b, st);
       break;
     case Op::kBumpQuiet:
-      rt_.board->bump_quiet(s.peer);
+      rt_.board.bump_quiet(s.peer);
       break;
     case Op::kRecord:
       FEPLB_CUDA_CHECK(cudaEventRecord(event(s.event), st));
@@ -142,7 +142,7 @@ void Executor::step(const StepList& list, const Step& s, Bindings& b, ProgramHoo
       FEPLB_CUDA_CHECK(cudaStreamWaitEvent(st, event(s.event), 0));
       break;
     case Op::kPost:
-      host_flag(rt_, s.flag).store(b.call, std::memory_order_release);
+      host_flag(rt_.calls, s.flag).store(b.call, std::memory_order_release);
       break;
     case Op::kAwait:
       await(s.flag, b.call);
@@ -157,7 +157,7 @@ void Executor::step(const StepList& list, const Step& s, Bindings& b, ProgramHoo
 }
 
 void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
-  RuntimeState& r = rt_;
+  CallParts& r = rt_;
   const int E = static_cast<int>(r.E);
   const int64_t H = r.H, F = r.F, pairs = b.num_tokens * b.top_k;
   MicroBatchState* h = b.mb;
@@ -206,7 +206,7 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
       zero_grads(b.grads[static_cast<size_t>(s.a.index)], st);
       break;
     case KernelId::kAddStagedGrad: {
-      const float* staged = r.pool->staging_slot(static_cast<int>(s.b.index));
+      const float* staged = r.pool.staging_slot(static_cast<int>(s.b.index));
       const ExpertGrads& g = b.grads[static_cast<size_t>(s.a.index)];
       if (g.bf16_pair()) {
         FEPLB_CUDA_CHECK(kernels::add_f32_to_bf16(g.gate_up_bf16, staged, 2 * H * F, st));
@@ -246,7 +246,7 @@ void Executor::exchange(const StepList& list, const Step& s, const Bindings& b, 
 }
 
 void Executor::copy_batch(const StepList& list, const Step& s, Bindings& b, cudaStream_t st) {
-  RuntimeState& r = rt_;
+  CallParts& r = rt_;
   const int64_t H = r.H, F = r.F;
   batch_.clear();
   int64_t weights = 0;
@@ -254,13 +254,13 @@ void Executor::copy_batch(const StepList& list, const Step& s, Bindings& b, cuda
     const CopyItem& c = list.copies[i];
     if (c.src.buf == Buf::kWeights) {  // into a peer's guest weight slot
       const ExpertParams& w = b.experts[static_cast<size_t>(c.src.index)];
-      bf16* slot = r.pool->peer_slot(c.dst.rank, static_cast<int>(c.dst.index));
+      bf16* slot = r.pool.peer_slot(c.dst.rank, static_cast<int>(c.dst.index));
       batch_.push_back({slot, w.gate_up, static_cast<size_t>(2 * H * F) * sizeof(bf16)});
       batch_.push_back({slot + 2 * H * F, w.down, static_cast<size_t>(H * F) * sizeof(bf16)});
       ++weights;
     } else if (c.src.buf == Buf::kGradSlot) {  // into a peer's gradient staging slot
-      batch_.push_back({r.pool->peer_staging_slot(c.dst.rank, static_cast<int>(c.dst.index)),
-                        r.pool->grad_slot(static_cast<int>(c.src.index)),
+      batch_.push_back({r.pool.peer_staging_slot(c.dst.rank, static_cast<int>(c.dst.index)),
+                        r.pool.grad_slot(static_cast<int>(c.src.index)),
                         static_cast<size_t>(expert_weight_elems(H, F)) * sizeof(float)});
     } else {
       batch_.push_back(
@@ -289,7 +289,7 @@ void Executor::wait(const Step& s, const Bindings& b, cudaStream_t st) {
   Timeline& t = s.backward ? backward_ : forward_;
   const bool gpu = rt_.cfg.timing;
   if (s.timed) t.wait_begin(st, gpu);
-  rt_.board->wait(s.family, s.peer, v, st);
+  rt_.board.wait(s.family, s.peer, v, st);
   if (s.timed) t.wait_end(st, gpu);
 }
 
@@ -333,9 +333,9 @@ cudaEvent_t Executor::event(EventId id) const {
     case EventId::kPrefetchDone:
       return rt_.streams.ev_prefetch_done.get();
     case EventId::kStagingFree:
-      return rt_.pool->staging_free();
+      return rt_.pool.staging_free();
     case EventId::kGradsFree:
-      return rt_.pool->grads_free();
+      return rt_.pool.grads_free();
     case EventId::kGradsDone:
       return grads_done_.get();
   }
@@ -347,7 +347,7 @@ uint32_t Executor::value(Value v, int peer, const Bindings& b) const {
     case Value::kCall:
       return b.call;
     case Value::kQuiet:
-      return rt_.board->quiet(peer);
+      return rt_.board.quiet(peer);
     case Value::kPrefetch:
       return rt_.calls.pending.seq;
   }
@@ -355,7 +355,7 @@ uint32_t Executor::value(Value v, int peer, const Bindings& b) const {
 }
 
 bf16* Executor::rows(const Ref& ref, const Bindings& b) const {
-  const RuntimeState& r = rt_;
+  const CallParts& r = rt_;
   const MicroBatchState* h = b.mb;
   bf16* base = nullptr;
   switch (ref.buf) {

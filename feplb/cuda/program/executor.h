@@ -18,15 +18,12 @@
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/program/step_program.h"
 #include "feplb/cuda/program/timeline.h"
+#include "feplb/cuda/runtime/runtime_state.h"
 #include "feplb/cuda/stats.h"
 #include "feplb/cuda/transport.h"
 #include "feplb/cuda/transport/ce_copy.h"
 
 namespace feplb::cuda {
-
-struct RuntimeState;
-struct MicroBatchState;
-class Event;
 
 // What the named buffers and values of one call are bound to. Null where a call has none.
 struct Bindings {
@@ -68,9 +65,9 @@ class ProgramHooks {
 
 class Executor {
  public:
-  // `grads_done`: the layer's event for EventId::kGradsDone; `forward`, `backward`: its
-  // timelines. `name` names the layer in messages.
-  Executor(RuntimeState& rt, const std::string& name, Event& grads_done, Timeline& forward,
+  // `rt`: the runtime's parts a program runs with; `grads_done`: the layer's event for
+  // EventId::kGradsDone; `forward`, `backward`: its timelines. `name` names the layer in messages.
+  Executor(CallParts rt, const std::string& name, Event& grads_done, Timeline& forward,
            Timeline& backward);
 
   // Issues `list`'s steps in order. Throws what the calls throw (Error, InputError).
@@ -100,7 +97,7 @@ class Executor {
   uint32_t value(Value v, int peer, const Bindings& b) const;
   bf16* rows(const Ref& r, const Bindings& b) const;
 
-  RuntimeState& rt_;
+  CallParts rt_;
   std::string name_;
   Event& grads_done_;
   Timeline& forward_;

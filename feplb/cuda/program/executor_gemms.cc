@@ -15,12 +15,12 @@ namespace feplb::cuda {
 // input and output rows, and in a backward dY and where dW goes (a guest's fp32 gradient slot, or
 // the caller's gradients in their dtype).
 Executor::GemmOperands Executor::bind(const GemmItem& g, const Bindings& b, bool backward) const {
-  RuntimeState& r = rt_;
+  const CallParts& r = rt_;
   const int64_t H = r.H, F = r.F;
   const MicroBatchState& h = *b.mb;
   const bool slot = g.w.buf == Buf::kGuestSlot;
   GemmOperands it{};
-  it.w_gu = slot ? r.pool->slot(static_cast<int>(g.w.index))
+  it.w_gu = slot ? r.pool.slot(static_cast<int>(g.w.index))
                  : b.experts[static_cast<size_t>(g.w.index)].gate_up;
   it.w_down = slot ? it.w_gu + 2 * H * F : b.experts[static_cast<size_t>(g.w.index)].down;
   it.gu = (g.guest ? h.gu_guest : h.gu_home) + g.act_row * 2 * F;
@@ -31,7 +31,7 @@ Executor::GemmOperands Executor::bind(const GemmItem& g, const Bindings& b, bool
   it.dy = rows(g.dy, b);
   it.g_f32 = true;
   if (g.g.buf == Buf::kGradSlot) {
-    float* slot_gu = r.pool->grad_slot(static_cast<int>(g.g.index));
+    float* slot_gu = r.pool.grad_slot(static_cast<int>(g.g.index));
     it.g_gu = slot_gu;
     it.g_down = slot_gu + 2 * H * F;
   } else {
@@ -72,7 +72,7 @@ void Executor::swiglu_runs(const StepList& list, uint32_t first, uint32_t begin,
 // in the same order per expert, with a kernel per run instead of one per expert (launches are
 // what small experts cost).
 void Executor::gemms(const StepList& list, const Step& s, Bindings& b, cudaStream_t st) {
-  RuntimeState& r = rt_;
+  CallParts& r = rt_;
   const int64_t H = r.H, F = r.F;
   items_.clear();
   for (uint32_t i = s.begin; i < s.end; ++i) items_.push_back(bind(list.gemms[i], b, s.backward));
@@ -166,7 +166,7 @@ bool Executor::grouped_gemms(const StepList& list, const Step& s, Bindings& b, c
 // SwiGLU (backward: its derivative) runs once over all S*K rows (rows of out-of-range pairs are
 // never read). A call without pairs computes nothing; written gradients are zeroed then.
 void Executor::counted_gemms(const Step& s, Bindings& b, cudaStream_t st) {
-  RuntimeState& r = rt_;
+  CallParts& r = rt_;
   MicroBatchState& h = *b.mb;
   const int64_t F = r.F, pairs = b.num_tokens * b.top_k;
   if (pairs == 0) {

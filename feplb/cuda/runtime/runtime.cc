@@ -215,7 +215,10 @@ RuntimeState::~RuntimeState() {
   FEPLB_CUDA_WARN(cudaStreamSynchronize(streams.copy_out.get()));
 }
 
-void RuntimeState::check_peers(const char* waiting_for) const {
+namespace {
+
+void check_peers_of(const Transport& transport, const RuntimeConfig& cfg, int rank,
+                    const char* waiting_for) {
   const std::string peer = transport.peer_failure();
   if (!peer.empty()) {
     throw Error(fmt::format("runtime '{}' rank {}: {} (while waiting for {})", cfg.name, rank, peer,
@@ -223,7 +226,8 @@ void RuntimeState::check_peers(const char* waiting_for) const {
   }
 }
 
-void RuntimeState::sync(cudaStream_t stream, const char* what) const {
+void sync_of(const Transport& transport, const RuntimeConfig& cfg, int rank, cudaStream_t stream,
+             const char* what) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.timeout_s);
   auto next_check = std::chrono::steady_clock::now();
@@ -233,7 +237,7 @@ void RuntimeState::sync(cudaStream_t stream, const char* what) const {
     if (err != cudaErrorNotReady) FEPLB_CUDA_CHECK(err);
     const auto now = std::chrono::steady_clock::now();
     if (now >= next_check) {
-      check_peers(what);
+      check_peers_of(transport, cfg, rank, what);
       next_check = now + std::chrono::milliseconds(1);
     }
     if (now > deadline) {
@@ -243,6 +247,39 @@ void RuntimeState::sync(cudaStream_t stream, const char* what) const {
     }
     if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
+}
+
+}  // namespace
+
+void RuntimeState::check_peers(const char* waiting_for) const {
+  check_peers_of(transport, cfg, rank, waiting_for);
+}
+
+void RuntimeState::sync(cudaStream_t stream, const char* what) const {
+  sync_of(transport, cfg, rank, stream, what);
+}
+
+CallParts::CallParts(RuntimeState& r)
+    : cfg(r.cfg),
+      rank(r.rank),
+      experts_per_rank(r.experts_per_rank),
+      H(r.H),
+      F(r.F),
+      E(r.E),
+      transport(r.transport),
+      board(*r.board),
+      pool(*r.pool),
+      arena(r.arena),
+      streams(r.streams),
+      ffn(r.ffn),
+      calls(r.calls) {}
+
+void CallParts::check_peers(const char* waiting_for) const {
+  check_peers_of(transport, cfg, rank, waiting_for);
+}
+
+void CallParts::sync(cudaStream_t stream, const char* what) const {
+  sync_of(transport, cfg, rank, stream, what);
 }
 
 void RuntimeState::check_usable(const char* who) const {
@@ -313,7 +350,7 @@ size_t RuntimeState::saved_bytes() const {
 // ---------------------------------------------------------------------------------------------
 
 EpRuntime::EpRuntime(const RuntimeConfig& config, Transport& transport)
-    : state_(std::make_shared<RuntimeState>(config, transport)) {}
+    : state_(std::make_shared<State>(config, transport)) {}
 
 EpRuntime::~EpRuntime() {
   if (state_) state_->calls.open.store(false, std::memory_order_release);

@@ -1,6 +1,7 @@
 // What an EpRuntime owns (shared with its layers and micro-batch handles, which keep it alive),
 // and the state of one micro-batch between its forward and its backward. Internal to feplb_cuda
-// (never installed): the layer reaches it through RuntimeAccess; nothing here includes the layer.
+// (never installed): an EpRuntime's private State is a RuntimeState; nothing here includes the
+// layer.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -139,7 +140,8 @@ struct ExpertFfnEngines {
   std::unique_ptr<GroupedFfn> grouped;
 };
 
-// What an EpRuntime owns, in parts with one job each; the executor and the layer use the parts.
+// What an EpRuntime owns, in parts with one job each; the layer uses the parts, the executor
+// those in CallParts.
 struct RuntimeState {
   RuntimeState(const RuntimeConfig& config, Transport& transport);
   ~RuntimeState();
@@ -190,16 +192,36 @@ struct RuntimeState {
   JobThread scheduler;  // last: joined first, before the buffers its jobs use go away
 };
 
+// What a call's step programs run with (program/executor.h): the parts of a runtime the
+// executor reads or writes, and none other (not the micro-batch states, the allocator, the
+// planner times or the scheduler's thread). References into the RuntimeState it was made from.
+struct CallParts {
+  explicit CallParts(RuntimeState& r);
+
+  // RuntimeState::check_peers and sync.
+  void check_peers(const char* waiting_for) const;
+  void sync(cudaStream_t stream, const char* what) const;
+
+  const RuntimeConfig& cfg;
+  int rank, experts_per_rank;
+  int64_t H, F, E;
+  Transport& transport;
+  SignalBoard& board;
+  ExpertSlotPool& pool;
+  CallArenas& arena;
+  CallStreams& streams;
+  ExpertFfnEngines& ffn;
+  CallOrder& calls;
+};
+
 // The context of a planner for a layer of a runtime of configuration `c` (make_gpu_planner):
 // its topology, shape and knobs, prefetch_window_us = 0 becoming the attention block's time for
 // max_tokens; `cost` null: the roofline from the knobs, owned by the context.
 PlannerContext gpu_planner_context(const RuntimeConfig& c, const GemmCostModel* cost);
 
-// The layer's way to its runtime's state (EpRuntime keeps it private).
-struct RuntimeAccess {
-  static const std::shared_ptr<RuntimeState>& state(const EpRuntime& runtime) {
-    return runtime.state_;
-  }
+// The state behind an EpRuntime handle (runtime.h names it only as a private incomplete type).
+struct EpRuntime::State final : RuntimeState {
+  using RuntimeState::RuntimeState;
 };
 
 }  // namespace feplb::cuda
