@@ -287,7 +287,7 @@ int64_t Placer::improve_gpus(std::vector<int>& home) {
   }
   const double threshold = options_.min_gain * mean_rows_ * static_cast<double>(T) * D;
   std::vector<std::vector<int>> members(static_cast<size_t>(R));
-  std::vector<double> bound(blocks + 1);
+  bound_.resize(blocks + 1);
   int64_t swaps = 0;
   for (int node = 0; node < num_domains_; ++node) {
     const int first = node * D;
@@ -306,43 +306,8 @@ int64_t Placer::improve_gpus(std::vector<int>& home) {
       double best = threshold;
       int best_a = -1, best_b = -1;
       for (int x = first; x < first + D; ++x) {
-        for (int y = x + 1; y < first + D; ++y) {
-          const double* lx = &load_[static_cast<size_t>(x) * T];
-          const double* ly = &load_[static_cast<size_t>(y) * T];
-          std::fill(bound.begin(), bound.end(), 0.0);
-          for (int64_t t = 0; t < T; ++t) {
-            base_[t] = pos(lx[t] - other_[t]) + pos(ly[t] - other_[t]);
-            // pos is convex: the pair's excess after a swap is at least twice that of their mean.
-            bound[static_cast<size_t>(t / kBlock)] +=
-                base_[t] - 2 * pos(0.5 * (lx[t] + ly[t]) - other_[t]);
-          }
-          for (size_t b = blocks; b-- > 0;) bound[b] += bound[b + 1];
-          for (int a : members[x]) {
-            const double* ra = &rows_[static_cast<size_t>(a) * T];
-            for (int b : members[y]) {
-              const double* rb = &rows_[static_cast<size_t>(b) * T];
-              double gain = 0;
-              bool pruned = false;
-              for (size_t blk = 0; blk < blocks; ++blk) {
-                const int64_t t0 = static_cast<int64_t>(blk) * kBlock;
-                const int64_t t1 = std::min(T, t0 + kBlock);
-                for (int64_t t = t0; t < t1; ++t) {
-                  const double d = rb[t] - ra[t];
-                  gain += base_[t] - pos(lx[t] + d - other_[t]) - pos(ly[t] - d - other_[t]);
-                }
-                if (gain + bound[blk + 1] <= best) {
-                  pruned = true;
-                  break;
-                }
-              }
-              if (!pruned && gain > best) {
-                best = gain;
-                best_a = a;
-                best_b = b;
-              }
-            }
-          }
-        }
+        for (int y = x + 1; y < first + D; ++y)
+          best_gpu_swap(x, y, members[x], members[y], best, best_a, best_b);
       }
       if (best_a < 0) break;
       double* lx = &load_[static_cast<size_t>(home[best_a]) * T];
@@ -358,6 +323,49 @@ int64_t Placer::improve_gpus(std::vector<int>& home) {
     }
   }
   return swaps;
+}
+
+// improve_gpus' search over one pair of GPUs of a node: with x's and y's loads, a lower bound per
+// block of steps on what is left to gain prunes a candidate swap early.
+void Placer::best_gpu_swap(int x, int y, const std::vector<int>& on_x, const std::vector<int>& on_y,
+                           double& best, int& best_a, int& best_b) {
+  const int64_t T = steps_;
+  const size_t blocks = bound_.size() - 1;
+  const double* lx = &load_[static_cast<size_t>(x) * T];
+  const double* ly = &load_[static_cast<size_t>(y) * T];
+  std::fill(bound_.begin(), bound_.end(), 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    base_[t] = pos(lx[t] - other_[t]) + pos(ly[t] - other_[t]);
+    // pos is convex: the pair's excess after a swap is at least twice that of their mean.
+    bound_[static_cast<size_t>(t / kBlock)] +=
+        base_[t] - 2 * pos(0.5 * (lx[t] + ly[t]) - other_[t]);
+  }
+  for (size_t b = blocks; b-- > 0;) bound_[b] += bound_[b + 1];
+  for (int a : on_x) {
+    const double* ra = &rows_[static_cast<size_t>(a) * T];
+    for (int b : on_y) {
+      const double* rb = &rows_[static_cast<size_t>(b) * T];
+      double gain = 0;
+      bool pruned = false;
+      for (size_t blk = 0; blk < blocks; ++blk) {
+        const int64_t t0 = static_cast<int64_t>(blk) * kBlock;
+        const int64_t t1 = std::min(T, t0 + kBlock);
+        for (int64_t t = t0; t < t1; ++t) {
+          const double d = rb[t] - ra[t];
+          gain += base_[t] - pos(lx[t] + d - other_[t]) - pos(ly[t] - d - other_[t]);
+        }
+        if (gain + bound_[blk + 1] <= best) {
+          pruned = true;
+          break;
+        }
+      }
+      if (!pruned && gain > best) {
+        best = gain;
+        best_a = a;
+        best_b = b;
+      }
+    }
+  }
 }
 
 // Renames nodes, then the GPUs inside each node, so that as many experts as possible keep their

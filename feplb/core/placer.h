@@ -83,6 +83,10 @@ class Placer {
   void load_history(const LayerHistory& h);
   int64_t improve_nodes(std::vector<int>& home);
   int64_t improve_gpus(std::vector<int>& home);
+  // improve_gpus' search over the experts on GPUs x and y (`on_x`, `on_y`) of one node: a swap
+  // whose gain beats `best` becomes the best (best, best_a, best_b); bound_ is its scratch.
+  void best_gpu_swap(int x, int y, const std::vector<int>& on_x, const std::vector<int>& on_y,
+                     double& best, int& best_a, int& best_b);
   void relabel(const std::vector<int>& current, std::vector<int>& home) const;
   void choose_dynamic(const std::vector<int>& home, std::vector<uint8_t>& dynamic);
 
@@ -93,6 +97,7 @@ class Placer {
   std::vector<double> rows_;          // [num_experts, steps]: the history, expert-major
   std::vector<double> load_;          // [num_ranks or num_domains, steps]
   std::vector<double> other_, base_;  // [steps]
+  std::vector<double> bound_;         // [steps / block + 1]
 };
 
 }  // namespace feplb

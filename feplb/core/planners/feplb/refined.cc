@@ -60,12 +60,43 @@ void FeplbRefinedOneHop::refine(std::span<const Entry> pairs, std::span<const Co
                                 const RoutingStep& routing, Plan& out) {
   const Topology& topo = ctx_.topo;
   const int E = topo.num_experts(), R = topo.num_ranks();
-  const int64_t min_rows = prediction_.min_slice_rows;
   out.clear(E);
   out.planned_before_dispatch = true;
-  // The predicted helpers by expert (CSR): the previous plan's pairs and the prefetched ones
-  // (the same with prefetch_history = 1; older pairs too above it), each once, flagged when its
-  // weights were prefetched.
+  index_helpers(pairs, prefetched, out);
+  moved_.assign(static_cast<size_t>(E), 0);
+  prefetched_at_.resize(static_cast<size_t>(R));  // set for each shared expert's helpers
+  // Experts without helpers stay home; the others, busiest first, are water-filled.
+  load_unshared(routing);
+  for (int e : shared_) {
+    const int home = topo.home(e);
+    const int64_t c = routing.expert_counts[e];
+    holders_.clear();
+    for (int i = helper_begin_[e]; i < helper_begin_[e + 1]; ++i) {
+      const Entry& h = entries_[static_cast<size_t>(i)];
+      holders_.push_back(h.gpu);
+      prefetched_at_[h.gpu] = h.prefetched ? 1 : 0;
+    }
+    holders_.push_back(home);
+    water_fill(home, c);
+    for (size_t i = 0; i < holders_.size(); ++i) {
+      const int g = holders_[i];
+      load_[g] += share_[i];
+      if (g == home || share_[i] == 0) continue;
+      out.add_migration(e, home, g, share_[i], ctx_.shape, prefetched_at_[g] != 0,
+                        /*one_hop=*/true);
+      moved_[e] += share_[i];
+    }
+    out.dynamic[e] = 1;
+  }
+  out.add_home_slices(topo, routing, moved_);
+}
+
+// The predicted helpers by expert (CSR): the previous plan's pairs and the prefetched ones (the
+// same with prefetch_history = 1; older pairs too above it), each once, flagged when its weights
+// were prefetched.
+void FeplbRefinedOneHop::index_helpers(std::span<const Entry> pairs,
+                                       std::span<const Copy> prefetched, Plan& out) {
+  const int E = ctx_.topo.num_experts();
   entries_.assign(pairs.begin(), pairs.end());
   for (const Copy& c : prefetched) {
     entries_.push_back({c.expert, c.dst_gpu, true});
@@ -84,12 +115,15 @@ void FeplbRefinedOneHop::refine(std::span<const Entry> pairs, std::span<const Co
   helper_begin_.assign(static_cast<size_t>(E) + 1, 0);
   for (const Entry& h : entries_) ++helper_begin_[static_cast<size_t>(h.expert) + 1];
   for (int e = 0; e < E; ++e) helper_begin_[e + 1] += helper_begin_[e];
-  moved_.assign(static_cast<size_t>(E), 0);
-  prefetched_at_.resize(static_cast<size_t>(R));  // set for each shared expert's helpers
-  // Experts without helpers stay home; the others, busiest first, are water-filled.
-  load_.assign(static_cast<size_t>(R), 0);
+}
+
+// Experts without a predicted helper load their homes; the others (with rows) are the shared
+// experts, busiest first.
+void FeplbRefinedOneHop::load_unshared(const RoutingStep& routing) {
+  const Topology& topo = ctx_.topo;
+  load_.assign(static_cast<size_t>(topo.num_ranks()), 0);
   shared_.clear();
-  for (int e = 0; e < E; ++e) {
+  for (int e = 0; e < topo.num_experts(); ++e) {
     const int64_t c = routing.expert_counts[e];
     if (helper_begin_[e + 1] == helper_begin_[e]) {
       load_[topo.home(e)] += c;
@@ -98,54 +132,38 @@ void FeplbRefinedOneHop::refine(std::span<const Entry> pairs, std::span<const Co
     }
   }
   sort_ids_descending(shared_, [&](int e) { return routing.expert_counts[e]; });
-  for (int e : shared_) {
-    const int home = topo.home(e);
-    const int64_t c = routing.expert_counts[e];
-    holders_.clear();
-    for (int i = helper_begin_[e]; i < helper_begin_[e + 1]; ++i) {
-      const Entry& h = entries_[static_cast<size_t>(i)];
-      holders_.push_back(h.gpu);
-      prefetched_at_[h.gpu] = h.prefetched ? 1 : 0;
+}
+
+// Water-fills `c` rows over holders_ (the expert's helpers and its `home`) into share_ (holders_
+// ends sorted by load); a helper whose share is below a minimum slice is dropped (the smallest
+// first) and the rest filled again, until every helper's share is 0 or a slice.
+void FeplbRefinedOneHop::water_fill(int home, int64_t c) {
+  const int64_t min_rows = prediction_.min_slice_rows;
+  for (;;) {
+    sort_ids_ascending(holders_, [&](int g) { return load_[g]; });
+    const size_t n = holders_.size();
+    int64_t sum = 0;
+    size_t k = 0;  // the first k holders are filled to a common level
+    while (k < n && (k == 0 || (c + sum) / static_cast<int64_t>(k) > load_[holders_[k]])) {
+      sum += load_[holders_[k]];
+      ++k;
     }
-    holders_.push_back(home);
-    // Water-fill over the holders; a helper whose share is below a minimum slice is dropped (the
-    // smallest first) and the rest filled again, until every helper's share is 0 or a slice.
-    for (;;) {
-      sort_ids_ascending(holders_, [&](int g) { return load_[g]; });
-      const size_t n = holders_.size();
-      int64_t sum = 0;
-      size_t k = 0;  // the first k holders are filled to a common level
-      while (k < n && (k == 0 || (c + sum) / static_cast<int64_t>(k) > load_[holders_[k]])) {
-        sum += load_[holders_[k]];
-        ++k;
-      }
-      const int64_t level = (c + sum) / static_cast<int64_t>(k);
-      share_.assign(n, 0);
-      int64_t given = 0;
-      for (size_t i = 0; i < k; ++i) {
-        share_[i] = std::max<int64_t>(0, level - load_[holders_[i]]);
-        given += share_[i];
-      }
-      share_[0] += c - given;  // the rounding, to the least loaded
-      size_t smallest = n;
-      for (size_t i = 0; i < n; ++i) {
-        if (holders_[i] == home || share_[i] == 0 || share_[i] >= min_rows) continue;
-        if (smallest == n || share_[i] < share_[smallest]) smallest = i;
-      }
-      if (smallest == n) break;
-      holders_.erase(holders_.begin() + static_cast<std::ptrdiff_t>(smallest));
+    const int64_t level = (c + sum) / static_cast<int64_t>(k);
+    share_.assign(n, 0);
+    int64_t given = 0;
+    for (size_t i = 0; i < k; ++i) {
+      share_[i] = std::max<int64_t>(0, level - load_[holders_[i]]);
+      given += share_[i];
     }
-    for (size_t i = 0; i < holders_.size(); ++i) {
-      const int g = holders_[i];
-      load_[g] += share_[i];
-      if (g == home || share_[i] == 0) continue;
-      out.add_migration(e, home, g, share_[i], ctx_.shape, prefetched_at_[g] != 0,
-                        /*one_hop=*/true);
-      moved_[e] += share_[i];
+    share_[0] += c - given;  // the rounding, to the least loaded
+    size_t smallest = n;
+    for (size_t i = 0; i < n; ++i) {
+      if (holders_[i] == home || share_[i] == 0 || share_[i] >= min_rows) continue;
+      if (smallest == n || share_[i] < share_[smallest]) smallest = i;
     }
-    out.dynamic[e] = 1;
+    if (smallest == n) return;
+    holders_.erase(holders_.begin() + static_cast<std::ptrdiff_t>(smallest));
   }
-  out.add_home_slices(topo, routing, moved_);
 }
 
 }  // namespace feplb

@@ -59,6 +59,12 @@ class FeplbRefinedOneHop final : public Planner {
   // `prefetched` pairs' weights were copied before routing, the others' are copied now.
   void refine(std::span<const Entry> pairs, std::span<const Copy> prefetched,
               const RoutingStep& routing, Plan& out);
+  // refine()'s steps: the predicted helpers by expert (entries_, helper_begin_; the prefetched
+  // copies into `out`); the loads of experts without helpers (load_), the others busiest first
+  // (shared_); expert e's `c` rows water-filled over its holders (holders_, share_).
+  void index_helpers(std::span<const Entry> pairs, std::span<const Copy> prefetched, Plan& out);
+  void load_unshared(const RoutingStep& routing);
+  void water_fill(int home, int64_t c);
 
   const FeplbConfig prediction_;
   const std::string label_;
