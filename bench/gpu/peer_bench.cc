@@ -286,6 +286,190 @@ void gemm(cublasHandle_t h, cudaStream_t s, const bf16* a, const bf16* b, bf16* 
                                   CUBLAS_GEMM_DEFAULT));
 }
 
+// One rank's side of the pair measurements: its transport, partner, stream, group and buffers.
+struct PeerRun {
+  Transport& t;
+  int rank, world, partner;
+  size_t max_bytes;
+  cudaStream_t s;
+  Group& g;
+  DeviceBuffer<char>& src;
+  DeviceBuffer<char>& nccl_recv;
+  char* peer_dst;  // the partner's registered buffer, as addressed here (null without a partner)
+};
+
+// Peer bandwidth by method, direction and size (GB/s spreads), the largest median of any, and the
+// one-direction copy-engine medians by size.
+struct Bandwidths {
+  json ce, sm, nccl, ce_pct;
+  double peak = 0;
+  std::vector<std::pair<size_t, double>> ce_one_dir;
+};
+
+Bandwidths measure_bandwidths(const PeerRun& p, const std::vector<size_t>& sizes,
+                              const Options& o) {
+  // Who moves data in each direction mode: one direction = the even rank of each pair pushes.
+  auto active = [&](bool both) { return p.partner >= 0 && (both || p.rank % 2 == 0); };
+  auto ce = [&](bool both) -> Op {
+    return [&, both](size_t bytes, int iters, cudaStream_t st) {
+      if (!active(both)) return;
+      for (int i = 0; i < iters; ++i) {
+        FEPLB_CUDA_CHECK(
+            cudaMemcpyAsync(p.peer_dst, p.src.get(), bytes, cudaMemcpyDeviceToDevice, st));
+      }
+    };
+  };
+  auto sm = [&](bool both, int blocks) -> Op {
+    return [&, both, blocks](size_t bytes, int iters, cudaStream_t st) {
+      if (!active(both)) return;
+      for (int i = 0; i < iters; ++i)
+        FEPLB_CUDA_CHECK(kernels::sm_copy(p.src.get(), p.peer_dst, bytes, blocks, 0.0, st));
+    };
+  };
+  auto nccl = [&](bool both) -> Op {
+    return [&, both](size_t bytes, int iters, cudaStream_t st) {
+      if (p.partner < 0) return;
+      const bool sends = both || p.rank % 2 == 0, recvs = both || p.rank % 2 == 1;
+      for (int i = 0; i < iters; ++i) {
+        std::vector<Chunk> out, in;
+        if (sends) out.push_back({p.partner, p.src.get(), bytes});
+        if (recvs) in.push_back({p.partner, p.nccl_recv.get(), bytes});
+        p.t.exchange(out, in, st);
+      }
+    };
+  };
+  Bandwidths bw;
+  for (const bool both : {false, true}) {
+    const char* dir = both ? "both_directions" : "one_direction";
+    for (size_t bytes : sizes) {
+      const auto c = measure(p.g, p.s, ce(both), bytes, o);
+      const auto s24 = measure(p.g, p.s, sm(both, 24), bytes, o);
+      const auto s32 = measure(p.g, p.s, sm(both, 32), bytes, o);
+      const auto n = measure(p.g, p.s, nccl(both), bytes, o);
+      const std::string key = size_key(bytes);
+      bw.ce[dir][key] = spread(c);
+      bw.sm["24_blocks"][dir][key] = spread(s24);
+      bw.sm["32_blocks"][dir][key] = spread(s32);
+      bw.nccl[dir][key] = spread(n);
+      for (const auto* v : {&c, &s24, &s32, &n}) bw.peak = std::max(bw.peak, quantile_of(*v, 0.5));
+      if (!both) bw.ce_one_dir.emplace_back(bytes, quantile_of(c, 0.5));
+      log0(p.rank,
+           fmt::format(
+               "{:>15} {:>7}: CE {:7.1f}  SM24 {:7.1f}  SM32 {:7.1f}  NCCL {:7.1f} GB/s (medians)",
+               dir, key, quantile_of(c, 0.5), quantile_of(s24, 0.5), quantile_of(s32, 0.5),
+               quantile_of(n, 0.5)));
+    }
+  }
+  for (const auto& [bytes, gbps] : bw.ce_one_dir) {
+    if (bytes >= (size_t{64} << 20)) bw.ce_pct[size_key(bytes)] = 100.0 * gbps / bw.peak;
+  }
+  return bw;
+}
+
+// A bf16 GEMM on rank 0 alone and while every other rank pushes into it on the copy engine,
+// interleaved pairs: each pair's times (max over ranks) and their ratio.
+struct GemmUnderPush {
+  int m = 8192, n = 4096, k = 6144;
+  std::vector<double> alone, pushed, ratio;
+  double slowdown_pct = 0;
+};
+
+GemmUnderPush gemm_under_push(const PeerRun& p, const Bandwidths& bw, const Options& o) {
+  GemmUnderPush r;
+  const int m = r.m, n = r.n, k = r.k;
+  CublasHandle cublas;
+  DeviceBuffer<bf16> a, b, c;
+  if (p.rank == 0) {
+    a = DeviceBuffer<bf16>(static_cast<size_t>(m) * k);
+    b = DeviceBuffer<bf16>(static_cast<size_t>(k) * n);
+    c = DeviceBuffer<bf16>(static_cast<size_t>(m) * n);
+    FEPLB_CUDA_CHECK(kernels::fill_random(a.get(), a.size(), 11, 1.0f, p.s));
+    FEPLB_CUDA_CHECK(kernels::fill_random(b.get(), b.size(), 12, 1.0f, p.s));
+    for (int i = 0; i < 3; ++i) gemm(cublas.get(), p.s, a.get(), b.get(), c.get(), m, n, k);
+  }
+  char* victim_dst =
+      p.rank == 0 ? nullptr : static_cast<char*>(p.t.peer_buffer("peer_bench.dst", 0));
+  Event e0(true), e1(true);
+  // Push long enough to cover the GEMM with margin: 64 MiB copies for about 3 GEMM times at the
+  // best copy-engine rate measured.
+  auto time_gemm = [&](bool pushed, double push_ms) {
+    p.g.barrier();
+    if (p.rank == 0) {
+      if (pushed) FEPLB_CUDA_CHECK(kernels::gpu_delay(50'000, p.s));  // let the pushes start
+      e0.record(p.s);
+      gemm(cublas.get(), p.s, a.get(), b.get(), c.get(), m, n, k);
+      e1.record(p.s);
+    } else if (pushed) {
+      const size_t chunk = std::min<size_t>(size_t{64} << 20, p.max_bytes);
+      const double best_gbps =
+          std::max(1.0, bw.ce_one_dir.empty() ? 100.0 : bw.ce_one_dir.back().second);
+      const int copies = std::max(
+          1, static_cast<int>(3 * push_ms * 1e-3 * best_gbps * 1e9 / static_cast<double>(chunk)));
+      for (int i = 0; i < copies; ++i) {
+        FEPLB_CUDA_CHECK(
+            cudaMemcpyAsync(victim_dst, p.src.get(), chunk, cudaMemcpyDeviceToDevice, p.s));
+      }
+    }
+    sync_with_timeout(p.s, kTimeoutS, "peer bench: GEMM under peer pushes");
+    return p.g.max_ms(p.rank == 0 ? elapsed_ms(e0, e1) : 0.0);
+  };
+  const double first = time_gemm(false, 0);
+  for (int i = 0; i < o.gemm_pairs; ++i) {
+    const double x = time_gemm(false, 0), y = time_gemm(true, first);
+    r.alone.push_back(x);
+    r.pushed.push_back(y);
+    r.ratio.push_back(y / x);
+  }
+  r.slowdown_pct = (quantile_of(r.ratio, 0.5) - 1.0) * 100.0;
+  log0(p.rank, fmt::format("GEMM {}x{}x{} bf16 on rank 0: {:.3f} ms alone, {:.3f} ms while {} "
+                           "peer(s) push: {:+.1f}%",
+                           m, n, k, quantile_of(r.alone, 0.5), quantile_of(r.pushed, 0.5),
+                           p.world - 1, r.slowdown_pct));
+  return r;
+}
+
+// The results document (rank 0).
+json peer_document(const std::string& device, int world, const Options& o,
+                   const std::vector<size_t>& sizes, const Bandwidths& bw, const GemmUnderPush& gm,
+                   const json& latency) {
+  json j;
+  j["device"] = device;
+  j["world_size"] = world;
+  j["pairs"] = world / 2;
+  j["reps"] = o.reps;
+  j["warmup"] = o.warmup;
+  j["sizes_bytes"] = sizes;
+  j["ce_peer_gbps_by_size"] = bw.ce;
+  j["sm_peer_gbps_by_size"] = bw.sm;
+  j["nccl_gbps_by_size"] = bw.nccl;
+  j["peak_gbps"] = bw.peak;
+  j["ce_pct_of_peak"] = bw.ce_pct;
+  j["gemm"] = json{{"shape_mnk", {gm.m, gm.n, gm.k}},
+                   {"alone_ms", spread(gm.alone)},
+                   {"peer_push_ms", spread(gm.pushed)},
+                   {"ratio", spread(gm.ratio)},
+                   {"pushing_ranks", world - 1}};
+  j["gemm_slowdown_peer_push_pct"] = gm.slowdown_pct;
+  j["placement"] = "one process per GPU";
+  j["signal_latency"] = latency;
+  j["definitions"] = json{
+      {"gbps",
+       "bytes moved per direction / time, 1e9 bytes per GB; each repetition's time is the max "
+       "over ranks; small sizes repeat back to back (about 64 MiB per repetition)"},
+      {"one_direction", "the even rank of each pair (0<->1, 2<->3, ...) writes into its partner"},
+      {"both_directions",
+       "both ranks of each pair write into each other at once; the rate is per direction"},
+      {"ce", "cudaMemcpyAsync into the partner's CUDA IPC-mapped buffer (copy engine)"},
+      {"sm", "kernels::sm_copy on 24 or 32 blocks storing to the partner's mapped buffer"},
+      {"nccl", "ncclSend/ncclRecv in one group per transfer"},
+      {"peak_gbps", "the largest median measured here, any method"},
+      {"ce_pct_of_peak", "one-direction CE median / peak_gbps, sizes >= 64 MiB"},
+      {"gemm_slowdown_peer_push_pct",
+       "(median over interleaved pairs of pushed / alone GEMM time - 1) * 100"},
+      {"signal_latency", "see signal_latency.definitions"}};
+  return j;
+}
+
 int run(const Options& o, const dist::LaunchEnv& env) {
   NcclCommunicator comm(env, kTimeoutS);
   const auto t = comm.transport();
@@ -305,8 +489,9 @@ int run(const Options& o, const dist::LaunchEnv& env) {
   char* peer_dst =
       partner >= 0 ? static_cast<char*>(t->peer_buffer("peer_bench.dst", partner)) : nullptr;
   const std::vector<DeviceInfo> devices = list_devices();
+  const std::string device = devices.empty() ? "" : devices[0].name;
   log0(rank, fmt::format("feplb_peer_bench: {} ranks, {} pairs, {}", world, world / 2,
-                         devices.empty() ? std::string("?") : devices[0].name));
+                         devices.empty() ? std::string("?") : device));
 
   const MakeSignals make = [&](const std::string& name, int count, SignalMechanism m) {
     return t->make_signals(name, count, m);
@@ -315,7 +500,7 @@ int run(const Options& o, const dist::LaunchEnv& env) {
   if (o.signals_only) {
     if (rank == 0 && !o.out.empty()) {
       json j;
-      j["device"] = devices.empty() ? "" : devices[0].name;
+      j["device"] = device;
       j["world_size"] = world;
       j["placement"] = "one process per GPU";
       j["signal_latency"] = latency;
@@ -325,152 +510,11 @@ int run(const Options& o, const dist::LaunchEnv& env) {
     g.barrier();
     return 0;
   }
-
-  // Who moves data in each direction mode: one direction = the even rank of each pair pushes.
-  auto active = [&](bool both) { return partner >= 0 && (both || rank % 2 == 0); };
-  auto ce = [&](bool both) -> Op {
-    return [&, both](size_t bytes, int iters, cudaStream_t st) {
-      if (!active(both)) return;
-      for (int i = 0; i < iters; ++i)
-        FEPLB_CUDA_CHECK(cudaMemcpyAsync(peer_dst, src.get(), bytes, cudaMemcpyDeviceToDevice, st));
-    };
-  };
-  auto sm = [&](bool both, int blocks) -> Op {
-    return [&, both, blocks](size_t bytes, int iters, cudaStream_t st) {
-      if (!active(both)) return;
-      for (int i = 0; i < iters; ++i)
-        FEPLB_CUDA_CHECK(kernels::sm_copy(src.get(), peer_dst, bytes, blocks, 0.0, st));
-    };
-  };
-  auto nccl = [&](bool both) -> Op {
-    return [&, both](size_t bytes, int iters, cudaStream_t st) {
-      if (partner < 0) return;
-      const bool sends = both || rank % 2 == 0, recvs = both || rank % 2 == 1;
-      for (int i = 0; i < iters; ++i) {
-        std::vector<Chunk> out, in;
-        if (sends) out.push_back({partner, src.get(), bytes});
-        if (recvs) in.push_back({partner, nccl_recv.get(), bytes});
-        t->exchange(out, in, st);
-      }
-    };
-  };
-
-  json ce_j, sm_j, nccl_j;
-  double peak = 0;
-  std::vector<std::pair<size_t, double>> ce_one_dir;
-  for (const bool both : {false, true}) {
-    const char* dir = both ? "both_directions" : "one_direction";
-    for (size_t bytes : sizes) {
-      const auto c = measure(g, s.get(), ce(both), bytes, o);
-      const auto s24 = measure(g, s.get(), sm(both, 24), bytes, o);
-      const auto s32 = measure(g, s.get(), sm(both, 32), bytes, o);
-      const auto n = measure(g, s.get(), nccl(both), bytes, o);
-      const std::string key = size_key(bytes);
-      ce_j[dir][key] = spread(c);
-      sm_j["24_blocks"][dir][key] = spread(s24);
-      sm_j["32_blocks"][dir][key] = spread(s32);
-      nccl_j[dir][key] = spread(n);
-      for (const auto* v : {&c, &s24, &s32, &n}) peak = std::max(peak, quantile_of(*v, 0.5));
-      if (!both) ce_one_dir.emplace_back(bytes, quantile_of(c, 0.5));
-      log0(rank,
-           fmt::format(
-               "{:>15} {:>7}: CE {:7.1f}  SM24 {:7.1f}  SM32 {:7.1f}  NCCL {:7.1f} GB/s (medians)",
-               dir, key, quantile_of(c, 0.5), quantile_of(s24, 0.5), quantile_of(s32, 0.5),
-               quantile_of(n, 0.5)));
-    }
-  }
-  json ce_pct;
-  for (const auto& [bytes, gbps] : ce_one_dir) {
-    if (bytes >= (size_t{64} << 20)) ce_pct[size_key(bytes)] = 100.0 * gbps / peak;
-  }
-
-  // GEMM on rank 0 alone (A) and while every other rank pushes into it on the copy engine (B).
-  const int m = 8192, n = 4096, k = 6144;
-  CublasHandle cublas;
-  DeviceBuffer<bf16> a, b, c;
-  if (rank == 0) {
-    a = DeviceBuffer<bf16>(size_t{m} * k);
-    b = DeviceBuffer<bf16>(size_t{k} * n);
-    c = DeviceBuffer<bf16>(size_t{m} * n);
-    FEPLB_CUDA_CHECK(kernels::fill_random(a.get(), a.size(), 11, 1.0f, s.get()));
-    FEPLB_CUDA_CHECK(kernels::fill_random(b.get(), b.size(), 12, 1.0f, s.get()));
-    for (int i = 0; i < 3; ++i) gemm(cublas.get(), s.get(), a.get(), b.get(), c.get(), m, n, k);
-  }
-  char* victim_dst = rank == 0 ? nullptr : static_cast<char*>(t->peer_buffer("peer_bench.dst", 0));
-  Event e0(true), e1(true);
-  // Push long enough to cover the GEMM with margin: 64 MiB copies for about 3 GEMM times at the
-  // best copy-engine rate measured.
-  auto time_gemm = [&](bool pushed, double push_ms) {
-    g.barrier();
-    if (rank == 0) {
-      if (pushed) FEPLB_CUDA_CHECK(kernels::gpu_delay(50'000, s.get()));  // let the pushes start
-      e0.record(s.get());
-      gemm(cublas.get(), s.get(), a.get(), b.get(), c.get(), m, n, k);
-      e1.record(s.get());
-    } else if (pushed) {
-      const size_t chunk = std::min<size_t>(size_t{64} << 20, max_bytes);
-      const double best_gbps = std::max(1.0, ce_one_dir.empty() ? 100.0 : ce_one_dir.back().second);
-      const int copies = std::max(
-          1, static_cast<int>(3 * push_ms * 1e-3 * best_gbps * 1e9 / static_cast<double>(chunk)));
-      for (int i = 0; i < copies; ++i) {
-        FEPLB_CUDA_CHECK(
-            cudaMemcpyAsync(victim_dst, src.get(), chunk, cudaMemcpyDeviceToDevice, s.get()));
-      }
-    }
-    sync_with_timeout(s.get(), kTimeoutS, "peer bench: GEMM under peer pushes");
-    return g.max_ms(rank == 0 ? elapsed_ms(e0, e1) : 0.0);
-  };
-  const double first = time_gemm(false, 0);
-  std::vector<double> alone, pushed, ratio;
-  for (int i = 0; i < o.gemm_pairs; ++i) {
-    const double x = time_gemm(false, 0), y = time_gemm(true, first);
-    alone.push_back(x);
-    pushed.push_back(y);
-    ratio.push_back(y / x);
-  }
-  const double slowdown_pct = (quantile_of(ratio, 0.5) - 1.0) * 100.0;
-  log0(rank, fmt::format("GEMM {}x{}x{} bf16 on rank 0: {:.3f} ms alone, {:.3f} ms while {} "
-                         "peer(s) push: {:+.1f}%",
-                         m, n, k, quantile_of(alone, 0.5), quantile_of(pushed, 0.5), world - 1,
-                         slowdown_pct));
-
+  const PeerRun p{*t, rank, world, partner, max_bytes, s.get(), g, src, nccl_recv, peer_dst};
+  const Bandwidths bw = measure_bandwidths(p, sizes, o);
+  const GemmUnderPush gm = gemm_under_push(p, bw, o);
   if (rank == 0 && !o.out.empty()) {
-    json j;
-    j["device"] = devices.empty() ? "" : devices[0].name;
-    j["world_size"] = world;
-    j["pairs"] = world / 2;
-    j["reps"] = o.reps;
-    j["warmup"] = o.warmup;
-    j["sizes_bytes"] = sizes;
-    j["ce_peer_gbps_by_size"] = ce_j;
-    j["sm_peer_gbps_by_size"] = sm_j;
-    j["nccl_gbps_by_size"] = nccl_j;
-    j["peak_gbps"] = peak;
-    j["ce_pct_of_peak"] = ce_pct;
-    j["gemm"] = json{{"shape_mnk", {m, n, k}},
-                     {"alone_ms", spread(alone)},
-                     {"peer_push_ms", spread(pushed)},
-                     {"ratio", spread(ratio)},
-                     {"pushing_ranks", world - 1}};
-    j["gemm_slowdown_peer_push_pct"] = slowdown_pct;
-    j["placement"] = "one process per GPU";
-    j["signal_latency"] = latency;
-    j["definitions"] = json{
-        {"gbps",
-         "bytes moved per direction / time, 1e9 bytes per GB; each repetition's time is the max "
-         "over ranks; small sizes repeat back to back (about 64 MiB per repetition)"},
-        {"one_direction", "the even rank of each pair (0<->1, 2<->3, ...) writes into its partner"},
-        {"both_directions",
-         "both ranks of each pair write into each other at once; the rate is per direction"},
-        {"ce", "cudaMemcpyAsync into the partner's CUDA IPC-mapped buffer (copy engine)"},
-        {"sm", "kernels::sm_copy on 24 or 32 blocks storing to the partner's mapped buffer"},
-        {"nccl", "ncclSend/ncclRecv in one group per transfer"},
-        {"peak_gbps", "the largest median measured here, any method"},
-        {"ce_pct_of_peak", "one-direction CE median / peak_gbps, sizes >= 64 MiB"},
-        {"gemm_slowdown_peer_push_pct",
-         "(median over interleaved pairs of pushed / alone GEMM time - 1) * 100"},
-        {"signal_latency", "see signal_latency.definitions"}};
-    write_json(o.out, j);
+    write_json(o.out, peer_document(device, world, o, sizes, bw, gm, latency));
     log0(rank, "wrote " + o.out);
   }
   g.barrier();  // nobody unmaps or frees while a peer may still write
