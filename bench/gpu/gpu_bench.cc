@@ -78,7 +78,8 @@ double gemm_tflops(int64_t m, int64_t n, int64_t k, int reps) {
     FEPLB_CUDA_CHECK(cudaEventSynchronize(e1.get()));
     ms.push_back(elapsed_ms(e0, e1));
   }
-  return 2.0 * m * n * k / (quantile_of(ms, 0.5) * 1e-3) / 1e12;
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) /
+         (quantile_of(ms, 0.5) * 1e-3) / 1e12;
 }
 
 // ---- copy-engine bandwidth ---------------------------------------------------------------------
@@ -248,7 +249,7 @@ json measured_straggler(ExpertBench& eb, const Trace& t, const std::string& labe
     steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
   const Topology topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
   json out = json::object();
-  for (const std::string& policy : {"static", "feplb-paper", "feplb"}) {
+  for (const std::string policy : {"static", "feplb-paper", "feplb"}) {
     std::vector<double> meas, pred_table, pred_roof;
     for (const PlannedStep& ps : plan_trace(t, {policy}, knobs, table, steps)) {
       const std::vector<double> g = rank_gemm_ms(eb, ps.plan, t.num_ranks, 5);
@@ -363,11 +364,14 @@ json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs,
       const double r_bytes = static_cast<double>(in_rows * H * 2) * inflate;
       for (double left = w_bytes; left > 0; left -= static_cast<double>(we * 2)) {
         copies.push_back({wdst.get(), wsrc.get(),
-                          static_cast<size_t>(std::min<double>(left, we * 2)) & ~size_t{15}});
+                          static_cast<size_t>(std::min<double>(left, static_cast<double>(we * 2))) &
+                              ~size_t{15}});
       }
       for (double left = r_bytes; left > 0; left -= static_cast<double>(rsrc.bytes())) {
-        copies.push_back({rdst.get(), rsrc.get(),
-                          static_cast<size_t>(std::min<double>(left, rsrc.bytes())) & ~size_t{15}});
+        copies.push_back(
+            {rdst.get(), rsrc.get(),
+             static_cast<size_t>(std::min<double>(left, static_cast<double>(rsrc.bytes()))) &
+                 ~size_t{15}});
       }
       ++seq;
       FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -446,7 +450,7 @@ json layer_times(ExpertBench& eb, const Trace& t, const Knobs& knobs, const Gemm
     steps.push_back(t.steps.size() * static_cast<size_t>(i) / static_cast<size_t>(nsteps));
   const int R = t.num_ranks, per = t.num_experts / t.num_ranks;
   std::map<std::string, std::vector<double>> fwd, bwd;
-  for (const std::string& policy : {"static", "feplb-paper", "feplb"}) {
+  for (const std::string policy : {"static", "feplb-paper", "feplb"}) {
     for (const PlannedStep& ps : plan_trace(t, {policy}, knobs, cost, steps)) {
       std::vector<double> f, b;
       for (const auto& rows : ExpertBench::rows_per_gpu(ps.plan, R)) {
@@ -476,7 +480,7 @@ json layer_times(ExpertBench& eb, const Trace& t, const Knobs& knobs, const Gemm
   json lf = json::object(), lb = json::object(), total = json::object();
   const double st_total = mean_of(fwd["static"]) + mean_of(bwd["static"]);
   const double bal_total = mean_of(fwd["balanced"]) + mean_of(bwd["balanced"]);
-  for (const std::string& p : {"static", "feplb-paper", "feplb", "balanced", "static_mean"}) {
+  for (const std::string p : {"static", "feplb-paper", "feplb", "balanced", "static_mean"}) {
     lf[p] = quantile_of(fwd[p], 0.5);
     lb[p] = quantile_of(bwd[p], 0.5);
     const double tot = mean_of(fwd[p]) + mean_of(bwd[p]);
@@ -511,7 +515,7 @@ json layer_times(ExpertBench& eb, const Trace& t, const Knobs& knobs, const Gemm
 json training_steps(const Trace& t, int layers, int steps, double timeout_s) {
   json out = json::object();
   const ExpertShape shape = kQwen3_30b;  // 8 ranks x layers of these experts fit
-  for (const std::string& policy : {"static", "feplb"}) {
+  for (const std::string policy : {"static", "feplb"}) {
     TrainConfig c;
     c.runtime.topo = Topology::contiguous(t.num_ranks, 8, t.num_experts);
     c.runtime.shape = shape;
@@ -599,20 +603,22 @@ struct PathsMeasured {
   std::vector<ModeTime> start_times;
 };
 
-// One mode's JSON and log lines; `base_wait` and `base_fwd` (per step) are two-phase's, filled
-// by the first mode.
-json path_mode_json(int mi, const PathsMeasured& m, int steps, int R, const ExpertShape& shape,
-                    std::vector<double>& base_wait, std::vector<double>& base_fwd) {
-  const auto& stats = m.stats;
-  const auto& plan_modes = m.plan_modes;
+// One mode's series over the measured steps (each step's max or sum over ranks); `base_wait` and
+// `base_fwd` (per step) are two-phase's, filled by the first mode.
+struct PathSeries {
   std::vector<double> wait, fwd, wait_pct, weights, pairs, hits, dispatched, guests, d_wait,
       fwd_ratio, plan_us, prime_us;
   int overtaken = 0;
   std::map<std::string, int> mode_steps;  // rank 0's plans by the mode they were planned in
   double pair_sum = 0, hit_sum = 0;
+};
+
+PathSeries path_series(int mi, const PathsMeasured& m, int steps, std::vector<double>& base_wait,
+                       std::vector<double>& base_fwd) {
+  PathSeries p;
   for (int i = 0; i < steps; ++i) {
-    const auto& per_rank = stats[static_cast<size_t>(mi)][static_cast<size_t>(i)];
-    ++mode_steps[plan_modes[static_cast<size_t>(mi)][static_cast<size_t>(i)]];
+    const auto& per_rank = m.stats[static_cast<size_t>(mi)][static_cast<size_t>(i)];
+    ++p.mode_steps[m.plan_modes[static_cast<size_t>(mi)][static_cast<size_t>(i)]];
     double w = 0, f = 0, pu = 0;
     int64_t wc = 0, dr = 0, gr = 0;
     for (const ForwardStats& st : per_rank) {
@@ -622,28 +628,37 @@ json path_mode_json(int mi, const PathsMeasured& m, int steps, int R, const Expe
       dr += st.dispatched_rows;
       gr += st.guest_rows;
       pu = std::max(pu, st.plan_us);
-      if (st.prime_us > 0) prime_us.push_back(st.prime_us);
-      overtaken += st.prime_overtaken ? 1 : 0;
+      if (st.prime_us > 0) p.prime_us.push_back(st.prime_us);
+      p.overtaken += st.prime_overtaken ? 1 : 0;
     }
-    plan_us.push_back(pu);
-    wait.push_back(w);
-    fwd.push_back(f);
-    wait_pct.push_back(f > 0 ? 100.0 * w / f : 0.0);
-    weights.push_back(static_cast<double>(wc));
-    dispatched.push_back(static_cast<double>(dr));
-    guests.push_back(static_cast<double>(gr));
-    pairs.push_back(static_cast<double>(per_rank[0].prefetched_pairs));
-    hits.push_back(static_cast<double>(per_rank[0].prefetch_hits));
-    pair_sum += static_cast<double>(per_rank[0].prefetched_pairs);
-    hit_sum += static_cast<double>(per_rank[0].prefetch_hits);
+    p.plan_us.push_back(pu);
+    p.wait.push_back(w);
+    p.fwd.push_back(f);
+    p.wait_pct.push_back(f > 0 ? 100.0 * w / f : 0.0);
+    p.weights.push_back(static_cast<double>(wc));
+    p.dispatched.push_back(static_cast<double>(dr));
+    p.guests.push_back(static_cast<double>(gr));
+    p.pairs.push_back(static_cast<double>(per_rank[0].prefetched_pairs));
+    p.hits.push_back(static_cast<double>(per_rank[0].prefetch_hits));
+    p.pair_sum += static_cast<double>(per_rank[0].prefetched_pairs);
+    p.hit_sum += static_cast<double>(per_rank[0].prefetch_hits);
     if (mi == 0) {
       base_wait.push_back(w);
       base_fwd.push_back(f);
     }
-    d_wait.push_back(w - base_wait[static_cast<size_t>(i)]);
-    fwd_ratio.push_back(base_fwd[static_cast<size_t>(i)] > 0 ? f / base_fwd[static_cast<size_t>(i)]
-                                                             : 0.0);
+    p.d_wait.push_back(w - base_wait[static_cast<size_t>(i)]);
+    p.fwd_ratio.push_back(
+        base_fwd[static_cast<size_t>(i)] > 0 ? f / base_fwd[static_cast<size_t>(i)] : 0.0);
   }
+  return p;
+}
+
+// One mode's JSON and log lines (path_series: `base_wait`, `base_fwd`).
+json path_mode_json(int mi, const PathsMeasured& m, int steps, int R, const ExpertShape& shape,
+                    std::vector<double>& base_wait, std::vector<double>& base_fwd) {
+  const PathSeries p = path_series(mi, m, steps, base_wait, base_fwd);
+  const auto& [wait, fwd, wait_pct, weights, pairs, hits, dispatched, guests, d_wait, fwd_ratio,
+               plan_us, prime_us, overtaken, mode_steps, pair_sum, hit_sum] = p;
   const PathMode& mode = kPathModes[mi];
   json j = {{"one_hop", mode.one_hop},
             {"prefetch", mode.prefetch},
@@ -686,37 +701,18 @@ json path_mode_json(int mi, const PathsMeasured& m, int steps, int R, const Expe
   return j;
 }
 
-json paths_bench(const ExpertShape& shape, const std::string& shape_name, const Knobs& knobs,
-                 int steps, bool prime, const std::string& data_dir, double timeout_s) {
-  constexpr int R = 8, E = 128, kWarmup = 2;
-  constexpr int M = static_cast<int>(std::size(kPathModes));
-  const std::vector<double> hot = {1.87, 1.65, 1.21};
-  const double cold_min = 0.2, expert_skew = 2.0;
-  WorkloadSpec spec;  // 4096 tokens per rank, top-8
-  spec.num_ranks = R;
-  spec.num_steps = steps + kWarmup;
-  spec.seed = 11;
-  const Trace t =
-      generate_trace(many_donor_prior(E, R, 8, hot, cold_min, expert_skew, 1, spec.seed), spec);
+// The paths section's workload: 8 GPUs in one domain, 128 experts, `kPathsWarmup` steps first.
+constexpr int kPathsRanks = 8, kPathsExperts = 128, kPathsWarmup = 2;
+constexpr int kPathsModes = static_cast<int>(std::size(kPathModes));
+
+// Every mode's forward per step on 8 virtual ranks (one runtime each, one layer per mode; order
+// rotated per step), after a GPU delay of `window_us` (the attention block), each rank's stats.
+PathsMeasured measure_paths(const Trace& t, const RuntimeConfig& c, const Knobs& knobs,
+                            const GemmCostModel& model, double window_us, int steps,
+                            double timeout_s) {
+  constexpr int R = kPathsRanks, kWarmup = kPathsWarmup, M = kPathsModes;
+  const ExpertShape& shape = c.shape;
   const int64_t S = t.tokens_per_rank, K = t.top_k, H = shape.hidden, F = shape.ffn;
-  RuntimeConfig c;
-  c.topo = Topology::contiguous(R, 8, E);
-  c.shape = shape;
-  c.max_top_k = static_cast<int>(K);
-  c.max_tokens = S;
-  c.knobs = knobs;
-  c.recv_capacity_rows = worst_receiver_rows(t, c.topo);
-  c.guest_capacity_rows = S * K;
-  c.training = false;
-  c.timing = true;
-  c.timeout_s = timeout_s;
-  c.name = "paths";
-  c.prime_planner = prime;
-  const CostChoice cost = choose_cost_model("auto", shape, knobs, data_dir, "paths");
-  const RooflineCostModel roofline(shape, knobs);
-  const GemmCostModel& model =
-      cost.model ? *cost.model : static_cast<const GemmCostModel&>(roofline);
-  const double window_us = prefetch_window_us(shape, S, knobs);
   PathsMeasured m;
   m.stats.assign(M, std::vector<std::vector<ForwardStats>>(static_cast<size_t>(steps),
                                                            std::vector<ForwardStats>(R)));
@@ -777,6 +773,16 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
       }
     }
   });
+  return m;
+}
+
+// The paths section's document: the shape, the trace, each mode's JSON (path_mode_json), the
+// method.
+json paths_document(const PathsMeasured& m, const Trace& t, const ExpertShape& shape,
+                    const std::string& shape_name, const std::string& cost_label, double window_us,
+                    bool prime, int steps) {
+  constexpr int R = kPathsRanks, E = kPathsExperts, kWarmup = kPathsWarmup, M = kPathsModes;
+  const int64_t S = t.tokens_per_rank, K = t.top_k, H = shape.hidden, F = shape.ffn;
   json modes = json::object();
   std::vector<double> base_wait, base_fwd;
   for (int mi = 0; mi < M; ++mi)
@@ -801,7 +807,7 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
         {"steps", steps},
         {"warmup_steps", kWarmup},
         {"gpu_max_over_mean", gpu_max_over_mean(t)}}},
-      {"cost_model", cost.label},
+      {"cost_model", cost_label},
       {"prefetch_window_us", window_us},
       {"prime_planner", prime},
       {"planner_times_at_start", start},
@@ -824,6 +830,40 @@ json paths_bench(const ExpertShape& shape, const std::string& shape_name, const 
        "than on 8 GPUs) and copies are same-device (faster than NVLink), so exposure is a lower "
        "bound and "
        "forward time is all ranks' work, not the balanced layer time 8 GPUs would see"}};
+}
+
+json paths_bench(const ExpertShape& shape, const std::string& shape_name, const Knobs& knobs,
+                 int steps, bool prime, const std::string& data_dir, double timeout_s) {
+  const std::vector<double> hot = {1.87, 1.65, 1.21};
+  const double cold_min = 0.2, expert_skew = 2.0;
+  WorkloadSpec spec;  // 4096 tokens per rank, top-8
+  spec.num_ranks = kPathsRanks;
+  spec.num_steps = steps + kPathsWarmup;
+  spec.seed = 11;
+  const Trace t = generate_trace(
+      many_donor_prior(kPathsExperts, kPathsRanks, 8, hot, cold_min, expert_skew, 1, spec.seed),
+      spec);
+  const int64_t S = t.tokens_per_rank, K = t.top_k;
+  RuntimeConfig c;
+  c.topo = Topology::contiguous(kPathsRanks, 8, kPathsExperts);
+  c.shape = shape;
+  c.max_top_k = static_cast<int>(K);
+  c.max_tokens = S;
+  c.knobs = knobs;
+  c.recv_capacity_rows = worst_receiver_rows(t, c.topo);
+  c.guest_capacity_rows = S * K;
+  c.training = false;
+  c.timing = true;
+  c.timeout_s = timeout_s;
+  c.name = "paths";
+  c.prime_planner = prime;
+  const CostChoice cost = choose_cost_model("auto", shape, knobs, data_dir, "paths");
+  const RooflineCostModel roofline(shape, knobs);
+  const GemmCostModel& model =
+      cost.model ? *cost.model : static_cast<const GemmCostModel&>(roofline);
+  const double window_us = prefetch_window_us(shape, S, knobs);
+  const PathsMeasured m = measure_paths(t, c, knobs, model, window_us, steps, timeout_s);
+  return paths_document(m, t, shape, shape_name, cost.label, window_us, prime, steps);
 }
 
 // Where small experts are launch-bound: the per-expert loop as the layer ran it (paced by the
