@@ -30,6 +30,53 @@ int64_t worst_receiver_rows(const Trace& t, const Topology& topo) {
   return worst;
 }
 
+namespace {
+
+// One measured forward's statistics into a rank's series (`mode`: rank 0's plan mode, else null).
+void record(const ForwardStats& st, const std::string* mode, VirtualLayerStats& p) {
+  p.counts_to_host_us.push_back(st.counts_to_host_us);
+  p.plan_us.push_back(st.plan_us);
+  if (st.prime_us > 0) p.prime_us.push_back(st.prime_us);
+  p.primes_overtaken += st.prime_overtaken ? 1 : 0;
+  if (mode) p.plan_modes.push_back(*mode);
+  if (st.plan_reserve_us > 0) {
+    p.plan_reserve_us.push_back(st.plan_reserve_us);
+    p.reserved_plan_us.push_back(st.plan_us);
+  }
+  p.counts_to_plan_us.push_back(st.counts_to_host_us + st.plan_us);
+  if (st.copies > 0) p.counts_to_first_copy_us.push_back(st.counts_to_first_copy_us);
+  p.wait_ms.push_back(st.wait_ms);
+  p.wait_pct.push_back(st.forward_ms > 0 ? 100.0 * st.wait_ms / st.forward_ms : 0.0);
+  p.forward_ms.push_back(st.forward_ms);
+}
+
+// Every rank's series, one after another.
+VirtualLayerStats merge(const std::vector<VirtualLayerStats>& per, int steps) {
+  VirtualLayerStats all;
+  all.forwards = steps;
+  all.start_times = per.front().start_times;
+  auto cat = [](std::vector<double>& a, const std::vector<double>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+  };
+  for (const VirtualLayerStats& p : per) {
+    cat(all.counts_to_first_copy_us, p.counts_to_first_copy_us);
+    cat(all.counts_to_host_us, p.counts_to_host_us);
+    cat(all.plan_us, p.plan_us);
+    cat(all.prime_us, p.prime_us);
+    all.primes_overtaken += p.primes_overtaken;
+    cat(all.plan_reserve_us, p.plan_reserve_us);
+    cat(all.reserved_plan_us, p.reserved_plan_us);
+    all.plan_modes.insert(all.plan_modes.end(), p.plan_modes.begin(), p.plan_modes.end());
+    cat(all.counts_to_plan_us, p.counts_to_plan_us);
+    cat(all.wait_ms, p.wait_ms);
+    cat(all.wait_pct, p.wait_pct);
+    cat(all.forward_ms, p.forward_ms);
+  }
+  return all;
+}
+
+}  // namespace
+
 VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
                                     const std::string& policy, const Knobs& knobs, int steps,
                                     int gpus_per_node, double timeout_s, bool measure_planner,
@@ -89,45 +136,10 @@ VirtualLayerStats run_virtual_layer(const Trace& t, const ExpertShape& shape,
       layer.forward(experts.params(), x.get(), idx.get(), wt.get(), S, out.get(), s.get());
       sync_with_timeout(s.get(), timeout_s, "layer forward");
       if (i < 2) continue;  // warm-up
-      const ForwardStats& st = layer.last_forward_stats();
-      VirtualLayerStats& p = per[r];
-      p.counts_to_host_us.push_back(st.counts_to_host_us);
-      p.plan_us.push_back(st.plan_us);
-      if (st.prime_us > 0) p.prime_us.push_back(st.prime_us);
-      p.primes_overtaken += st.prime_overtaken ? 1 : 0;
-      if (r == 0) p.plan_modes.push_back(layer.last_plan().mode);
-      if (st.plan_reserve_us > 0) {
-        p.plan_reserve_us.push_back(st.plan_reserve_us);
-        p.reserved_plan_us.push_back(st.plan_us);
-      }
-      p.counts_to_plan_us.push_back(st.counts_to_host_us + st.plan_us);
-      if (st.copies > 0) p.counts_to_first_copy_us.push_back(st.counts_to_first_copy_us);
-      p.wait_ms.push_back(st.wait_ms);
-      p.wait_pct.push_back(st.forward_ms > 0 ? 100.0 * st.wait_ms / st.forward_ms : 0.0);
-      p.forward_ms.push_back(st.forward_ms);
+      record(layer.last_forward_stats(), r == 0 ? &layer.last_plan().mode : nullptr, per[r]);
     }
   });
-  VirtualLayerStats all;
-  all.forwards = steps;
-  all.start_times = per.front().start_times;
-  auto cat = [](std::vector<double>& a, const std::vector<double>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-  };
-  for (const VirtualLayerStats& p : per) {
-    cat(all.counts_to_first_copy_us, p.counts_to_first_copy_us);
-    cat(all.counts_to_host_us, p.counts_to_host_us);
-    cat(all.plan_us, p.plan_us);
-    cat(all.prime_us, p.prime_us);
-    all.primes_overtaken += p.primes_overtaken;
-    cat(all.plan_reserve_us, p.plan_reserve_us);
-    cat(all.reserved_plan_us, p.reserved_plan_us);
-    all.plan_modes.insert(all.plan_modes.end(), p.plan_modes.begin(), p.plan_modes.end());
-    cat(all.counts_to_plan_us, p.counts_to_plan_us);
-    cat(all.wait_ms, p.wait_ms);
-    cat(all.wait_pct, p.wait_pct);
-    cat(all.forward_ms, p.forward_ms);
-  }
-  return all;
+  return merge(per, steps);
 }
 
 std::vector<double> rank_gemm_ms(ExpertBench& bench, const Plan& plan, int num_ranks, int reps,
