@@ -418,24 +418,9 @@ std::unique_ptr<MoeLayer> Bench::make_layer(const std::string& policy) {
                                     make_gpu_planner(*runtime_, planner_of(policy), cost_));
 }
 
-// Step i (warm-up steps first) of one policy's layer: forward + backward, timed, gathered; the
-// measured ones appended to ps.
-void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, PolicySeries& ps) {
-  const cudaStream_t s = s_->get();
-  upload_routing(i, policy == "balanced");
-  g_->barrier();
-  e0_->record(s);
-  MicroBatch mb =
-      layer.forward(experts_->params(), x_.get(), idx_.get(), wt_.get(), S_, out_.get(), s);
-  saved_bytes_ = std::max(saved_bytes_, mb.saved_bytes());
-  e1_->record(s);
-  layer.backward(std::move(mb), experts_->params(), gout_.get(), wt_.get(), gx_.get(), gw_.get(),
-                 experts_->grad_views(), GradMode::kAccumulate, s);
-  e2_->record(s);
-  sync_with_timeout(s, o_.timeout_s, "layer forward + backward");
-  const double fwd = elapsed_ms(*e0_, *e1_), bwd = elapsed_ms(*e1_, *e2_);
-  const ForwardStats& f = layer.last_forward_stats();
-  const BackwardStats& b = layer.last_backward_stats();
+// One rank's numbers of a step, indexed by the field enum (the gather's row).
+std::vector<double> step_fields(double fwd, double bwd, const ForwardStats& f,
+                                const BackwardStats& b) {
   std::vector<double> v(kNumFields, 0.0);
   v[kFwdMs] = fwd;
   v[kBwdMs] = bwd;
@@ -461,17 +446,12 @@ void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, Polic
   v[kCopies] = static_cast<double>(f.copies + b.copies);
   v[kGuestRows] = static_cast<double>(f.guest_rows);
   v[kRecopies] = static_cast<double>(b.weight_recopies);
-  const StepMetrics m = measure_plan(layer.last_plan(), *topo_, *cost_, 0.0);
-  // Untimed: the helpers' gradient contributions land, the gradient starts again at zero, and
-  // every row count met so far gets its exact GEMM algorithm (a training job reaches that steady
-  // state after a few steps; a short benchmark would otherwise time the bucket algorithms and the
-  // layer's bounded refinement, which favour whichever policy met a row count second).
-  layer.sync_gradients(s);
-  FEPLB_CUDA_CHECK(cudaMemsetAsync(experts_->grads(), 0, experts_->grad_bytes(), s));
-  layer.refine_gemm_algorithms(-1);
-  sync_with_timeout(s, o_.timeout_s, "gradients");
-  const auto all = g_->all(v);  // every rank's numbers; also keeps the ranks in step
-  if (i < static_cast<size_t>(o_.warmup)) return;
+  return v;
+}
+
+// A measured step of every rank (`all`, gathered) and its plan's metrics into the policy's series.
+void append_step(const std::vector<std::vector<double>>& all, const StepMetrics& m,
+                 PolicySeries& ps) {
   std::vector<double> total, gf, gb;
   if (ps.phases.empty()) {
     ps.phases.assign(all.size(), std::vector<std::vector<double>>(kNumFields));
@@ -507,6 +487,39 @@ void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, Polic
   ps.token_straggler.push_back(m.token_straggler);
   ps.token_max_over_mean.push_back(m.token_max_over_mean);
   ps.gemm_pred_ms.push_back(m.gemm_straggler_ms);
+}
+
+// Step i (warm-up steps first) of one policy's layer: forward + backward, timed, gathered; the
+// measured ones appended to ps.
+void Bench::run_step(MoeLayer& layer, const std::string& policy, size_t i, PolicySeries& ps) {
+  const cudaStream_t s = s_->get();
+  upload_routing(i, policy == "balanced");
+  g_->barrier();
+  e0_->record(s);
+  MicroBatch mb =
+      layer.forward(experts_->params(), x_.get(), idx_.get(), wt_.get(), S_, out_.get(), s);
+  saved_bytes_ = std::max(saved_bytes_, mb.saved_bytes());
+  e1_->record(s);
+  layer.backward(std::move(mb), experts_->params(), gout_.get(), wt_.get(), gx_.get(), gw_.get(),
+                 experts_->grad_views(), GradMode::kAccumulate, s);
+  e2_->record(s);
+  sync_with_timeout(s, o_.timeout_s, "layer forward + backward");
+  const double fwd = elapsed_ms(*e0_, *e1_), bwd = elapsed_ms(*e1_, *e2_);
+  const ForwardStats& f = layer.last_forward_stats();
+  const BackwardStats& b = layer.last_backward_stats();
+  const std::vector<double> v = step_fields(fwd, bwd, f, b);
+  const StepMetrics m = measure_plan(layer.last_plan(), *topo_, *cost_, 0.0);
+  // Untimed: the helpers' gradient contributions land, the gradient starts again at zero, and
+  // every row count met so far gets its exact GEMM algorithm (a training job reaches that steady
+  // state after a few steps; a short benchmark would otherwise time the bucket algorithms and the
+  // layer's bounded refinement, which favour whichever policy met a row count second).
+  layer.sync_gradients(s);
+  FEPLB_CUDA_CHECK(cudaMemsetAsync(experts_->grads(), 0, experts_->grad_bytes(), s));
+  layer.refine_gemm_algorithms(-1);
+  sync_with_timeout(s, o_.timeout_s, "gradients");
+  const auto all = g_->all(v);  // every rank's numbers; also keeps the ranks in step
+  if (i < static_cast<size_t>(o_.warmup)) return;
+  append_step(all, m, ps);
   log0(
       "  {:<12} step {:>3}: fwd {:7.3f} ms  bwd {:7.3f} ms  token straggler {:6.0f} rows  GEMM "
       "straggler "
