@@ -289,6 +289,10 @@ class Bench {
   json policy_json(const PolicySeries& ps) const;
   json warm_gpu(const std::string& label);
   json time_exchanges();
+  // Step `st`'s phase-1 chunks as the layer sends and receives them (one per (peer, expert),
+  // expert-major on the home), on the exchange buffers.
+  void exchange_chunks(const RoutingStep& st, std::vector<Chunk>& sends,
+                       std::vector<Chunk>& recvs) const;
   json simulate_steps();
   void upload_routing(size_t i, bool balanced);
   const RoutingStep& step_at(size_t i) const { return trace_.steps[i % trace_.steps.size()]; }
@@ -661,13 +665,40 @@ json Bench::warm_gpu(const std::string& label) {
       {"stable", stable}};
 }
 
-// The phase-1 all-to-all-v and the reverse one alone, chunked exactly as MoeLayer::dispatch_chunks
-// (one chunk per (peer, expert), expert-major on the home), and the counts all-gather, each step's
-// time the max over ranks, median of the repetitions.
+void Bench::exchange_chunks(const RoutingStep& st, std::vector<Chunk>& sends,
+                            std::vector<Chunk>& recvs) const {
+  const int E = trace_.num_experts;
+  const size_t row_bytes = static_cast<size_t>(H_) * sizeof(bf16);
+  int64_t off = 0;
+  for (int d = 0; d < world_; ++d) {
+    for (int e : topo_->local_experts(d)) {
+      const int64_t rows = st.at(rank_, e);
+      sends.push_back({d, a2a_send_.get() + off * H_, static_cast<size_t>(rows) * row_bytes});
+      off += rows;
+    }
+  }
+  std::vector<int64_t> base(static_cast<size_t>(E), 0);
+  int64_t b = 0;
+  for (int e : topo_->local_experts(rank_)) {
+    base[e] = b;
+    b += st.expert_counts[e];
+  }
+  for (int src = 0; src < world_; ++src) {
+    for (int e : topo_->local_experts(rank_)) {
+      int64_t o = base[e];
+      for (int before = 0; before < src; ++before) o += st.at(before, e);
+      recvs.push_back(
+          {src, a2a_recv_.get() + o * H_, static_cast<size_t>(st.at(src, e)) * row_bytes});
+    }
+  }
+}
+
+// The phase-1 all-to-all-v and the reverse one alone, chunked as the layer's phase 1
+// (exchange_chunks), and the counts all-gather, each step's time the max over ranks, median of the
+// repetitions.
 json Bench::time_exchanges() {
   const cudaStream_t s = s_->get();
   const int E = trace_.num_experts;
-  const size_t row_bytes = static_cast<size_t>(H_) * sizeof(bf16);
   a2a_send_ = DeviceBuffer<bf16>(static_cast<size_t>(std::max<int64_t>(1, S_ * K_) * H_));
   a2a_back_ = DeviceBuffer<bf16>(a2a_send_.size());
   a2a_recv_ = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap_ * H_));
@@ -683,28 +714,7 @@ json Bench::time_exchanges() {
        ++i) {
     const RoutingStep& st = step_at(i);
     std::vector<Chunk> sends, recvs;
-    int64_t off = 0;
-    for (int d = 0; d < world_; ++d) {
-      for (int e : topo_->local_experts(d)) {
-        const int64_t rows = st.at(rank_, e);
-        sends.push_back({d, a2a_send_.get() + off * H_, static_cast<size_t>(rows) * row_bytes});
-        off += rows;
-      }
-    }
-    std::vector<int64_t> base(static_cast<size_t>(E), 0);
-    int64_t b = 0;
-    for (int e : topo_->local_experts(rank_)) {
-      base[e] = b;
-      b += st.expert_counts[e];
-    }
-    for (int src = 0; src < world_; ++src) {
-      for (int e : topo_->local_experts(rank_)) {
-        int64_t o = base[e];
-        for (int before = 0; before < src; ++before) o += st.at(before, e);
-        recvs.push_back(
-            {src, a2a_recv_.get() + o * H_, static_cast<size_t>(st.at(src, e)) * row_bytes});
-      }
-    }
+    exchange_chunks(st, sends, recvs);
     // Reverse: what arrived goes back to its source, into the send layout (a separate buffer).
     std::vector<Chunk> back_sends = recvs, back_recvs = sends;
     for (Chunk& ch : back_recvs)
