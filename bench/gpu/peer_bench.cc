@@ -125,6 +125,57 @@ json latency_spread(const std::vector<double>& v) {
               {"n", v.size()}};
 }
 
+// Ping-pong rounds of one mechanism between ranks 0 and 1 (signal values from `v` on), with a GPU
+// delay first on rank 0 (`pre`: every call issued before the GPU starts the ping) or without; rank
+// 0 returns the round trips' spread, the others null.
+json ping_pong(Transport::Signals& sig, const std::string& mname, bool pre, int rank,
+               const Options& o, uint32_t& v) {
+  Stream s;
+  Event e0(true), e1(true);
+  std::vector<double> rtt_us;
+  int late = 0;
+  for (int i = 0; i < o.signal_warmup + o.signal_reps; ++i) {
+    ++v;
+    if (rank == 0) {
+      if (pre) {
+        FEPLB_CUDA_CHECK(
+            kernels::gpu_delay(static_cast<int64_t>(o.signal_delay_us * 1e3), s.get()));
+      }
+      e0.record(s.get());
+      sig.signal(1, 0, v, s.get());
+      sig.wait(1, v, s.get());
+      e1.record(s.get());
+      if (pre) {
+        const cudaError_t q = cudaEventQuery(e0.get());
+        if (q == cudaSuccess) {
+          ++late;
+        } else if (q != cudaErrorNotReady) {
+          FEPLB_CUDA_CHECK(q);
+        }
+      }
+      sync_with_timeout(s.get(), kTimeoutS, "peer bench: signal round trip");
+      if (i >= o.signal_warmup) rtt_us.push_back(1e3 * elapsed_ms(e0, e1));
+    } else if (rank == 1) {
+      sig.wait(0, v, s.get());
+      sig.signal(0, 1, v, s.get());
+    }
+  }
+  sync_with_timeout(s.get(), kTimeoutS, "peer bench: signal round trips");
+  json r;
+  if (rank == 0) {
+    r = json{{"round_trip_us", latency_spread(rtt_us)},
+             {"one_way_us_median", quantile_of(rtt_us, 0.5) / 2},
+             {"one_way_us_p99", quantile_of(rtt_us, 0.99) / 2}};
+    if (pre) r["late"] = late;
+    log0(rank,
+         fmt::format(
+             "signal {:>8} {:>13}: one way {:6.2f} us median, {:6.2f} us p99 (round trip / 2)",
+             mname, pre ? "pre-enqueued" : "host-issued", quantile_of(rtt_us, 0.5) / 2,
+             quantile_of(rtt_us, 0.99) / 2));
+  }
+  return r;
+}
+
 // Latency of each signal mechanism between ranks 0 and 1 (the other ranks make the sets and
 // idle). Per repetition rank 0 records e0, signals slot 0 of rank 1 (ping), waits on its own slot
 // 1, records e1; rank 1 waits on slot 0 and signals slot 1 of rank 0 (pong). Round trip = e1 - e0
@@ -141,8 +192,6 @@ json signal_latency(const MakeSignals& make, int rank, const Options& o,
   int device = 0;
   FEPLB_CUDA_CHECK(cudaGetDevice(&device));
   json out;
-  Stream s;
-  Event e0(true), e1(true);
   for (SignalMechanism m :
        {SignalMechanism::kEvent, SignalMechanism::kStreamMemop, SignalMechanism::kCeFlag}) {
     const std::string mname(signal_mechanism_name(m));
@@ -150,47 +199,8 @@ json signal_latency(const MakeSignals& make, int rank, const Options& o,
     uint32_t v = 0;
     json per;
     for (const bool pre : {true, false}) {
-      std::vector<double> rtt_us;
-      int late = 0;
-      for (int i = 0; i < o.signal_warmup + o.signal_reps; ++i) {
-        ++v;
-        if (rank == 0) {
-          if (pre) {
-            FEPLB_CUDA_CHECK(
-                kernels::gpu_delay(static_cast<int64_t>(o.signal_delay_us * 1e3), s.get()));
-          }
-          e0.record(s.get());
-          sig->signal(1, 0, v, s.get());
-          sig->wait(1, v, s.get());
-          e1.record(s.get());
-          if (pre) {
-            const cudaError_t q = cudaEventQuery(e0.get());
-            if (q == cudaSuccess) {
-              ++late;
-            } else if (q != cudaErrorNotReady) {
-              FEPLB_CUDA_CHECK(q);
-            }
-          }
-          sync_with_timeout(s.get(), kTimeoutS, "peer bench: signal round trip");
-          if (i >= o.signal_warmup) rtt_us.push_back(1e3 * elapsed_ms(e0, e1));
-        } else if (rank == 1) {
-          sig->wait(0, v, s.get());
-          sig->signal(0, 1, v, s.get());
-        }
-      }
-      sync_with_timeout(s.get(), kTimeoutS, "peer bench: signal round trips");
-      if (rank == 0) {
-        json r{{"round_trip_us", latency_spread(rtt_us)},
-               {"one_way_us_median", quantile_of(rtt_us, 0.5) / 2},
-               {"one_way_us_p99", quantile_of(rtt_us, 0.99) / 2}};
-        if (pre) r["late"] = late;
-        per[pre ? "pre_enqueued" : "host_issued"] = r;
-        log0(rank,
-             fmt::format(
-                 "signal {:>8} {:>13}: one way {:6.2f} us median, {:6.2f} us p99 (round trip / 2)",
-                 mname, pre ? "pre-enqueued" : "host-issued", quantile_of(rtt_us, 0.5) / 2,
-                 quantile_of(rtt_us, 0.99) / 2));
-      }
+      const json r = ping_pong(*sig, mname, pre, rank, o, v);
+      if (rank == 0) per[pre ? "pre_enqueued" : "host_issued"] = r;
     }
     barrier();  // nobody destroys a set a peer may still use
     out["mechanisms"][mname] = per;
