@@ -1,6 +1,7 @@
 // A planner's plan() calls on the probes' workload (planner_workload.h), one process per setting:
 // their wall time (median, p90), optionally with the caches evicted before each call (--evict-mib),
-// and their instructions under callgrind (--callgrind: only the measured calls are instrumented).
+// and their instructions under callgrind (--callgrind: only the measured calls are instrumented);
+// with --first-plans N, the first plan() of N fresh planners (no history) instead.
 //   feplb_planner_probe --ranks 72 --experts 288 --skew 5 --domain 72 [--plans 96] [--evict-mib 64]
 //   valgrind --tool=callgrind --instr-atstart=no build/bin/feplb_planner_probe ... --callgrind
 // scripts/planner-ab runs it for two builds.
@@ -30,7 +31,7 @@ volatile long evicted = 0;  // keeps the eviction writes
 int main(int argc, char** argv) {
   using namespace feplb;
   bench::ProbeSpec spec;
-  int plans = 96, evict_mib = 0;
+  int plans = 96, evict_mib = 0, first_plans = 0;
   bool callgrind = false;
   CLI::App app{"feplb_planner_probe: a planner's plan() calls on a synthetic workload, timed"};
   app.add_option("--ranks", spec.ranks, "GPUs")->check(CLI::Range(2, 4096));
@@ -44,6 +45,8 @@ int main(int argc, char** argv) {
   app.add_option("--plans", plans, "measured plan() calls")->check(CLI::Range(1, 1000000));
   app.add_option("--evict-mib", evict_mib, "MiB written before each call (cold caches)")
       ->check(CLI::Range(0, 65536));
+  app.add_option("--first-plans", first_plans, "time the first plan() of this many fresh planners")
+      ->check(CLI::Range(1, 100000));
   app.add_flag("--callgrind", callgrind, "instrument the measured calls only (under valgrind)");
   CLI11_PARSE(app, argc, argv);
   if (callgrind && !FEPLB_HAVE_CALLGRIND) {
@@ -55,6 +58,27 @@ int main(int argc, char** argv) {
                         "{} GPUs in domains of {} with {} experts: need whole domains and an "
                         "equal number of experts per GPU",
                         spec.ranks, spec.domain, spec.experts);
+    if (first_plans > 0) {
+      std::vector<double> us;
+      std::string mode;
+      for (int i = 0; i < first_plans; ++i) {
+        bench::ProbeWorkload w(spec, /*cold=*/true);
+        w.plan_next([&](auto&& f) {
+          const auto t0 = std::chrono::steady_clock::now();
+          f();
+          us.push_back(
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                  .count());
+        });
+        mode = w.last_plan().mode;
+      }
+      fmt::print(
+          "{} R={} E={} D={}: first plan of {} fresh planners, median {:.1f} us, p90 {:.1f} "
+          "us, mode {}\n",
+          spec.planner, spec.ranks, spec.experts, spec.domain, first_plans, quantile_of(us, 0.5),
+          quantile_of(us, 0.9), mode);
+      return 0;
+    }
     bench::ProbeWorkload w(spec);
     for (int i = 0; i < bench::ProbeWorkload::kSteps; ++i) w.plan_next([](auto&& f) { f(); });
     std::vector<char> junk(static_cast<size_t>(evict_mib) << 20, 1);

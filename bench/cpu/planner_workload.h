@@ -1,8 +1,9 @@
 // The planner probes' workload (feplb_planner_probe, feplb_planner_ab): a planner for R GPUs in
 // NVLink domains of D, E experts of GLM-5's shape (H 6144, F 2048, bf16, roofline costs), and 36
 // micro-batches of one layer (4,096 tokens per GPU, top-8) from a lognormal prior of max/mean
-// SKEW or a prior file. The first 4 are observed; plans then cycle over the other 32, each observed
-// after it is planned, as the GPU layer uses its planner.
+// SKEW or a prior file. The first 4 are observed (none with `cold`: the next plan is the planner's
+// first); plans then cycle over the other 32, each observed after it is planned, as the GPU layer
+// uses its planner.
 #pragma once
 
 #include <memory>
@@ -31,7 +32,7 @@ class ProbeWorkload {
  public:
   static constexpr int kObserved = 4, kSteps = 36;
 
-  explicit ProbeWorkload(const ProbeSpec& s)
+  explicit ProbeWorkload(const ProbeSpec& s, bool cold = false)
       : topo_(Topology::contiguous(s.ranks, s.domain, s.experts)), cost_(shape_, knobs_) {
     const Prior prior = s.prior_file.empty() ? lognormal_prior(s.experts, s.skew, 1, 1)
                                              : expand_prior(read_prior(s.prior_file), s.experts, 1);
@@ -43,7 +44,9 @@ class ProbeWorkload {
     planner_ = make_planner(s.planner, PlannerContext{topo_, shape_, knobs_, &cost_});
     for (int i = 0; i < kSteps; ++i)
       steps_.push_back(generate_step(prior.popularity[0], spec, i, prior.layer_ids[0]));
-    for (int i = 0; i < kObserved; ++i) planner_->observe(steps_[static_cast<size_t>(i)]);
+    if (!cold) {
+      for (int i = 0; i < kObserved; ++i) planner_->observe(steps_[static_cast<size_t>(i)]);
+    }
   }
 
   // The next micro-batch's plan() (timed by `around`, called with the call inside), then its

@@ -189,13 +189,17 @@ const FeplbChooser::Layer* FeplbChooser::find_layer(int64_t layer) const {
   return nullptr;
 }
 
-FeplbChooser::Layer& FeplbChooser::layer_state(int64_t layer) {
+FeplbChooser::Layer& FeplbChooser::layer_state(int64_t layer, bool planning) {
   for (Layer& l : layers_) {
     if (l.layer == layer) return l;
   }
   Layer l;
   l.layer = layer;
-  l.mode = first_mode();
+  // A layer first met by a plan: what the layers explored so far found best (the pooled sums, as
+  // the revision ranks them); before any, and for a layer first met by observe(), the rule.
+  l.mode = planning && pool() > 0
+               ? best_of(pooled_cost_, pooled_over_, 0.5 * static_cast<double>(layers_.size()))
+               : first_mode();
   l.cost_ms.assign(modes_.size(), 0.0);
   l.over.assign(modes_.size(), 0.0);
   layers_.push_back(std::move(l));
@@ -221,15 +225,33 @@ std::span<const Copy> FeplbChooser::prefetch(int64_t layer) const {
 }
 
 void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
-  Layer& l = layer_state(routing.layer);
+  Layer& l = layer_state(routing.layer, /*planning=*/true);
   // This host's planner time over what the rule charges, from the mode the layer's recent plans
   // were made in (set_recent_plan_us; kept while a new mode has no time yet).
   if (recent_us_ > 0 && ctx_.knobs.planner_budget_us < 0)
     host_scale_ = std::max(1.0, recent_us_ / charged_us(l.planned >= 0 ? l.planned : l.mode));
+  const double unbalanced = unbalanced_straggler(routing);
+  l.budget = time_budget_now(unbalanced);
+  if (explored_ == 0 && l.planned < 0 && modes_.size() > 1) {
+    // The planner's first plan, no layer explored yet: the counts are here, so every candidate
+    // is planned on them and the best one kept (once: a plan that takes the candidates' time).
+    l.mode = first_plan_mode(l, routing, bound_ * unbalanced);
+  }
   l.planned = l.mode;
-  l.budget = time_budget_now(unbalanced_straggler(routing));
   engine_.plan_with(mode_at(l.mode, l.budget), routing, out);
   out.mode = labels_[static_cast<size_t>(l.mode)];
+}
+
+int FeplbChooser::first_plan_mode(const Layer& l, const RoutingStep& routing, double bound) {
+  const auto n = modes_.size();
+  first_cost_.assign(n, 0.0);
+  first_over_.assign(n, 0.0);
+  for (size_t m = 0; m < n; ++m) {
+    const PlanCost c = cost_of(static_cast<int>(m), l.budget, routing, candidate_);
+    first_cost_[m] = c.layer_ms;
+    first_over_[m] = c.token_straggler > bound ? 1.0 : 0.0;
+  }
+  return best_of(first_cost_, first_over_, 0.5);
 }
 
 bool FeplbChooser::prime_plan(int64_t layer, Plan& out) {
@@ -278,7 +300,7 @@ PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routi
 }
 
 void FeplbChooser::observe(const RoutingStep& routing) {
-  Layer& l = layer_state(routing.layer);
+  Layer& l = layer_state(routing.layer, /*planning=*/false);
   const int n = static_cast<int>(modes_.size());
   // The plan this step got (at the budget it got; a step observed without a plan, at the budget
   // a plan would have got): its prefetch history, and its cost.
@@ -310,35 +332,49 @@ void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost&
   // Pooled over the layers seen (each layer's sums as above): one candidate's cost differs from
   // micro-batch to micro-batch far more than two candidates differ on average, so a layer's own
   // few micro-batches rank them by chance.
-  pooled_cost_.assign(static_cast<size_t>(n), 0.0);
-  pooled_over_.assign(static_cast<size_t>(n), 0.0);
+  ++explored_;
+  const double weight = pool();
+  const double half = 0.5 * static_cast<double>(layers_.size());
+  const int best = best_of(pooled_cost_, pooled_over_, half);
+  const double margin =
+      std::max(kMoveMargin * pooled_cost_[static_cast<size_t>(l.mode)], 2e-3 * weight);
+  if (best != l.mode && better(pooled_cost_, pooled_over_, half, best, l.mode, margin))
+    l.mode = best;
+}
+
+double FeplbChooser::pool() {
+  const auto n = modes_.size();
+  pooled_cost_.assign(n, 0.0);
+  pooled_over_.assign(n, 0.0);
   double weight = 0;  // the pooled sums' scale: explored micro-batches, decayed
   for (const Layer& o : layers_) {
     weight += total_weight(o);
-    for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       pooled_cost_[i] += o.cost_ms[i];
       pooled_over_[i] += o.over[i];
     }
   }
-  const auto layers_in = static_cast<double>(layers_.size());
-  // The candidate that passed the bound least (by half a micro-batch per layer or more), then cost
-  // least; the layer's mode unless another is better by the margin.
-  const auto better = [&](int a, int b, double margin) {
-    const double over_a = pooled_over_[static_cast<size_t>(a)];
-    const double over_b = pooled_over_[static_cast<size_t>(b)];
-    const double half = 0.5 * layers_in;
-    if (over_a < over_b - half) return true;
-    if (over_a > over_b - half && over_b > over_a - half)
-      return pooled_cost_[static_cast<size_t>(a)] < pooled_cost_[static_cast<size_t>(b)] - margin;
-    return false;
-  };
+  return weight;
+}
+
+// Candidate a over b: it passed the bound less often by `half` or more, or about as often and
+// cost less by `margin`.
+bool FeplbChooser::better(std::span<const double> cost, std::span<const double> over, double half,
+                          int a, int b, double margin) {
+  const double over_a = over[static_cast<size_t>(a)], over_b = over[static_cast<size_t>(b)];
+  if (over_a < over_b - half) return true;
+  if (over_a > over_b - half && over_b > over_a - half)
+    return cost[static_cast<size_t>(a)] < cost[static_cast<size_t>(b)] - margin;
+  return false;
+}
+
+int FeplbChooser::best_of(std::span<const double> cost, std::span<const double> over,
+                          double half) const {
   int best = 0;
-  for (int m = 1; m < n; ++m) {
-    if (better(m, best, 0.0)) best = m;
+  for (int m = 1; m < static_cast<int>(modes_.size()); ++m) {
+    if (better(cost, over, half, m, best, 0.0)) best = m;
   }
-  const double margin =
-      std::max(kMoveMargin * pooled_cost_[static_cast<size_t>(l.mode)], 2e-3 * weight);
-  if (best != l.mode && better(best, l.mode, margin)) l.mode = best;
+  return best;
 }
 
 bool FeplbChooser::explores(int64_t seen) const {

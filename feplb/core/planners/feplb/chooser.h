@@ -49,10 +49,16 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    chooser's plans take keeps the token straggler summed over its plans within kAimShare of
 //    the bound (time_budget_now); copies hidden, or late by the busiest too with one hop and,
 //    over several domains of at most kLateTwoPhaseDomainMax GPUs, with two phases;
-//  - the first mode of a layer (before any history) from what is known then: one-hop where a GPU
-//    has at most kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the dispatch,
-//    into windows one or two static experts do not leave), else two-phase; prefetch on; time
-//    where allowed, else rows; copies hidden (two-phase) or late (one-hop);
+//  - the first mode of a layer first met by a plan (no history of its own): where other layers
+//    were explored, the candidate their pooled sums rank best (below); before any, for the
+//    planner's very first plan, every candidate planned on its counts and costed (plan_cost), the
+//    best kept (that one plan takes the candidates' time; the counts are known, and a rule misses
+//    by far: at EP=32 with 4 experts per GPU (an OLMoE prior), two-phase left 68% of the token
+//    straggler where one hop removed 99%); a layer first met by observe() (a history before its
+//    plans) starts in the rule's mode and is explored at once: one-hop where a GPU has at most
+//    kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the dispatch, into
+//    windows one or two static experts do not leave), else two-phase; prefetch on; time where
+//    allowed, else rows; copies hidden (two-phase) or late (one-hop);
 //  - revision, off the critical path (observe(), after the copies are issued): on every
 //    micro-batch up to kExploreAllGpusMax GPUs (its plans take microseconds), else on a layer's
 //    first kExploreFirst micro-batches and every kExploreEvery-th after, its counts are planned
@@ -137,7 +143,8 @@ class FeplbChooser final : public Planner {
     double budget = -1;           // the time budget of this micro-batch's plan (-1: none planned)
     int planned = -1;             // the mode of its last plan (-1: none)
   };
-  Layer& layer_state(int64_t layer);
+  // The layer's state; a new one starts in the mode below (`planning`: met by make_plan()).
+  Layer& layer_state(int64_t layer, bool planning);
   // Whether a layer's micro-batch `seen` (0: its first) is explored.
   bool explores(int64_t seen) const;
   // The summed weight of a layer's explored micro-batches (the scale of its decayed sums).
@@ -150,6 +157,17 @@ class FeplbChooser final : public Planner {
   // costed (`now`: the layer's own plan), their decayed sums updated, and the layer's mode moved
   // by the rule above. `bound`: the token-straggler bound in rows.
   void explore(Layer& l, const RoutingStep& routing, const PlanCost& now, double bound);
+  // Every layer's decayed sums, summed into pooled_cost_ and pooled_over_; returns their weight
+  // (0 before any micro-batch was explored).
+  double pool();
+  // Whether candidate a beats b on these sums (`half`: the margin in passes of the bound, half a
+  // micro-batch per layer pooled; `margin`: in cost), and the best candidate by that order.
+  static bool better(std::span<const double> cost, std::span<const double> over, double half, int a,
+                     int b, double margin);
+  int best_of(std::span<const double> cost, std::span<const double> over, double half) const;
+  // The planner's first plan, before any exploration: every candidate planned on `routing` at
+  // the layer's budget and costed; the best (`bound`: the token-straggler bound in rows).
+  int first_plan_mode(const Layer& l, const RoutingStep& routing, double bound);
   // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it.
   PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch);
   // Candidate `mode` with its time budget at `budget` (where the chooser sets the balance).
@@ -183,7 +201,9 @@ class FeplbChooser final : public Planner {
   std::vector<double> gemm_scratch_;
   std::vector<int64_t> rows_scratch_;
   std::vector<int64_t> home_scratch_;
-  std::vector<double> pooled_cost_, pooled_over_;  // explore(): every layer's sums, summed
+  std::vector<double> pooled_cost_, pooled_over_;  // pool(): every layer's sums, summed
+  std::vector<double> first_cost_, first_over_;    // first_plan_mode()'s costs
+  int64_t explored_ = 0;                           // micro-batches explored so far, every layer's
 };
 
 }  // namespace feplb

@@ -66,7 +66,7 @@ std::vector<ModeTime> FeplbChooser::measure_mode_times(int64_t rows_per_rank) co
   ScheduleWriter writer;
   for (int s = 0; s < kProbeSteps; ++s) {
     feplb_detail::synthetic_step(ctx_.topo, rows_per_rank, kProbeSeed, s, step);
-    probe.layer_state(step.layer);  // as plan() would
+    probe.layer_state(step.layer, /*planning=*/true);  // as plan() would
     for (const size_t m : timed) {
       const FeplbConfig mode = probe.mode_at(static_cast<int>(m), probe.bound_);
       const auto t0 = Clock::now();
