@@ -26,6 +26,28 @@
 
 namespace {
 volatile long evicted = 0;  // keeps the eviction writes
+
+// The first plan() of `first_plans` fresh planners (no history), timed.
+int time_first_plans(const feplb::bench::ProbeSpec& spec, int first_plans) {
+  std::vector<double> us;
+  std::string mode;
+  for (int i = 0; i < first_plans; ++i) {
+    feplb::bench::ProbeWorkload w(spec, /*cold=*/true);
+    w.plan_next([&](auto&& f) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    });
+    mode = w.last_plan().mode;
+  }
+  fmt::print(
+      "{} R={} E={} D={}: first plan of {} fresh planners, median {:.1f} us, p90 {:.1f} "
+      "us, mode {}\n",
+      spec.planner, spec.ranks, spec.experts, spec.domain, first_plans, feplb::quantile_of(us, 0.5),
+      feplb::quantile_of(us, 0.9), mode);
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,27 +80,7 @@ int main(int argc, char** argv) {
                         "{} GPUs in domains of {} with {} experts: need whole domains and an "
                         "equal number of experts per GPU",
                         spec.ranks, spec.domain, spec.experts);
-    if (first_plans > 0) {
-      std::vector<double> us;
-      std::string mode;
-      for (int i = 0; i < first_plans; ++i) {
-        bench::ProbeWorkload w(spec, /*cold=*/true);
-        w.plan_next([&](auto&& f) {
-          const auto t0 = std::chrono::steady_clock::now();
-          f();
-          us.push_back(
-              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                  .count());
-        });
-        mode = w.last_plan().mode;
-      }
-      fmt::print(
-          "{} R={} E={} D={}: first plan of {} fresh planners, median {:.1f} us, p90 {:.1f} "
-          "us, mode {}\n",
-          spec.planner, spec.ranks, spec.experts, spec.domain, first_plans, quantile_of(us, 0.5),
-          quantile_of(us, 0.9), mode);
-      return 0;
-    }
+    if (first_plans > 0) return time_first_plans(spec, first_plans);
     bench::ProbeWorkload w(spec);
     for (int i = 0; i < bench::ProbeWorkload::kSteps; ++i) w.plan_next([](auto&& f) { f(); });
     std::vector<char> junk(static_cast<size_t>(evict_mib) << 20, 1);

@@ -318,6 +318,19 @@ std::vector<int64_t> skewed_rows(const Trace& t, const Knobs& knobs, const GemmC
   return per_gpu[busiest];
 }
 
+// The copies of a helper's incoming weights and rows, `w_bytes` and `r_bytes` in all (inflated to
+// emulate a slower link), as copy-engine copies of at most one source block each, 16-byte sized.
+std::vector<CeCopy> inflated_copies(double w_bytes, bf16* wdst, const bf16* wsrc, int64_t w_block,
+                                    double r_bytes, bf16* rdst, const bf16* rsrc, size_t r_block) {
+  std::vector<CeCopy> copies;
+  const auto block = static_cast<double>(w_block), rows = static_cast<double>(r_block);
+  for (double left = w_bytes; left > 0; left -= block)
+    copies.push_back({wdst, wsrc, static_cast<size_t>(std::min(left, block)) & ~size_t{15}});
+  for (double left = r_bytes; left > 0; left -= rows)
+    copies.push_back({rdst, rsrc, static_cast<size_t>(std::min(left, rows)) & ~size_t{15}});
+  return copies;
+}
+
 // ---- exposure, one helper at a time, copies at an emulated NVLink rate -----------------------
 // Backward (pass kBackward): the helper's own experts' backward while its guests' dY rows arrive,
 // with their weights again when `recopy` (the slot was reused by another layer since forward).
@@ -337,7 +350,7 @@ json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs,
   DeviceBuffer<uint32_t> flag(1);
   FEPLB_CUDA_CHECK(cudaMemset(flag.get(), 0, 4));
   Stream copy;
-  Event own_done(true), waited(true), start(true), end(true);
+  Event own_done(true), waited(true), start(true);
   uint32_t seq = 0;
   std::vector<double> exposed_pct, exposed_ms;
   for (const PlannedStep& ps : plan_trace(t, {"feplb"}, knobs, cost, steps)) {
@@ -359,20 +372,9 @@ json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs,
         }
       }
       if (guest.empty()) continue;
-      std::vector<CeCopy> copies;
-      const double w_bytes = static_cast<double>(in_weights * we * 2) * inflate;
-      const double r_bytes = static_cast<double>(in_rows * H * 2) * inflate;
-      for (double left = w_bytes; left > 0; left -= static_cast<double>(we * 2)) {
-        copies.push_back({wdst.get(), wsrc.get(),
-                          static_cast<size_t>(std::min<double>(left, static_cast<double>(we * 2))) &
-                              ~size_t{15}});
-      }
-      for (double left = r_bytes; left > 0; left -= static_cast<double>(rsrc.bytes())) {
-        copies.push_back(
-            {rdst.get(), rsrc.get(),
-             static_cast<size_t>(std::min<double>(left, static_cast<double>(rsrc.bytes()))) &
-                 ~size_t{15}});
-      }
+      const std::vector<CeCopy> copies = inflated_copies(
+          static_cast<double>(in_weights * we * 2) * inflate, wdst.get(), wsrc.get(), we * 2,
+          static_cast<double>(in_rows * H * 2) * inflate, rdst.get(), rsrc.get(), rsrc.bytes());
       ++seq;
       FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
       const cudaStream_t s = eb.stream();
@@ -386,7 +388,6 @@ json isolated_exposure(ExpertBench& eb, const Trace& t, const Knobs& knobs,
       stream_wait_u32_geq(s, flag.get(), seq);
       waited.record(s);
       FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
-      (void)end;
       worst = std::max(worst, static_cast<double>(elapsed_ms(own_done, waited)));
     }
     exposed_ms.push_back(worst);
