@@ -163,12 +163,16 @@ def test_shape_sets_the_bytes(skewed):
 def test_dynamic_sets(skewed):
     dynamic = np.zeros(64, dtype=np.int64)
     dynamic[::8] = 1  # one dynamic expert per GPU
-    # dyn_cover=0: the set alone (by default a GPU whose set holds too few rows takes more).
-    p = feplb.plan(skewed, "feplb", shape=SHAPE, dynamic=dynamic, feplb_dyn_set=1, dyn_cover=0)
+    # dyn_cover=0: the set alone (by default a GPU whose set holds too few rows takes more). The
+    # sets are two-phase plans' candidates (a one-hop plan, made before the dispatch, may move any
+    # local expert), so the path is pinned: the default chooses one hop on these counts.
+    p = feplb.plan(
+        skewed, "feplb", shape=SHAPE, dynamic=dynamic, feplb_dyn_set=1, dyn_cover=0, one_hop=0
+    )
     check_invariants(p, skewed, feplb.Topology(8, 64))
     moved = set(p.slices.expert[p.slices.gpu != p.slices.home].tolist())
     assert moved <= set(np.flatnonzero(dynamic).tolist())
-    widened = feplb.plan(skewed, "feplb", shape=SHAPE, dynamic=dynamic, feplb_dyn_set=1)
+    widened = feplb.plan(skewed, "feplb", shape=SHAPE, dynamic=dynamic, feplb_dyn_set=1, one_hop=0)
     check_invariants(widened, skewed, feplb.Topology(8, 64))
     assert widened.metrics["token_straggler"] < p.metrics["token_straggler"]
 
