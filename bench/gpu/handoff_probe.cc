@@ -7,12 +7,13 @@
 // the wait sits ahead of the body. This probe measures when it does.
 //
 // Per case: a fresh caller stream, `fillers` streams created after it, then the body stream
-// (normal or highest priority). The caller's stream: wait(flag >= v), then it copies a marker the
-// body sets into pinned memory (0 there = released before the body: a wrong order). The body:
-// 200 us of GPU delay, the marker, then the release (a stream write of v, or the host writing v
-// once the body's event completed). A caller still waiting after --stall-ms is a stall; the host
-// then writes the flag itself, so the probe always ends. Run it under CUDA_DEVICE_MAX_CONNECTIONS
-// = 1, 8 (the default) and 32: streams take hardware queues round robin in creation order.
+// (normal or highest priority); the flag is a word of pinned host memory. The caller's stream:
+// wait(flag >= v), then it copies a marker the body sets into pinned memory (0 there = released
+// before the body: a wrong order). The body: 200 us of GPU delay, the marker, then the release (a
+// stream write of v, or the host writing v once the body's event completed). A caller still waiting
+// after --stall-ms is a stall; the host then writes the flag itself, so the probe always ends. Run
+// it under CUDA_DEVICE_MAX_CONNECTIONS = 1, 8 (the default) and 32: streams take hardware queues
+// round robin in creation order.
 //   feplb_handoff_probe --out handoff.json [--stall-ms 300]
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -52,7 +53,6 @@ struct Case {
   Caller caller = Caller::kCreated;
   int fillers = 0;
   bool body_high_priority = false;
-  bool flag_on_host = true;
   Release release = Release::kStreamWrite;
 };
 
@@ -100,7 +100,7 @@ Outcome run_case(const Case& c, uint32_t v, Pinned& pin, uint32_t* dev_words, do
   FEPLB_CUDA_CHECK(cudaEventCreateWithFlags(&caller_done, cudaEventDisableTiming));
   FEPLB_CUDA_CHECK(cudaEventCreateWithFlags(&body_done, cudaEventDisableTiming));
 
-  uint32_t* flag = c.flag_on_host ? pin.dev : dev_words;  // word 0
+  uint32_t* flag = pin.dev;  // word 0 of pinned host memory
   uint32_t* marker = dev_words + 1;
   pin.host[1] = 7;  // the caller's copy of the marker lands here
   FEPLB_CUDA_CHECK(cudaMemsetAsync(marker, 0, 4, body));
@@ -124,15 +124,7 @@ Outcome run_case(const Case& c, uint32_t v, Pinned& pin, uint32_t* dev_words, do
   Outcome o;
   o.stalled = !wait_event(caller_done, stall_ms);
   o.release_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-  if (o.stalled) {  // break the stall from the host: the flag's word is host-visible either way
-    if (c.flag_on_host) {
-      __atomic_store_n(pin.host, v, __ATOMIC_RELEASE);
-    } else {
-      std::thread([&] {
-        FEPLB_CUDA_CHECK(cudaMemcpy(flag, &v, 4, cudaMemcpyHostToDevice));
-      }).join();
-    }
-  }
+  if (o.stalled) __atomic_store_n(pin.host, v, __ATOMIC_RELEASE);  // break the stall
   FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
   o.early = !o.stalled && pin.host[1] != 0xffffffffu;
   for (auto s : fillers) FEPLB_CUDA_CHECK(cudaStreamDestroy(s));
@@ -150,6 +142,7 @@ int main_impl(int argc, char** argv) {
   app.add_option("--out", out, "JSON results")->required();
   app.add_option("--stall-ms", stall_ms, "a caller not released by then is a stall");
   CLI11_PARSE(app, argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   Pinned pin;
   uint32_t* dev_words = nullptr;
@@ -162,23 +155,20 @@ int main_impl(int argc, char** argv) {
   for (Caller caller : {Caller::kCreated, Caller::kLegacyDefault, Caller::kPerThreadDefault}) {
     for (int fillers : {0, 1, 3, 6, 7, 8, 15, 31, 32}) {
       for (bool high : {false, true}) {
-        for (bool on_host : {true, false}) {
+        {
           for (Release rel : {Release::kStreamWrite, Release::kHostWrite}) {
-            if (rel == Release::kHostWrite && !on_host) continue;
-            const Case c{caller, fillers, high, on_host, rel};
+            const Case c{caller, fillers, high, rel};
             const Outcome o = run_case(c, ++v, pin, dev_words, stall_ms);
             stalls += o.stalled;
             early += o.early;
             cases.push_back({{"caller", name(caller)},
                              {"fillers", fillers},
                              {"body_high_priority", high},
-                             {"flag", on_host ? "host" : "device"},
                              {"release", rel == Release::kStreamWrite ? "stream-write" : "host"},
                              {"stalled", o.stalled},
                              {"released_early", o.early},
                              {"caller_done_us", o.release_us}});
-            std::printf("%-18s fillers %2d high %d flag %-6s release %-12s %s\n", name(caller),
-                        fillers, high, on_host ? "host" : "device",
+            std::printf("%-18s fillers %2d high %d release %-12s %s\n", name(caller), fillers, high,
                         rel == Release::kStreamWrite ? "stream-write" : "host",
                         o.stalled ? "STALL" : (o.early ? "EARLY" : "ok"));
           }
