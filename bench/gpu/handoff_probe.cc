@@ -16,6 +16,7 @@
 // round robin in creation order.
 //   feplb_handoff_probe --out handoff.json [--stall-ms 300]
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,25 @@ namespace feplb::cuda {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The last step a case reached, and a watchdog that ends the probe (exit 3) when a case takes
+// more than 5 s: a wait the host's write did not release.
+std::atomic<const char*> g_step{"start"};
+std::atomic<int64_t> g_case_start_ns{0};
+void step(const char* s) { g_step.store(s); }
+void start_watchdog() {
+  std::thread([] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const int64_t t0 = g_case_start_ns.load();
+      const int64_t now = Clock::now().time_since_epoch().count();
+      if (t0 > 0 && now - t0 > 5'000'000'000) {
+        std::fprintf(stderr, "feplb_handoff_probe: a case hung at step '%s'\n", g_step.load());
+        std::_Exit(3);
+      }
+    }
+  }).detach();
+}
 
 enum class Caller { kCreated, kLegacyDefault, kPerThreadDefault };
 enum class Release { kStreamWrite, kHostWrite };
@@ -84,6 +104,8 @@ bool wait_event(cudaEvent_t ev, double ms) {
 }
 
 Outcome run_case(const Case& c, uint32_t v, Pinned& pin, uint32_t* dev_words, double stall_ms) {
+  g_case_start_ns.store(Clock::now().time_since_epoch().count());
+  step("streams");
   int lo = 0, hi = 0;
   FEPLB_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
   cudaStream_t caller = c.caller == Caller::kLegacyDefault      ? cudaStreamLegacy
@@ -107,11 +129,13 @@ Outcome run_case(const Case& c, uint32_t v, Pinned& pin, uint32_t* dev_words, do
   FEPLB_CUDA_CHECK(cudaStreamSynchronize(body));
 
   // The caller's thread: the wait and the work after it, then it returns.
+  step("caller enqueues");
   stream_wait_u32_geq(caller, flag, v);
   FEPLB_CUDA_CHECK(cudaMemcpyAsync(pin.host + 1, marker, 4, cudaMemcpyDeviceToHost, caller));
   FEPLB_CUDA_CHECK(cudaEventRecord(caller_done, caller));
   // The scheduler's thread, later: the body on its own stream, then the release.
   std::thread scheduler([&] {
+    step("scheduler enqueues");
     FEPLB_CUDA_CHECK(kernels::gpu_delay(200'000, body));
     FEPLB_CUDA_CHECK(cudaMemsetAsync(marker, 0xff, 4, body));
     if (c.release == Release::kStreamWrite) stream_write_u32(body, flag, v);
@@ -120,18 +144,22 @@ Outcome run_case(const Case& c, uint32_t v, Pinned& pin, uint32_t* dev_words, do
       __atomic_store_n(pin.host, v, __ATOMIC_RELEASE);
   });
   scheduler.join();
+  step("caller's event");
   const auto t0 = Clock::now();
   Outcome o;
   o.stalled = !wait_event(caller_done, stall_ms);
   o.release_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
   if (o.stalled) __atomic_store_n(pin.host, v, __ATOMIC_RELEASE);  // break the stall
+  step("device synchronize");
   FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
+  step("clean up");
   o.early = !o.stalled && pin.host[1] != 0xffffffffu;
   for (auto s : fillers) FEPLB_CUDA_CHECK(cudaStreamDestroy(s));
   FEPLB_CUDA_CHECK(cudaStreamDestroy(body));
   if (c.caller == Caller::kCreated) FEPLB_CUDA_CHECK(cudaStreamDestroy(caller));
   FEPLB_CUDA_CHECK(cudaEventDestroy(caller_done));
   FEPLB_CUDA_CHECK(cudaEventDestroy(body_done));
+  g_case_start_ns.store(0);
   return o;
 }
 
@@ -143,6 +171,7 @@ int main_impl(int argc, char** argv) {
   app.add_option("--stall-ms", stall_ms, "a caller not released by then is a stall");
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  start_watchdog();
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   Pinned pin;
   uint32_t* dev_words = nullptr;
