@@ -3,6 +3,7 @@
 // and their instructions under callgrind (--callgrind: only the measured calls are instrumented);
 // with --first-plans N, the first plan() of N fresh planners (no history) instead.
 //   feplb_planner_probe --ranks 72 --experts 288 --skew 5 --domain 72 [--plans 96] [--evict-mib 64]
+//                       [--knob one_hop=0 --knob time_balance_budget=0.05 ...]
 //   valgrind --tool=callgrind --instr-atstart=no build/bin/feplb_planner_probe ... --callgrind
 // scripts/planner-ab runs it for two builds.
 #include <fmt/format.h>
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
   app.add_option("--prior", spec.prior_file, "a prior JSON instead of the lognormal one")
       ->check(CLI::ExistingFile);
   app.add_option("--planner", spec.planner, "policy name");
+  std::vector<std::string> knobs;
+  app.add_option("--knob", knobs, "NAME=VALUE, repeatable (e.g. one_hop=0: an explicit mode)");
   app.add_option("--plans", plans, "measured plan() calls")->check(CLI::Range(1, 1000000));
   app.add_option("--evict-mib", evict_mib, "MiB written before each call (cold caches)")
       ->check(CLI::Range(0, 65536));
@@ -80,6 +83,7 @@ int main(int argc, char** argv) {
                         "{} GPUs in domains of {} with {} experts: need whole domains and an "
                         "equal number of experts per GPU",
                         spec.ranks, spec.domain, spec.experts);
+    for (const std::string& k : knobs) spec.knobs.push_back(parse_knob_override(k));
     if (first_plans > 0) return time_first_plans(spec, first_plans);
     bench::ProbeWorkload w(spec);
     for (int i = 0; i < bench::ProbeWorkload::kSteps; ++i) w.plan_next([](auto&& f) { f(); });

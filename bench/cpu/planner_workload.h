@@ -26,6 +26,7 @@ struct ProbeSpec {
   std::string
       prior_file;  // a prior JSON (its first layer, expanded to `experts`); empty: lognormal
   std::string planner = "feplb";
+  std::vector<KnobOverride> knobs;  // --knob NAME=VALUE: e.g. an explicit mode of feplb's
 };
 
 class ProbeWorkload {
@@ -41,6 +42,7 @@ class ProbeWorkload {
     spec.tokens_per_rank = 4096;
     spec.top_k = 8;
     spec.seed = 1;
+    apply_knobs(knobs_, s.knobs);  // before the planner reads them (the cost model's are set)
     planner_ = make_planner(s.planner, PlannerContext{topo_, shape_, knobs_, &cost_});
     for (int i = 0; i < kSteps; ++i)
       steps_.push_back(generate_step(prior.popularity[0], spec, i, prior.layer_ids[0]));
