@@ -245,6 +245,30 @@ void add_rack_specs(const ModesConfig& c, std::vector<Spec>& specs) {
   }
 }
 
+// Large NVLink domains: the real priors (pooled; top-8 ones) at EP=32, 64, 72 and 256 in one
+// domain with 2, 4 and 8 experts per GPU, Qwen3-235B experts, rack.md's history and measured
+// micro-batches (8 and 8).
+void add_large_domain_specs(const ModesConfig& c, std::vector<Spec>& specs) {
+  const RackConfig rack;
+  const NamedShape qwen{"Qwen3-235B", *shape_for_model("qwen3-235b")};
+  for (int ranks : c.large_domain_ranks) {
+    for (int k : c.large_domain_experts_per_gpu) {
+      const int experts = k * ranks;
+      std::vector<Prior> real;
+      for (const std::string& path : c.prior_paths) {
+        Prior p = read_prior(path);
+        if (p.top_k != rack.top_k || experts % p.num_experts() != 0) continue;
+        real.push_back(expand_prior(p, experts, c.workload.seed));
+      }
+      if (real.empty()) continue;
+      specs.push_back({"large domains",
+                       fmt::format("real priors ({}), {} per GPU, EP={}", real.size(), k, ranks),
+                       qwen, std::move(real), ranks, ranks, experts, rack.warmup_steps,
+                       rack.workload.num_steps});
+    }
+  }
+}
+
 }  // namespace
 
 ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
@@ -259,6 +283,7 @@ ModesResult run_modes(const ModesConfig& config, const Progress& progress) {
   if (c.core) add_core_specs(c, widened, specs);
   if (c.many_donor) add_many_donor_specs(widened, specs);
   if (c.rack) add_rack_specs(c, specs);
+  if (c.large_domains) add_large_domain_specs(c, specs);
   if (!c.only.empty()) {
     std::erase_if(specs, [&](const Spec& s) {
       return fmt::format("{}: {}", s.section, s.name).find(c.only) == std::string::npos;

@@ -23,14 +23,17 @@ struct ModesConfig {
   std::string cost_dir;                  // measured GEMM tables (data/cost); empty: roofline
   WorkloadSpec workload;                 // tokens, seq_len, concentration, seed, num_steps (core)
   SimulationConfig sim;                  // knobs, GPU class (policies and shape set per workload)
-  bool core = true, many_donor = true, rack = true;
+  bool core = true, many_donor = true, rack = true, large_domains = true;
+  // The large-domain section: one NVLink domain of each size, each count of experts per GPU.
+  std::vector<int> large_domain_ranks = {32, 64, 72, 256};
+  std::vector<int> large_domain_experts_per_gpu = {2, 4, 8};
   std::string only;  // run only the workloads whose "section: name" contains this (empty: all)
   std::vector<BalanceVariant> modes = explicit_feplb_modes();
 };
 
 // One workload: the default, every mode and the anchors.
 struct ModesWorkload {
-  std::string section;  // "core", "many-donor", "rack", "few experts"
+  std::string section;  // "core", "many-donor", "rack", "few experts", "large domains"
   std::string name;     // e.g. "olmoe-1b-7b__olmoe-repo__arxiv, EP=8"
   std::string shape_name;
   int ranks = 0;
