@@ -227,9 +227,10 @@ std::span<const Copy> FeplbChooser::prefetch(int64_t layer) const {
 void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   Layer& l = layer_state(routing.layer, /*planning=*/true);
   // This host's planner time over what the rule charges, from the mode the layer's recent plans
-  // were made in (set_recent_plan_us; kept while a new mode has no time yet).
+  // were made in (set_recent_plan_us; kept while a new mode has no time yet). Below 1 on a host
+  // faster than the rule: a one-hop plan then holds the dispatch for less than its reserve.
   if (recent_us_ > 0 && ctx_.knobs.planner_budget_us < 0)
-    host_scale_ = std::max(1.0, recent_us_ / charged_us(l.planned >= 0 ? l.planned : l.mode));
+    host_scale_ = recent_us_ / charged_us(l.planned >= 0 ? l.planned : l.mode);
   const double unbalanced = unbalanced_straggler(routing);
   l.budget = time_budget_now(unbalanced);
   if (explored_ == 0 && l.planned < 0 && modes_.size() > 1) {
@@ -291,10 +292,12 @@ FeplbConfig FeplbChooser::mode_at(int mode, double budget) const {
 PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch) {
   engine_.plan_with(mode_at(mode, budget), routing, scratch);
   writer_.write(scratch, ctx_.topo, ctx_.knobs, engine_.schedule_cost());
-  // At this host's speed: a one-hop plan delays the dispatch by its time, a two-phase plan's
-  // copies start that much after the reserve it was made for.
+  // At this host's speed: a one-hop plan delays the dispatch by its time (less than its reserve
+  // on a faster host), a two-phase plan's copies start that much after the reserve it was made
+  // for (never before it: they were planned from it).
   const double rule_ms = scratch.reserve_us >= 0 ? scratch.reserve_us * 1e-3 : reserve_ms_;
-  const double delay_ms = scratch.planned_before_dispatch ? 0.0 : (host_scale_ - 1) * rule_ms;
+  const double delay_ms =
+      scratch.planned_before_dispatch ? 0.0 : std::max(0.0, host_scale_ - 1) * rule_ms;
   return plan_cost(scratch, ctx_.topo, rule_ms * host_scale_, gemm_scratch_, rows_scratch_,
                    delay_ms);
 }

@@ -107,15 +107,17 @@ class FeplbChooser final : public Planner {
   // named two-phase candidate's time over its reserve, at least 1. The plans stay as they are.
   void set_host_times(std::span<const ModeTime> times) override;
   // Where the reserve is feplb's (planner_budget_us -1): `us` over what the rule charges the mode
-  // of the layer's last plan is this host's scale (at least 1; kept while `us` is 0). The plans
-  // are still made for the rule's reserve (on a slower host their copies start later than they
-  // modelled); the candidates are costed at the host's scale: a two-phase plan's copies start
-  // (scale - 1) x its reserve later, a one-hop plan delays the dispatch by scale x its charge.
+  // of the layer's last plan is this host's scale (kept while `us` is 0; below 1 on a faster
+  // host). The plans are still made for the rule's reserve (on a slower host their copies start
+  // later than they modelled); the candidates are costed at the host's scale: a two-phase plan's
+  // copies start max(0, scale - 1) x its reserve later, a one-hop plan delays the dispatch by
+  // scale x its charge (on a faster host less than its reserve: the dispatch waits for the plan,
+  // not the reserve).
   // Raising the reserve instead (copies planned from when the plan is ready) keeps fewer copies
   // hidden: with every plan taking 250-400 us it left 30-78% of the token straggler removed on
   // small-expert workloads (docs/planners.md, "On the host it runs on").
   void set_recent_plan_us(double us) override { recent_us_ = us; }
-  // This host's planner time over the rule's (1 until a time is known, or on a faster host).
+  // This host's planner time over the rule's (1 until a time is known).
   double host_scale() const { return host_scale_; }
   static constexpr int kProbeSteps = 136;
   static constexpr int kProbeWarmSteps = 8;
@@ -194,7 +196,7 @@ class FeplbChooser final : public Planner {
   double straggler_sum_ = 0, unbalanced_sum_ = 0;
   double reserve_ms_ = 0;  // the planner's reserve, charged to one-hop plans
   double recent_us_ = 0;   // set_recent_plan_us
-  double host_scale_ = 1;  // this host's planner time over the rule's, at least 1
+  double host_scale_ = 1;  // this host's planner time over the rule's (start-up: at least 1)
   std::vector<Layer> layers_;
   ScheduleWriter writer_;  // the schedules of the plans observe() costs
   Plan current_, candidate_;
