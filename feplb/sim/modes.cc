@@ -196,6 +196,17 @@ void add_many_donor_specs(const std::map<std::string, Prior>& widened, std::vect
   }
 }
 
+// The real priors of top-k `top_k` whose experts divide `experts`, each widened to `experts`.
+std::vector<Prior> real_priors_widened(const ModesConfig& c, int top_k, int experts) {
+  std::vector<Prior> real;
+  for (const std::string& path : c.prior_paths) {
+    Prior p = read_prior(path);
+    if (p.top_k != top_k || experts % p.num_experts() != 0) continue;
+    real.push_back(expand_prior(p, experts, c.workload.seed));
+  }
+  return real;
+}
+
 // rack.md: lognormal max/mean 5, 4 experts per GPU, from one node to racks; few experts per
 // GPU with hot experts (real top-8 priors at EP=64, lognormal max/mean 13 at EP=72); its
 // history and measured micro-batches (8 and 8).
@@ -218,12 +229,7 @@ void add_rack_specs(const ModesConfig& c, std::vector<Spec>& specs) {
   }
   for (int k : rack.few_experts_per_gpu) {
     const int prior_experts = k * rack.prior_ranks, hot_experts = k * rack.hot_ranks;
-    std::vector<Prior> real;
-    for (const std::string& path : c.prior_paths) {
-      Prior p = read_prior(path);
-      if (p.top_k != rack.top_k || prior_experts % p.num_experts() != 0) continue;
-      real.push_back(expand_prior(p, prior_experts, c.workload.seed));
-    }
+    std::vector<Prior> real = real_priors_widened(c, rack.top_k, prior_experts);
     if (!real.empty()) {
       specs.push_back(
           {"few experts",
@@ -254,12 +260,7 @@ void add_large_domain_specs(const ModesConfig& c, std::vector<Spec>& specs) {
   for (int ranks : c.large_domain_ranks) {
     for (int k : c.large_domain_experts_per_gpu) {
       const int experts = k * ranks;
-      std::vector<Prior> real;
-      for (const std::string& path : c.prior_paths) {
-        Prior p = read_prior(path);
-        if (p.top_k != rack.top_k || experts % p.num_experts() != 0) continue;
-        real.push_back(expand_prior(p, experts, c.workload.seed));
-      }
+      std::vector<Prior> real = real_priors_widened(c, rack.top_k, experts);
       if (real.empty()) continue;
       specs.push_back({"large domains",
                        fmt::format("real priors ({}), {} per GPU, EP={}", real.size(), k, ranks),
