@@ -256,8 +256,12 @@ void run_epoch(const PolicyRun& run, const std::string& name, const Epoch& epoch
   // is feplb's, its choice of mode follows this host's speed; its plans do not).
   std::map<int64_t, PlannerClock> clocks;
   pr.movement = planners.front()->data_movement();
+  // A charged planner time is this host's from the start: a history is explored at it.
+  const double charged_us = run.config.knobs.planner_time_us;
   for (size_t i = epoch.history_first; i < epoch.first; ++i) {
-    planners[slot(trace.steps[i].layer)]->observe(trace.steps[i]);
+    Planner& planner = *planners[slot(trace.steps[i].layer)];
+    if (charged_us > 0) planner.set_recent_plan_us(charged_us);
+    planner.observe(trace.steps[i]);
   }
   for (size_t i = epoch.first; i < epoch.end; ++i) {
     const RoutingStep& step = trace.steps[i];
@@ -274,6 +278,8 @@ void run_epoch(const PolicyRun& run, const std::string& name, const Epoch& epoch
       pr.steps.push_back(measure_plan(plan, topo, run.cost, us, &loads));
       measure_traffic(plan, topo, step, run.config.shape, pr.steps.back());
       pr.loads.push_back(std::move(loads));
+    } else if (charged_us > 0) {
+      planner.set_recent_plan_us(charged_us);
     }
     planner.observe(step);
     step_done();

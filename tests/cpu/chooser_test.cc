@@ -386,6 +386,35 @@ TEST(FeplbChooser, AHistoryObservedWithoutPlansCountsAsPlanned) {
   EXPECT_EQ(serialize(pa), serialize(pb));
 }
 
+// A history observed at a planner time given before each micro-batch (the simulation's charged
+// time) is explored at that host's speed, as plans made at it are: the same modes and plans; with
+// no time given, at the rule's (scale 1).
+TEST(FeplbChooser, AHistoryIsExploredAtThePlannerTimeGivenForIt) {
+  const int R = 8, E = 64;
+  const Bench b(R, 8, E, Knobs{});
+  auto planned = b.make("feplb"), observed = b.make("feplb"), untimed = b.make("feplb");
+  const std::vector<RoutingStep> steps = steps_of(lognormal_prior(E, 6.0, 1, 7), R, 21, 7);
+  const auto* a = dynamic_cast<const FeplbChooser*>(planned.get());
+  const auto* o = dynamic_cast<const FeplbChooser*>(observed.get());
+  const auto* u = dynamic_cast<const FeplbChooser*>(untimed.get());
+  ASSERT_TRUE(a && o && u);
+  Plan pa, pb;
+  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+    planned->set_recent_plan_us(1);
+    planned->plan(steps[i], pa);
+    planned->observe(steps[i]);
+    observed->set_recent_plan_us(1);
+    observed->observe(steps[i]);
+    untimed->observe(steps[i]);
+    ASSERT_EQ(a->mode_of(0).label(), o->mode_of(0).label()) << "after micro-batch " << i;
+    EXPECT_LT(o->host_scale(), 1.0);
+    EXPECT_EQ(u->host_scale(), 1.0);
+  }
+  planned->plan(steps.back(), pa);
+  observed->plan(steps.back(), pb);
+  EXPECT_EQ(serialize(pa), serialize(pb));
+}
+
 // plan_cost (the chooser's) is the metrics' GEMM straggler + exposed time, the plan's latency
 // charged at the reserve where the dispatch waits for it; on a slower host (a plan that took 2.5x
 // its reserve) too: a two-phase plan's copies start that much later, a one-hop plan delays the

@@ -226,11 +226,7 @@ std::span<const Copy> FeplbChooser::prefetch(int64_t layer) const {
 
 void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   Layer& l = layer_state(routing.layer, /*planning=*/true);
-  // This host's planner time over what the rule charges, from the mode the layer's recent plans
-  // were made in (set_recent_plan_us; kept while a new mode has no time yet). Below 1 on a host
-  // faster than the rule: a one-hop plan then holds the dispatch for less than its reserve.
-  if (recent_us_ > 0 && ctx_.knobs.planner_budget_us < 0)
-    host_scale_ = recent_us_ / charged_us(l.planned >= 0 ? l.planned : l.mode);
+  update_host_scale(l);
   const double unbalanced = unbalanced_straggler(routing);
   l.budget = time_budget_now(unbalanced);
   if (explored_ == 0 && l.planned < 0 && modes_.size() > 1) {
@@ -302,8 +298,18 @@ PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routi
                    delay_ms);
 }
 
+// This host's planner time over what the rule charges, from the mode the layer's recent plans
+// were made in (set_recent_plan_us; kept while a new mode has no time yet). Below 1 on a host
+// faster than the rule: a one-hop plan then holds the dispatch for less than its reserve. A
+// step observed without a plan (a history) is explored at the speed given before it, if any.
+void FeplbChooser::update_host_scale(const Layer& l) {
+  if (recent_us_ > 0 && ctx_.knobs.planner_budget_us < 0)
+    host_scale_ = recent_us_ / charged_us(l.planned >= 0 ? l.planned : l.mode);
+}
+
 void FeplbChooser::observe(const RoutingStep& routing) {
   Layer& l = layer_state(routing.layer, /*planning=*/false);
+  if (l.budget < 0) update_host_scale(l);  // a step without a plan: at the speed given for it
   const int n = static_cast<int>(modes_.size());
   // The plan this step got (at the budget it got; a step observed without a plan, at the budget
   // a plan would have got): its prefetch history, and its cost.

@@ -113,6 +113,8 @@ class FeplbChooser final : public Planner {
   // copies start max(0, scale - 1) x its reserve later, a one-hop plan delays the dispatch by
   // scale x its charge (on a faster host less than its reserve: the dispatch waits for the plan,
   // not the reserve).
+  // Given before a micro-batch observed without a plan (the simulation's history at a charged
+  // planner time), the exploration of that micro-batch uses it too.
   // Raising the reserve instead (copies planned from when the plan is ready) keeps fewer copies
   // hidden: with every plan taking 250-400 us it left 30-78% of the token straggler removed on
   // small-expert workloads (docs/planners.md, "On the host it runs on").
@@ -147,6 +149,8 @@ class FeplbChooser final : public Planner {
   };
   // The layer's state; a new one starts in the mode below (`planning`: met by make_plan()).
   Layer& layer_state(int64_t layer, bool planning);
+  // host_scale_ from recent_us_ and the mode of the layer's last plan (its mode before one).
+  void update_host_scale(const Layer& l);
   // Whether a layer's micro-batch `seen` (0: its first) is explored.
   bool explores(int64_t seen) const;
   // The summed weight of a layer's explored micro-batches (the scale of its decayed sums).
