@@ -47,6 +47,20 @@ std::string modes_header(const ModesResult& r, const std::string& command,
         "the anchors]({}modes.svg)\n\n",
         plot_dir);
   }
+  // Each plan's time: clocked on this host, or charged (--planner-time-us: the same on any host).
+  const double charged_us = r.config.sim.knobs.planner_time_us;
+  const std::string clock =
+      charged_us >= 0 ? fmt::format(
+                            "every plan is charged {:g} us (--planner-time-us), whatever host runs "
+                            "the report (the chooser is told so, also before a history's "
+                            "micro-batches)",
+                            charged_us)
+                      : std::string("every plan is clocked on the host that runs the report");
+  const std::string clock_effect =
+      charged_us >= 0 ? std::string()
+                      : std::string(
+                            ", so a slower or busier host shows more exposed time where "
+                            "plans come near their reserve, at EP=256 most");
   const RackConfig rack;  // the rack workloads' (run_modes)
   std::string rack_points = format_rack_points(rack.points);
   for (size_t at = rack_points.find(','); at != std::string::npos;
@@ -66,17 +80,17 @@ std::string modes_header(const ModesResult& r, const std::string& command,
              "measured H200 table of each shape.\n\n"
              "**Columns.** Each cell: token straggler removed against static / GEMM straggler + "
              "exposed time (ms, mean over steps; exposed = late copies plus, for a plan the "
-             "dispatch waits for, the planner's time; every plan is clocked on the host that runs "
-             "the report, and one that outlasts the reserve its copies were planned for delays "
-             "them by the difference, so a slower or busier host shows more exposed time where "
-             "plans come near their reserve, at EP=256 most). `feplb` is the default (no knob "
+             "dispatch waits for, the planner's time; {}, and one that outlasts the reserve its "
+             "copies were planned for delays them by the difference{}). `feplb` is the default "
+             "(no knob "
              "set). The best explicit mode is the one with the least GEMM straggler + exposed "
              "time among the {} below that remove at least 95% of the token straggler (all of "
              "them where none does). **Target** for the default: within 5% (or 0.005 ms, "
              "whichever is larger) of the best explicit mode, no higher than LLEP's and MoonEP's "
              "wherever the best mode is, and at least 95% of the token straggler removed wherever "
              "the best mode removes that much. **Met on {} of {} workloads.**\n\n",
-             rack.skew, rack.experts_per_gpu, rack_points, modes.size(), met, r.workloads.size());
+             rack.skew, rack.experts_per_gpu, rack_points, clock, clock_effect, modes.size(), met,
+             r.workloads.size());
 }
 
 // One line per workload: the default, the best explicit mode, the anchors, the verdict.
