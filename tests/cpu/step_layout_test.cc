@@ -654,30 +654,6 @@ TEST(JobThread, AnIdleThreadUsesNoCpu) {
   EXPECT_LT(used, 0.01) << "idle for 1 s, the thread used " << used << " s of CPU";
 }
 
-// wake(): a sleeping thread polls for its spin time (here 50 ms), then sleeps again.
-TEST(JobThread, WakePollsForTheSpinTimeThenSleeps) {
-  cuda::JobThread t(50'000.0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // asleep
-  const double asleep = t.cpu_seconds();
-  std::this_thread::sleep_for(std::chrono::milliseconds(40));
-  EXPECT_LT(t.cpu_seconds() - asleep, 0.004) << "asleep, the thread used CPU";
-  const double before = t.cpu_seconds();
-  t.wake();
-  std::this_thread::sleep_for(std::chrono::milliseconds(40));
-  EXPECT_GT(t.cpu_seconds() - before, 0.004) << "woken, the thread did not poll";
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // asleep again
-  const double after = t.cpu_seconds();
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  EXPECT_LT(t.cpu_seconds() - after, 0.005) << "the thread kept polling after its spin time";
-  // A job posted after wake() runs.
-  std::atomic<int> done{0};
-  t.wake();
-  t.post([](void* p) { static_cast<std::atomic<int>*>(p)->fetch_add(1); }, &done);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (done.load() < 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-  EXPECT_EQ(done.load(), 1);
-}
-
 TEST(JobThread, AFullQueueIsAnError) {
   cuda::JobThread t;
   std::atomic<bool> release{false};

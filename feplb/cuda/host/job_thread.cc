@@ -36,16 +36,6 @@ void JobThread::post(Fn fn, void* ctx) {
   if (wake) wake_.notify_one();
 }
 
-void JobThread::wake() {
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    wake = sleeping_;
-    woken_ = true;
-  }
-  if (wake) wake_.notify_one();
-}
-
 uint64_t JobThread::done() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;
@@ -70,7 +60,6 @@ void JobThread::loop() {
       const auto job = queue_[static_cast<size_t>(head_)];
       head_ = (head_ + 1) % kMaxQueued;
       --count_;
-      woken_ = false;  // the job it was woken for
       lock.unlock();
       job.first(job.second);
       lock.lock();
@@ -86,15 +75,9 @@ void JobThread::loop() {
       lock.lock();
       continue;
     }
-    if (woken_) {  // wake() while it polled: poll for another spin_us
-      woken_ = false;
-      last_job = Clock::now();
-      continue;
-    }
     sleeping_ = true;
-    wake_.wait(lock, [this] { return count_ > 0 || stop_ || woken_; });
+    wake_.wait(lock, [this] { return count_ > 0 || stop_; });
     sleeping_ = false;
-    woken_ = false;
     last_job = Clock::now();
   }
 }

@@ -26,10 +26,6 @@ class JobThread {
   // (a caller that posts without waiting for its jobs). fn must not throw (jobs keep their own
   // error state).
   void post(Fn fn, void* ctx);
-  // A job follows shortly (a forward's counts are on their way): a sleeping thread wakes now and
-  // polls for spin_us, so that the job starts when it is posted, not a wake-up later. Never
-  // blocks.
-  void wake();
   // Jobs finished so far.
   uint64_t done() const;
   // CPU time this thread has used (seconds), from the thread's own clock.
@@ -46,7 +42,6 @@ class JobThread {
   int head_ = 0, count_ = 0;
   bool stop_ = false;
   bool sleeping_ = false;
-  bool woken_ = false;  // wake(): poll again
   uint64_t posted_ = 0, done_ = 0;
   double spin_us_;
   std::thread thread_;

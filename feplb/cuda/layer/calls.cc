@@ -92,9 +92,6 @@ void MoeLayer::Impl::begin_job(MicroBatchState& h, bool backward, bool dispatche
   if (!backward) {  // forward: the rows at home (forward_dispatched: the caller's, bound there)
     job.rows = Buf::kXHome;
     job.caller_rows = nullptr;
-    // The job is posted once the counts are on their way: the scheduler thread wakes now, while
-    // the prologue is enqueued, so that it primes the planner while they travel.
-    rt->scheduler.wake();
   }
 }
 
