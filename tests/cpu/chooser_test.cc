@@ -365,7 +365,10 @@ TEST(FeplbChooser, IsDeterministic) {
 
 // A history observed without plans (the simulator's warm-up) is costed at the time budget the
 // plans would have got: after it, the chooser moves and plans as one that planned every step.
-TEST(FeplbChooser, AHistoryObservedWithoutPlansCountsAsPlanned) {
+// One chooser plans and observes each micro-batch, another only observes them (a history), each
+// told `us` of planner time before every micro-batch (0: none): the same mode after every one,
+// and the same plan for the last. Returns the observing chooser's host scale.
+double expect_history_counts_as_planned(double us) {
   const int R = 8, E = 64;
   const Bench b(R, 8, E, Knobs{});
   auto planned = b.make("feplb"), observed = b.make("feplb");
@@ -373,46 +376,36 @@ TEST(FeplbChooser, AHistoryObservedWithoutPlansCountsAsPlanned) {
   Plan pa, pb;
   const auto* a = dynamic_cast<const FeplbChooser*>(planned.get());
   const auto* o = dynamic_cast<const FeplbChooser*>(observed.get());
-  ASSERT_TRUE(a && o);
+  if (!a || !o) {
+    ADD_FAILURE() << "feplb is not the chooser";
+    return 0;
+  }
   for (size_t i = 0; i + 1 < steps.size(); ++i) {
+    if (us > 0) {
+      planned->set_recent_plan_us(us);
+      observed->set_recent_plan_us(us);
+    }
     planned->plan(steps[i], pa);
     planned->observe(steps[i]);
     observed->observe(steps[i]);
-    ASSERT_EQ(a->mode_of(0).label(), o->mode_of(0).label()) << "after micro-batch " << i;
+    EXPECT_EQ(a->mode_of(0).label(), o->mode_of(0).label()) << "after micro-batch " << i;
   }
   planned->plan(steps.back(), pa);
   observed->plan(steps.back(), pb);
   EXPECT_EQ(pa.mode, pb.mode);
   EXPECT_EQ(serialize(pa), serialize(pb));
+  return o->host_scale();
+}
+
+TEST(FeplbChooser, AHistoryObservedWithoutPlansCountsAsPlanned) {
+  // No planner time given: the rule's speed (scale 1) for both.
+  EXPECT_EQ(expect_history_counts_as_planned(0), 1.0);
 }
 
 // A history observed at a planner time given before each micro-batch (the simulation's charged
-// time) is explored at that host's speed, as plans made at it are: the same modes and plans; with
-// no time given, at the rule's (scale 1).
+// time) is explored at that host's speed, as plans made at it are.
 TEST(FeplbChooser, AHistoryIsExploredAtThePlannerTimeGivenForIt) {
-  const int R = 8, E = 64;
-  const Bench b(R, 8, E, Knobs{});
-  auto planned = b.make("feplb"), observed = b.make("feplb"), untimed = b.make("feplb");
-  const std::vector<RoutingStep> steps = steps_of(lognormal_prior(E, 6.0, 1, 7), R, 21, 7);
-  const auto* a = dynamic_cast<const FeplbChooser*>(planned.get());
-  const auto* o = dynamic_cast<const FeplbChooser*>(observed.get());
-  const auto* u = dynamic_cast<const FeplbChooser*>(untimed.get());
-  ASSERT_TRUE(a && o && u);
-  Plan pa, pb;
-  for (size_t i = 0; i + 1 < steps.size(); ++i) {
-    planned->set_recent_plan_us(1);
-    planned->plan(steps[i], pa);
-    planned->observe(steps[i]);
-    observed->set_recent_plan_us(1);
-    observed->observe(steps[i]);
-    untimed->observe(steps[i]);
-    ASSERT_EQ(a->mode_of(0).label(), o->mode_of(0).label()) << "after micro-batch " << i;
-    EXPECT_LT(o->host_scale(), 1.0);
-    EXPECT_EQ(u->host_scale(), 1.0);
-  }
-  planned->plan(steps.back(), pa);
-  observed->plan(steps.back(), pb);
-  EXPECT_EQ(serialize(pa), serialize(pb));
+  EXPECT_LT(expect_history_counts_as_planned(1), 1.0);
 }
 
 // plan_cost (the chooser's) is the metrics' GEMM straggler + exposed time, the plan's latency
