@@ -47,8 +47,9 @@ int feplb_nccl_comm_destroy(void* comm);
 /* A rank's runtime, configured by a JSON object (keys: ranks, gpus_per_node, experts, homes
  * (optional [experts] home ranks), hidden, ffn, max_top_k, max_tokens, knobs ({name: value}),
  * recv_capacity_rows, guest_capacity_rows, staging_slots, max_in_flight, training, timing,
- * timeout_s, name, expert_gemm ("auto", "grouped" or "per_expert": RuntimeConfig::expert_gemm);
- * unknown keys are an input error). Collective over the ranks: every rank
+ * timeout_s, name, expert_gemm ("auto", "grouped" or "per_expert": RuntimeConfig::expert_gemm),
+ * call_thread ("off", "on" or "auto": RuntimeConfig::call_thread); unknown keys are an input
+ * error). Collective over the ranks: every rank
  * creates its runtime with the same configuration. `allocator` may be null (the runtime's own
  * stream-ordered pool); it is copied. In-process: rank `rank` of `group`. NCCL: a borrowed
  * communicator (an ncclComm_t, e.g. a framework's process group's) on CUDA device `device`. */
@@ -60,7 +61,8 @@ int feplb_runtime_create_nccl(const char* config_json, void* nccl_comm, int devi
 void feplb_runtime_destroy(feplb_runtime* runtime);
 /* {"rank", "world_size", "experts_per_rank", "workspace_bytes", "saved_bytes",
  *  "micro_batches_in_flight", "scheduler_cpu_seconds", "expert_gemm" ("grouped",
- *  "per_expert", or "auto": grouped but for batches of large experts)} as JSON into buf
+ *  "per_expert", or "auto": grouped but for batches of large experts), "call_thread" (whether
+ *  the layers' calls run on the runtime's call thread)} as JSON into buf
  * (NUL-terminated, at most cap bytes); *len gets the length it needs. */
 int feplb_runtime_info_json(feplb_runtime* runtime, char* buf, size_t cap, size_t* len);
 

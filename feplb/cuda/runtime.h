@@ -51,6 +51,18 @@ class Allocator {
 // expert.
 enum class ExpertGemm { kAuto, kGrouped, kPerExpert };
 
+// Where a layer's calls run (RuntimeConfig::call_thread). kOn: on the runtime's call thread. The
+// caller's thread checks the arguments, queues the call and returns without waiting for the
+// counts or the plan; the caller's stream waits (a stream memory wait, no SM) until the call's
+// work, which the call thread enqueues on its own stream after the caller's prior work, is done.
+// Needs several ranks, the grouped expert GEMMs (compute capability 9.0; every batch then runs
+// grouped) and more than one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS unset or above 1: with
+// one, the caller's waiting stream holds up the call thread's work). An error of a queued call is
+// raised by the runtime's next call (or synchronize(), or a statistics read) and leaves the
+// runtime unusable; the outputs of the calls that failed or were queued behind are NaN.
+// kOff: the caller's thread runs the call itself. kAuto: kOn where its needs are met.
+enum class CallThread { kOff, kOn, kAuto };
+
 struct RuntimeConfig {
   Topology topo = Topology::contiguous(1, 8, 1);
   ExpertShape shape;       // every layer's experts: bf16, hidden and ffn positive multiples of 8
@@ -85,6 +97,8 @@ struct RuntimeConfig {
   bool prime_planner = true;
   // The expert GEMMs (ExpertGemm above). kGrouped on a GPU without the kernels: InputError.
   ExpertGemm expert_gemm = ExpertGemm::kAuto;
+  // Where a layer's calls run (CallThread above). kOn where the needs are not met: InputError.
+  CallThread call_thread = CallThread::kOff;
 };
 
 // Staging slots a training runtime gets by default: every expert slice a rank may export under
@@ -129,6 +143,8 @@ class EpRuntime {
   // The expert GEMMs this runtime runs: kGrouped, kPerExpert, or kAuto where it chooses per batch
   // (the configuration's kAuto on a GPU with the grouped kernels).
   ExpertGemm expert_gemm() const;
+  // Whether the layers' calls run on the runtime's call thread (RuntimeConfig::call_thread).
+  bool call_thread() const;
 
  private:
   // Its state (defined in the library), shared with its layers and micro-batch handles, which

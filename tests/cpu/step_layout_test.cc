@@ -667,5 +667,40 @@ TEST(JobThread, AFullQueueIsAnError) {
   release.store(true);
 }
 
+// The call thread's queue: a poster waits for room (never more than `capacity` jobs wait), and
+// drain() returns once every job posted before it has finished.
+TEST(JobThread, WaitRoomAndDrain) {
+  cuda::JobThread t(/*spin_us=*/200.0, /*capacity=*/2);
+  std::atomic<bool> release{false};
+  std::atomic<int> done{0};
+  struct Ctx {
+    std::atomic<bool>* release;
+    std::atomic<int>* done;
+  } ctx{&release, &done};
+  const auto job = [](void* p) {
+    auto* c = static_cast<Ctx*>(p);
+    while (!c->release->load()) std::this_thread::yield();
+    c->done->fetch_add(1);
+  };
+  t.post(job, &ctx);  // running
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  t.post(job, &ctx);
+  t.post(job, &ctx);  // two waiting: full
+  EXPECT_THROW(t.post(job, &ctx), Error);
+  std::atomic<bool> roomy{false};
+  std::thread poster([&] {
+    t.wait_room();
+    roomy.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(roomy.load()) << "room while two jobs wait";
+  release.store(true);
+  poster.join();
+  EXPECT_TRUE(roomy.load());
+  t.post(job, &ctx);
+  t.drain();
+  EXPECT_EQ(done.load(), 4);
+}
+
 }  // namespace
 }  // namespace feplb

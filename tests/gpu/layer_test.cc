@@ -1442,5 +1442,234 @@ TEST(LayerDispatched, OneHopPlannersAreRefused) {
   }
 }
 
+// ---- the runtime's call thread (RuntimeConfig::call_thread) ----------------------------------
+
+// The runtime's call thread runs the same calls: the forward's outputs are the bytes the caller's
+// thread computes (both with grouped expert GEMMs), for every policy the GPU layer runs.
+TEST(LayerCallThread, ForwardIsTheCallersThreadsBitForBit) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "no grouped GEMMs on this GPU";
+  const int ranks = 4, experts = 32, top_k = 4;
+  const ReferenceMoe m = experts_for(501, experts);
+  const auto in = skewed_inputs(502, ranks, experts, top_k, 96, 8.0);
+  for (const char* policy : {"static", "feplb-paper", "feplb", "oracle"}) {
+    testing::LayerSetup c = config_for(ranks, experts, top_k, 96, policy);
+    c.runtime.expert_gemm = cuda::ExpertGemm::kGrouped;
+    const auto off = run_layer(c, m, in, /*forwards=*/2);
+    c.runtime.call_thread = cuda::CallThread::kOn;
+    const auto on = run_layer(c, m, in, /*forwards=*/2);
+    expect_matches_reference(on, m, in, top_k, std::string(policy) + " on the call thread");
+    int64_t copies = 0;
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_EQ(on[r].out, off[r].out) << policy << " rank " << r << ": not the same bytes";
+      EXPECT_EQ(on[r].stats.copies, off[r].stats.copies) << policy << " rank " << r;
+      copies += on[r].stats.copies;
+    }
+    if (std::string(policy) != "static") {
+      EXPECT_GT(copies, 0) << policy << ": nothing moved";
+    }
+  }
+}
+
+// Every path of the feplb planner (rows in one hop, weights before routing, time balancing, the
+// chooser) on the call thread, forward and backward against the float64 reference.
+class LayerCallThreadPathTest : public GpuTest<int> {};
+
+TEST_P(LayerCallThreadPathTest, ForwardAndBackwardMatchFloat64Reference) {
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "no grouped GEMMs on this GPU";
+  const PathMode& mode = kPathModes[GetParam()];
+  const int ranks = 4, experts = 32, top_k = 4;
+  const ReferenceMoe m = experts_for(510, experts);
+  const auto in = skewed_inputs(511, ranks, experts, top_k, 96, 8.0);
+  testing::LayerSetup c = path_config(ranks, experts, top_k, 96, mode);
+  c.runtime.call_thread = cuda::CallThread::kOn;
+  expect_matches_reference(run_layer(c, m, in, /*forwards=*/2), m, in, top_k, mode.name);
+  expect_backward_matches(c, m, in, 512, std::string(mode.name) + " on the call thread",
+                          /*layers=*/2);
+}
+
+std::string PathName(const ::testing::TestParamInfo<int>& param) {
+  return kPathModes[param.param].name;
+}
+INSTANTIATE_TEST_SUITE_P(Paths, LayerCallThreadPathTest,
+                         ::testing::Range(0, static_cast<int>(std::size(kPathModes))), PathName);
+
+// Micro-batches in flight (a pipeline schedule) on the call thread, their memory given back by
+// backwards queued behind forwards.
+TEST(LayerCallThread, SeveralMicroBatchesInFlightMatchTheReference) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "no grouped GEMMs on this GPU";
+  const int ranks = 4, experts = 16, top_k = 2;
+  const ReferenceMoe m = experts_for(520, experts);
+  std::vector<std::vector<RankInputs>> in;
+  std::vector<std::vector<std::vector<float>>> go;
+  for (int mb = 0; mb < 3; ++mb) {
+    in.push_back(
+        skewed_inputs(521 + mb, ranks, experts, top_k, 96 + 16 * mb, 8.0, mb == 2 ? 3 : -1));
+    go.push_back(random_grad_out(525 + mb, in.back()));
+  }
+  testing::LayerSetup c = config_for(ranks, experts, top_k, 128, "feplb");
+  c.runtime.call_thread = cuda::CallThread::kOn;
+  const auto got = testing::run_schedule(c, m, in, go, "F0 F1 B0 F2 B1 B2");
+  const std::vector<double> dw_total = expect_micro_batches_match(got, m, in, go, top_k, "");
+  expect_dw_matches(got[0], c.runtime.topo, dw_total, "call thread, 3 micro-batches: ");
+}
+
+// The caller's thread never waits for the counts or the plan: with every rank's stream held up
+// for 300 ms, forward, backward and sync_gradients return within 100 ms on every rank, and the
+// results are right once the stream runs.
+TEST(LayerCallThread, TheCallerNeverWaitsForTheCounts) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "no grouped GEMMs on this GPU";
+  const int ranks = 4, experts = 64, top_k = 8;
+  const int64_t tokens = 64;
+  const ReferenceMoe m = experts_for(530, experts);
+  const auto in = skewed_inputs(531, ranks, experts, top_k, tokens, 3.0);
+  testing::LayerSetup setup = config_for(ranks, experts, top_k, tokens, "feplb");
+  setup.runtime.call_thread = cuda::CallThread::kOn;
+  const cuda::RuntimeConfig& c = setup.runtime;
+  cuda::InProcessGroup group(ranks, c.timeout_s);
+  std::vector<testing::RankResult> got(ranks);
+  std::vector<double> held_ms(ranks, 0.0);
+  std::vector<int> ran_early(ranks, 0);
+  cuda::run_rank_threads(ranks, [&](int r) {
+    cuda::EpRuntime rt(c, group.endpoint(r));
+    ASSERT_TRUE(rt.call_thread());
+    cuda::MoeLayer layer(rt, {top_k, "no-wait"}, cuda::make_gpu_planner(rt, "feplb"));
+    cuda::LocalExperts w(c.topo.experts_per_rank(), kHidden, kFfn, /*grads=*/true);
+    const auto w16 = testing::to_bf16(testing::local_weights(m, c.topo, r));
+    FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+    const auto x16 = testing::to_bf16(in[r].hidden);
+    cuda::DeviceBuffer<__nv_bfloat16> x(x16.size()), out(x16.size());
+    cuda::DeviceBuffer<int32_t> idx(in[r].topk_idx.size());
+    cuda::DeviceBuffer<float> wt(in[r].topk_weight.size());
+    FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(idx.get(), in[r].topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(wt.get(), in[r].topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
+    cuda::DeviceBuffer<__nv_bfloat16> go(static_cast<size_t>(tokens * kHidden)),
+        gx(static_cast<size_t>(tokens * kHidden));
+    cuda::DeviceBuffer<float> gw(static_cast<size_t>(tokens * top_k));
+    FEPLB_CUDA_CHECK(cudaMemset(go.get(), 0, go.bytes()));
+    cuda::Stream s;
+    for (int call = 0; call < 2; ++call) {  // a warm call, then the held-up stream
+      if (call == 1) {
+        FEPLB_CUDA_CHECK(cudaLaunchHostFunc(
+            s.get(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+            nullptr));
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      cuda::MicroBatch mb =
+          layer.forward(w.params(), x.get(), idx.get(), wt.get(), tokens, out.get(), s.get());
+      layer.backward(std::move(mb), w.params(), go.get(), wt.get(), gx.get(), gw.get(),
+                     w.grad_views(), cuda::GradMode::kAccumulate, s.get());
+      layer.sync_gradients(s.get());
+      if (call == 1) {
+        held_ms[r] =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        ran_early[r] = cudaStreamQuery(s.get()) != cudaErrorNotReady;
+      }
+      rt.synchronize(s.get());
+    }
+    std::vector<uint16_t> o16(out.size());
+    FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost));
+    for (uint16_t v : o16) got[r].out.push_back(bf16_to_float(v));
+    got[r].stats = layer.last_forward_stats();
+  });
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_FALSE(ran_early[r]) << "rank " << r << ": the stream ran already";
+    EXPECT_LT(held_ms[r], 100.0) << "rank " << r << ": the calls waited for the held-up stream";
+  }
+  expect_matches_reference(got, m, in, top_k, "call thread, held-up stream");
+}
+
+// A queued call that fails: its outputs are NaN, the runtime's next call raises its error (every
+// rank alike: the out-of-range ids reach every rank with the counts), synchronize() too.
+TEST(LayerCallThread, AQueuedCallsErrorIsRaisedByTheNextCall) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "no grouped GEMMs on this GPU";
+  const int ranks = 2, experts = 8, top_k = 1;
+  const int64_t tokens = 16;
+  testing::LayerSetup setup = config_for(ranks, experts, top_k, tokens, "feplb");
+  setup.runtime.call_thread = cuda::CallThread::kOn;
+  const cuda::RuntimeConfig& c = setup.runtime;
+  cuda::InProcessGroup group(ranks, c.timeout_s);
+  std::vector<std::string> next_call(ranks), synced(ranks);
+  std::vector<int> nan_outputs(ranks, 0);
+  cuda::run_rank_threads(ranks, [&](int r) {
+    cuda::EpRuntime rt(c, group.endpoint(r));
+    cuda::MoeLayer layer(rt, {top_k, "bad-ids"}, cuda::make_gpu_planner(rt, "feplb"));
+    cuda::LocalExperts w(c.topo.experts_per_rank(), kHidden, kFfn, /*grads=*/false);
+    TokenBuffers t(tokens);
+    const int32_t bad = experts + 3;  // rank 0's first token
+    if (r == 0) FEPLB_CUDA_CHECK(cudaMemcpy(t.idx.get(), &bad, 4, cudaMemcpyHostToDevice));
+    cuda::Stream s;
+    cuda::MicroBatch mb = t.forward(layer, w, s.get());  // queued: returns
+    cuda::sync_with_timeout(s.get(), c.timeout_s, "the failed forward's stream");
+    std::vector<uint16_t> o16(t.out.size());
+    FEPLB_CUDA_CHECK(cudaMemcpy(o16.data(), t.out.get(), t.out.bytes(), cudaMemcpyDeviceToHost));
+    for (uint16_t v : o16) nan_outputs[r] += std::isnan(bf16_to_float(v)) ? 1 : 0;
+    try {
+      cuda::MicroBatch again = t.forward(layer, w, s.get());
+    } catch (const InputError& e) {
+      next_call[r] = e.what();
+    }
+    try {
+      rt.synchronize(s.get());
+    } catch (const InputError& e) {
+      synced[r] = e.what();
+    }
+  });
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(nan_outputs[r], tokens * kHidden) << "rank " << r << ": outputs not all NaN";
+    EXPECT_NE(next_call[r].find("out of range"), std::string::npos)
+        << "rank " << r << ": " << next_call[r];
+    EXPECT_EQ(synced[r], next_call[r]) << "rank " << r;
+  }
+}
+
+// kOn where its needs are not met is a clear error when the runtime is made (before any
+// collective); kAuto then runs the calls on the caller's thread.
+TEST(LayerCallThread, ItsNeedsAreCheckedWhenTheRuntimeIsMade) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const auto made = [](int ranks, cuda::CallThread mode, std::string& error) {
+    testing::LayerSetup setup = config_for(ranks, 8, 1, 16, "feplb");
+    setup.runtime.call_thread = mode;
+    cuda::InProcessGroup group(ranks, setup.runtime.timeout_s);
+    std::vector<int> on(ranks, 0);
+    std::vector<std::string> errors(ranks);
+    cuda::run_rank_threads(ranks, [&](int r) {
+      try {
+        cuda::EpRuntime rt(setup.runtime, group.endpoint(r));
+        on[r] = rt.call_thread();
+      } catch (const InputError& e) {
+        errors[r] = e.what();
+      }
+    });
+    error = errors[0];
+    return on[0] == 1;
+  };
+  std::string error;
+  EXPECT_FALSE(made(1, cuda::CallThread::kOn, error));
+  EXPECT_NE(error.find("several ranks"), std::string::npos) << error;
+  EXPECT_FALSE(made(1, cuda::CallThread::kAuto, error));
+  EXPECT_TRUE(error.empty()) << error;
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "no grouped GEMMs on this GPU";
+  EXPECT_TRUE(made(2, cuda::CallThread::kAuto, error)) << error;
+  const char* before = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const std::string kept = before ? before : "";
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);  // read when a runtime is made
+  EXPECT_FALSE(made(2, cuda::CallThread::kOn, error));
+  EXPECT_NE(error.find("CUDA_DEVICE_MAX_CONNECTIONS=1"), std::string::npos) << error;
+  EXPECT_FALSE(made(2, cuda::CallThread::kAuto, error));
+  EXPECT_TRUE(error.empty()) << error;
+  if (before)
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", kept.c_str(), 1);
+  else
+    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+}
+
 }  // namespace
 }  // namespace feplb

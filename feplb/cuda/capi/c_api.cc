@@ -153,7 +153,8 @@ RuntimeConfig parse_config(const char* text) {
                                       "timing",
                                       "timeout_s",
                                       "name",
-                                      "expert_gemm"};
+                                      "expert_gemm",
+                                      "call_thread"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
@@ -202,6 +203,14 @@ RuntimeConfig parse_config(const char* text) {
     c.expert_gemm = g == "grouped"      ? ExpertGemm::kGrouped
                     : g == "per_expert" ? ExpertGemm::kPerExpert
                                         : ExpertGemm::kAuto;
+  }
+  if (j.contains("call_thread")) {
+    const json& v = j["call_thread"];
+    const std::string t = v.is_string() ? v.get<std::string>() : "";
+    FEPLB_REQUIRE_INPUT(t == "off" || t == "on" || t == "auto",
+                        "runtime config: 'call_thread' must be \"off\", \"on\" or \"auto\", not {}",
+                        v.dump());
+    c.call_thread = t == "on" ? CallThread::kOn : t == "auto" ? CallThread::kAuto : CallThread::kOff;
   }
   return c;
 }
@@ -428,7 +437,8 @@ int feplb_runtime_info_json(feplb_runtime* runtime, char* buf, size_t cap, size_
                 {"scheduler_cpu_seconds", r.scheduler_cpu_seconds()},
                 {"expert_gemm", r.expert_gemm() == ExpertGemm::kGrouped ? "grouped"
                                 : r.expert_gemm() == ExpertGemm::kAuto  ? "auto"
-                                                                        : "per_expert"}},
+                                                                        : "per_expert"},
+                {"call_thread", r.call_thread()}},
                buf, cap, len);
   });
 }

@@ -9,7 +9,8 @@
 
 namespace feplb::cuda {
 
-JobThread::JobThread(double spin_us) : spin_us_(spin_us) {
+JobThread::JobThread(double spin_us, int capacity)
+    : queue_(static_cast<size_t>(capacity)), spin_us_(spin_us) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -22,18 +23,33 @@ JobThread::~JobThread() {
   thread_.join();
 }
 
-void JobThread::post(Fn fn, void* ctx) {
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (count_ == kMaxQueued)
-      throw Error(fmt::format("scheduler thread: {} jobs already queued", kMaxQueued));
-    queue_[static_cast<size_t>((head_ + count_) % kMaxQueued)] = {fn, ctx};
-    ++count_;
-    ++posted_;
-    wake = sleeping_;
-  }
+// Queues fn(ctx) under `lock` (room checked by the caller) and releases the lock.
+void JobThread::push(Fn fn, void* ctx, std::unique_lock<std::mutex>& lock) {
+  const int capacity = static_cast<int>(queue_.size());
+  queue_[static_cast<size_t>((head_ + count_) % capacity)] = {fn, ctx};
+  ++count_;
+  ++posted_;
+  const bool wake = sleeping_;
+  lock.unlock();
   if (wake) wake_.notify_one();
+}
+
+void JobThread::post(Fn fn, void* ctx) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (count_ == static_cast<int>(queue_.size()))
+    throw Error(fmt::format("job thread: {} jobs already queued", queue_.size()));
+  push(fn, ctx, lock);
+}
+
+void JobThread::wait_room() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  progress_.wait(lock, [this] { return count_ < static_cast<int>(queue_.size()); });
+}
+
+void JobThread::drain() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t target = posted_;
+  progress_.wait(lock, [&] { return done_ >= target; });
 }
 
 uint64_t JobThread::done() const {
@@ -58,12 +74,13 @@ void JobThread::loop() {
   for (;;) {
     if (count_ > 0) {
       const auto job = queue_[static_cast<size_t>(head_)];
-      head_ = (head_ + 1) % kMaxQueued;
+      head_ = (head_ + 1) % static_cast<int>(queue_.size());
       --count_;
       lock.unlock();
       job.first(job.second);
       lock.lock();
       ++done_;
+      progress_.notify_all();
       last_job = Clock::now();
       continue;
     }

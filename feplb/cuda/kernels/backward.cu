@@ -140,4 +140,11 @@ cudaError_t add_f32_to_bf16(bf16* y, const float* x, int64_t n, cudaStream_t s) 
   return cudaGetLastError();
 }
 
+cudaError_t load_backward_kernels() {
+  return load_kernels({reinterpret_cast<const void*>(scatter_grad_kernel),
+                       reinterpret_cast<const void*>(swiglu_backward_kernel),
+                       reinterpret_cast<const void*>(add_f32_kernel),
+                       reinterpret_cast<const void*>(add_f32_to_bf16_kernel)});
+}
+
 }  // namespace feplb::cuda::kernels

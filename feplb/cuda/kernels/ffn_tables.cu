@@ -1,6 +1,7 @@
 // The expert FFN's grouped-GEMM tables (ffn_tables.h) and the clearing of empty experts' weight
 // gradients.
 #include "feplb/cuda/kernels/ffn_tables.h"
+#include "feplb/cuda/kernels/kernels.h"
 
 namespace feplb::cuda::kernels {
 namespace {
@@ -91,6 +92,11 @@ cudaError_t ffn_clear_empty_weight_grads(const FfnBatch& batch, int grad_class, 
   const dim3 grid(64, static_cast<unsigned>(batch.count));
   clear_empty_kernel<<<grid, 256, 0, s>>>(batch, grad_class, elem);
   return cudaGetLastError();
+}
+
+cudaError_t load_ffn_tables_kernels() {
+  return load_kernels({reinterpret_cast<const void*>(ffn_tables_kernel),
+                       reinterpret_cast<const void*>(clear_empty_kernel)});
 }
 
 }  // namespace feplb::cuda::kernels

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "feplb/cuda/kernels/grouped_gemm.h"
+#include "feplb/cuda/kernels/kernels.h"
 
 namespace feplb::cuda::kernels {
 namespace {
@@ -63,6 +64,23 @@ cudaError_t grouped_gemm(const GroupedGemmArgs& args, cudaStream_t s) {
       return grouped_gemm_tn(args, s);
   }
   return cudaErrorInvalidValue;
+}
+
+// kernels.h: the grouped GEMMs only where this GPU runs them (they are built for sm_90a alone).
+cudaError_t load_all() {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const bool grouped = grouped_gemm_available(device);
+  for (cudaError_t (*load)() : {load_permute_kernels, load_swiglu_combine_kernels,
+                                load_backward_kernels, load_ffn_tables_kernels}) {
+    if (const cudaError_t e = load(); e != cudaSuccess) return e;
+  }
+  if (!grouped) return cudaSuccess;
+  for (cudaError_t (*load)() :
+       {load_grouped_gemm_nn_kernels, load_grouped_gemm_nt_kernels, load_grouped_gemm_tn_kernels}) {
+    if (const cudaError_t e = load(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace feplb::cuda::kernels

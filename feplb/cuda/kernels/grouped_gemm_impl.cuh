@@ -14,6 +14,7 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "cutlass/device_kernel.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
@@ -21,6 +22,7 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "feplb/cuda/kernels/grouped_gemm.h"
+#include "feplb/cuda/kernels/kernels.h"
 
 namespace feplb::cuda::kernels::grouped {
 
@@ -196,6 +198,12 @@ cudaError_t run(const GroupedGemmArgs& g, cudaStream_t s) {
     params = it->second;
   }
   return status_error(K::Gemm::run(params, s));
+}
+
+// The __global__ function CUTLASS launches for kernel type K (kernels.h, load_kernels).
+template <class K>
+const void* kernel_of() {
+  return reinterpret_cast<const void*>(cutlass::device_kernel<typename K::GemmKernel>);
 }
 
 // A layout's two tile families (grouped_gemm_nn.cu, grouped_gemm_nt.cu): bf16 D only.

@@ -15,4 +15,8 @@ size_t grouped_gemm_nn_workspace_bytes(int sm_count) {
   return g::tiles_workspace_bytes<GroupedNnLarge, GroupedNnSmallM>(sm_count);
 }
 
+cudaError_t load_grouped_gemm_nn_kernels() {
+  return load_kernels({g::kernel_of<GroupedNnLarge>(), g::kernel_of<GroupedNnSmallM>()});
+}
+
 }  // namespace feplb::cuda::kernels

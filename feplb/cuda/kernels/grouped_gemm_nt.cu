@@ -16,4 +16,8 @@ size_t grouped_gemm_nt_workspace_bytes(int sm_count) {
   return g::tiles_workspace_bytes<GroupedNtLarge, GroupedNtSmallM>(sm_count);
 }
 
+cudaError_t load_grouped_gemm_nt_kernels() {
+  return load_kernels({g::kernel_of<GroupedNtLarge>(), g::kernel_of<GroupedNtSmallM>()});
+}
+
 }  // namespace feplb::cuda::kernels

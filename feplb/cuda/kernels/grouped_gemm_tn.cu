@@ -17,4 +17,8 @@ size_t grouped_gemm_tn_workspace_bytes(int sm_count) {
                   GroupedTnF32::workspace_bytes(sm_count));
 }
 
+cudaError_t load_grouped_gemm_tn_kernels() {
+  return load_kernels({g::kernel_of<GroupedTnBf16>(), g::kernel_of<GroupedTnF32>()});
+}
+
 }  // namespace feplb::cuda::kernels

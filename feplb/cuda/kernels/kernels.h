@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 namespace feplb::cuda::kernels {
 
@@ -55,5 +56,26 @@ cudaError_t swiglu_backward(const bf16* gu, const bf16* dact, int64_t rows, int6
 cudaError_t add_f32(float* y, const float* x, int64_t n, cudaStream_t s);
 // y[i] = bf16(y[i] + x[i]) for i < n (fp32 sum; staged weight gradients into a bf16 gradient).
 cudaError_t add_f32_to_bf16(bf16* y, const float* x, int64_t n, cudaStream_t s);
+
+// Loading. CUDA loads a kernel lazily, at its first launch or attribute query, and a load waits
+// for the whole device: a first launch while another stream waits (stream memory wait) for work
+// this thread enqueues later never returns. A thread whose work such a wait depends on (the
+// runtime's call thread, RuntimeConfig::call_thread) loads every kernel first. Each returns the
+// first failure.
+cudaError_t load_all();  // every kernel of this folder, the grouped GEMMs' where built
+inline cudaError_t load_kernels(std::initializer_list<const void*> kernels) {
+  for (const void* k : kernels) {
+    cudaFuncAttributes a{};
+    if (const cudaError_t e = cudaFuncGetAttributes(&a, k); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+cudaError_t load_permute_kernels();
+cudaError_t load_swiglu_combine_kernels();
+cudaError_t load_backward_kernels();
+cudaError_t load_ffn_tables_kernels();
+cudaError_t load_grouped_gemm_nn_kernels();
+cudaError_t load_grouped_gemm_nt_kernels();
+cudaError_t load_grouped_gemm_tn_kernels();
 
 }  // namespace feplb::cuda::kernels

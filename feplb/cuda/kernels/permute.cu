@@ -98,4 +98,10 @@ cudaError_t scatter_rows(const bf16* hidden, const int32_t* topk_idx, int64_t nu
   return cudaGetLastError();
 }
 
+cudaError_t load_permute_kernels() {
+  return load_kernels({reinterpret_cast<const void*>(count_kernel),
+                       reinterpret_cast<const void*>(offsets_kernel),
+                       reinterpret_cast<const void*>(scatter_kernel)});
+}
+
 }  // namespace feplb::cuda::kernels

@@ -74,4 +74,9 @@ cudaError_t combine(const bf16* y, const int32_t* pair_pos, const float* topk_we
   return cudaGetLastError();
 }
 
+cudaError_t load_swiglu_combine_kernels() {
+  return load_kernels({reinterpret_cast<const void*>(swiglu_kernel),
+                       reinterpret_cast<const void*>(combine_kernel)});
+}
+
 }  // namespace feplb::cuda::kernels

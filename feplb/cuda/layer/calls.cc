@@ -103,14 +103,10 @@ void MoeLayer::Impl::begin_job(MicroBatchState& h, bool backward, bool dispatche
 MicroBatchState& MoeLayer::Impl::begin_forward(MicroBatch& handle, int64_t rows, bool dispatched,
                                                Bindings& b, CallFacts& f) {
   RuntimeState& r = *rt;
-  handle.rt_ = rt;
-  handle.slot_ = r.acquire(layer_id);
+  if (handle.slot_ < 0) acquire_batch(handle, rows, dispatched);
   MicroBatchState& h = r.batches.states[static_cast<size_t>(handle.slot_)];
-  handle.generation_ = h.generation;  // from here on, an exception gives the memory back
   const uint32_t seq = r.board->next_call();
   h.forward_seq = seq;
-  h.num_tokens = rows;
-  h.dispatched = dispatched;
   h.stream = b.stream;
   b.mb = &h;
   b.call = seq;
@@ -118,6 +114,33 @@ MicroBatchState& MoeLayer::Impl::begin_forward(MicroBatch& handle, int64_t rows,
   f.prefetched_here = f.settle && r.calls.pending.layer_id == layer_id;
   job.prefetched = f.prefetched_here;
   return h;
+}
+
+void MoeLayer::Impl::acquire_batch(MicroBatch& handle, int64_t rows, bool dispatched) {
+  RuntimeState& r = *rt;
+  int slot = -1;
+  try {
+    slot = r.acquire(layer_id);
+  } catch (const InputError&) {
+    if (!r.call_queue || r.call_queue->on_call_thread()) throw;
+    r.drain_calls();  // dropped handles' memory given back
+    slot = r.acquire(layer_id);
+  }
+  handle.rt_ = rt;
+  handle.slot_ = slot;
+  MicroBatchState& h = r.batches.states[static_cast<size_t>(slot)];
+  handle.generation_ = h.generation;  // from here on, an exception gives the memory back
+  h.num_tokens = rows;
+  h.dispatched = dispatched;
+}
+
+MicroBatch MoeLayer::Impl::adopt(int slot, uint64_t generation) const {
+  MicroBatch handle;
+  if (slot < 0) return handle;
+  handle.rt_ = rt;
+  handle.slot_ = slot;
+  handle.generation_ = generation;
+  return handle;
 }
 
 // After the plan (HostFlag::kPlanned): a forward whose plan cannot run stops here on every rank

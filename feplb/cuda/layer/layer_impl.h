@@ -143,9 +143,33 @@ struct MoeLayer::Impl final : ProgramHooks {
   void host(HostAction action, Bindings& b) override;
   void marked(Mark mark, bool backward, Clock::time_point t) override;
 
+  // The calls' work, run by the caller's thread, or with the runtime's call thread
+  // (RuntimeConfig::call_thread) by that thread on its stream (layer/moe_layer.cc).
+  void forward_now(MicroBatch& handle, std::span<const ExpertParams> weights, const bf16* hidden,
+                   const int32_t* topk_idx, const float* topk_weight, int64_t num_tokens, bf16* out,
+                   cudaStream_t stream);
+  void backward_now(MicroBatch& mb, std::span<const ExpertParams> weights, const bf16* grad_out,
+                    const float* topk_weight, bf16* grad_hidden, float* grad_topk_weight,
+                    std::span<const ExpertGrads> grads, GradMode mode, cudaStream_t stream);
+  void forward_dispatched_now(MicroBatch& handle, std::span<const ExpertParams> weights,
+                              const bf16* rows, std::span<const int64_t> counts, int64_t n,
+                              bf16* out_rows, cudaStream_t stream);
+  void backward_dispatched_now(MicroBatch& mb, std::span<const ExpertParams> weights,
+                               const bf16* grad_out_rows, bf16* grad_rows,
+                               std::span<const ExpertGrads> grads, GradMode mode,
+                               cudaStream_t stream);
+  // A micro-batch state for `handle` holding `rows` rows (the caller's thread, before a call is
+  // queued: the handle is returned at once); with the call thread, the memory of dropped handles
+  // is given back first where every state is taken.
+  void acquire_batch(MicroBatch& handle, int64_t rows, bool dispatched);
+  // A handle on state `slot` of `generation` for the call thread's work (empty for slot -1).
+  MicroBatch adopt(int slot, uint64_t generation) const;
+  bool keeps_rows_via_homes = false;  // forward_dispatched checked the planner (caller's thread)
+
   // Checks of the caller's arguments.
   void validate_experts(std::span<const ExpertParams> w, int64_t num_tokens, const char* who) const;
   void validate_grads(std::span<const ExpertGrads> grads, const char* who) const;
+  void require_aligned(const void* p, const char* who, const char* what) const;
   MicroBatchState& consumed(MicroBatch& mb, bool dispatched, const char* who) const;
 
   // Calls (layer/calls.cc).

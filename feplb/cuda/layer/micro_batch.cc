@@ -45,10 +45,21 @@ size_t MicroBatch::checked() const {
   return static_cast<size_t>(slot_);
 }
 
-const Plan& MicroBatch::plan() const { return rt_->batches.states[checked()].plan; }
-const RoutingStep& MicroBatch::routing() const { return rt_->batches.states[checked()].routing; }
-const ForwardStats& MicroBatch::stats() const { return rt_->batches.states[checked()].stats; }
+// What the forward wrote: with the call thread, once the calls queued so far have run.
+const Plan& MicroBatch::plan() const {
+  if (rt_) rt_->drain_calls();
+  return rt_->batches.states[checked()].plan;
+}
+const RoutingStep& MicroBatch::routing() const {
+  if (rt_) rt_->drain_calls();
+  return rt_->batches.states[checked()].routing;
+}
+const ForwardStats& MicroBatch::stats() const {
+  if (rt_) rt_->drain_calls();
+  return rt_->batches.states[checked()].stats;
+}
 size_t MicroBatch::saved_bytes() const {
+  if (rt_) rt_->drain_calls();
   const MicroBatchState& h = rt_->batches.states[checked()];
   return h.bytes_tokens + h.bytes_plan;
 }

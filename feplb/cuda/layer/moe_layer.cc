@@ -2,6 +2,9 @@
 // and runs them; program/ holds the programs and the executor).
 #include "feplb/cuda/moe_layer.h"
 
+#include <memory>
+#include <vector>
+
 #include "feplb/cuda/base/check.h"
 #include "feplb/cuda/layer/layer_impl.h"
 
@@ -25,6 +28,14 @@ class CallGuard {
  private:
   RuntimeState& rt_;
 };
+
+// NaN in a failed queued call's outputs (every bit set: a NaN in bf16 and in fp32).
+void poison_bf16(bf16* p, int64_t n, cudaStream_t s) {
+  if (p && n > 0) FEPLB_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, static_cast<size_t>(n) * 2, s));
+}
+void poison_f32(float* p, int64_t n, cudaStream_t s) {
+  if (p && n > 0) FEPLB_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, static_cast<size_t>(n) * 4, s));
+}
 
 // Planners whose plans the GPU layer runs: rows dispatched to the experts' homes (the two-phase
 // path), or feplb's, whose one-hop plans send migrated rows straight to their helpers. Every plan
@@ -80,20 +91,25 @@ MoeLayer::MoeLayer(EpRuntime& runtime, const LayerConfig& config,
   m.capacity.staging_slots = r.cfg.training ? r.pool->staging_slots() : -1;
 }
 
-MoeLayer::~MoeLayer() = default;
+MoeLayer::~MoeLayer() {
+  if (impl_) impl_->rt->drain_calls();  // queued calls use the layer
+}
 
 const LayerConfig& MoeLayer::config() const { return impl_->cfg; }
 std::string_view MoeLayer::policy() const { return impl_->planner->name(); }
 int MoeLayer::layer_id() const { return impl_->layer_id; }
 const Plan& MoeLayer::last_plan() const {
+  impl_->rt->drain_calls();
   impl_->settle_row_counts(/*all=*/true);
   return impl_->last_plan;
 }
 const RoutingStep& MoeLayer::last_routing() const {
+  impl_->rt->drain_calls();
   impl_->settle_row_counts(/*all=*/true);
   return impl_->last_routing;
 }
 void MoeLayer::refine_gemm_algorithms(double budget_ms) {
+  impl_->rt->drain_calls();
   impl_->rt->ffn.gemm.refine(budget_ms);
   if (budget_ms < 0) impl_->rt->ffn.refiner.drain();
 }
@@ -101,6 +117,7 @@ void MoeLayer::refine_gemm_algorithms(double budget_ms) {
 // GPU times are spans of the forward's timeline.
 const ForwardStats& MoeLayer::last_forward_stats() const {
   Impl& m = *impl_;
+  m.rt->drain_calls();
   m.settle_row_counts(/*all=*/true);
   if (m.rt->cfg.timing) {
     const Timeline& t = m.forward_timeline;
@@ -121,6 +138,7 @@ const ForwardStats& MoeLayer::last_forward_stats() const {
 
 const BackwardStats& MoeLayer::last_backward_stats() const {
   Impl& m = *impl_;
+  m.rt->drain_calls();
   if (m.rt->cfg.timing) {
     const Timeline& t = m.backward_timeline;
     BackwardStats& s = m.bstats;
@@ -136,9 +154,18 @@ const BackwardStats& MoeLayer::last_backward_stats() const {
   return m.bstats;
 }
 
+// With the call thread, the wait is a call of its own: the event is recorded by the backwards
+// queued before it.
 void MoeLayer::sync_gradients(cudaStream_t stream) {
-  impl_->rt->check_usable("sync_gradients");
-  FEPLB_CUDA_CHECK(cudaStreamWaitEvent(stream, impl_->ev_grads_done.get(), 0));
+  Impl& m = *impl_;
+  RuntimeState& r = *m.rt;
+  r.check_usable("sync_gradients");
+  const auto wait = [&m](cudaStream_t s) {
+    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_grads_done.get(), 0));
+  };
+  if (!r.call_queue) return wait(stream);
+  CallGuard guard(r, "sync_gradients");
+  r.call_queue->submit(stream, wait, nullptr);
 }
 
 void MoeLayer::Impl::validate_experts(std::span<const ExpertParams> w, int64_t num_tokens,
@@ -150,10 +177,21 @@ void MoeLayer::Impl::validate_experts(std::span<const ExpertParams> w, int64_t n
     FEPLB_REQUIRE_INPUT(w[i].gate_up && w[i].down,
                         "{} of layer '{}': local expert {} has a null weight pointer", who,
                         cfg.name, i);
+    require_aligned(w[i].gate_up, who, "weights");
+    require_aligned(w[i].down, who, "weights");
   }
   FEPLB_REQUIRE_INPUT(num_tokens >= 0 && num_tokens <= rt->cfg.max_tokens,
                       "{} of layer '{}': {} tokens, the runtime's max_tokens is {}", who, cfg.name,
                       num_tokens, rt->cfg.max_tokens);
+}
+
+// With the call thread every expert GEMM is grouped, and the grouped GEMMs read their operands by
+// TMA: 16-byte aligned (without it, a misaligned batch runs per expert).
+void MoeLayer::Impl::require_aligned(const void* p, const char* who, const char* what) const {
+  FEPLB_REQUIRE_INPUT(!rt->call_queue || (reinterpret_cast<uintptr_t>(p) & 15) == 0,
+                      "{} of layer '{}': {} at {} are not 16-byte aligned, which the runtime's "
+                      "call thread needs (its expert GEMMs are grouped)",
+                      who, cfg.name, what, p);
 }
 
 void MoeLayer::Impl::validate_grads(std::span<const ExpertGrads> grads, const char* who) const {
@@ -168,6 +206,8 @@ void MoeLayer::Impl::validate_grads(std::span<const ExpertGrads> grads, const ch
         "{} of layer '{}': local expert {} needs both gradient pointers of one "
         "dtype (fp32 or bf16)",
         who, cfg.name, i);
+    require_aligned(half ? static_cast<const void*>(g.gate_up_bf16) : g.gate_up, who, "gradients");
+    require_aligned(half ? static_cast<const void*>(g.down_bf16) : g.down, who, "gradients");
     FEPLB_REQUIRE_INPUT(half == grads[0].bf16_pair(),
                         "{} of layer '{}': local expert {}'s gradients are {}, expert 0's {}: one "
                         "dtype per call",
@@ -210,7 +250,13 @@ void MoeLayer::prefetch(std::span<const ExpertParams> experts, cudaStream_t stre
   m.validate_experts(experts, 0, "prefetch");
   CallGuard guard(r, "prefetch");
   m.settle_row_counts(/*all=*/false);
-  m.run_prefetch(experts, stream);
+  if (!r.call_queue) return m.run_prefetch(experts, stream);
+  r.call_queue->submit(
+      stream,
+      [&m, w = std::vector<ExpertParams>(experts.begin(), experts.end())](cudaStream_t s) {
+        m.run_prefetch(w, s);
+      },
+      nullptr);
 }
 
 MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* hidden,
@@ -225,6 +271,31 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
                       m.cfg.name, num_tokens);
   CallGuard guard(r, "forward");
   MicroBatch handle;
+  if (!r.call_queue) {
+    m.forward_now(handle, experts, hidden, topk_idx, topk_weight, num_tokens, out, stream);
+    return handle;
+  }
+  if (r.cfg.training) m.acquire_batch(handle, num_tokens, /*dispatched=*/false);
+  const int slot = handle.slot_;
+  const uint64_t generation = handle.generation_;
+  r.call_queue->submit(
+      stream,
+      [&m, w = std::vector<ExpertParams>(experts.begin(), experts.end()), hidden, topk_idx,
+       topk_weight, num_tokens, out, slot, generation](cudaStream_t s) {
+        MicroBatch on_thread = m.adopt(slot, generation);
+        m.forward_now(on_thread, w, hidden, topk_idx, topk_weight, num_tokens, out, s);
+        on_thread.slot_ = -1;  // the caller's handle holds the micro-batch
+      },
+      [out, n = num_tokens * r.H](cudaStream_t s) { poison_bf16(out, n, s); });
+  return handle;
+}
+
+void MoeLayer::Impl::forward_now(MicroBatch& handle, std::span<const ExpertParams> weights,
+                                 const bf16* hidden, const int32_t* topk_idx,
+                                 const float* topk_weight, int64_t num_tokens, bf16* out,
+                                 cudaStream_t stream) {
+  Impl& m = *this;
+  RuntimeState& r = *rt;
   Bindings b;
   m.start_host(b);
   m.settle_row_counts(/*all=*/false, &m.call_host);
@@ -235,21 +306,17 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   b.topk_idx = topk_idx;
   b.topk_weight = topk_weight;
   b.out = out;
-  b.experts = experts;
+  b.experts = weights;
   CallFacts f;
   MicroBatchState& h = m.begin_forward(handle, num_tokens, /*dispatched=*/false, b, f);
   m.carve_pairs = num_tokens * m.K;
-  if (m.one_rank_runs(experts, num_tokens)) {
-    m.run_forward_one_rank(handle, h, b);
-    return handle;
-  }
-  m.begin_job(h, /*backward=*/false, /*dispatched=*/false, experts);
+  if (m.one_rank_runs(weights, num_tokens)) return m.run_forward_one_rank(handle, h, b);
+  m.begin_job(h, /*backward=*/false, /*dispatched=*/false, weights);
   m.timed(m.call_host.build_us, [&] { build_forward_prologue(m.prologue, f); });
   m.exec.run(m.prologue, b, m);
   m.check_plan(h, f, b);
   m.carve_plan(h, h.layout.recv_rows(r.rank), /*own_x_home=*/true, stream);
   m.run_forward_body(handle, h, f, b);
-  return handle;
 }
 
 void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
@@ -268,6 +335,31 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
       "backward of layer '{}': a null input or output pointer with {} tokens", m.cfg.name,
       num_tokens);
   CallGuard guard(r, "backward");
+  if (!r.call_queue) {
+    return m.backward_now(mb, experts, grad_out, topk_weight, grad_hidden, grad_topk_weight, grads,
+                          mode, stream);
+  }
+  r.call_queue->submit(
+      stream,
+      [&m, owned = std::make_shared<MicroBatch>(std::move(mb)),
+       w = std::vector<ExpertParams>(experts.begin(), experts.end()), grad_out, topk_weight,
+       grad_hidden, grad_topk_weight, g = std::vector<ExpertGrads>(grads.begin(), grads.end()),
+       mode](cudaStream_t s) {
+        m.backward_now(*owned, w, grad_out, topk_weight, grad_hidden, grad_topk_weight, g, mode, s);
+      },
+      [grad_hidden, grad_topk_weight, n = num_tokens, H = r.H, K = m.K](cudaStream_t s) {
+        poison_bf16(grad_hidden, n * H, s);
+        poison_f32(grad_topk_weight, n * K, s);
+      });
+}
+
+void MoeLayer::Impl::backward_now(MicroBatch& mb, std::span<const ExpertParams> weights,
+                                  const bf16* grad_out, const float* topk_weight, bf16* grad_hidden,
+                                  float* grad_topk_weight, std::span<const ExpertGrads> grads,
+                                  GradMode mode, cudaStream_t stream) {
+  Impl& m = *this;
+  MicroBatchState& h = rt->batches.states[mb.checked()];
+  const int64_t num_tokens = h.num_tokens;
   Bindings b;
   m.start_host(b);
   m.settle_row_counts(/*all=*/false, &m.call_host);
@@ -278,7 +370,7 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
   b.topk_weight = topk_weight;
   b.out = grad_hidden;
   b.grad_topk_weight = grad_topk_weight;
-  b.experts = experts;
+  b.experts = weights;
   b.grads = grads;
   m.run_backward(mb, h, mode, b);
 }
@@ -309,36 +401,67 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
                       "forward_dispatched of layer '{}': a null row pointer with {} "
                       "rows",
                       m.cfg.name, n);
+  m.require_aligned(rows, "forward_dispatched", "rows");
+  m.require_aligned(out_rows, "forward_dispatched", "rows");
   CallGuard guard(r, "forward_dispatched");
   m.settle_row_counts(/*all=*/false);
   // The caller dispatched the rows: plans that send rows straight to helpers cannot run here. A
   // planner that chooses its path (feplb's default) keeps to two phases from now on; the planner
-  // is idle between calls (its last observe() ran before the previous call returned).
-  if (!m.planner->limits().rows_via_homes) m.planner->keep_rows_via_homes();
-  FEPLB_REQUIRE_INPUT(
-      m.planner->limits().rows_via_homes,
-      "forward_dispatched of layer '{}': planner '{}' plans rows in one hop (one_hop = 1), which "
-      "needs the layer's own dispatch (forward())",
-      m.cfg.name, m.planner->name());
+  // is idle between calls (its last observe() ran before the previous call returned; with the
+  // call thread, once the calls queued have run: the layer's first such call waits for them).
+  if (!m.keeps_rows_via_homes) {
+    r.drain_calls();
+    if (!m.planner->limits().rows_via_homes) m.planner->keep_rows_via_homes();
+    FEPLB_REQUIRE_INPUT(
+        m.planner->limits().rows_via_homes,
+        "forward_dispatched of layer '{}': planner '{}' plans rows in one hop (one_hop = 1), "
+        "which needs the layer's own dispatch (forward())",
+        m.cfg.name, m.planner->name());
+    m.keeps_rows_via_homes = true;
+  }
   MicroBatch handle;
+  if (!r.call_queue) {
+    m.forward_dispatched_now(handle, experts, rows, rows_per_expert, n, out_rows, stream);
+    return handle;
+  }
+  m.acquire_batch(handle, n, /*dispatched=*/true);
+  const int slot = handle.slot_;
+  const uint64_t generation = handle.generation_;
+  r.call_queue->submit(
+      stream,
+      [&m, w = std::vector<ExpertParams>(experts.begin(), experts.end()), rows,
+       counts = std::vector<int64_t>(rows_per_expert.begin(), rows_per_expert.end()), n, out_rows,
+       slot, generation](cudaStream_t s) {
+        MicroBatch on_thread = m.adopt(slot, generation);
+        m.forward_dispatched_now(on_thread, w, rows, counts, n, out_rows, s);
+        on_thread.slot_ = -1;  // the caller's handle holds the micro-batch
+      },
+      [out_rows, count = n * r.H](cudaStream_t s) { poison_bf16(out_rows, count, s); });
+  return handle;
+}
+
+void MoeLayer::Impl::forward_dispatched_now(MicroBatch& handle,
+                                            std::span<const ExpertParams> weights, const bf16* rows,
+                                            std::span<const int64_t> counts, int64_t n,
+                                            bf16* out_rows, cudaStream_t stream) {
+  Impl& m = *this;
   Bindings b;
   m.start_host(b);
   b.stream = stream;
   b.caller_in = rows;
   b.caller_out = out_rows;
-  b.experts = experts;
+  b.experts = weights;
   CallFacts f;
   // A pending prefetch is settled as in forward(): used by this layer, dropped by another.
   MicroBatchState& h = m.begin_forward(handle, n, /*dispatched=*/true, b, f);
-  m.rows_per_expert = rows_per_expert;
-  m.begin_job(h, /*backward=*/false, /*dispatched=*/true, experts);
+  m.rows_per_expert = counts;
+  m.begin_job(h, /*backward=*/false, /*dispatched=*/true, weights);
   m.timed(m.call_host.build_us, [&] { build_forward_prologue(m.prologue, f); });
   m.exec.run(m.prologue, b, m);
   m.check_plan(h, f, b);
   m.carve_plan(h, n, /*own_x_home=*/false, stream);
   h.x_home = const_cast<bf16*>(rows);  // the caller's, read only
   m.run_forward_body(handle, h, f, b);
-  return handle;
 }
 
 void MoeLayer::backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams> experts,
@@ -355,14 +478,35 @@ void MoeLayer::backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams
   FEPLB_REQUIRE_INPUT(n == 0 || (grad_out_rows && grad_rows),
                       "backward_dispatched of layer '{}': a null row pointer with {} rows",
                       m.cfg.name, n);
+  m.require_aligned(grad_out_rows, "backward_dispatched", "rows");
+  m.require_aligned(grad_rows, "backward_dispatched", "rows");
   CallGuard guard(r, "backward_dispatched");
+  if (!r.call_queue) {
+    return m.backward_dispatched_now(mb, experts, grad_out_rows, grad_rows, grads, mode, stream);
+  }
+  r.call_queue->submit(
+      stream,
+      [&m, owned = std::make_shared<MicroBatch>(std::move(mb)),
+       w = std::vector<ExpertParams>(experts.begin(), experts.end()), grad_out_rows, grad_rows,
+       g = std::vector<ExpertGrads>(grads.begin(), grads.end()), mode](cudaStream_t s) {
+        m.backward_dispatched_now(*owned, w, grad_out_rows, grad_rows, g, mode, s);
+      },
+      [grad_rows, count = n * r.H](cudaStream_t s) { poison_bf16(grad_rows, count, s); });
+}
+
+void MoeLayer::Impl::backward_dispatched_now(MicroBatch& mb, std::span<const ExpertParams> weights,
+                                             const bf16* grad_out_rows, bf16* grad_rows,
+                                             std::span<const ExpertGrads> grads, GradMode mode,
+                                             cudaStream_t stream) {
+  Impl& m = *this;
+  MicroBatchState& h = rt->batches.states[mb.checked()];
   Bindings b;
   m.start_host(b);
   m.settle_row_counts(/*all=*/false, &m.call_host);
   b.stream = stream;
   b.caller_in = grad_out_rows;
   b.caller_out = grad_rows;
-  b.experts = experts;
+  b.experts = weights;
   b.grads = grads;
   // A pending prefetch is dropped, as in backward().
   m.run_backward(mb, h, mode, b);

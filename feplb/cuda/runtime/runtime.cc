@@ -92,6 +92,14 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
   rank = transport.rank();
   world = transport.world_size();
   check_config(cfg, world);
+  // The expert GEMMs: grouped (sizes read on the GPU) where this GPU runs those kernels; with the
+  // call thread, every batch (no cuBLASLt kernel is then loaded lazily on that thread).
+  const bool grouped_here = GroupedFfn::available();
+  FEPLB_REQUIRE_INPUT(cfg.expert_gemm != ExpertGemm::kGrouped || grouped_here,
+                      "runtime: expert_gemm 'grouped' needs a GPU of compute capability 9.0 (H100, "
+                      "H200); use 'auto' or 'per_expert' on this one");
+  const bool call_thread = wants_call_thread(cfg, world, grouped_here);
+  if (call_thread) cfg.expert_gemm = ExpertGemm::kGrouped;
   H = cfg.shape.hidden;
   F = cfg.shape.ffn;
   E = topo.num_experts();
@@ -112,11 +120,6 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
                       "runtime: a training runtime needs gradient staging slots");
   pool = std::make_unique<ExpertSlotPool>(
       transport, cfg.shape, static_cast<int>(cfg.knobs.max_num_dyn), staging, cfg.name + ".pool");
-  // The expert GEMMs: grouped (sizes read on the GPU) where this GPU runs those kernels.
-  const bool grouped_here = GroupedFfn::available();
-  FEPLB_REQUIRE_INPUT(cfg.expert_gemm != ExpertGemm::kGrouped || grouped_here,
-                      "runtime: expert_gemm 'grouped' needs a GPU of compute capability 9.0 (H100, "
-                      "H200); use 'auto' or 'per_expert' on this one");
   if (cfg.expert_gemm != ExpertGemm::kPerExpert && grouped_here)
     ffn.grouped = std::make_unique<GroupedFfn>(H, F);
   make_arenas();
@@ -133,6 +136,23 @@ RuntimeState::RuntimeState(const RuntimeConfig& config, Transport& t) : cfg(conf
   }
   batches.states.resize(static_cast<size_t>(cfg.max_in_flight));
   if (cfg.measure_planner) measure_planner_times();
+  if (call_thread) call_queue = std::make_unique<CallQueue>();
+}
+
+// RuntimeConfig::call_thread resolved: kOn where its needs are not met is an InputError.
+bool RuntimeState::wants_call_thread(const RuntimeConfig& c, int world, bool grouped_here) {
+  if (c.call_thread == CallThread::kOff) return false;
+  const bool on = c.call_thread == CallThread::kOn;
+  const char* missing = world < 2 ? "several ranks (one rank's calls never wait for their counts)"
+                        : !grouped_here || c.expert_gemm == ExpertGemm::kPerExpert
+                            ? "the grouped expert GEMMs (a GPU of compute capability 9.0, "
+                              "expert_gemm 'auto' or 'grouped')"
+                        : !several_hardware_queues()
+                            ? "more than one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1: the "
+                              "caller's waiting stream would hold up the call thread's work)"
+                            : nullptr;
+  FEPLB_REQUIRE_INPUT(!on || missing == nullptr, "runtime: call_thread 'on' needs {}", missing);
+  return missing == nullptr;
 }
 
 void RuntimeState::make_arenas() {
@@ -284,9 +304,14 @@ void CallParts::sync(cudaStream_t stream, const char* what) const {
 
 void RuntimeState::check_usable(const char* who) const {
   if (calls.failed.load(std::memory_order_acquire)) std::rethrow_exception(calls.error);
+  if (call_queue) call_queue->raise();
   if (!calls.open.load(std::memory_order_acquire)) {
     throw InputError(fmt::format("{}: its runtime (rank {}) was destroyed", who, rank));
   }
+}
+
+void RuntimeState::drain_calls() const {
+  if (call_queue && !call_queue->on_call_thread()) call_queue->drain();
 }
 
 int RuntimeState::acquire(int layer_id) {
@@ -311,6 +336,10 @@ int RuntimeState::acquire(int layer_id) {
 }
 
 void RuntimeState::release(int slot, uint64_t generation, cudaStream_t stream) noexcept {
+  if (call_queue && !call_queue->on_call_thread()) {  // after the calls queued (the forward's)
+    call_queue->post_host([this, slot, generation] { release(slot, generation, nullptr); });
+    return;
+  }
   std::lock_guard<std::mutex> lock(batches.mu);
   MicroBatchState& h = batches.states[static_cast<size_t>(slot)];
   if (!h.in_use || h.generation != generation) return;
@@ -353,7 +382,9 @@ EpRuntime::EpRuntime(const RuntimeConfig& config, Transport& transport)
     : state_(std::make_shared<State>(config, transport)) {}
 
 EpRuntime::~EpRuntime() {
-  if (state_) state_->calls.open.store(false, std::memory_order_release);
+  if (!state_) return;
+  state_->drain_calls();  // the calls queued run first
+  state_->calls.open.store(false, std::memory_order_release);
 }
 
 const RuntimeConfig& EpRuntime::config() const { return state_->cfg; }
@@ -367,14 +398,20 @@ size_t EpRuntime::workspace_bytes() const {
          (s.ffn.grouped ? s.ffn.grouped->device_bytes() : 0);
 }
 
-size_t EpRuntime::saved_bytes() const { return state_->saved_bytes(); }
+size_t EpRuntime::saved_bytes() const {
+  state_->drain_calls();
+  return state_->saved_bytes();
+}
 
 ExpertGemm EpRuntime::expert_gemm() const {
   if (!state_->ffn.grouped) return ExpertGemm::kPerExpert;
   return state_->cfg.expert_gemm == ExpertGemm::kGrouped ? ExpertGemm::kGrouped : ExpertGemm::kAuto;
 }
 
+bool EpRuntime::call_thread() const { return state_->call_queue != nullptr; }
+
 int EpRuntime::micro_batches_in_flight() const {
+  state_->drain_calls();
   std::lock_guard<std::mutex> lock(state_->batches.mu);
   int n = 0;
   for (const MicroBatchState& h : state_->batches.states) n += h.in_use ? 1 : 0;
@@ -385,6 +422,10 @@ double EpRuntime::scheduler_cpu_seconds() const { return state_->scheduler.cpu_s
 
 std::span<const ModeTime> EpRuntime::planner_times() const { return state_->planner_times; }
 
-void EpRuntime::synchronize(cudaStream_t stream) const { state_->sync(stream, "synchronize"); }
+void EpRuntime::synchronize(cudaStream_t stream) const {
+  state_->drain_calls();
+  state_->check_usable("synchronize");
+  state_->sync(stream, "synchronize");
+}
 
 }  // namespace feplb::cuda

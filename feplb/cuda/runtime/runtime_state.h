@@ -23,6 +23,7 @@
 #include "feplb/cuda/host/job_thread.h"
 #include "feplb/cuda/host/step_layout.h"
 #include "feplb/cuda/runtime.h"
+#include "feplb/cuda/runtime/call_queue.h"
 #include "feplb/cuda/runtime/signal_board.h"
 #include "feplb/cuda/runtime/slot_pool.h"
 #include "feplb/cuda/stats.h"
@@ -146,8 +147,11 @@ struct RuntimeState {
   RuntimeState(const RuntimeConfig& config, Transport& transport);
   ~RuntimeState();
 
-  // Throws the scheduler's stored error, or InputError when the runtime was destroyed.
+  // Throws the scheduler's or a queued call's stored error, or InputError when the runtime was
+  // destroyed.
   void check_usable(const char* who) const;
+  // With the call thread: waits until every call queued so far has run (not on that thread).
+  void drain_calls() const;
   // Throws Error naming the failed peer when the transport reports one (Transport::peer_failure),
   // saying what this rank was waiting for.
   void check_peers(const char* waiting_for) const;
@@ -157,7 +161,8 @@ struct RuntimeState {
   // `layer_id`.
   int acquire(int layer_id);
   // Gives the memory of state `slot` back (stream-ordered on `stream`; null: the forward's) and
-  // frees the state, if it is still generation `generation`.
+  // frees the state, if it is still generation `generation`. With the call thread, from another
+  // thread: queued behind the calls queued so far.
   void release(int slot, uint64_t generation, cudaStream_t stream) noexcept;
   void* allocate(size_t bytes, cudaStream_t stream);
   size_t saved_bytes() const;
@@ -166,6 +171,9 @@ struct RuntimeState {
   // The call's buffers (CallArenas), sized from the configuration; those peers write into
   // registered with the transport.
   void make_arenas();
+  // RuntimeConfig::call_thread resolved for `world` ranks (InputError for kOn where its needs
+  // are not met).
+  static bool wants_call_thread(const RuntimeConfig& c, int world, bool grouped_here);
 
   RuntimeConfig cfg;
   Transport& transport;
@@ -189,7 +197,10 @@ struct RuntimeState {
   CallOrder calls;
   MicroBatches batches;
 
-  JobThread scheduler;  // last: joined first, before the buffers its jobs use go away
+  JobThread scheduler;  // joined before the buffers its jobs use go away
+  // RuntimeConfig::call_thread: the calls' thread (null: the caller's thread runs them). Last:
+  // its queued calls run before anything else goes away.
+  std::unique_ptr<CallQueue> call_queue;
 };
 
 // What a call's step programs run with (program/executor.h): the parts of a runtime the

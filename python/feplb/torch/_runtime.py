@@ -67,7 +67,10 @@ class Runtime:
     (`allocator="torch"`, the default with a process group) or the runtime's own pool
     (`"runtime"`, the default for virtual ranks). `expert_gemm`: "auto" (grouped GEMMs whose sizes
     the GPU reads, on H100/H200; one cuBLAS GEMM per expert elsewhere), "grouped" or "per_expert";
-    `info()` says which runs.
+    `info()` says which runs. `call_thread`: "off" (the default), "on" or "auto": the layers' calls
+    run on a thread of the runtime's own, so this thread queues them and returns without waiting
+    for the routing's counts (several ranks, H100/H200, `allocator="runtime"`: torch's allocator
+    would be called from that thread; docs/gpu.md "The call thread").
     """
 
     def __init__(self, *, num_experts: int, hidden: int, ffn: int, max_tokens: int, max_top_k: int = 8,
@@ -75,7 +78,7 @@ class Runtime:
                  knobs: dict | None = None, training: bool = True, timing: bool = False,
                  timeout_s: float = 60.0, max_in_flight: int = 16, recv_capacity_rows: int = 0,
                  guest_capacity_rows: int = 0, comm: str = "own", allocator: str | None = None,
-                 name: str = "feplb", expert_gemm: str = "auto"):
+                 name: str = "feplb", expert_gemm: str = "auto", call_thread: str = "off"):
         if not torch.cuda.is_available():
             raise RuntimeError("feplb.torch: torch sees no CUDA device")
         if (process_group is None) == (virtual_ranks is None):
@@ -111,11 +114,15 @@ class Runtime:
             "max_tokens": max_tokens, "knobs": dict(knobs or {}), "training": training, "timing": timing,
             "timeout_s": timeout_s, "max_in_flight": max_in_flight, "recv_capacity_rows": recv_capacity_rows,
             "guest_capacity_rows": guest_capacity_rows, "name": name, "expert_gemm": expert_gemm,
+            "call_thread": call_thread,
         }
         text = json.dumps(config).encode()
         choice = allocator or ("torch" if process_group is not None else "runtime")
         if choice not in ("torch", "runtime"):
             raise ValueError(f"Runtime: allocator must be 'torch' or 'runtime', not {choice!r}")
+        if call_thread != "off" and choice == "torch":
+            raise ValueError("Runtime: call_thread needs allocator='runtime' (torch's allocator would be "
+                             "called from the runtime's call thread)")
         self._allocator = _TorchAllocator(self.device) if choice == "torch" else None
         alloc = ctypes.byref(self._allocator.c) if self._allocator else None
         if process_group is not None:

@@ -1,0 +1,224 @@
+// feplb_call_thread_bench: what the runtime's call thread (RuntimeConfig::call_thread) changes, on
+// R virtual ranks of one GPU. A step per rank: the forwards of L layers, their backwards in reverse
+// order, sync_gradients; every rank starts a step together (a barrier). Per step and rank: the
+// caller's host time to enqueue the step (the call thread: checking and queueing; without it, the
+// calls themselves with their waits for counts and plans) and the step's wall time to its stream's
+// end. The two settings interleave step by step (A/B on one machine), each with its own runtimes
+// and layers, same weights and inputs; the medians over the timed steps of every rank's largest.
+//   feplb_call_thread_bench --out call_thread.json [--ranks 4 --experts 64 --top-k 8 ...]
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/harness/local_experts.h"
+#include "bench/harness/rank_threads.h"
+#include "bench/harness/trace_runner.h"
+#include "feplb/core/rng.h"
+#include "feplb/cuda/base/check.h"
+#include "feplb/cuda/base/resources.h"
+#include "feplb/cuda/moe_layer.h"
+
+namespace feplb::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int ranks = 4, experts = 64, top_k = 8, layers = 4, steps = 40, warmup = 5;
+  int64_t tokens = 1024, hidden = 1024, ffn = 512;
+  double skew = 1.0;  // Zipf exponent of the experts' popularity
+  std::string policy = "feplb", out;
+};
+
+// One rank's setting: its runtime and layers, on its own stream.
+struct Setting {
+  std::unique_ptr<EpRuntime> rt;
+  std::vector<std::unique_ptr<MoeLayer>> layers;
+  Stream stream;
+};
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+// Zipf-routed top-k ids of one rank's tokens (distinct experts per token), and their weights.
+void route(const Options& o, int rank, std::vector<int32_t>& idx, std::vector<float>& wt) {
+  Rng rng(1000 + static_cast<uint64_t>(rank));
+  std::vector<double> cdf(static_cast<size_t>(o.experts));
+  double acc = 0;
+  for (int e = 0; e < o.experts; ++e) cdf[e] = acc += 1.0 / std::pow(e + 1.0, o.skew);
+  for (int64_t t = 0; t < o.tokens; ++t) {
+    std::vector<int32_t> chosen;
+    while (static_cast<int>(chosen.size()) < o.top_k) {
+      const auto e = static_cast<int32_t>(std::min<ptrdiff_t>(
+          std::upper_bound(cdf.begin(), cdf.end(), rng.uniform() * acc) - cdf.begin(),
+          o.experts - 1));
+      if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+    }
+    for (int32_t e : chosen) {
+      idx.push_back(e);
+      wt.push_back(1.0f / static_cast<float>(o.top_k));
+    }
+  }
+}
+
+nlohmann::json summary(const std::vector<std::vector<double>>& per_step) {
+  // per_step[step][rank] -> every step's slowest rank
+  std::vector<double> worst;
+  for (const auto& s : per_step) worst.push_back(*std::max_element(s.begin(), s.end()));
+  return {{"median_ms", quantile(worst, 0.5)},
+          {"p10_ms", quantile(worst, 0.1)},
+          {"p90_ms", quantile(worst, 0.9)},
+          {"steps", worst.size()}};
+}
+
+int run(const Options& o) {
+  request_stream_connections();
+  RuntimeConfig c;
+  c.topo = Topology::contiguous(o.ranks, o.ranks, o.experts);
+  c.shape = ExpertShape{o.hidden, o.ffn, Dtype::kBf16};
+  c.max_top_k = o.top_k;
+  c.max_tokens = o.tokens;
+  c.expert_gemm = ExpertGemm::kGrouped;  // both settings: the call thread runs grouped GEMMs only
+  const char* names[2] = {"off", "on"};
+  std::vector<std::unique_ptr<InProcessGroup>> groups;
+  for (int m = 0; m < 2; ++m) groups.push_back(std::make_unique<InProcessGroup>(o.ranks));
+  // [setting][step][rank]
+  std::vector<std::vector<std::vector<double>>> host(2), step(2);
+  for (int m = 0; m < 2; ++m) {
+    host[m].assign(static_cast<size_t>(o.steps), std::vector<double>(o.ranks, 0.0));
+    step[m] = host[m];
+  }
+  std::barrier sync_point(o.ranks);
+  std::fprintf(stderr,
+               "feplb_call_thread_bench: %d ranks, %d experts, top-%d, %lld tokens, %d layers\n",
+               o.ranks, o.experts, o.top_k, static_cast<long long>(o.tokens), o.layers);
+  run_rank_threads(o.ranks, [&](int r) {
+    LocalExperts w(c.topo.experts_per_rank(), o.hidden, o.ffn, /*grads=*/true);
+    const int64_t pairs = o.tokens * o.top_k;
+    DeviceBuffer<__nv_bfloat16> x(static_cast<size_t>(o.tokens * o.hidden)),
+        go(static_cast<size_t>(o.tokens * o.hidden));
+    std::vector<DeviceBuffer<__nv_bfloat16>> out, gx;
+    for (int l = 0; l < o.layers; ++l) {
+      out.emplace_back(static_cast<size_t>(o.tokens * o.hidden));
+      gx.emplace_back(static_cast<size_t>(o.tokens * o.hidden));
+    }
+    DeviceBuffer<int32_t> idx(static_cast<size_t>(pairs));
+    DeviceBuffer<float> wt(static_cast<size_t>(pairs)), gw(static_cast<size_t>(pairs));
+    FEPLB_CUDA_CHECK(cudaMemset(w.weights(), 0, static_cast<size_t>(w.weight_elems()) * 2));
+    FEPLB_CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
+    FEPLB_CUDA_CHECK(cudaMemset(go.get(), 0, go.bytes()));
+    std::vector<int32_t> hidx;
+    std::vector<float> hwt;
+    route(o, r, hidx, hwt);
+    FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), hidx.data(), idx.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), hwt.data(), wt.bytes(), cudaMemcpyHostToDevice));
+    Setting s[2];
+    for (int m = 0; m < 2; ++m) {
+      RuntimeConfig cm = c;
+      cm.call_thread = m == 1 ? CallThread::kOn : CallThread::kOff;
+      cm.name = std::string("bench.") + names[m];
+      s[m].rt = std::make_unique<EpRuntime>(cm, groups[m]->endpoint(r));
+      for (int l = 0; l < o.layers; ++l) {
+        s[m].layers.push_back(
+            std::make_unique<MoeLayer>(*s[m].rt, LayerConfig{o.top_k, "layer" + std::to_string(l)},
+                                       make_gpu_planner(*s[m].rt, o.policy)));
+      }
+    }
+    for (int i = -o.warmup; i < o.steps; ++i) {
+      for (int m = 0; m < 2; ++m) {
+        Setting& st = s[m];
+        sync_point.arrive_and_wait();
+        const auto t0 = Clock::now();
+        std::vector<MicroBatch> mbs;
+        for (int l = 0; l < o.layers; ++l) {
+          mbs.push_back(st.layers[l]->forward(w.params(), x.get(), idx.get(), wt.get(), o.tokens,
+                                              out[l].get(), st.stream.get()));
+        }
+        for (int l = o.layers - 1; l >= 0; --l) {
+          st.layers[l]->backward(std::move(mbs[l]), w.params(), go.get(), wt.get(), gx[l].get(),
+                                 gw.get(), w.grad_views(), GradMode::kAccumulate, st.stream.get());
+        }
+        for (auto& layer : st.layers) layer->sync_gradients(st.stream.get());
+        const double enqueue_ms = ms_since(t0);
+        st.rt->synchronize(st.stream.get());
+        const double step_ms = ms_since(t0);
+        if (i >= 0) {
+          host[m][i][r] = enqueue_ms;
+          step[m][i][r] = step_ms;
+        }
+      }
+      if (r == 0 && (i + 1) % 10 == 0) std::fprintf(stderr, "  step %d of %d\n", i + 1, o.steps);
+    }
+  });
+  nlohmann::json doc;
+  doc["config"] = {{"ranks", o.ranks},   {"experts", o.experts}, {"top_k", o.top_k},
+                   {"tokens", o.tokens}, {"hidden", o.hidden},   {"ffn", o.ffn},
+                   {"layers", o.layers}, {"steps", o.steps},     {"warmup", o.warmup},
+                   {"skew", o.skew},     {"policy", o.policy}};
+  int device = 0;
+  cudaDeviceProp p{};
+  FEPLB_CUDA_CHECK(cudaGetDevice(&device));
+  FEPLB_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  doc["device"] = p.name;
+  for (int m = 0; m < 2; ++m) {
+    doc["settings"][names[m]] = {{"caller_host", summary(host[m])}, {"step", summary(step[m])}};
+    const auto& h = doc["settings"][names[m]]["caller_host"];
+    const auto& t = doc["settings"][names[m]]["step"];
+    std::printf(
+        "call thread %-3s  caller's host time per step: median %.3f ms (p10 %.3f, p90 %.3f)"
+        "  step: median %.3f ms (p10 %.3f, p90 %.3f)\n",
+        names[m], h["median_ms"].get<double>(), h["p10_ms"].get<double>(),
+        h["p90_ms"].get<double>(), t["median_ms"].get<double>(), t["p10_ms"].get<double>(),
+        t["p90_ms"].get<double>());
+  }
+  std::ofstream f(o.out);
+  f << doc.dump(2) << "\n";
+  if (!f) {
+    std::fprintf(stderr, "feplb_call_thread_bench: cannot write %s\n", o.out.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace feplb::cuda
+
+int main(int argc, char** argv) {
+  feplb::cuda::Options o;
+  CLI::App app("feplb_call_thread_bench: the runtime's call thread on and off, virtual ranks");
+  app.add_option("--ranks", o.ranks, "virtual ranks")->check(CLI::Range(2, 64));
+  app.add_option("--experts", o.experts, "experts (a multiple of the ranks)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--top-k", o.top_k, "experts per token")->check(CLI::PositiveNumber);
+  app.add_option("--tokens", o.tokens, "tokens per rank")->check(CLI::PositiveNumber);
+  app.add_option("--hidden", o.hidden, "hidden size (a multiple of 8)")->check(CLI::PositiveNumber);
+  app.add_option("--ffn", o.ffn, "expert FFN size (a multiple of 8)")->check(CLI::PositiveNumber);
+  app.add_option("--layers", o.layers, "layers per step")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "timed steps per setting")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--skew", o.skew, "Zipf exponent of expert popularity")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--policy", o.policy, "the layers' planner");
+  app.add_option("--out", o.out, "JSON results")->required();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return feplb::cuda::run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "feplb_call_thread_bench: %s\n", e.what());
+    return 1;
+  }
+}
