@@ -10,7 +10,8 @@ namespace feplb::cuda {
 // Where one call's time on the caller's thread went (microseconds, steady clock). With counts on
 // the host the GPU has caught up by the time the plan is ready, so from there on every host
 // microsecond of the call is GPU time too. The rest of `call_us` is the argument and plan
-// checks.
+// checks. With the runtime's call thread (RuntimeConfig::call_thread) these are that thread's
+// times; the caller's thread only checks the arguments and queues the call.
 struct HostTimes {
   double call_us = 0;      // the whole call
   double await_us = 0;     // waiting for the scheduler thread (plan ready, copies issued)
