@@ -66,11 +66,17 @@ def runtime(ranks, experts, tokens, top_k, **kw):
                       max_top_k=top_k, knobs=knobs, timeout_s=30, **kw)
 
 
-@pytest.mark.parametrize("ranks,policy", [(1, "feplb"), (4, "static"), (4, "feplb"), (4, "oracle"), (8, "feplb")])
-def test_forward_and_backward_match_the_reference(ranks, policy):
+@pytest.mark.parametrize("ranks,policy,call_thread", [
+    (1, "feplb", "off"), (4, "static", "off"), (4, "feplb", "off"), (4, "oracle", "off"), (8, "feplb", "off"),
+    (4, "feplb", "on"), (8, "oracle", "on")])
+def test_forward_and_backward_match_the_reference(ranks, policy, call_thread):
+    """call_thread "on": the runtime's call thread runs the layer's calls (H100/H200 only)."""
+    if call_thread == "on" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the call thread needs the grouped GEMMs (compute capability 9.0)")
     experts, tokens, top_k = 16, 64, 2
     gen = torch.Generator().manual_seed(ranks * 10 + len(policy))
-    rt = runtime(ranks, experts, tokens, top_k)
+    rt = runtime(ranks, experts, tokens, top_k, call_thread=call_thread)
+    assert all(i["call_thread"] == (call_thread == "on") for i in rt.info())
     moe = ft.MoE(rt, top_k, policy=policy)
     idx, w = routing(gen, ranks, tokens, experts, top_k, skew=4.0)
     hidden = torch.randn(ranks, tokens, H, generator=gen).cuda().to(torch.bfloat16).requires_grad_()
