@@ -93,6 +93,7 @@ int run(const Options& o) {
   c.max_top_k = o.top_k;
   c.max_tokens = o.tokens;
   c.expert_gemm = ExpertGemm::kGrouped;  // both settings: the call thread runs grouped GEMMs only
+  c.staging_slots = c.topo.experts_per_rank();  // every local expert may be split onto helpers
   const char* names[2] = {"off", "on"};
   std::vector<std::unique_ptr<InProcessGroup>> groups;
   for (int m = 0; m < 2; ++m) groups.push_back(std::make_unique<InProcessGroup>(o.ranks));
@@ -103,6 +104,8 @@ int run(const Options& o) {
     step[m] = host[m];
   }
   std::barrier sync_point(o.ranks);
+  std::string plan_mode[2];
+  int64_t copies[2] = {0, 0};  // rank 0's last step, every layer
   std::fprintf(stderr,
                "feplb_call_thread_bench: %d ranks, %d experts, top-%d, %lld tokens, %d layers\n",
                o.ranks, o.experts, o.top_k, static_cast<long long>(o.tokens), o.layers);
@@ -138,6 +141,8 @@ int run(const Options& o) {
                                        make_gpu_planner(*s[m].rt, o.policy)));
       }
     }
+    // A rank's buffers are freed only after every rank's last call: freeing device memory waits
+    // for the whole GPU, other virtual ranks' queued calls included.
     for (int i = -o.warmup; i < o.steps; ++i) {
       for (int m = 0; m < 2; ++m) {
         Setting& st = s[m];
@@ -163,6 +168,13 @@ int run(const Options& o) {
       }
       if (r == 0 && (i + 1) % 10 == 0) std::fprintf(stderr, "  step %d of %d\n", i + 1, o.steps);
     }
+    if (r == 0) {
+      for (int m = 0; m < 2; ++m) {
+        plan_mode[m] = s[m].layers[0]->last_plan().mode;
+        for (auto& layer : s[m].layers) copies[m] += layer->last_forward_stats().copies;
+      }
+    }
+    sync_point.arrive_and_wait();
   });
   nlohmann::json doc;
   doc["config"] = {{"ranks", o.ranks},   {"experts", o.experts}, {"top_k", o.top_k},
@@ -175,15 +187,18 @@ int run(const Options& o) {
   FEPLB_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
   doc["device"] = p.name;
   for (int m = 0; m < 2; ++m) {
-    doc["settings"][names[m]] = {{"caller_host", summary(host[m])}, {"step", summary(step[m])}};
+    doc["settings"][names[m]] = {{"caller_host", summary(host[m])},
+                                 {"step", summary(step[m])},
+                                 {"rank0_plan_mode", plan_mode[m]},
+                                 {"rank0_copies_last_step", copies[m]}};
     const auto& h = doc["settings"][names[m]]["caller_host"];
     const auto& t = doc["settings"][names[m]]["step"];
     std::printf(
         "call thread %-3s  caller's host time per step: median %.3f ms (p10 %.3f, p90 %.3f)"
-        "  step: median %.3f ms (p10 %.3f, p90 %.3f)\n",
+        "  step: median %.3f ms (p10 %.3f, p90 %.3f)  plan '%s', %lld copies\n",
         names[m], h["median_ms"].get<double>(), h["p10_ms"].get<double>(),
         h["p90_ms"].get<double>(), t["median_ms"].get<double>(), t["p10_ms"].get<double>(),
-        t["p90_ms"].get<double>());
+        t["p90_ms"].get<double>(), plan_mode[m].c_str(), static_cast<long long>(copies[m]));
   }
   std::ofstream f(o.out);
   f << doc.dump(2) << "\n";

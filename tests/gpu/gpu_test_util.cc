@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <memory>
 #include <mutex>
 
 #include "bench/harness/local_experts.h"
@@ -72,23 +73,34 @@ std::vector<float> download_f32(const float* d, size_t n) {
   return h;
 }
 
+// The warm-up forwards' device buffers, kept until the rank's work is done: freeing device memory
+// waits for the whole GPU, and with the runtime's call thread another virtual rank's queued calls
+// then wait for calls this rank has not made yet (a deadlock).
+struct WarmUpBuffers {
+  std::unique_ptr<DeviceInputs> in;
+  cuda::DeviceBuffer<__nv_bfloat16> out;
+};
+
 // The setup's warm-up forwards, layer by layer (with prefetch() first when the setup asks), of
 // this rank's warm-up inputs (`inputs` when there are none); their handles are dropped.
-void warm_up(const LayerSetup& setup, const std::vector<cuda::MoeLayer*>& layers,
-             const std::vector<std::span<const cuda::ExpertParams>>& weights,
-             const std::vector<RankInputs>& inputs, int rank, cudaStream_t s) {
-  if (setup.warmup_forwards == 0) return;
+WarmUpBuffers warm_up(const LayerSetup& setup, const std::vector<cuda::MoeLayer*>& layers,
+                      const std::vector<std::span<const cuda::ExpertParams>>& weights,
+                      const std::vector<RankInputs>& inputs, int rank, cudaStream_t s) {
+  WarmUpBuffers kept;
+  if (setup.warmup_forwards == 0) return kept;
   const RankInputs& in = setup.warmup_inputs.empty() ? inputs[rank] : setup.warmup_inputs[rank];
-  const DeviceInputs d(in);
-  cuda::DeviceBuffer<__nv_bfloat16> out(d.x.size());
+  kept.in = std::make_unique<DeviceInputs>(in);
+  const DeviceInputs& d = *kept.in;
+  kept.out = cuda::DeviceBuffer<__nv_bfloat16>(d.x.size());
   for (int f = 0; f < setup.warmup_forwards; ++f) {
     for (size_t l = 0; l < layers.size(); ++l) {
       if (setup.prefetch) layers[l]->prefetch(weights[l], s);
       cuda::MicroBatch dropped = layers[l]->forward(weights[l], d.x.get(), d.idx.get(), d.wt.get(),
-                                                    in.tokens, out.get(), s);
+                                                    in.tokens, kept.out.get(), s);
     }
   }
   cuda::sync_with_timeout(s, setup.runtime.timeout_s, "test warm-up forwards");
+  return kept;
 }
 
 cuda::RuntimeConfig runtime_config(const LayerSetup& setup, bool training, const char* name) {
@@ -120,7 +132,7 @@ std::vector<RankResult> run_layer(const LayerSetup& setup, const ReferenceMoe& e
     const int64_t S = in.tokens;
     const DeviceInputs d(in);
     cuda::DeviceBuffer<__nv_bfloat16> out(d.x.size());
-    warm_up(setup, {&layer}, {w.params()}, inputs, r, stream.get());
+    const WarmUpBuffers warmed = warm_up(setup, {&layer}, {w.params()}, inputs, r, stream.get());
     for (int f = 0; f < forwards; ++f) {
       if (S > 0)
         FEPLB_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xff, out.bytes(), stream.get()));  // NaN
@@ -202,7 +214,7 @@ std::vector<std::vector<BackwardResult>> run_layer_backward(
       lp.push_back(ls[l].get());
       wp.push_back(ws[l]->params());
     }
-    warm_up(setup, lp, wp, inputs, r, s);
+    const WarmUpBuffers warmed = warm_up(setup, lp, wp, inputs, r, s);
     std::vector<cuda::MicroBatch> mbs;
     for (int l = 0; l < layers; ++l) {
       if (setup.prefetch) ls[l]->prefetch(ws[l]->params(), s);
