@@ -210,7 +210,9 @@ RuntimeConfig parse_config(const char* text) {
     FEPLB_REQUIRE_INPUT(t == "off" || t == "on" || t == "auto",
                         "runtime config: 'call_thread' must be \"off\", \"on\" or \"auto\", not {}",
                         v.dump());
-    c.call_thread = t == "on" ? CallThread::kOn : t == "auto" ? CallThread::kAuto : CallThread::kOff;
+    c.call_thread = t == "on"     ? CallThread::kOn
+                    : t == "auto" ? CallThread::kAuto
+                                  : CallThread::kOff;
   }
   return c;
 }
