@@ -78,8 +78,9 @@ TableCostModel::TableCostModel(std::vector<int64_t> rows, std::vector<double> ms
   for (size_t i = 0; i < rows_.size(); ++i) {
     FEPLB_REQUIRE_INPUT(rows_[i] > 0 && (i == 0 || rows_[i] > rows_[i - 1]),
                         "gemm table: rows[{}] = {} is not positive and increasing", i, rows_[i]);
-    FEPLB_REQUIRE_INPUT(ms_[i] > 0 && std::isfinite(ms_[i]),
-                        "gemm table: ms[{}] = {} is not positive", i, ms_[i]);
+    FEPLB_REQUIRE_INPUT(ms_[i] > 0 && ms_[i] <= limits::kMaxGemmMs,
+                        "gemm table: ms[{}] = {} is not positive and at most {:g}", i, ms_[i],
+                        limits::kMaxGemmMs);
   }
 }
 

@@ -20,6 +20,9 @@ inline constexpr int64_t kMaxTraceCounts = int64_t{1} << 27;
 inline constexpr int64_t kMaxPlacementEntries = int64_t{1} << 24;
 inline constexpr int64_t kMaxPriorEntries = int64_t{1} << 24;
 inline constexpr int64_t kMaxGemmTablePoints = int64_t{1} << 16;
+// An expert GEMM time in a GEMM table (ms): a larger one is no measurement, and the planner's
+// sums of many such times must stay finite.
+inline constexpr double kMaxGemmMs = 1e6;
 
 // JSON documents nest a few levels; deeper ones are refused while parsing.
 inline constexpr int kMaxJsonDepth = 64;

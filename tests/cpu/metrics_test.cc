@@ -340,6 +340,9 @@ TEST(TableCostModel, InterpolatesAndExtrapolates) {
   EXPECT_DOUBLE_EQ(t.expert_ms(192), 0.125);
   EXPECT_DOUBLE_EQ(t.expert_ms(1024), 0.35 + 0.2 * 2);  // last slope
   EXPECT_THROW(TableCostModel({128, 64}, {0.1, 0.2}, testing::glm5(), ""), InputError);
+  // A time no GEMM takes (finite, but its extrapolation overflows): refused.
+  EXPECT_THROW(TableCostModel({1, 128, 4096}, {0.01, 0.02, 0.41e308}, testing::glm5(), ""),
+               InputError);
 }
 
 }  // namespace
