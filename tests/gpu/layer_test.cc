@@ -581,6 +581,18 @@ void expect_dw_matches(const std::vector<testing::BackwardResult>& got, const To
   }
 }
 
+// Three micro-batches' inputs [m][rank] (96, 112 and 128 tokens; the third sends every token's
+// first choice to expert 3) from seeds in_seed + m, and their output gradients from go_seed + m.
+void three_micro_batches(uint64_t in_seed, uint64_t go_seed, int ranks, int experts, int top_k,
+                         std::vector<std::vector<RankInputs>>& in,
+                         std::vector<std::vector<std::vector<float>>>& go) {
+  for (int mb = 0; mb < 3; ++mb) {
+    in.push_back(
+        skewed_inputs(in_seed + mb, ranks, experts, top_k, 96 + 16 * mb, 8.0, mb == 2 ? 3 : -1));
+    go.push_back(random_grad_out(go_seed + mb, in.back()));
+  }
+}
+
 // Pipeline schedules keep several micro-batches in flight: F0 F1 B0 F2 B1 B2 with different
 // inputs per micro-batch gives each micro-batch's outputs and gradients, and the weight gradient
 // summed over the three, as the float64 reference does.
@@ -590,11 +602,7 @@ TEST(LayerBackward, SeveralMicroBatchesInFlightMatchTheReference) {
   const ReferenceMoe m = experts_for(88, experts);
   std::vector<std::vector<RankInputs>> in;
   std::vector<std::vector<std::vector<float>>> go;
-  for (int mb = 0; mb < 3; ++mb) {
-    in.push_back(
-        skewed_inputs(90 + mb, ranks, experts, top_k, 96 + 16 * mb, 8.0, mb == 2 ? 3 : -1));
-    go.push_back(random_grad_out(95 + mb, in.back()));
-  }
+  three_micro_batches(90, 95, ranks, experts, top_k, in, go);
   const testing::LayerSetup c = config_for(ranks, experts, top_k, 128, "feplb");
   const auto got = testing::run_schedule(c, m, in, go, "F0 F1 B0 F2 B1 B2");
   const std::vector<double> dw_total = expect_micro_batches_match(got, m, in, go, top_k, "");
@@ -1503,11 +1511,7 @@ TEST(LayerCallThread, SeveralMicroBatchesInFlightMatchTheReference) {
   const ReferenceMoe m = experts_for(520, experts);
   std::vector<std::vector<RankInputs>> in;
   std::vector<std::vector<std::vector<float>>> go;
-  for (int mb = 0; mb < 3; ++mb) {
-    in.push_back(
-        skewed_inputs(521 + mb, ranks, experts, top_k, 96 + 16 * mb, 8.0, mb == 2 ? 3 : -1));
-    go.push_back(random_grad_out(525 + mb, in.back()));
-  }
+  three_micro_batches(521, 525, ranks, experts, top_k, in, go);
   testing::LayerSetup c = config_for(ranks, experts, top_k, 128, "feplb");
   c.runtime.call_thread = cuda::CallThread::kOn;
   const auto got = testing::run_schedule(c, m, in, go, "F0 F1 B0 F2 B1 B2");
