@@ -25,7 +25,7 @@ class JobThread {
   JobThread(const JobThread&) = delete;
   JobThread& operator=(const JobThread&) = delete;
 
-  // Queues fn(ctx). Never blocks; throws feplb::Error when kMaxQueued jobs are already waiting
+  // Queues fn(ctx). Never blocks; throws feplb::Error when `capacity` jobs are already waiting
   // (a caller that posts without waiting for its jobs). fn must not throw (jobs keep their own
   // error state).
   void post(Fn fn, void* ctx);
@@ -41,7 +41,7 @@ class JobThread {
   // CPU time this thread has used (seconds), from the thread's own clock.
   double cpu_seconds() const;
 
-  static constexpr int kMaxQueued = 8;
+  static constexpr int kMaxQueued = 8;  // the default capacity (the scheduler thread's)
 
  private:
   void loop();
