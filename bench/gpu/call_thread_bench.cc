@@ -5,6 +5,9 @@
 // calls themselves with their waits for counts and plans) and the step's wall time to its stream's
 // end. The two settings interleave step by step (A/B on one machine), each with its own runtimes
 // and layers, same weights and inputs; the medians over the timed steps of every rank's largest.
+// Where the layers' own host times went (their HostTimes and counts_to_host_us, summed over a
+// step's calls; on the call thread these are the call thread's): `host_breakdown`, rank medians.
+// FEPLB_CALL_HANDOFF (host, device, memops) picks how the call thread hands off (call_queue.h).
 //   feplb_call_thread_bench --out call_thread.json [--ranks 4 --experts 64 --top-k 8 ...]
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -12,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -103,6 +107,13 @@ int run(const Options& o) {
     host[m].assign(static_cast<size_t>(o.steps), std::vector<double>(o.ranks, 0.0));
     step[m] = host[m];
   }
+  // The layers' host times per step, summed over the step's calls: [setting][part][step][rank].
+  const char* parts[] = {"forward_call_us",   "forward_await_us", "forward_sync_us",
+                         "counts_to_host_us", "backward_call_us", "backward_await_us",
+                         "backward_sync_us"};
+  constexpr int kParts = 7;
+  std::vector<std::vector<std::vector<std::vector<double>>>> parts_us(2);
+  for (int m = 0; m < 2; ++m) parts_us[m].assign(kParts, host[m]);
   std::barrier sync_point(o.ranks);
   std::string plan_mode[2];
   int64_t copies[2] = {0, 0};  // rank 0's last step, every layer
@@ -164,6 +175,14 @@ int run(const Options& o) {
         if (i >= 0) {
           host[m][i][r] = enqueue_ms;
           step[m][i][r] = step_ms;
+          for (auto& layer : st.layers) {
+            const ForwardStats& f = layer->last_forward_stats();
+            const BackwardStats& b = layer->last_backward_stats();
+            const double v[kParts] = {f.host.call_us,      f.host.await_us, f.host.sync_us,
+                                      f.counts_to_host_us, b.host.call_us,  b.host.await_us,
+                                      b.host.sync_us};
+            for (int p = 0; p < kParts; ++p) parts_us[m][p][i][r] += v[p];
+          }
         }
       }
       if (r == 0 && (i + 1) % 10 == 0) std::fprintf(stderr, "  step %d of %d\n", i + 1, o.steps);
@@ -186,11 +205,26 @@ int run(const Options& o) {
   FEPLB_CUDA_CHECK(cudaGetDevice(&device));
   FEPLB_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
   doc["device"] = p.name;
+  const char* handoff = std::getenv("FEPLB_CALL_HANDOFF");
+  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  doc["call_handoff"] = handoff ? handoff : "host";
+  doc["cuda_device_max_connections"] = connections ? connections : "";
   for (int m = 0; m < 2; ++m) {
     doc["settings"][names[m]] = {{"caller_host", summary(host[m])},
                                  {"step", summary(step[m])},
                                  {"rank0_plan_mode", plan_mode[m]},
                                  {"rank0_copies_last_step", copies[m]}};
+    for (int q = 0; q < kParts; ++q) {
+      std::vector<double> med;  // per rank: the median step
+      for (int r = 0; r < o.ranks; ++r) {
+        std::vector<double> v;
+        for (const auto& s : parts_us[m][q]) v.push_back(s[r]);
+        med.push_back(quantile(v, 0.5));
+      }
+      doc["settings"][names[m]]["host_breakdown"][parts[q]] = {
+          {"rank_median_us_min", *std::min_element(med.begin(), med.end())},
+          {"rank_median_us_max", *std::max_element(med.begin(), med.end())}};
+    }
     const auto& h = doc["settings"][names[m]]["caller_host"];
     const auto& t = doc["settings"][names[m]]["step"];
     std::printf(
@@ -199,6 +233,13 @@ int run(const Options& o) {
         names[m], h["median_ms"].get<double>(), h["p10_ms"].get<double>(),
         h["p90_ms"].get<double>(), t["median_ms"].get<double>(), t["p10_ms"].get<double>(),
         t["p90_ms"].get<double>(), plan_mode[m].c_str(), static_cast<long long>(copies[m]));
+    std::printf("  per step, summed over calls (us, slowest rank's median):");
+    for (int q = 0; q < kParts; ++q) {
+      std::printf(" %s %.0f", parts[q],
+                  doc["settings"][names[m]]["host_breakdown"][parts[q]]["rank_median_us_max"]
+                      .get<double>());
+    }
+    std::printf("\n");
   }
   std::ofstream f(o.out);
   f << doc.dump(2) << "\n";

@@ -1,6 +1,7 @@
 #include "feplb/cuda/runtime/call_queue.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #include "feplb/cuda/base/check.h"
 #include "feplb/cuda/kernels/kernels.h"
@@ -16,8 +17,24 @@ bool several_hardware_queues() {
 CallQueue::CallQueue() : thread_(/*spin_us=*/200.0, kCapacity) {
   FEPLB_CUDA_CHECK(cudaGetDevice(&device_));
   FEPLB_CUDA_CHECK(kernels::load_all());
-  *done_.get() = 0;
-  FEPLB_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&done_dev_), done_.get(), 0));
+  const char* handoff = std::getenv("FEPLB_CALL_HANDOFF");
+  if (handoff != nullptr && *handoff != '\0') {
+    FEPLB_CHECK(std::strcmp(handoff, "host") == 0 || std::strcmp(handoff, "device") == 0 ||
+                    std::strcmp(handoff, "memops") == 0,
+                "FEPLB_CALL_HANDOFF is '{}': host, device or memops", handoff);
+    device_flags_ = std::strcmp(handoff, "host") != 0;
+    inputs_by_flag_ = std::strcmp(handoff, "memops") == 0;
+  }
+  *done_host_.get() = 0;
+  if (device_flags_) {
+    flags_dev_ = DeviceBuffer<uint32_t>(2);
+    FEPLB_CUDA_CHECK(cudaMemset(flags_dev_.get(), 0, flags_dev_.bytes()));
+    done_dev_ = flags_dev_.get();
+    inputs_dev_ = flags_dev_.get() + 1;
+  } else {
+    FEPLB_CUDA_CHECK(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&done_dev_), done_host_.get(), 0));
+  }
   for (int i = 0; i <= kCapacity; ++i) {
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->queue = this;
@@ -39,7 +56,11 @@ void CallQueue::submit(cudaStream_t caller, Body body, Body poison) {
   s.ticket = ++next_ticket_ == 0 ? ++next_ticket_ : next_ticket_;  // 0 marks host work
   s.body = std::move(body);
   s.poison = std::move(poison);
-  s.inputs.record(caller);
+  if (inputs_by_flag_) {
+    stream_write_u32(caller, inputs_dev_, s.ticket);
+  } else {
+    s.inputs.record(caller);
+  }
   thread_.post(&CallQueue::run, &s);
   stream_wait_u32_geq(caller, done_dev_, s.ticket);
 }
@@ -86,7 +107,11 @@ void CallQueue::run_call(Slot& s) {
   bool ok = !failed_.load(std::memory_order_acquire);
   try {
     FEPLB_CUDA_CHECK(cudaSetDevice(device_));
-    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(q, s.inputs.get(), 0));
+    if (inputs_by_flag_) {
+      stream_wait_u32_geq(q, inputs_dev_, s.ticket);
+    } else {
+      FEPLB_CUDA_CHECK(cudaStreamWaitEvent(q, s.inputs.get(), 0));
+    }
     if (ok) s.body(q);
   } catch (...) {
     fail(std::current_exception());
@@ -102,10 +127,26 @@ void CallQueue::run_call(Slot& s) {
     stream_write_u32(q, done_dev_, s.ticket);
   } catch (...) {
     fail(std::current_exception());
-    std::atomic_ref<uint32_t>(*done_.get()).store(s.ticket, std::memory_order_release);
+    write_done_from_host(s.ticket);
   }
   s.body = nullptr;  // the call's captures go on this thread (a micro-batch handle among them)
   s.poison = nullptr;
+}
+
+// `done` = ticket without the queue's stream (which could not take the write): S never waits
+// forever on a call that failed.
+void CallQueue::write_done_from_host(uint32_t ticket) {
+  if (!device_flags_) {
+    std::atomic_ref<uint32_t>(*done_host_.get()).store(ticket, std::memory_order_release);
+    return;
+  }
+  *done_host_.get() = ticket;
+  cudaStream_t side = nullptr;
+  if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess) return;
+  FEPLB_CUDA_WARN(
+      cudaMemcpyAsync(done_dev_, done_host_.get(), sizeof(uint32_t), cudaMemcpyHostToDevice, side));
+  FEPLB_CUDA_WARN(cudaStreamSynchronize(side));
+  FEPLB_CUDA_WARN(cudaStreamDestroy(side));
 }
 
 }  // namespace feplb::cuda

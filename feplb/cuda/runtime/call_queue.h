@@ -5,8 +5,10 @@
 //   call thread:      Q waits inputs[i];  body(Q) (counts, plan, dispatch, GEMMs, combine on Q,
 //                     as the caller's thread would without the queue);  Q writes done = i
 //
-// S is the caller's stream, Q the queue's; `done` a word of pinned host memory, written and
-// waited on by stream memory operations (no SM), compared cyclically. The wait on S works
+// S is the caller's stream, Q the queue's; `done` a word written and waited on by stream memory
+// operations (no SM), compared cyclically: in pinned host memory, or in device memory
+// (FEPLB_CALL_HANDOFF=device; =memops also orders Q after S by a device word that S writes
+// instead of the event; a measurement switch, read when the queue is made). The wait on S works
 // whatever the order the two threads enqueue in; the event is recorded before the call is queued.
 // A call's body that throws stores the error (every later call is skipped), its outputs and
 // those of the calls skipped are written NaN (`poison`), and `done` is written all the same, so
@@ -66,10 +68,16 @@ class CallQueue {
   void run_call(Slot& s);
   void fail(std::exception_ptr e);
 
+  void write_done_from_host(uint32_t ticket);
+
   int device_ = 0;
   Stream stream_;
-  PinnedBuffer<uint32_t> done_{1};
+  bool device_flags_ = false;    // `done` (and `inputs_`) in device memory
+  bool inputs_by_flag_ = false;  // Q waits inputs_ >= ticket (S writes it) instead of the event
+  PinnedBuffer<uint32_t> done_host_{1};
+  DeviceBuffer<uint32_t> flags_dev_;  // [done, inputs] with device_flags_
   uint32_t* done_dev_ = nullptr;
+  uint32_t* inputs_dev_ = nullptr;
   uint32_t next_ticket_ = 0;  // under post_mu_
   size_t next_slot_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;  // kCapacity + 1: a slot is refilled only once its
