@@ -8,6 +8,7 @@
 // Where the layers' own host times went (their HostTimes and counts_to_host_us, summed over a
 // step's calls; on the call thread these are the call thread's): `host_breakdown`, rank medians.
 // FEPLB_CALL_HANDOFF (host, device, memops) picks how the call thread hands off (call_queue.h).
+// --hop N: the hand-off alone, without layers (see hop() below).
 //   feplb_call_thread_bench --out call_thread.json [--ranks 4 --experts 64 --top-k 8 ...]
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -29,6 +30,7 @@
 #include "feplb/cuda/base/check.h"
 #include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/moe_layer.h"
+#include "feplb/cuda/runtime/call_queue.h"
 
 namespace feplb::cuda {
 namespace {
@@ -39,6 +41,7 @@ struct Options {
   int ranks = 4, experts = 64, top_k = 8, layers = 4, steps = 40, warmup = 5;
   int64_t tokens = 1024, hidden = 1024, ffn = 512;
   double skew = 1.0;  // Zipf exponent of the experts' popularity
+  int hop = 0;        // > 0: time the hand-off alone, this many calls per round
   std::string policy = "feplb", out;
 };
 
@@ -89,7 +92,77 @@ nlohmann::json summary(const std::vector<std::vector<double>>& per_step) {
           {"steps", worst.size()}};
 }
 
+// The hand-off alone: per rank thread, a caller's stream S and a CallQueue; a call's body is a
+// 4-byte memset, its copy to pinned memory and the host's wait for it (a layer's wait for its
+// counts). Rounds alternate the body run by the rank's thread on S and the body queued (submit
+// from S, then drain and synchronize S at the round's end); per call: the round's time / N.
+int hop(const Options& o) {
+  request_stream_connections();
+  constexpr int kRounds = 9;
+  std::vector<std::vector<double>> direct(static_cast<size_t>(o.ranks)),
+      queued(static_cast<size_t>(o.ranks));
+  std::barrier sync_point(o.ranks);
+  run_rank_threads(o.ranks, [&](int r) {
+    Stream s;
+    CallQueue q;
+    DeviceBuffer<uint32_t> word(1);
+    PinnedBuffer<uint32_t> seen(1);
+    const CallQueue::Body body = [&](cudaStream_t st) {
+      FEPLB_CUDA_CHECK(cudaMemsetAsync(word.get(), 0, sizeof(uint32_t), st));
+      FEPLB_CUDA_CHECK(
+          cudaMemcpyAsync(seen.get(), word.get(), sizeof(uint32_t), cudaMemcpyDeviceToHost, st));
+      FEPLB_CUDA_CHECK(cudaStreamSynchronize(st));
+    };
+    for (int round = -1; round < kRounds; ++round) {
+      sync_point.arrive_and_wait();
+      auto t0 = Clock::now();
+      for (int i = 0; i < o.hop; ++i) body(s.get());
+      FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+      const double d = ms_since(t0) * 1e3 / o.hop;
+      sync_point.arrive_and_wait();
+      t0 = Clock::now();
+      for (int i = 0; i < o.hop; ++i) q.submit(s.get(), body, {});
+      q.drain();
+      FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+      q.raise();
+      const double u = ms_since(t0) * 1e3 / o.hop;
+      if (round >= 0) {
+        direct[static_cast<size_t>(r)].push_back(d);
+        queued[static_cast<size_t>(r)].push_back(u);
+      }
+    }
+    sync_point.arrive_and_wait();
+  });
+  const char* handoff = std::getenv("FEPLB_CALL_HANDOFF");
+  nlohmann::json doc = {{"ranks", o.ranks},
+                        {"calls_per_round", o.hop},
+                        {"rounds", kRounds},
+                        {"call_handoff", handoff ? handoff : "host"}};
+  for (int r = 0; r < o.ranks; ++r) {
+    const auto& d = direct[static_cast<size_t>(r)];
+    const auto& u = queued[static_cast<size_t>(r)];
+    doc["per_rank"].push_back({{"direct_us_per_call", quantile(d, 0.5)},
+                               {"queued_us_per_call", quantile(u, 0.5)},
+                               {"direct_us_p10_p90", {quantile(d, 0.1), quantile(d, 0.9)}},
+                               {"queued_us_p10_p90", {quantile(u, 0.1), quantile(u, 0.9)}}});
+    std::printf("hop rank %d: per call, body on the caller's thread %.1f us, queued %.1f us\n", r,
+                quantile(d, 0.5), quantile(u, 0.5));
+  }
+  std::ofstream f(o.out);
+  f << doc.dump(2) << "\n";
+  if (!f) {
+    std::fprintf(stderr, "feplb_call_thread_bench: cannot write %s\n", o.out.c_str());
+    return 1;
+  }
+  return 0;
+}
+
 int run(const Options& o) {
+  if (o.hop > 0) return hop(o);
+  if (o.ranks < 2) {
+    std::fprintf(stderr, "feplb_call_thread_bench: the call thread needs --ranks 2 or more\n");
+    return 1;
+  }
   request_stream_connections();
   RuntimeConfig c;
   c.topo = Topology::contiguous(o.ranks, o.ranks, o.experts);
@@ -256,7 +329,7 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   feplb::cuda::Options o;
   CLI::App app("feplb_call_thread_bench: the runtime's call thread on and off, virtual ranks");
-  app.add_option("--ranks", o.ranks, "virtual ranks")->check(CLI::Range(2, 64));
+  app.add_option("--ranks", o.ranks, "virtual ranks (--hop: 1 or more)")->check(CLI::Range(1, 64));
   app.add_option("--experts", o.experts, "experts (a multiple of the ranks)")
       ->check(CLI::PositiveNumber);
   app.add_option("--top-k", o.top_k, "experts per token")->check(CLI::PositiveNumber);
@@ -269,6 +342,8 @@ int main(int argc, char** argv) {
   app.add_option("--skew", o.skew, "Zipf exponent of expert popularity")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--policy", o.policy, "the layers' planner");
+  app.add_option("--hop", o.hop, "time the hand-off alone: calls per round")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--out", o.out, "JSON results")->required();
   CLI11_PARSE(app, argc, argv);
   try {
