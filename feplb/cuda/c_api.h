@@ -6,6 +6,11 @@
  * Every function returning int returns FEPLB_OK, FEPLB_INPUT_ERROR (bad input or misuse; the
  * message names it) or FEPLB_ERROR (a failure of CUDA, NCCL or a peer); feplb_last_error() gives
  * the message of the calling thread's last failure. Nothing here throws or aborts.
+ *
+ * CUDA graphs: no call that takes a stream may be captured. feplb_forward, feplb_backward, their
+ * dispatched forms and feplb_layer_sync_gradients on a stream being captured return
+ * FEPLB_INPUT_ERROR ("... being captured into a CUDA graph ...") before enqueueing anything, so
+ * the capture stays valid and holds none of them.
  */
 #ifndef FEPLB_CUDA_C_API_H_
 #define FEPLB_CUDA_C_API_H_

@@ -279,6 +279,49 @@ def test_torch_compile_keeps_one_graph():
     assert rel_l2(x.grad, g_eager) <= 1e-2
 
 
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_a_captured_call_is_a_clear_error_and_leaves_the_layer_working(ranks):
+    """torch.cuda.graph around the layer: a RuntimeError that says the call cannot be captured,
+    raised before anything is enqueued; the layer then matches the reference outside the capture."""
+    experts, tokens, top_k = 8, 32, 2
+    moe = ft.MoE(runtime(ranks, experts, tokens, top_k), top_k)
+    gen = torch.Generator().manual_seed(5)
+    idx, w = routing(gen, ranks, tokens, experts, top_k)
+    x = torch.randn(ranks, tokens, H, generator=gen).to(torch.bfloat16).cuda()
+    if ranks == 1:
+        x, idx, w = x[0], idx[0], w[0]
+    with torch.no_grad():
+        moe(x, idx, w)  # warm: the capture below is the only thing that differs
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="being captured into a CUDA graph"):
+            with torch.cuda.graph(graph):
+                moe(x, idx, w)
+        out = moe(x, idx, w)
+    gu, dn = list(moe.gate_up), list(moe.down)
+    for r in range(ranks):
+        got = out[r] if ranks > 1 else out
+        ref = reference(x[r] if ranks > 1 else x, idx[r] if ranks > 1 else idx, w[r] if ranks > 1 else w, gu, dn)
+        assert rel_l2(got, ref) <= REL, f"rank {r}"
+
+
+def test_reduce_overhead_compiles_around_the_layer():
+    """torch.compile(mode="reduce-overhead") (CUDA graphs) of a step with the layer: the layer is
+    left out of the capture, and three compiled steps match eager."""
+    moe = ft.MoE(runtime(1, 4, 32, 2), 2)
+    gen = torch.Generator().manual_seed(6)
+    idx, w = routing(gen, 1, 32, 4, 2)
+    x = torch.randn(32, H, device="cuda").to(torch.bfloat16)
+
+    def step(x):
+        return moe(x * 2, idx[0], w[0]).float().pow(2).sum()
+
+    with torch.no_grad():
+        eager = step(x)
+        compiled = torch.compile(step, mode="reduce-overhead")
+        for _ in range(3):
+            assert rel_l2(compiled(x), eager) <= 1e-3
+
+
 def test_balancer_on_dispatched_rows_matches_the_reference():
     """Rows a framework dispatched itself (each rank's, grouped by its experts; one hot expert):
     per-row expert outputs, dL/drows and every expert's dL/dW."""

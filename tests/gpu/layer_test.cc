@@ -1313,6 +1313,48 @@ TEST(Layer, RunsOnTheLegacyDefaultStream) {
   expect_matches_reference(f.result(), m, in, top_k, "default stream");
 }
 
+// A call on a stream being captured into a CUDA graph is refused with an error that names the call
+// and the capture; nothing of it is captured (the capture ends with an empty graph), and the layer
+// and its runtime work as before once the capture ended.
+TEST(Layer, ACallOnACapturingStreamIsAClearError) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  const int experts = 8, top_k = 2;
+  const ReferenceMoe m = experts_for(33, experts);
+  const auto in = skewed_inputs(34, 1, experts, top_k, 48, 3.0);
+  cuda::InProcessGroup group(1);
+  cuda::RuntimeConfig c = config_for(1, experts, top_k, 48, "feplb").runtime;
+  c.training = false;
+  cuda::EpRuntime rt(c, group.endpoint(0));
+  cuda::MoeLayer layer(rt, {top_k, "captured"}, cuda::make_gpu_planner(rt, "feplb"));
+  RankZeroForward f(m, c.topo, in[0], experts);
+  cuda::Stream s;
+  const auto error_of = [](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  FEPLB_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
+  const std::string forward = error_of([&] { f.forward(layer, 48, s.get()); });
+  const std::string sync = error_of([&] { rt.synchronize(s.get()); });
+  cudaGraph_t graph = nullptr;
+  FEPLB_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
+  size_t nodes = 1;
+  FEPLB_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  FEPLB_CUDA_CHECK(cudaGraphDestroy(graph));
+  EXPECT_NE(forward.find("forward: its stream is being captured into a CUDA graph"),
+            std::string::npos)
+      << forward;
+  EXPECT_NE(sync.find("synchronize: its stream is being captured"), std::string::npos) << sync;
+  EXPECT_EQ(nodes, 0u) << "part of a refused call was captured";
+  FEPLB_CUDA_CHECK(cudaMemset(f.out.get(), 0xff, f.out.bytes()));
+  f.forward(layer, 48, s.get());
+  rt.synchronize(s.get());
+  expect_matches_reference(f.result(), m, in, top_k, "after a refused capture");
+}
+
 }  // namespace
 }  // namespace feplb
 

@@ -19,4 +19,20 @@ void sync_with_timeout(cudaStream_t stream, double timeout_s, const char* what) 
   }
 }
 
+void require_uncaptured(cudaStream_t stream, const char* who) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(stream, &status);
+  if (err == cudaErrorStreamCaptureImplicit) {
+    cudaGetLastError();  // not sticky: clear it
+    status = cudaStreamCaptureStatusActive;
+  } else {
+    FEPLB_CUDA_CHECK(err);
+  }
+  FEPLB_REQUIRE_INPUT(status == cudaStreamCaptureStatusNone,
+                      "{}: its stream is being captured into a CUDA graph; feplb's calls cannot be "
+                      "captured (they wait on the host for the routing counts and the plan): call "
+                      "it outside the capture",
+                      who);
+}
+
 }  // namespace feplb::cuda

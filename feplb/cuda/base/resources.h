@@ -139,4 +139,9 @@ inline float elapsed_ms(const Event& a, const Event& b) {
 // that never answers (a stream waiting on a flag nobody writes) becomes an error, not a hang.
 void sync_with_timeout(cudaStream_t stream, double timeout_s, const char* what);
 
+// Throws InputError naming `who` when `stream` is being captured into a CUDA graph (or, the legacy
+// default stream, while another stream captures): a feplb call waits on the host for its routing
+// counts and plan, which a capture cannot hold, and no part of it is captured.
+void require_uncaptured(cudaStream_t stream, const char* who);
+
 }  // namespace feplb::cuda

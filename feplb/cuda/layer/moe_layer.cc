@@ -155,17 +155,19 @@ const BackwardStats& MoeLayer::last_backward_stats() const {
 }
 
 // With the call thread, the wait is a call of its own: the event is recorded by the backwards
-// queued before it.
+// queued before it. Its stream waits only for that event, not for the caller's work (the
+// backwards already did).
 void MoeLayer::sync_gradients(cudaStream_t stream) {
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("sync_gradients");
+  require_uncaptured(stream, "sync_gradients");
   const auto wait = [&m](cudaStream_t s) {
     FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_grads_done.get(), 0));
   };
   if (!r.call_queue) return wait(stream);
   CallGuard guard(r, "sync_gradients");
-  r.call_queue->submit(stream, wait, nullptr);
+  r.call_queue->submit(stream, wait, nullptr, /*after_caller=*/false);  // reads nothing of S's
 }
 
 void MoeLayer::Impl::validate_experts(std::span<const ExpertParams> w, int64_t num_tokens,
@@ -247,6 +249,7 @@ void MoeLayer::prefetch(std::span<const ExpertParams> experts, cudaStream_t stre
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("prefetch");
+  require_uncaptured(stream, "prefetch");
   m.validate_experts(experts, 0, "prefetch");
   CallGuard guard(r, "prefetch");
   m.settle_row_counts(/*all=*/false);
@@ -265,6 +268,7 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("forward");
+  require_uncaptured(stream, "forward");
   m.validate_experts(experts, num_tokens, "forward");
   FEPLB_REQUIRE_INPUT(num_tokens == 0 || (hidden && topk_idx && topk_weight && out),
                       "forward of layer '{}': a null input or output pointer with {} tokens",
@@ -326,6 +330,7 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("backward");
+  require_uncaptured(stream, "backward");
   MicroBatchState& h = m.consumed(mb, /*dispatched=*/false, "backward");
   const int64_t num_tokens = h.num_tokens;
   m.validate_experts(experts, num_tokens, "backward");
@@ -382,6 +387,7 @@ MicroBatch MoeLayer::forward_dispatched(std::span<const ExpertParams> experts, c
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("forward_dispatched");
+  require_uncaptured(stream, "forward_dispatched");
   FEPLB_REQUIRE_INPUT(static_cast<int>(rows_per_expert.size()) == r.experts_per_rank,
                       "forward_dispatched of layer '{}': rows of {} experts, this rank has {}",
                       m.cfg.name, rows_per_expert.size(), r.experts_per_rank);
@@ -471,6 +477,7 @@ void MoeLayer::backward_dispatched(MicroBatch&& mb, std::span<const ExpertParams
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("backward_dispatched");
+  require_uncaptured(stream, "backward_dispatched");
   MicroBatchState& h = m.consumed(mb, /*dispatched=*/true, "backward_dispatched");
   const int64_t n = h.num_tokens;
   m.validate_experts(experts, 0, "backward_dispatched");

@@ -48,7 +48,7 @@ CallQueue::~CallQueue() {
 
 // Fills the next slot once its previous call has run (room in the thread's queue: at most
 // kCapacity wait, so the call kCapacity + 1 slots back has finished), then queues it.
-void CallQueue::submit(cudaStream_t caller, Body body, Body poison) {
+void CallQueue::submit(cudaStream_t caller, Body body, Body poison, bool after_caller) {
   std::lock_guard<std::mutex> lock(post_mu_);
   thread_.wait_room();
   Slot& s = *slots_[next_slot_];
@@ -56,11 +56,9 @@ void CallQueue::submit(cudaStream_t caller, Body body, Body poison) {
   s.ticket = ++next_ticket_ == 0 ? ++next_ticket_ : next_ticket_;  // 0 marks host work
   s.body = std::move(body);
   s.poison = std::move(poison);
-  if (inputs_by_flag_) {
-    stream_write_u32(caller, inputs_dev_, s.ticket);
-  } else {
-    s.inputs.record(caller);
-  }
+  s.after_caller = after_caller;
+  if (after_caller && inputs_by_flag_) stream_write_u32(caller, inputs_dev_, s.ticket);
+  if (after_caller && !inputs_by_flag_) s.inputs.record(caller);
   thread_.post(&CallQueue::run, &s);
   stream_wait_u32_geq(caller, done_dev_, s.ticket);
 }
@@ -107,9 +105,8 @@ void CallQueue::run_call(Slot& s) {
   bool ok = !failed_.load(std::memory_order_acquire);
   try {
     FEPLB_CUDA_CHECK(cudaSetDevice(device_));
-    if (inputs_by_flag_) {
-      stream_wait_u32_geq(q, inputs_dev_, s.ticket);
-    } else {
+    if (s.after_caller && inputs_by_flag_) stream_wait_u32_geq(q, inputs_dev_, s.ticket);
+    if (s.after_caller && !inputs_by_flag_) {
       FEPLB_CUDA_CHECK(cudaStreamWaitEvent(q, s.inputs.get(), 0));
     }
     if (ok) s.body(q);

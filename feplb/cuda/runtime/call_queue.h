@@ -44,8 +44,9 @@ class CallQueue {
 
   // Queues `body` to run on the call thread with stream() after `caller`'s work so far, and makes
   // `caller` wait for it. `poison` (may be empty) writes NaN into the call's outputs when it fails
-  // or is skipped after an earlier failure.
-  void submit(cudaStream_t caller, Body body, Body poison);
+  // or is skipped after an earlier failure. `after_caller` false: the body reads nothing `caller`
+  // wrote, so stream() does not wait for it (one stream hop fewer).
+  void submit(cudaStream_t caller, Body body, Body poison, bool after_caller = true);
   // Queues host work `fn` in call order (a dropped micro-batch's memory, given back after the
   // calls queued before it). Never throws an error of the calls.
   void post_host(std::function<void()> fn);
@@ -61,6 +62,7 @@ class CallQueue {
     CallQueue* queue = nullptr;
     Event inputs;
     uint32_t ticket = 0;  // 0: host work
+    bool after_caller = true;
     Body body, poison;
     std::function<void()> host;
   };

@@ -425,6 +425,7 @@ std::span<const ModeTime> EpRuntime::planner_times() const { return state_->plan
 void EpRuntime::synchronize(cudaStream_t stream) const {
   state_->drain_calls();
   state_->check_usable("synchronize");
+  require_uncaptured(stream, "synchronize");
   state_->sync(stream, "synchronize");
 }
 

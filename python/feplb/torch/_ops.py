@@ -9,6 +9,7 @@ the copy engine's copies run on the runtime's own streams, ordered by events ins
 
 from __future__ import annotations
 
+import inspect
 import threading
 import weakref
 
@@ -18,6 +19,12 @@ import torch
 
 from . import _capi
 from ._capi import check, lib
+
+# The ops' tags: cudagraph_unsafe where torch has it, so torch.compile's CUDA graphs
+# (mode="reduce-overhead") leave the layer out of their capture (a feplb call cannot be captured).
+_TAGS = ({"tags": (torch.Tag.cudagraph_unsafe,)}
+         if hasattr(torch.Tag, "cudagraph_unsafe") and "tags" in inspect.signature(torch.library.custom_op).parameters
+         else {})
 
 # Layers by key (custom ops take ints, not Python objects).
 _layers: dict[int, "LayerEntry"] = {}
@@ -82,6 +89,11 @@ def _drop(ids):
 
 
 def _fence_in(entry):
+    if torch.cuda.is_current_stream_capturing():
+        # Nothing enqueued yet: the capture stays valid, and ends with none of this call in it.
+        raise RuntimeError("feplb: the current stream is being captured into a CUDA graph; feplb's layer calls "
+                           "cannot be captured (they wait on the host for the routing counts and the plan): "
+                           "call the layer outside the capture")
     cur = torch.cuda.current_stream()
     streams = entry.streams()
     if entry.local_ranks > 1:
@@ -194,7 +206,7 @@ def backward_impl(grad_out, topk_weight, handles, gate_up, down, grad_gate_up, g
     return grad_hidden, grad_w
 
 
-@torch.library.custom_op("feplb::moe_forward", mutates_args=())
+@torch.library.custom_op("feplb::moe_forward", mutates_args=(), **_TAGS)
 def moe_forward(hidden: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor,
                 gate_up: list[torch.Tensor], down: list[torch.Tensor], key: int,
                 keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +218,7 @@ def _(hidden, topk_idx, topk_weight, gate_up, down, key, keep):
     return torch.empty_like(hidden), torch.empty((_layers[key].local_ranks,), dtype=torch.int64, device="cpu")
 
 
-@torch.library.custom_op("feplb::moe_backward", mutates_args=("grad_gate_up", "grad_down"))
+@torch.library.custom_op("feplb::moe_backward", mutates_args=("grad_gate_up", "grad_down"), **_TAGS)
 def moe_backward(grad_out: torch.Tensor, topk_weight: torch.Tensor, handles: torch.Tensor,
                  gate_up: list[torch.Tensor], down: list[torch.Tensor], grad_gate_up: list[torch.Tensor],
                  grad_down: list[torch.Tensor], key: int, accumulate: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -383,7 +395,7 @@ def dispatched_backward_impl(grad_outs, handles, gate_up, down, grad_gate_up, gr
 
 
 # One list out: the R output tensors, then the handles.
-@torch.library.custom_op("feplb::dispatched_forward", mutates_args=())
+@torch.library.custom_op("feplb::dispatched_forward", mutates_args=(), **_TAGS)
 def dispatched_forward(rows: list[torch.Tensor], counts: list[int], gate_up: list[torch.Tensor],
                        down: list[torch.Tensor], key: int, keep: bool) -> list[torch.Tensor]:
     E = _layers[key].experts
@@ -397,7 +409,8 @@ def _(rows, counts, gate_up, down, key, keep):
     return [*(torch.empty_like(x) for x in rows), torch.empty((len(rows),), dtype=torch.int64, device="cpu")]
 
 
-@torch.library.custom_op("feplb::dispatched_backward", mutates_args=("grad_gate_up", "grad_down"))
+@torch.library.custom_op("feplb::dispatched_backward", mutates_args=("grad_gate_up", "grad_down"),
+                         **_TAGS)
 def dispatched_backward(grad_outs: list[torch.Tensor], handles: torch.Tensor, gate_up: list[torch.Tensor],
                         down: list[torch.Tensor], grad_gate_up: list[torch.Tensor], grad_down: list[torch.Tensor],
                         key: int, accumulate: bool) -> list[torch.Tensor]:
