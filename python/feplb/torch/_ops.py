@@ -22,9 +22,9 @@ from ._capi import check, lib
 
 # The ops' tags: cudagraph_unsafe where torch has it, so torch.compile's CUDA graphs
 # (mode="reduce-overhead") leave the layer out of their capture (a feplb call cannot be captured).
-_TAGS = ({"tags": (torch.Tag.cudagraph_unsafe,)}
-         if hasattr(torch.Tag, "cudagraph_unsafe") and "tags" in inspect.signature(torch.library.custom_op).parameters
-         else {})
+_UNSAFE = getattr(getattr(torch, "Tag", None), "cudagraph_unsafe", None)
+_TAGS = ({"tags": (_UNSAFE,)}
+         if _UNSAFE is not None and "tags" in inspect.signature(torch.library.custom_op).parameters else {})
 
 # Layers by key (custom ops take ints, not Python objects).
 _layers: dict[int, "LayerEntry"] = {}
