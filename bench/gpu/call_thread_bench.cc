@@ -92,6 +92,17 @@ nlohmann::json summary(const std::vector<std::vector<double>>& per_step) {
           {"steps", worst.size()}};
 }
 
+// Writes the results; 1 (with a message) where the file cannot be written.
+int write_doc(const nlohmann::json& doc, const std::string& out) {
+  std::ofstream f(out);
+  f << doc.dump(2) << "\n";
+  if (!f) {
+    std::fprintf(stderr, "feplb_call_thread_bench: cannot write %s\n", out.c_str());
+    return 1;
+  }
+  return 0;
+}
+
 // The hand-off alone: per rank thread, a caller's stream S and a CallQueue; a call's body is a
 // 4-byte memset, its copy to pinned memory and the host's wait for it (a layer's wait for its
 // counts). Rounds alternate the body run by the rank's thread on S and the body queued (submit
@@ -148,13 +159,7 @@ int hop(const Options& o) {
     std::printf("hop rank %d: per call, body on the caller's thread %.1f us, queued %.1f us\n", r,
                 quantile(d, 0.5), quantile(u, 0.5));
   }
-  std::ofstream f(o.out);
-  f << doc.dump(2) << "\n";
-  if (!f) {
-    std::fprintf(stderr, "feplb_call_thread_bench: cannot write %s\n", o.out.c_str());
-    return 1;
-  }
-  return 0;
+  return write_doc(doc, o.out);
 }
 
 int run(const Options& o) {
@@ -314,13 +319,7 @@ int run(const Options& o) {
     }
     std::printf("\n");
   }
-  std::ofstream f(o.out);
-  f << doc.dump(2) << "\n";
-  if (!f) {
-    std::fprintf(stderr, "feplb_call_thread_bench: cannot write %s\n", o.out.c_str());
-    return 1;
-  }
-  return 0;
+  return write_doc(doc, o.out);
 }
 
 }  // namespace

@@ -1295,22 +1295,43 @@ TEST(Layer, NcclTransportWithOneRankMatchesReference) {
 namespace feplb {
 namespace {
 
+// One rank's inference layer (8 experts, top-2, 48 tokens, feplb), its weights and inputs from
+// `seed`: the two tests below run it on unusual streams.
+struct OneRankInference {
+  static constexpr int kExperts = 8, kTopK = 2;
+  static constexpr int64_t kTokens = 48;
+  explicit OneRankInference(uint64_t seed, const char* name)
+      : m(experts_for(seed, kExperts)),
+        in(skewed_inputs(seed + 1, 1, kExperts, kTopK, kTokens, 3.0)),
+        c(eval_config()),
+        rt(c, group.endpoint(0)),
+        layer(rt, {kTopK, name}, cuda::make_gpu_planner(rt, "feplb")),
+        f(m, c.topo, in[0], kExperts) {}
+  static cuda::RuntimeConfig eval_config() {
+    cuda::RuntimeConfig c = config_for(1, kExperts, kTopK, kTokens, "feplb").runtime;
+    c.training = false;
+    return c;
+  }
+  void expect_matches(const std::string& what) const {
+    expect_matches_reference(f.result(), m, in, kTopK, what);
+  }
+  ReferenceMoe m;
+  std::vector<RankInputs> in;
+  cuda::InProcessGroup group{1};
+  cuda::RuntimeConfig c;
+  cuda::EpRuntime rt;
+  cuda::MoeLayer layer;
+  RankZeroForward f;
+};
+
 // A framework's current stream is often the legacy default stream: the layer runs there too.
 TEST(Layer, RunsOnTheLegacyDefaultStream) {
   FEPLB_SKIP_WITHOUT_GPU();
-  const int experts = 8, top_k = 2;
-  const ReferenceMoe m = experts_for(31, experts);
-  const auto in = skewed_inputs(32, 1, experts, top_k, 48, 3.0);
-  cuda::InProcessGroup group(1);
-  cuda::RuntimeConfig c = config_for(1, experts, top_k, 48, "feplb").runtime;
-  c.training = false;
-  cuda::EpRuntime rt(c, group.endpoint(0));
-  cuda::MoeLayer layer(rt, {top_k, "default-stream"}, cuda::make_gpu_planner(rt, "feplb"));
-  RankZeroForward f(m, c.topo, in[0], experts);
-  FEPLB_CUDA_CHECK(cudaMemset(f.out.get(), 0xff, f.out.bytes()));
-  f.forward(layer, 48, nullptr);  // the legacy default stream
+  OneRankInference t(31, "default-stream");
+  FEPLB_CUDA_CHECK(cudaMemset(t.f.out.get(), 0xff, t.f.out.bytes()));
+  t.f.forward(t.layer, t.kTokens, nullptr);  // the legacy default stream
   FEPLB_CUDA_CHECK(cudaDeviceSynchronize());
-  expect_matches_reference(f.result(), m, in, top_k, "default stream");
+  t.expect_matches("default stream");
 }
 
 // A call on a stream being captured into a CUDA graph is refused with an error that names the call
@@ -1318,15 +1339,7 @@ TEST(Layer, RunsOnTheLegacyDefaultStream) {
 // and its runtime work as before once the capture ended.
 TEST(Layer, ACallOnACapturingStreamIsAClearError) {
   FEPLB_SKIP_WITHOUT_GPU();
-  const int experts = 8, top_k = 2;
-  const ReferenceMoe m = experts_for(33, experts);
-  const auto in = skewed_inputs(34, 1, experts, top_k, 48, 3.0);
-  cuda::InProcessGroup group(1);
-  cuda::RuntimeConfig c = config_for(1, experts, top_k, 48, "feplb").runtime;
-  c.training = false;
-  cuda::EpRuntime rt(c, group.endpoint(0));
-  cuda::MoeLayer layer(rt, {top_k, "captured"}, cuda::make_gpu_planner(rt, "feplb"));
-  RankZeroForward f(m, c.topo, in[0], experts);
+  OneRankInference t(33, "captured");
   cuda::Stream s;
   const auto error_of = [](const std::function<void()>& call) {
     try {
@@ -1337,8 +1350,8 @@ TEST(Layer, ACallOnACapturingStreamIsAClearError) {
     return std::string("no error");
   };
   FEPLB_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
-  const std::string forward = error_of([&] { f.forward(layer, 48, s.get()); });
-  const std::string sync = error_of([&] { rt.synchronize(s.get()); });
+  const std::string forward = error_of([&] { t.f.forward(t.layer, t.kTokens, s.get()); });
+  const std::string sync = error_of([&] { t.rt.synchronize(s.get()); });
   cudaGraph_t graph = nullptr;
   FEPLB_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
   size_t nodes = 1;
@@ -1349,10 +1362,10 @@ TEST(Layer, ACallOnACapturingStreamIsAClearError) {
       << forward;
   EXPECT_NE(sync.find("synchronize: its stream is being captured"), std::string::npos) << sync;
   EXPECT_EQ(nodes, 0u) << "part of a refused call was captured";
-  FEPLB_CUDA_CHECK(cudaMemset(f.out.get(), 0xff, f.out.bytes()));
-  f.forward(layer, 48, s.get());
-  rt.synchronize(s.get());
-  expect_matches_reference(f.result(), m, in, top_k, "after a refused capture");
+  FEPLB_CUDA_CHECK(cudaMemset(t.f.out.get(), 0xff, t.f.out.bytes()));
+  t.f.forward(t.layer, t.kTokens, s.get());
+  t.rt.synchronize(s.get());
+  t.expect_matches("after a refused capture");
 }
 
 }  // namespace
