@@ -7,10 +7,13 @@
  * message names it) or FEPLB_ERROR (a failure of CUDA, NCCL or a peer); feplb_last_error() gives
  * the message of the calling thread's last failure. Nothing here throws or aborts.
  *
- * CUDA graphs: no call that takes a stream may be captured. feplb_forward, feplb_backward, their
- * dispatched forms and feplb_layer_sync_gradients on a stream being captured return
- * FEPLB_INPUT_ERROR ("... being captured into a CUDA graph ...") before enqueueing anything, so
- * the capture stays valid and holds none of them.
+ * CUDA graphs: feplb_forward, feplb_backward and feplb_layer_sync_gradients of a one-rank runtime
+ * whose forwards count their rows on the GPU (grouped expert GEMMs on an H100 or H200, no call
+ * thread) may be captured; a micro-batch's forward and backward are captured both or neither, and
+ * each replay's routing counts reach the layer's statistics through a captured host node. Every
+ * other call on a stream being captured (several ranks, per-expert GEMMs, the dispatched forms,
+ * synchronize) returns FEPLB_INPUT_ERROR ("... being captured into a CUDA graph ...") before
+ * enqueueing anything, so the capture stays valid and holds none of it.
  */
 #ifndef FEPLB_CUDA_C_API_H_
 #define FEPLB_CUDA_C_API_H_

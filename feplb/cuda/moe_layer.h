@@ -127,6 +127,11 @@ class MoeLayer {
   // `experts` this rank's experts' weights ([experts_per_rank], local order). Stream-ordered on
   // `stream`; every rank calls it for the same micro-batch. The returned handle (training
   // runtimes) carries what backward needs; forward-only runtimes return an empty one.
+  // CUDA graphs: on a one-rank runtime whose forward counts its rows on the GPU (the grouped GEMMs
+  // for its batch, no call thread), forward, backward and sync_gradients may be captured, a
+  // micro-batch's forward and backward both or neither; at each replay the forward's row counts
+  // reach last_routing() and last_plan() (settled by the layer's next call or reader). Any other
+  // call on a capturing stream throws InputError before it enqueues anything.
   MicroBatch forward(std::span<const ExpertParams> experts, const bf16* hidden,
                      const int32_t* topk_idx, const float* topk_weight, int64_t num_tokens,
                      bf16* out, cudaStream_t stream);

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <thread>
@@ -1300,16 +1301,17 @@ namespace {
 struct OneRankInference {
   static constexpr int kExperts = 8, kTopK = 2;
   static constexpr int64_t kTokens = 48;
-  explicit OneRankInference(uint64_t seed, const char* name)
+  OneRankInference(uint64_t seed, const char* name, cuda::ExpertGemm gemm = cuda::ExpertGemm::kAuto)
       : m(experts_for(seed, kExperts)),
         in(skewed_inputs(seed + 1, 1, kExperts, kTopK, kTokens, 3.0)),
-        c(eval_config()),
+        c(eval_config(gemm)),
         rt(c, group.endpoint(0)),
         layer(rt, {kTopK, name}, cuda::make_gpu_planner(rt, "feplb")),
         f(m, c.topo, in[0], kExperts) {}
-  static cuda::RuntimeConfig eval_config() {
+  static cuda::RuntimeConfig eval_config(cuda::ExpertGemm gemm) {
     cuda::RuntimeConfig c = config_for(1, kExperts, kTopK, kTokens, "feplb").runtime;
     c.training = false;
+    c.expert_gemm = gemm;
     return c;
   }
   void expect_matches(const std::string& what) const {
@@ -1334,30 +1336,38 @@ TEST(Layer, RunsOnTheLegacyDefaultStream) {
   t.expect_matches("default stream");
 }
 
-// A call on a stream being captured into a CUDA graph is refused with an error that names the call
-// and the capture; nothing of it is captured (the capture ends with an empty graph), and the layer
-// and its runtime work as before once the capture ended.
-TEST(Layer, ACallOnACapturingStreamIsAClearError) {
+std::string input_error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+size_t graph_nodes(cudaGraph_t graph) {
+  size_t nodes = 0;
+  FEPLB_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  return nodes;
+}
+
+// A call on a stream being captured that cannot be captured (here: one rank whose expert GEMMs are
+// cuBLAS calls per expert, which take their row counts from the host; and synchronize, which waits
+// on the host) is refused with an error that names the call and why; nothing of it is captured
+// (the capture ends with an empty graph), and the layer and its runtime work as before after.
+TEST(Layer, AnUncapturableCallOnACapturingStreamIsAClearError) {
   FEPLB_SKIP_WITHOUT_GPU();
-  OneRankInference t(33, "captured");
+  OneRankInference t(33, "captured", cuda::ExpertGemm::kPerExpert);
   cuda::Stream s;
-  const auto error_of = [](const std::function<void()>& call) {
-    try {
-      call();
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  FEPLB_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal));
-  const std::string forward = error_of([&] { t.f.forward(t.layer, t.kTokens, s.get()); });
-  const std::string sync = error_of([&] { t.rt.synchronize(s.get()); });
+  FEPLB_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeGlobal));
+  const std::string forward = input_error_of([&] { t.f.forward(t.layer, t.kTokens, s.get()); });
+  const std::string sync = input_error_of([&] { t.rt.synchronize(s.get()); });
   cudaGraph_t graph = nullptr;
   FEPLB_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
-  size_t nodes = 1;
-  FEPLB_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  const size_t nodes = graph_nodes(graph);
   FEPLB_CUDA_CHECK(cudaGraphDestroy(graph));
-  EXPECT_NE(forward.find("forward: its stream is being captured into a CUDA graph"),
+  EXPECT_NE(forward.find("forward of layer 'captured': its stream is being captured into a CUDA "
+                         "graph, and this call cannot be: its expert GEMMs are cuBLAS calls"),
             std::string::npos)
       << forward;
   EXPECT_NE(sync.find("synchronize: its stream is being captured"), std::string::npos) << sync;
@@ -1366,6 +1376,205 @@ TEST(Layer, ACallOnACapturingStreamIsAClearError) {
   t.f.forward(t.layer, t.kTokens, s.get());
   t.rt.synchronize(s.get());
   t.expect_matches("after a refused capture");
+}
+
+// One rank training on the grouped GEMMs (rows counted on the GPU): the setting whose forward and
+// backward a CUDA graph can hold. Inputs, outputs and gradients live in fixed device buffers, as
+// a captured step needs: each micro-batch is copied into them.
+struct OneRankCapture {
+  static constexpr int kExperts = 8, kTopK = 2;
+  static constexpr int64_t kTokens = 96;
+  explicit OneRankCapture(const char* name)
+      : m(experts_for(41, kExperts)),
+        setup(make_setup()),
+        rt(setup.runtime, group.endpoint(0)),
+        layer(rt, {kTopK, name}, cuda::make_gpu_planner(rt, "feplb")),
+        w(kExperts, kHidden, kFfn, /*grads=*/true),
+        x(kTokens * kHidden),
+        out(kTokens * kHidden),
+        dy(kTokens * kHidden),
+        dx(kTokens * kHidden),
+        idx(kTokens * kTopK),
+        wt(kTokens * kTopK),
+        dwt(kTokens * kTopK) {
+    const auto w16 = testing::to_bf16(testing::local_weights(m, setup.runtime.topo, 0));
+    FEPLB_CUDA_CHECK(cudaMemcpy(w.weights(), w16.data(), w16.size() * 2, cudaMemcpyHostToDevice));
+  }
+  static testing::LayerSetup make_setup() {
+    testing::LayerSetup c = config_for(1, kExperts, kTopK, kTokens, "feplb");
+    c.runtime.expert_gemm = cuda::ExpertGemm::kGrouped;
+    c.top_k = kTopK;
+    return c;
+  }
+  // Micro-batch `in` with dL/dout `go` into the input buffers; every output and gradient NaN.
+  void load(const RankInputs& in, const std::vector<float>& go) {
+    const auto x16 = testing::to_bf16(in.hidden), dy16 = testing::to_bf16(go);
+    FEPLB_CUDA_CHECK(cudaMemcpy(x.get(), x16.data(), x.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(cudaMemcpy(dy.get(), dy16.data(), dy.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(idx.get(), in.topk_idx.data(), idx.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(wt.get(), in.topk_weight.data(), wt.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+    FEPLB_CUDA_CHECK(cudaMemset(dx.get(), 0xff, dx.bytes()));
+    FEPLB_CUDA_CHECK(cudaMemset(dwt.get(), 0xff, dwt.bytes()));
+    FEPLB_CUDA_CHECK(cudaMemset(w.grads(), 0xff, w.grad_bytes()));
+  }
+  cuda::MicroBatch forward(cudaStream_t s) {
+    return layer.forward(w.params(), x.get(), idx.get(), wt.get(), kTokens, out.get(), s);
+  }
+  void backward(cuda::MicroBatch mb, cudaStream_t s) {
+    layer.backward(std::move(mb), w.params(), dy.get(), wt.get(), dx.get(), dwt.get(),
+                   w.grad_views(), cuda::GradMode::kOverwrite, s);
+  }
+  testing::BackwardResult result() const {
+    testing::BackwardResult r;
+    const auto floats = [](const cuda::DeviceBuffer<__nv_bfloat16>& b) {
+      std::vector<uint16_t> h(b.size());
+      FEPLB_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
+      std::vector<float> f;
+      for (uint16_t v : h) f.push_back(bf16_to_float(v));
+      return f;
+    };
+    r.out = floats(out);
+    r.grad_hidden = floats(dx);
+    r.grad_topk_weight.resize(dwt.size());
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(r.grad_topk_weight.data(), dwt.get(), dwt.bytes(), cudaMemcpyDeviceToHost));
+    r.main_grad.resize(w.grad_bytes() / sizeof(float));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(r.main_grad.data(), w.grads(), w.grad_bytes(), cudaMemcpyDeviceToHost));
+    return r;
+  }
+  ReferenceMoe m;
+  testing::LayerSetup setup;
+  cuda::InProcessGroup group{1};
+  cuda::EpRuntime rt;
+  cuda::MoeLayer layer;
+  cuda::LocalExperts w;
+  cuda::DeviceBuffer<__nv_bfloat16> x, out, dy, dx;
+  cuda::DeviceBuffer<int32_t> idx;
+  cuda::DeviceBuffer<float> wt, dwt;
+};
+
+std::vector<float> random_grad_out(uint64_t seed, int64_t n) {
+  Rng rng(seed);
+  std::vector<float> go(static_cast<size_t>(n));
+  for (float& v : go) v = round_to_bf16(static_cast<float>(rng.normal()));
+  return go;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// One rank's forward and backward captured into one CUDA graph (global capture mode, as
+// torch.cuda.graph), then replayed over micro-batches the capture never saw (new routing copied
+// into the captured inputs: skewed, uniform, every token's first choice on one hot expert so that
+// some experts get no rows, and the captured one again): every replay's output and gradients
+// match the float64 reference and are bit for bit those of eager calls on the same inputs; the
+// layer's routing after each replay is that replay's counts.
+TEST(LayerCapture, OneRankForwardAndBackwardReplayNewRoutings) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "grouped GEMMs need an H100 or H200";
+  OneRankCapture t("graphed");
+  const int E = t.kExperts, K = t.kTopK;
+  const int64_t S = t.kTokens;
+  const auto captured_in = skewed_inputs(51, 1, E, K, S, 3.0);
+  const auto captured_go = random_grad_out(52, S * kHidden);
+  cuda::Stream s;
+  {  // warm: the layer's first calls, eagerly (as torch.cuda.graph's users warm up)
+    t.load(captured_in[0], captured_go);
+    t.backward(t.forward(s.get()), s.get());
+    FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+  }
+  t.load(captured_in[0], captured_go);
+  FEPLB_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeGlobal));
+  t.backward(t.forward(s.get()), s.get());
+  cudaGraph_t graph = nullptr;
+  FEPLB_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
+  EXPECT_GT(graph_nodes(graph), 0u);
+  cudaGraphExec_t exec = nullptr;
+  FEPLB_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  struct Case {
+    const char* what;
+    std::vector<RankInputs> in;
+  };
+  const std::vector<Case> cases = {
+      {"skewed", skewed_inputs(61, 1, E, K, S, 4.0)},
+      {"uniform", skewed_inputs(62, 1, E, K, S, 1.0)},
+      {"one hot expert", skewed_inputs(63, 1, E, K, S, 1.0, /*hot_expert=*/0)},
+      {"the captured micro-batch", captured_in},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const std::string what = std::string("replay ") + cases[c].what;
+    const RankInputs& in = cases[c].in[0];
+    const auto go = random_grad_out(70 + c, S * kHidden);
+    t.load(in, go);
+    FEPLB_CUDA_CHECK(cudaGraphLaunch(exec, s.get()));
+    FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+    const testing::BackwardResult replayed = t.result();
+    expect_gradients_match({{replayed}}, t.setup, t.m, cases[c].in, {go}, what);
+    std::vector<int64_t> counts(static_cast<size_t>(E), 0);
+    for (int32_t e : in.topk_idx) ++counts[static_cast<size_t>(e)];
+    const RoutingStep& routing = t.layer.last_routing();
+    for (int e = 0; e < E; ++e) EXPECT_EQ(routing.at(0, e), counts[e]) << what << " expert " << e;
+    t.load(in, go);
+    t.backward(t.forward(s.get()), s.get());
+    FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+    const testing::BackwardResult eager = t.result();
+    EXPECT_TRUE(same_bits(replayed.out, eager.out)) << what << ": out differs from eager";
+    EXPECT_TRUE(same_bits(replayed.grad_hidden, eager.grad_hidden)) << what << ": d hidden";
+    EXPECT_TRUE(same_bits(replayed.grad_topk_weight, eager.grad_topk_weight))
+        << what << ": d topk_weight";
+    EXPECT_TRUE(same_bits(replayed.main_grad, eager.main_grad)) << what << ": dW";
+  }
+  // A replay that routes a pair to an expert id out of range: the layer's next call says so (as
+  // for an eager forward, whose counts also reach the host after the call), and works after.
+  RankInputs bad = cases[0].in[0];
+  bad.topk_idx[5] = E;
+  t.load(bad, random_grad_out(80, S * kHidden));
+  FEPLB_CUDA_CHECK(cudaGraphLaunch(exec, s.get()));
+  FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+  const std::string error = input_error_of([&] { t.forward(s.get()); });
+  EXPECT_NE(error.find("to expert ids outside [0, 8) (topk_idx out of range)"), std::string::npos)
+      << error;
+  FEPLB_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  FEPLB_CUDA_CHECK(cudaGraphDestroy(graph));
+  const auto go = random_grad_out(81, S * kHidden);
+  t.load(cases[0].in[0], go);
+  t.backward(t.forward(s.get()), s.get());
+  FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+  expect_gradients_match({{t.result()}}, t.setup, t.m, cases[0].in, {go}, "after the graph");
+}
+
+// A micro-batch's forward and backward are captured both or neither: a captured backward of an
+// eager forward is refused before it captures anything, and that backward then runs eagerly.
+TEST(LayerCapture, ABackwardIsCapturedOnlyWithItsForward) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "grouped GEMMs need an H100 or H200";
+  OneRankCapture t("half-graphed");
+  const auto in = skewed_inputs(91, 1, t.kExperts, t.kTopK, t.kTokens, 3.0);
+  const auto go = random_grad_out(92, t.kTokens * kHidden);
+  cuda::Stream s;
+  t.load(in[0], go);
+  cuda::MicroBatch mb = t.forward(s.get());
+  FEPLB_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeGlobal));
+  const std::string error = input_error_of([&] {
+    t.layer.backward(std::move(mb), t.w.params(), t.dy.get(), t.wt.get(), t.dx.get(), t.dwt.get(),
+                     t.w.grad_views(), cuda::GradMode::kOverwrite, s.get());
+  });
+  cudaGraph_t graph = nullptr;
+  FEPLB_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
+  const size_t nodes = graph_nodes(graph);
+  FEPLB_CUDA_CHECK(cudaGraphDestroy(graph));
+  EXPECT_NE(error.find("its stream is being captured into a CUDA graph, but its forward was not"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(nodes, 0u);
+  t.backward(std::move(mb), s.get());
+  FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+  expect_gradients_match({{t.result()}}, t.setup, t.m, in, {go}, "eager after a refused capture");
 }
 
 }  // namespace

@@ -19,19 +19,29 @@ void sync_with_timeout(cudaStream_t stream, double timeout_s, const char* what) 
   }
 }
 
-void require_uncaptured(cudaStream_t stream, const char* who) {
+unsigned long long capture_id(cudaStream_t stream, const char* who) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  const cudaError_t err = cudaStreamIsCapturing(stream, &status);
+  unsigned long long id = 0;
+  const cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, &id);
   if (err == cudaErrorStreamCaptureImplicit) {
     cudaGetLastError();  // not sticky: clear it
-    status = cudaStreamCaptureStatusActive;
-  } else {
-    FEPLB_CUDA_CHECK(err);
+    throw InputError(fmt::format(
+        "{}: called on the legacy default stream while another stream is being captured into a "
+        "CUDA graph; call it on the capturing stream or outside the capture",
+        who));
   }
-  FEPLB_REQUIRE_INPUT(status == cudaStreamCaptureStatusNone,
-                      "{}: its stream is being captured into a CUDA graph; feplb's calls cannot be "
-                      "captured (they wait on the host for the routing counts and the plan): call "
-                      "it outside the capture",
+  FEPLB_CUDA_CHECK(err);
+  FEPLB_REQUIRE_INPUT(status != cudaStreamCaptureStatusInvalidated,
+                      "{}: its stream's CUDA graph capture was invalidated by an earlier error",
+                      who);
+  return status == cudaStreamCaptureStatusActive ? id : 0;
+}
+
+void require_uncaptured(cudaStream_t stream, const char* who) {
+  FEPLB_REQUIRE_INPUT(capture_id(stream, who) == 0,
+                      "{}: its stream is being captured into a CUDA graph; only a one-rank "
+                      "runtime's forward and backward can be captured (the other calls wait on "
+                      "the host for routing counts or plans): call it outside the capture",
                       who);
 }
 

@@ -139,9 +139,14 @@ inline float elapsed_ms(const Event& a, const Event& b) {
 // that never answers (a stream waiting on a flag nobody writes) becomes an error, not a hang.
 void sync_with_timeout(cudaStream_t stream, double timeout_s, const char* what);
 
-// Throws InputError naming `who` when `stream` is being captured into a CUDA graph (or, the legacy
-// default stream, while another stream captures): a feplb call waits on the host for its routing
-// counts and plan, which a capture cannot hold, and no part of it is captured.
+// The id of the CUDA graph capture `stream` is part of, 0 where it is not being captured.
+// InputError naming `who` for the legacy default stream while another stream captures (no work
+// may go there then) and for a capture an earlier error invalidated.
+unsigned long long capture_id(cudaStream_t stream, const char* who);
+
+// Throws InputError naming `who` when `stream` is being captured into a CUDA graph: every call but
+// a one-rank runtime's forward and backward waits on the host for routing counts or a plan, which
+// a capture cannot hold, and no part of it is captured.
 void require_uncaptured(cudaStream_t stream, const char* who);
 
 }  // namespace feplb::cuda

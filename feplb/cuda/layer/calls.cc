@@ -46,7 +46,9 @@ MoeLayer::Impl::Impl(std::shared_ptr<EpRuntime::State> runtime, const LayerConfi
       cfg(config),
       planner(std::move(p)),
       exec(CallParts(*rt), cfg.name, ev_grads_done, forward_timeline, backward_timeline),
-      sched_exec(CallParts(*rt), cfg.name, ev_grads_done, forward_timeline, backward_timeline) {}
+      sched_exec(CallParts(*rt), cfg.name, ev_grads_done, forward_timeline, backward_timeline) {
+  if (rt->world == 1) make_capture_sink();
+}
 
 void MoeLayer::Impl::start_host(Bindings& b) {
   call_host = HostTimes{};
@@ -302,7 +304,11 @@ void MoeLayer::Impl::host(HostAction action, Bindings& b) {
       break;
     }
     case HostAction::kStageRowCounts:
-      stage_row_counts(b);
+      if (b.captured) {
+        stage_captured_counts(b);
+      } else {
+        stage_row_counts(b);
+      }
       break;
     case HostAction::kObserve:  // scheduler thread
       planner->observe(job.h->routing);

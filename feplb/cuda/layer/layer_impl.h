@@ -30,11 +30,14 @@
 
 namespace feplb::cuda {
 
+struct CaptureSink;  // layer/one_rank.cc
+
 struct MoeLayer::Impl final : ProgramHooks {
   using Clock = std::chrono::steady_clock;
 
   Impl(std::shared_ptr<EpRuntime::State> runtime, const LayerConfig& config,
        std::unique_ptr<Planner> planner);
+  ~Impl() override;
 
   std::shared_ptr<EpRuntime::State> rt;
   LayerConfig cfg;
@@ -138,6 +141,25 @@ struct MoeLayer::Impl final : ProgramHooks {
   void settle_row_counts(bool all, HostTimes* t = nullptr);
   void settle_ring(bool all, double& waited_us);
   void settle(const RowCounts& c);
+  // A forward's rows per expert (`counts` [E + 1]: the last entry counts the ids out of range)
+  // into last_routing and last_plan; InputError for ids out of range.
+  void settle_counts(const int32_t* counts, int64_t pairs, uint32_t seq);
+
+  // CUDA graphs (one rank, rows counted on the GPU; docs/gpu.md, "CUDA graphs"). A captured
+  // forward copies its rows per expert into a slot of the sink's pinned block, and a captured host
+  // node hands them to the sink at every replay; the layer's next call (or statistics reader)
+  // settles the latest replay's, as the ring does for calls. Each captured forward holds its slot
+  // until its graph is destroyed (a CUDA user object the graph owns gives it back); the sink
+  // outlives the layer while a graph holds it.
+  std::shared_ptr<CaptureSink> capture_sink;  // one rank only
+  void make_capture_sink();
+  static constexpr int kCapturedForwards = 16;  // the layer's captured forwards alive at once
+  // InputError naming `who` unless this call can be captured: one rank, no call thread, rows
+  // counted on the GPU (`forward`: one_rank_runs for these weights).
+  void require_capturable(const char* who, std::span<const ExpertParams> w,
+                          int64_t num_tokens) const;
+  void stage_captured_counts(const Bindings& b);
+  void settle_captured();
 
   // ProgramHooks.
   void host(HostAction action, Bindings& b) override;
@@ -145,12 +167,14 @@ struct MoeLayer::Impl final : ProgramHooks {
 
   // The calls' work, run by the caller's thread, or with the runtime's call thread
   // (RuntimeConfig::call_thread) by that thread on its stream (layer/moe_layer.cc).
+  // `captured`: the stream is being captured into a CUDA graph (checked by the caller).
   void forward_now(MicroBatch& handle, std::span<const ExpertParams> weights, const bf16* hidden,
                    const int32_t* topk_idx, const float* topk_weight, int64_t num_tokens, bf16* out,
-                   cudaStream_t stream);
+                   cudaStream_t stream, bool captured = false);
   void backward_now(MicroBatch& mb, std::span<const ExpertParams> weights, const bf16* grad_out,
                     const float* topk_weight, bf16* grad_hidden, float* grad_topk_weight,
-                    std::span<const ExpertGrads> grads, GradMode mode, cudaStream_t stream);
+                    std::span<const ExpertGrads> grads, GradMode mode, cudaStream_t stream,
+                    bool captured = false);
   void forward_dispatched_now(MicroBatch& handle, std::span<const ExpertParams> weights,
                               const bf16* rows, std::span<const int64_t> counts, int64_t n,
                               bf16* out_rows, cudaStream_t stream);

@@ -161,9 +161,11 @@ void MoeLayer::sync_gradients(cudaStream_t stream) {
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("sync_gradients");
-  require_uncaptured(stream, "sync_gradients");
-  const auto wait = [&m](cudaStream_t s) {
-    FEPLB_CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_grads_done.get(), 0));
+  const bool captured = capture_id(stream, "sync_gradients") != 0;
+  if (captured) m.require_capturable("sync_gradients", {}, 0);  // (one rank: an event wait)
+  const auto wait = [&m, captured](cudaStream_t s) {
+    FEPLB_CUDA_CHECK(
+        cudaStreamWaitEvent(s, m.ev_grads_done.get(), captured ? cudaEventWaitExternal : 0));
   };
   if (!r.call_queue) return wait(stream);
   CallGuard guard(r, "sync_gradients");
@@ -268,15 +270,17 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("forward");
-  require_uncaptured(stream, "forward");
+  const bool captured = capture_id(stream, "forward") != 0;
   m.validate_experts(experts, num_tokens, "forward");
   FEPLB_REQUIRE_INPUT(num_tokens == 0 || (hidden && topk_idx && topk_weight && out),
                       "forward of layer '{}': a null input or output pointer with {} tokens",
                       m.cfg.name, num_tokens);
+  if (captured) m.require_capturable("forward", experts, num_tokens);
   CallGuard guard(r, "forward");
   MicroBatch handle;
   if (!r.call_queue) {
-    m.forward_now(handle, experts, hidden, topk_idx, topk_weight, num_tokens, out, stream);
+    m.forward_now(handle, experts, hidden, topk_idx, topk_weight, num_tokens, out, stream,
+                  captured);
     return handle;
   }
   if (r.cfg.training) m.acquire_batch(handle, num_tokens, /*dispatched=*/false);
@@ -297,13 +301,14 @@ MicroBatch MoeLayer::forward(std::span<const ExpertParams> experts, const bf16* 
 void MoeLayer::Impl::forward_now(MicroBatch& handle, std::span<const ExpertParams> weights,
                                  const bf16* hidden, const int32_t* topk_idx,
                                  const float* topk_weight, int64_t num_tokens, bf16* out,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, bool captured) {
   Impl& m = *this;
   RuntimeState& r = *rt;
   Bindings b;
   m.start_host(b);
-  m.settle_row_counts(/*all=*/false, &m.call_host);
+  if (!captured) m.settle_row_counts(/*all=*/false, &m.call_host);  // (event queries: not then)
   b.stream = stream;
+  b.captured = captured;
   b.num_tokens = num_tokens;
   b.top_k = static_cast<int>(m.K);
   b.hidden = hidden;
@@ -315,6 +320,7 @@ void MoeLayer::Impl::forward_now(MicroBatch& handle, std::span<const ExpertParam
   MicroBatchState& h = m.begin_forward(handle, num_tokens, /*dispatched=*/false, b, f);
   m.carve_pairs = num_tokens * m.K;
   if (m.one_rank_runs(weights, num_tokens)) return m.run_forward_one_rank(handle, h, b);
+  FEPLB_CHECK(!captured, "layer '{}': a captured forward off the one-rank path", m.cfg.name);
   m.begin_job(h, /*backward=*/false, /*dispatched=*/false, weights);
   m.timed(m.call_host.build_us, [&] { build_forward_prologue(m.prologue, f); });
   m.exec.run(m.prologue, b, m);
@@ -330,8 +336,17 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
   Impl& m = *impl_;
   RuntimeState& r = *m.rt;
   r.check_usable("backward");
-  require_uncaptured(stream, "backward");
+  const bool captured = capture_id(stream, "backward") != 0;
   MicroBatchState& h = m.consumed(mb, /*dispatched=*/false, "backward");
+  if (captured) m.require_capturable("backward", {}, 0);
+  FEPLB_REQUIRE_INPUT(
+      captured == h.captured,
+      "backward of layer '{}': {}; capture a micro-batch's forward and backward both (in one "
+      "capture or two), or neither",
+      m.cfg.name,
+      captured ? "its stream is being captured into a CUDA graph, but its forward was not"
+               : "its forward was captured into a CUDA graph (its saved activations are the "
+                 "graph's), but this backward is not");
   const int64_t num_tokens = h.num_tokens;
   m.validate_experts(experts, num_tokens, "backward");
   m.validate_grads(grads, "backward");
@@ -342,7 +357,7 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
   CallGuard guard(r, "backward");
   if (!r.call_queue) {
     return m.backward_now(mb, experts, grad_out, topk_weight, grad_hidden, grad_topk_weight, grads,
-                          mode, stream);
+                          mode, stream, captured);
   }
   r.call_queue->submit(
       stream,
@@ -361,14 +376,15 @@ void MoeLayer::backward(MicroBatch&& mb, std::span<const ExpertParams> experts,
 void MoeLayer::Impl::backward_now(MicroBatch& mb, std::span<const ExpertParams> weights,
                                   const bf16* grad_out, const float* topk_weight, bf16* grad_hidden,
                                   float* grad_topk_weight, std::span<const ExpertGrads> grads,
-                                  GradMode mode, cudaStream_t stream) {
+                                  GradMode mode, cudaStream_t stream, bool captured) {
   Impl& m = *this;
   MicroBatchState& h = rt->batches.states[mb.checked()];
   const int64_t num_tokens = h.num_tokens;
   Bindings b;
   m.start_host(b);
-  m.settle_row_counts(/*all=*/false, &m.call_host);
+  if (!captured) m.settle_row_counts(/*all=*/false, &m.call_host);
   b.stream = stream;
+  b.captured = captured;
   b.num_tokens = num_tokens;
   b.top_k = static_cast<int>(m.K);
   b.grad_out = grad_out;

@@ -136,10 +136,12 @@ void Executor::step(const StepList& list, const Step& s, Bindings& b, ProgramHoo
       rt_.board.bump_quiet(s.peer);
       break;
     case Op::kRecord:
-      FEPLB_CUDA_CHECK(cudaEventRecord(event(s.event), st));
+      FEPLB_CUDA_CHECK(
+          cudaEventRecordWithFlags(event(s.event), st, b.captured ? cudaEventRecordExternal : 0));
       break;
     case Op::kWaitEvent:
-      FEPLB_CUDA_CHECK(cudaStreamWaitEvent(st, event(s.event), 0));
+      FEPLB_CUDA_CHECK(
+          cudaStreamWaitEvent(st, event(s.event), b.captured ? cudaEventWaitExternal : 0));
       break;
     case Op::kPost:
       host_flag(rt_.calls, s.flag).store(b.call, std::memory_order_release);
@@ -148,7 +150,7 @@ void Executor::step(const StepList& list, const Step& s, Bindings& b, ProgramHoo
       await(s.flag, b.call);
       break;
     case Op::kMark:
-      mark(s, st, hooks);
+      mark(s, st, b.captured, hooks);
       break;
     case Op::kHost:
       hooks.host(s.action, b);
@@ -293,10 +295,11 @@ void Executor::wait(const Step& s, const Bindings& b, cudaStream_t st) {
   if (s.timed) t.wait_end(st, gpu);
 }
 
-void Executor::mark(const Step& s, cudaStream_t st, ProgramHooks& hooks) {
+void Executor::mark(const Step& s, cudaStream_t st, bool captured, ProgramHooks& hooks) {
   Timeline& t = s.backward ? backward_ : forward_;
-  // Host-clock marks and a timed runtime's GPU marks; kCountsIssued is host only.
-  t.mark(s.mark, st, rt_.cfg.timing && s.mark != Mark::kCountsIssued);
+  // Host-clock marks and a timed runtime's GPU marks; kCountsIssued is host only, and so is every
+  // mark of a captured call (its GPU times are the replays', which no call reads).
+  t.mark(s.mark, st, rt_.cfg.timing && !captured && s.mark != Mark::kCountsIssued);
   hooks.marked(s.mark, s.backward, t.host(s.mark));
 }
 

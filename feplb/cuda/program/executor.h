@@ -51,6 +51,10 @@ struct Bindings {
   HostTimes* host = nullptr;
   // Forward: the layer's recent planner time, us (pinned host; KernelId::kPlannerTime sends it).
   const int32_t* planner_us = nullptr;
+  // The stream is being captured into a CUDA graph (a one-rank forward or backward): the events
+  // it records and waits for are graph nodes that act at each replay (external), and it records
+  // no GPU timing marks.
+  bool captured = false;
 };
 
 // The layer's host work at a program's kHost steps, and what it reads off the marks.
@@ -91,7 +95,7 @@ class Executor {
   void copy_batch(const StepList& list, const Step& s, Bindings& b, cudaStream_t stream);
   void memcpys(const StepList& list, const Step& s, const Bindings& b, cudaStream_t stream);
   void wait(const Step& s, const Bindings& b, cudaStream_t stream);
-  void mark(const Step& s, cudaStream_t stream, ProgramHooks& hooks);
+  void mark(const Step& s, cudaStream_t stream, bool captured, ProgramHooks& hooks);
   cudaStream_t stream(StreamId id, const Bindings& b) const;
   cudaEvent_t event(EventId id) const;
   uint32_t value(Value v, int peer, const Bindings& b) const;

@@ -324,6 +324,7 @@ int RuntimeState::acquire(int layer_id) {
     h.layer_id = layer_id;
     h.dispatched = false;
     h.one_rank = false;
+    h.captured = false;
     h.expert_rows = h.expert_row0 = nullptr;
     h.mem_tokens = h.mem_plan = nullptr;
     h.bytes_tokens = h.bytes_plan = 0;

@@ -51,6 +51,7 @@ struct MicroBatchState {
   int64_t num_tokens = 0;         // tokens; with dispatched rows, the rows at home
   bool dispatched = false;        // forward_dispatched: x_home is the caller's rows
   bool one_rank = false;          // rows counted on the GPU (build_forward_one_rank)
+  bool captured = false;          // the forward was captured into a CUDA graph (one rank)
   cudaStream_t stream = nullptr;  // the forward's: the memory was allocated on it
   RoutingStep routing;
   Plan plan;

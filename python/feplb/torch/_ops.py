@@ -21,7 +21,8 @@ from . import _capi
 from ._capi import check, lib
 
 # The ops' tags: cudagraph_unsafe where torch has it, so torch.compile's CUDA graphs
-# (mode="reduce-overhead") leave the layer out of their capture (a feplb call cannot be captured).
+# (mode="reduce-overhead") leave the layer out of their capture (only a one-rank layer on the
+# grouped GEMMs can be captured, which an op's tag cannot tell).
 _UNSAFE = getattr(getattr(torch, "Tag", None), "cudagraph_unsafe", None)
 _TAGS = ({"tags": (_UNSAFE,)}
          if _UNSAFE is not None and "tags" in inspect.signature(torch.library.custom_op).parameters else {})
@@ -89,11 +90,12 @@ def _drop(ids):
 
 
 def _fence_in(entry):
-    if torch.cuda.is_current_stream_capturing():
+    if entry.runtime.world_size > 1 and torch.cuda.is_current_stream_capturing():
         # Nothing enqueued yet: the capture stays valid, and ends with none of this call in it.
-        raise RuntimeError("feplb: the current stream is being captured into a CUDA graph; feplb's layer calls "
-                           "cannot be captured (they wait on the host for the routing counts and the plan): "
-                           "call the layer outside the capture")
+        # (One rank: the C library says whether this call can be captured, before it enqueues.)
+        raise RuntimeError("feplb: the current stream is being captured into a CUDA graph; the layer calls of "
+                           "several ranks cannot be captured (they wait on the host for the routing counts "
+                           "and the plan): call the layer outside the capture")
     cur = torch.cuda.current_stream()
     streams = entry.streams()
     if entry.local_ranks > 1:
