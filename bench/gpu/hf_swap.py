@@ -15,6 +15,15 @@ experts backends (model.set_experts_implementation, where this transformers has 
 its default only), and a copy with feplb's experts. Before timing: the copy's logits against the
 original's (relative L2, reported). Median, p10/p90, min/max of --reps steps after --warmup.
 
+Graphed (--graphed): two more variants in the same rotation, each on a model of its own (a copy
+of the original): its forward (with labels) + backward captured once with torch.cuda.graph after
+three warm-up steps on a side stream (gradients set to None before the capture, so the graph owns
+them), then per step the replay and the AdamW step (outside the graph); feplb's copy on a one-rank
+runtime with expert_gemm "grouped" (a captured layer counts its rows on the GPU), transformers'
+with its "grouped_mm" backend. Before timing, the first replay's loss against the same model's
+eager loss (relative error, reported). A capture that fails is recorded with its error.
+`graphed_feplb_over_graphed_grouped_mm`: the ratio of their median step times.
+
 Profile (--profile N; after the timing, so it does not disturb it). Per variant, N more steps
 with marks: host time (perf_counter) and a CUDA event on the current stream at the step's start
 (after a synchronize, so one clock for both), the end of the forward, of the backward and of the
@@ -407,6 +416,8 @@ def main():
                     help=f"several models, MODEL:EXPERTS,... ('default': {DEFAULT_CONFIGS}), each with its family's "
                          "H, F and top-k (CONFIG_SHAPES); writes a list `configs`")
     ap.add_argument("--impls", default="eager,grouped_mm", help="transformers experts backends to time")
+    ap.add_argument("--graphed", action="store_true",
+                    help="also time feplb's and transformers' grouped_mm model with forward + backward in a CUDA graph")
     a = ap.parse_args()
     if a.configs is None:
         doc = run_one(a)
@@ -423,6 +434,9 @@ def main():
                                          "logits_rel_l2", "steps", "feplb_over", "expert_gemm")}
             entry["shape"] = {"hidden": c.hidden, "ffn": c.ffn, "top_k": c.top_k}
             entry["feplb_over_grouped_mm"] = one["feplb_over"].get("transformers_grouped_mm")
+            if a.graphed:
+                entry["graphed_feplb_over_graphed_grouped_mm"] = one.get("graphed_feplb_over_graphed_grouped_mm")
+                entry["graphed_errors"] = one.get("graphed_errors", {})
             for k in ("device", "torch", "transformers", "method", "reps", "warmup"):
                 doc[k] = one[k]
             doc["configs"].append(entry)
@@ -487,6 +501,18 @@ def run_one(a) -> dict:
         variants[f"transformers_{impl or 'default'}"] = (prep, base, opts["base"], False)
     cases["feplb"] = (lambda: None, lambda: step(ours, opts["ours"]))
     variants["feplb"] = (lambda: None, ours, opts["ours"], True)
+    graphed_errors, graphed_loss_err = {}, {}
+    if a.graphed:
+        for name, make in (("graphed_feplb", lambda: graphed_feplb_model(base, a)),
+                           ("graphed_transformers_grouped_mm", lambda: graphed_grouped_mm_model(base))):
+            try:
+                run, err = capture_step(make(), ids)
+                cases[name] = (lambda: None, run)
+                graphed_loss_err[name] = err
+                print(f"{name}: captured; first replay's loss vs eager, relative error {err:.2e}", flush=True)
+            except Exception as e:  # noqa: BLE001 - recorded: a model that cannot be captured is a result
+                graphed_errors[name] = f"{type(e).__name__}: {e}"
+                print(f"{name}: capture failed: {graphed_errors[name]}", flush=True)
     names = list(cases)
     times = {n: [] for n in names}
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -515,6 +541,11 @@ def run_one(a) -> dict:
                      "variants interleaved in rotated order; one GPU, every expert local (no balancing)",
            "steps": stats, "feplb_over": {n: f / s["median_ms"] for n, s in stats.items() if n != "feplb"},
            "expert_gemm": fh_expert_gemm(ours)}
+    if a.graphed:
+        doc["graphed_errors"] = graphed_errors
+        doc["graphed_loss_rel_err"] = graphed_loss_err
+        g, t = stats.get("graphed_feplb"), stats.get("graphed_transformers_grouped_mm")
+        doc["graphed_feplb_over_graphed_grouped_mm"] = g["median_ms"] / t["median_ms"] if g and t else None
     if a.profile > 0:
         if a.trace_dir:
             os.makedirs(a.trace_dir, exist_ok=True)
@@ -529,6 +560,50 @@ def run_one(a) -> dict:
     del base, ours, opts, cases, variants
     gc.collect()
     return doc
+
+
+def graphed_feplb_model(base, a):
+    """A copy of `base` with feplb's experts on a one-rank runtime of its own, grouped GEMMs."""
+    model = copy.deepcopy(base)
+    fh.swap_experts(model, max_tokens=a.batch * a.seq, expert_gemm="grouped")
+    return model
+
+
+def graphed_grouped_mm_model(base):
+    model = copy.deepcopy(base)
+    if not hasattr(model, "set_experts_implementation"):
+        raise RuntimeError("this transformers has no set_experts_implementation (no grouped_mm backend)")
+    model.set_experts_implementation("grouped_mm")
+    return model
+
+
+def capture_step(model, ids):
+    """`model`'s forward (labels) + backward captured in a CUDA graph; returns a step (replay, then
+    the AdamW step outside the graph) and the first replay's loss against an eager forward's."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids).loss.backward()
+    torch.cuda.current_stream().wait_stream(side)
+    opt.zero_grad(set_to_none=True)  # the graph allocates the gradients and owns them from here on
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    graph.replay()
+    with torch.no_grad():
+        eager = model(input_ids=ids, labels=ids).loss
+    err = abs(loss.item() - eager.item()) / max(abs(eager.item()), 1e-12)
+
+    def run():
+        graph.replay()
+        opt.step()
+
+    run.keep = (graph, loss, opt, model)  # alive as long as the step
+    return run, err
 
 
 def fh_expert_gemm(model) -> str | None:
