@@ -354,20 +354,29 @@ def test_one_rank_forward_and_backward_replay_from_a_cuda_graph():
         for e in range(2 * experts):
             if g[2 + e].abs().max() > 0:
                 assert rel_l2(got[3 + e], g[2 + e]) <= REL, f"case {case} d weights {e}"
-        # The same micro-batch eagerly, into fresh leaves (the graph's gradients stay its own).
-        x2 = x.detach().clone().requires_grad_()
-        w2 = w.detach().clone().requires_grad_()
-        saved = [p.grad for p in params]
-        for p in params:
-            p.grad = None
-        out2 = moe(x2, idx, w2)
-        out2.backward(dy)
-        torch.cuda.synchronize()
-        eager = [out2, x2.grad, w2.grad] + [p.grad for p in params]
-        for p, s in zip(params, saved):
-            p.grad = s
-        for i, (a, b) in enumerate(zip(got, eager)):
-            assert torch.equal(a, b), f"case {case}: tensor {i} differs between the replay and eager"
+        # The same micro-batch eagerly, twice, into fresh leaves (the graph's gradients stay its own).
+        def eager_step():
+            x2 = x.detach().clone().requires_grad_()
+            w2 = w.detach().clone().requires_grad_()
+            saved = [p.grad for p in params]
+            for p in params:
+                p.grad = None
+            out2 = moe(x2, idx, w2)
+            out2.backward(dy)
+            torch.cuda.synchronize()
+            result = [out2, x2.grad, w2.grad] + [p.grad for p in params]
+            for p, s in zip(params, saved):
+                p.grad = s
+            return result
+
+        eager, again = eager_step(), eager_step()
+        for i, (a, b, c) in enumerate(zip(got, eager, again)):
+            if torch.equal(b, c):  # bit for bit wherever two eager runs agree bit for bit
+                assert torch.equal(a, b), f"case {case}: tensor {i} differs between the replay and eager"
+            else:  # the weight-gradient GEMMs' own run-to-run order: within what two eager runs differ
+                print(f"case {case}: tensor {i}: eager runs differ by {rel_l2(c, b):.2e}, the replay by "
+                      f"{rel_l2(a, b):.2e}")
+                assert rel_l2(a, b) <= max(4 * rel_l2(c, b), 1e-6), f"case {case}: tensor {i}"
 
 
 def test_reduce_overhead_compiles_around_the_layer():

@@ -1519,15 +1519,37 @@ TEST(LayerCapture, OneRankForwardAndBackwardReplayNewRoutings) {
     for (int32_t e : in.topk_idx) ++counts[static_cast<size_t>(e)];
     const RoutingStep& routing = t.layer.last_routing();
     for (int e = 0; e < E; ++e) EXPECT_EQ(routing.at(0, e), counts[e]) << what << " expert " << e;
+    const auto eager_run = [&] {
+      t.load(in, go);
+      t.backward(t.forward(s.get()), s.get());
+      FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+      return t.result();
+    };
+    const testing::BackwardResult eager = eager_run(), eager_again = eager_run();
     t.load(in, go);
-    t.backward(t.forward(s.get()), s.get());
+    FEPLB_CUDA_CHECK(cudaGraphLaunch(exec, s.get()));
     FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
-    const testing::BackwardResult eager = t.result();
+    const testing::BackwardResult replayed_again = t.result();
     EXPECT_TRUE(same_bits(replayed.out, eager.out)) << what << ": out differs from eager";
     EXPECT_TRUE(same_bits(replayed.grad_hidden, eager.grad_hidden)) << what << ": d hidden";
     EXPECT_TRUE(same_bits(replayed.grad_topk_weight, eager.grad_topk_weight))
         << what << ": d topk_weight";
-    EXPECT_TRUE(same_bits(replayed.main_grad, eager.main_grad)) << what << ": dW";
+    // dW bit for bit wherever two eager backwards of the same inputs agree bit for bit; where they
+    // do not (the weight-gradient GEMMs' own run-to-run order), within what two eager runs differ.
+    const bool eager_repeats = same_bits(eager.main_grad, eager_again.main_grad);
+    const std::vector<double> eager_dw(eager.main_grad.begin(), eager.main_grad.end());
+    const double eager_spread = compare(eager_again.main_grad, eager_dw).rel_l2;
+    const double replay_vs_eager = compare(replayed.main_grad, eager_dw).rel_l2;
+    std::printf(
+        "%s: dW rel L2 replay vs eager %.3e, eager vs eager %.3e; bit for bit: replay vs "
+        "eager %d, eager vs eager %d, replay vs replay %d\n",
+        what.c_str(), replay_vs_eager, eager_spread, same_bits(replayed.main_grad, eager.main_grad),
+        eager_repeats, same_bits(replayed.main_grad, replayed_again.main_grad));
+    if (eager_repeats) {
+      EXPECT_TRUE(same_bits(replayed.main_grad, eager.main_grad)) << what << ": dW";
+    } else {
+      EXPECT_LE(replay_vs_eager, std::max(4 * eager_spread, 1e-6)) << what << ": dW";
+    }
   }
   // A replay that routes a pair to an expert id out of range: the layer's next call says so (as
   // for an eager forward, whose counts also reach the host after the call), and works after.
