@@ -1570,6 +1570,40 @@ TEST(LayerCapture, OneRankForwardAndBackwardReplayNewRoutings) {
   expect_gradients_match({{t.result()}}, t.setup, t.m, cases[0].in, {go}, "after the graph");
 }
 
+// A forward-only runtime (one rank, grouped GEMMs): the forward alone captured (its saved
+// activations are released inside the graph), replayed on two micro-batches the capture never saw,
+// each against the float64 reference.
+TEST(LayerCapture, OneRankInferenceForwardReplays) {
+  FEPLB_SKIP_WITHOUT_GPU();
+  if (!cuda::GroupedFfn::available()) GTEST_SKIP() << "grouped GEMMs need an H100 or H200";
+  OneRankInference t(35, "graphed-eval", cuda::ExpertGemm::kGrouped);
+  cuda::Stream s;
+  t.f.forward(t.layer, t.kTokens, s.get());  // warm, eagerly
+  FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+  FEPLB_CUDA_CHECK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeGlobal));
+  t.f.forward(t.layer, t.kTokens, s.get());
+  cudaGraph_t graph = nullptr;
+  FEPLB_CUDA_CHECK(cudaStreamEndCapture(s.get(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  FEPLB_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (const uint64_t seed : {36u, 37u}) {
+    const auto in = skewed_inputs(seed, 1, t.kExperts, t.kTopK, t.kTokens, 5.0);
+    const auto x16 = testing::to_bf16(in[0].hidden);
+    FEPLB_CUDA_CHECK(cudaMemcpy(t.f.x.get(), x16.data(), t.f.x.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(t.f.idx.get(), in[0].topk_idx.data(), t.f.idx.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(
+        cudaMemcpy(t.f.wt.get(), in[0].topk_weight.data(), t.f.wt.bytes(), cudaMemcpyHostToDevice));
+    FEPLB_CUDA_CHECK(cudaMemset(t.f.out.get(), 0xff, t.f.out.bytes()));
+    FEPLB_CUDA_CHECK(cudaGraphLaunch(exec, s.get()));
+    FEPLB_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+    expect_matches_reference(t.f.result(), t.m, in, t.kTopK,
+                             "inference replay " + std::to_string(seed));
+  }
+  FEPLB_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  FEPLB_CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
 // A micro-batch's forward and backward are captured both or neither: a captured backward of an
 // eager forward is refused before it captures anything, and that backward then runs eagerly.
 TEST(LayerCapture, ABackwardIsCapturedOnlyWithItsForward) {
