@@ -19,15 +19,6 @@ const bool kConnectionsRequested = (cuda::request_stream_connections(), true);
 
 namespace {
 
-std::vector<float> download_bf16(const cuda::DeviceBuffer<__nv_bfloat16>& d) {
-  std::vector<uint16_t> h(d.size());
-  if (!h.empty())
-    FEPLB_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
-  std::vector<float> out(h.size());
-  for (size_t i = 0; i < h.size(); ++i) out[i] = bf16_to_float(h[i]);
-  return out;
-}
-
 cuda::DeviceBuffer<__nv_bfloat16> upload_bf16(const std::vector<float>& v) {
   const auto h = to_bf16(v);
   cuda::DeviceBuffer<__nv_bfloat16> d(h.size());
@@ -45,6 +36,21 @@ cuda::DeviceBuffer<T> upload(const std::vector<T>& v) {
 }
 
 }  // namespace
+
+std::vector<float> download_bf16(const cuda::DeviceBuffer<__nv_bfloat16>& d) {
+  std::vector<uint16_t> h(d.size());
+  if (!h.empty())
+    FEPLB_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
+  std::vector<float> out(h.size());
+  for (size_t i = 0; i < h.size(); ++i) out[i] = bf16_to_float(h[i]);
+  return out;
+}
+
+std::vector<float> download_f32(const float* d, size_t n) {
+  std::vector<float> h(n);
+  if (n) FEPLB_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
 
 // This rank's experts' weights, in its local order: [experts_per_rank, 3HF].
 std::vector<float> local_weights(const ReferenceMoe& experts, const Topology& topo, int rank) {
@@ -66,12 +72,6 @@ struct DeviceInputs {
   explicit DeviceInputs(const RankInputs& in)
       : x(upload_bf16(in.hidden)), idx(upload(in.topk_idx)), wt(upload(in.topk_weight)) {}
 };
-
-std::vector<float> download_f32(const float* d, size_t n) {
-  std::vector<float> h(n);
-  if (n) FEPLB_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
-  return h;
-}
 
 // The warm-up forwards' device buffers, kept until the rank's work is done: freeing device memory
 // waits for the whole GPU, and with the runtime's call thread another virtual rank's queued calls

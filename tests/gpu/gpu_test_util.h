@@ -13,6 +13,7 @@
 #include "bench/harness/reference_moe.h"
 #include "feplb/core/bf16.h"
 #include "feplb/core/rng.h"
+#include "feplb/cuda/base/resources.h"
 #include "feplb/cuda/device.h"
 #include "feplb/cuda/moe_layer.h"
 #include "feplb/cuda/runtime.h"
@@ -137,6 +138,10 @@ std::vector<std::vector<BackwardResult>> run_schedule(
     const LayerSetup& setup, const ReferenceMoe& experts,
     const std::vector<std::vector<RankInputs>>& inputs,
     const std::vector<std::vector<std::vector<float>>>& grad_out, const std::string& schedule);
+
+// Device buffers read back as floats.
+std::vector<float> download_bf16(const cuda::DeviceBuffer<__nv_bfloat16>& d);
+std::vector<float> download_f32(const float* d, size_t n);
 
 // This rank's experts' weights, in its local order: [experts_per_rank, 3HF].
 std::vector<float> local_weights(const ReferenceMoe& experts, const Topology& topo, int rank);

@@ -1429,21 +1429,10 @@ struct OneRankCapture {
   }
   testing::BackwardResult result() const {
     testing::BackwardResult r;
-    const auto floats = [](const cuda::DeviceBuffer<__nv_bfloat16>& b) {
-      std::vector<uint16_t> h(b.size());
-      FEPLB_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
-      std::vector<float> f;
-      for (uint16_t v : h) f.push_back(bf16_to_float(v));
-      return f;
-    };
-    r.out = floats(out);
-    r.grad_hidden = floats(dx);
-    r.grad_topk_weight.resize(dwt.size());
-    FEPLB_CUDA_CHECK(
-        cudaMemcpy(r.grad_topk_weight.data(), dwt.get(), dwt.bytes(), cudaMemcpyDeviceToHost));
-    r.main_grad.resize(w.grad_bytes() / sizeof(float));
-    FEPLB_CUDA_CHECK(
-        cudaMemcpy(r.main_grad.data(), w.grads(), w.grad_bytes(), cudaMemcpyDeviceToHost));
+    r.out = testing::download_bf16(out);
+    r.grad_hidden = testing::download_bf16(dx);
+    r.grad_topk_weight = testing::download_f32(dwt.get(), dwt.size());
+    r.main_grad = testing::download_f32(w.grads(), w.grad_bytes() / sizeof(float));
     return r;
   }
   ReferenceMoe m;

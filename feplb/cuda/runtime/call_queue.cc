@@ -22,7 +22,7 @@ CallQueue::CallQueue() : thread_(/*spin_us=*/200.0, kCapacity) {
     FEPLB_CHECK(std::strcmp(handoff, "host") == 0 || std::strcmp(handoff, "device") == 0 ||
                     std::strcmp(handoff, "memops") == 0,
                 "FEPLB_CALL_HANDOFF is '{}': host, device or memops", handoff);
-    device_flags_ = std::strcmp(handoff, "host") != 0;  // (device by default: the header says why)
+    device_flags_ = std::strcmp(handoff, "host") != 0;
     inputs_by_flag_ = std::strcmp(handoff, "memops") == 0;
   }
   *done_host_.get() = 0;

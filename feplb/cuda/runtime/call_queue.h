@@ -11,8 +11,8 @@
 // with `done` in host memory stalled twice at 4 virtual ranks (docs/gpu-results.md, "The call
 // thread"). FEPLB_CALL_HANDOFF (a measurement switch, read when the queue is made): `host` puts
 // `done` in pinned host memory; `memops` also orders Q after S by a device word that S writes
-// instead of the event. The wait on S works
-// whatever the order the two threads enqueue in; the event is recorded before the call is queued.
+// instead of the event. The wait on S works whatever the order the two threads enqueue in; the
+// event is recorded before the call is queued.
 // A call's body that throws stores the error (every later call is skipped), its outputs and
 // those of the calls skipped are written NaN (`poison`), and `done` is written all the same, so
 // S never waits forever; raise() rethrows it on the caller's thread.
