@@ -13,23 +13,33 @@ namespace feplb::cuda::kernels {
 
 using bf16 = __nv_bfloat16;
 
-// counts[e] += number of (token, k) pairs routed to expert e, and counts[E] += those whose id is
-// outside [0, E).  topk_idx: [num_pairs]; counts: [E + 1].
-cudaError_t count_experts(const int32_t* topk_idx, int64_t num_pairs, int num_experts,
-                          int32_t* counts, cudaStream_t s);
+// The dispatch layout in three kernels, deterministic: an expert's rows keep the order of their
+// (token, k) pairs. The pairs are counted in chunks (at most kMaxChunks of them);
+// chunk_rows: [kMaxChunks, E] workspace, written by count_experts, read by scatter_rows.
+inline constexpr int kMaxChunks = 256;
+inline constexpr int kMaxScatterExperts =
+    8192;  // count_experts keeps E + 1 counters in shared memory
 
-// offsets[order[p]] = sum_{q < p} counts[order[q]]: where each expert's rows start in send order.
+// counts[e] += number of (token, k) pairs routed to expert e, and counts[E] += those whose id is
+// outside [0, E); each pair's rank among its chunk's earlier pairs of its expert into pair_pos (-1
+// outside [0, E)), each chunk's rows per expert into chunk_rows. topk_idx, pair_pos: [num_pairs];
+// counts: [E + 1], zeroed. cudaErrorInvalidValue for E > kMaxScatterExperts.
+cudaError_t count_experts(const int32_t* topk_idx, int64_t num_pairs, int num_experts,
+                          int32_t* counts, int32_t* chunk_rows, int32_t* pair_pos, cudaStream_t s);
+
+// offsets[order[p]] = sum_{q < p} counts[order[q]]: where each expert's rows start in send order;
+// then chunk_rows[c, e] = offsets[e] + the rows of e in chunks before c (for num_pairs pairs).
 // counts, offsets: [E]; order: [E], a permutation (experts grouped by destination rank).
 cudaError_t send_offsets(const int32_t* counts, const int32_t* order, int num_experts,
-                         int32_t* offsets, cudaStream_t s);
+                         int64_t num_pairs, int32_t* offsets, int32_t* chunk_rows, cudaStream_t s);
 
 // Copies each (token, k) pair's hidden row into send order and records where it went.
-// hidden: [S, H]; topk_idx: [S, K]; offsets: [E]; cursor: [E] zeroed; send: [S*K, H];
-// pair_pos: [S*K] = send row of pair (t, k), -1 for an expert id outside [0, E) (not copied).
-// H must be a multiple of 8 (16-byte rows).
+// hidden: [S, H]; topk_idx: [S, K]; chunk_rows from send_offsets; send: [S*K, H];
+// pair_pos: [S*K], from count_experts, becomes the send row of pair (t, k), -1 for an expert id
+// outside [0, E) (not copied). H must be a multiple of 8 (16-byte rows).
 cudaError_t scatter_rows(const bf16* hidden, const int32_t* topk_idx, int64_t num_tokens, int top_k,
-                         int num_experts, int64_t hidden_dim, const int32_t* offsets,
-                         int32_t* cursor, bf16* send, int32_t* pair_pos, cudaStream_t s);
+                         int num_experts, int64_t hidden_dim, const int32_t* chunk_rows, bf16* send,
+                         int32_t* pair_pos, cudaStream_t s);
 
 // act[r, f] = silu(gu[r, f]) * gu[r, F + f].  gu: [rows, 2F]; act: [rows, F]; F multiple of 8.
 cudaError_t swiglu(const bf16* gu, int64_t rows, int64_t ffn, bf16* act, cudaStream_t s);

@@ -173,10 +173,10 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
       FEPLB_CUDA_CHECK(cudaMemsetAsync(
           counts, 0,
           one_rank ? static_cast<size_t>(E + 1) * sizeof(int32_t) : r.arena.counts.bytes(), st));
-      FEPLB_CUDA_CHECK(cudaMemsetAsync(r.arena.cursor.get(), 0, r.arena.cursor.bytes(), st));
       break;
     case KernelId::kCountExperts:
-      FEPLB_CUDA_CHECK(kernels::count_experts(b.topk_idx, pairs, E, counts, st));
+      FEPLB_CUDA_CHECK(kernels::count_experts(b.topk_idx, pairs, E, counts,
+                                              r.arena.chunk_rows.get(), h->pair_pos, st));
       break;
     case KernelId::kPlannerTime:  // read when the copy runs: any rank's value is agreed by all
       if (b.planner_us)
@@ -184,11 +184,12 @@ void Executor::kernel(const Step& s, Bindings& b, cudaStream_t st) {
                                          sizeof(int32_t), cudaMemcpyHostToDevice, st));
       break;
     case KernelId::kSendOffsets:
-      FEPLB_CUDA_CHECK(kernels::send_offsets(counts, r.arena.order.get(), E, offsets, st));
+      FEPLB_CUDA_CHECK(kernels::send_offsets(counts, r.arena.order.get(), E, pairs, offsets,
+                                             r.arena.chunk_rows.get(), st));
       break;
     case KernelId::kScatterRows:
       FEPLB_CUDA_CHECK(kernels::scatter_rows(
-          b.hidden, b.topk_idx, b.num_tokens, b.top_k, E, H, offsets, r.arena.cursor.get(),
+          b.hidden, b.topk_idx, b.num_tokens, b.top_k, E, H, r.arena.chunk_rows.get(),
           one_rank ? h->x_home : r.arena.send.get(), h->pair_pos, st));
       break;
     case KernelId::kScatterGrad:

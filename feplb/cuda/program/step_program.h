@@ -155,7 +155,7 @@ enum class Value : uint8_t {
 };
 
 enum class KernelId : uint8_t {
-  kZeroCounts,        // counts, cursor = 0
+  kZeroCounts,        // counts = 0
   kCountExperts,      // topk_idx -> counts [E + 1]
   kPlannerTime,       // the layer's recent planner time (pinned host) -> counts[E + 1] (H2D)
   kSendOffsets,       // counts -> offsets in send order

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "feplb/cuda/base/check.h"
+#include "feplb/cuda/kernels/kernels.h"
 #include "feplb/cuda/runtime/runtime_state.h"
 
 namespace feplb::cuda {
@@ -73,6 +74,9 @@ void check_config(const RuntimeConfig& cfg, int world) {
                           cfg.shape.ffn % 8 == 0,
                       "runtime: hidden {} and ffn {} must be positive multiples of 8",
                       cfg.shape.hidden, cfg.shape.ffn);
+  FEPLB_REQUIRE_INPUT(topo.num_experts() <= kernels::kMaxScatterExperts,
+                      "runtime: {} experts; the GPU layer takes at most {}", topo.num_experts(),
+                      kernels::kMaxScatterExperts);
   FEPLB_REQUIRE_INPUT(cfg.max_top_k >= 1 && cfg.max_top_k <= topo.num_experts(),
                       "runtime: max_top_k {} for {} experts", cfg.max_top_k, topo.num_experts());
   FEPLB_REQUIRE_INPUT(cfg.max_tokens >= 0, "runtime: max_tokens {}", cfg.max_tokens);
@@ -165,7 +169,7 @@ void RuntimeState::make_arenas() {
     arena.dyrecv = DeviceBuffer<bf16>(static_cast<size_t>(recv_cap * H));
   }
   arena.counts = DeviceBuffer<int32_t>(static_cast<size_t>(E + 2));
-  arena.cursor = DeviceBuffer<int32_t>(static_cast<size_t>(E));
+  arena.chunk_rows = DeviceBuffer<int32_t>(static_cast<size_t>(kernels::kMaxChunks * E));
   arena.offsets = DeviceBuffer<int32_t>(static_cast<size_t>(E));
   arena.order = DeviceBuffer<int32_t>(static_cast<size_t>(E));
   arena.counts_all = DeviceBuffer<int32_t>(static_cast<size_t>(world * (E + 2)));
@@ -224,7 +228,7 @@ void RuntimeState::measure_planner_times() {
 
 size_t CallArenas::device_bytes() const {
   return send.bytes() + ybuf.bytes() + dyrecv.bytes() + yrecv.bytes() + guest_in.bytes() +
-         guest_out.bytes() + counts.bytes() + cursor.bytes() + offsets.bytes() + order.bytes() +
+         guest_out.bytes() + counts.bytes() + chunk_rows.bytes() + offsets.bytes() + order.bytes() +
          counts_all.bytes();
 }
 

@@ -92,9 +92,10 @@ struct CallArenas {
   // [E + 2]: rows per expert, then out-of-range ids, then the layer's recent planner time (us;
   // MoeLayer's planner clock), gathered with them so that every rank reserves alike.
   DeviceBuffer<int32_t> counts;
-  DeviceBuffer<int32_t> cursor, offsets, order;  // [E]
-  DeviceBuffer<int32_t> counts_all;              // [R, E + 2] every rank's counts
-  PinnedBuffer<int32_t> counts_host;  // [R, E + 2] (dispatched rows: [R, experts_per_rank + 1])
+  DeviceBuffer<int32_t> chunk_rows;      // [kernels::kMaxChunks, E] the scatter's per-chunk rows
+  DeviceBuffer<int32_t> offsets, order;  // [E]
+  DeviceBuffer<int32_t> counts_all;      // [R, E + 2] every rank's counts
+  PinnedBuffer<int32_t> counts_host;     // [R, E + 2] (dispatched rows: [R, experts_per_rank + 1])
   std::vector<bf16*> peer_yrecv, peer_guest_in;  // [R] peers' arenas as addressed here
 
   size_t device_bytes() const;
