@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -1934,6 +1935,15 @@ TEST(LayerCallThread, AQueuedCallsErrorIsRaisedByTheNextCall) {
   cuda::InProcessGroup group(ranks, c.timeout_s);
   std::vector<std::string> next_call(ranks), synced(ranks);
   std::vector<int> nan_outputs(ranks, 0);
+  // Nobody frees device memory or destroys a stream (which waits for the whole GPU, holding the
+  // driver's lock) before every rank's queued calls are enqueued: a rank's call thread blocked on
+  // that lock would leave its stream's wait, and so the GPU, stuck (seen on an H100: one rank's
+  // cudaFree and the other's cudaStreamDestroy held up its call thread's cudaMemsetAsync).
+  std::barrier all_enqueued(ranks);
+  struct ArriveAtExit {
+    std::barrier<>& b;
+    ~ArriveAtExit() { b.arrive_and_wait(); }
+  };
   cuda::run_rank_threads(ranks, [&](int r) {
     cuda::EpRuntime rt(c, group.endpoint(r));
     cuda::MoeLayer layer(rt, {top_k, "bad-ids"}, cuda::make_gpu_planner(rt, "feplb"));
@@ -1942,6 +1952,7 @@ TEST(LayerCallThread, AQueuedCallsErrorIsRaisedByTheNextCall) {
     const int32_t bad = experts + 3;  // rank 0's first token
     if (r == 0) FEPLB_CUDA_CHECK(cudaMemcpy(t.idx.get(), &bad, 4, cudaMemcpyHostToDevice));
     cuda::Stream s;
+    const ArriveAtExit at_exit{all_enqueued};  // after synchronize() drained this rank's calls
     cuda::MicroBatch mb = t.forward(layer, w, s.get());  // queued: returns
     cuda::sync_with_timeout(s.get(), c.timeout_s, "the failed forward's stream");
     std::vector<uint16_t> o16(t.out.size());

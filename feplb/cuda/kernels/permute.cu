@@ -30,8 +30,9 @@ __global__ void count_kernel(const int32_t* __restrict__ topk_idx, int64_t num_p
   const int64_t lo = blockIdx.x * chunk, hi = min(lo + chunk, num_pairs);
   for (int64_t base = lo; base < hi; base += 32) {
     const int64_t i = base + lane;
-    const int32_t id = i < hi ? topk_idx[i] : -2;
-    const int e = id >= 0 && id < num_experts ? id : (id == -2 ? -1 : num_experts);
+    const int32_t id = i < hi ? topk_idx[i] : 0;
+    // e: the expert, E for an id outside [0, E) (counted apart), -1 past the chunk's end
+    const int e = i >= hi ? -1 : (id >= 0 && id < num_experts ? id : num_experts);
     const unsigned peers = __match_any_sync(0xffffffffu, e);
     const int earlier = __popc(peers & ((1u << lane) - 1u));
     const int32_t before = e >= 0 ? seen[e] : 0;
