@@ -79,7 +79,7 @@ def run_cell(rt, shape, routing, a):
     idx, w = make_routing(S, E, K, routing, gen)
     x = torch.randn(S, H, device="cuda", generator=gen).to(torch.bfloat16)
     g = torch.randn(S, H, device="cuda", generator=gen).to(torch.bfloat16)
-    moe_e, moe_g = ft.MoE(rt, K), ft.MoE(rt, K)
+    moe_e, moe_g = ft.MoE(rt, K, stacked=True), ft.MoE(rt, K, stacked=True)  # one [E, ...] tensor per kind
     with torch.no_grad():
         for p, q in zip(moe_g.parameters(), moe_e.parameters()):
             p.copy_(q)

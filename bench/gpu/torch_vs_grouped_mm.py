@@ -132,7 +132,7 @@ class GroupedMMMoE(torch.nn.Module):
             w_slot = w_sorted.new_zeros(cap).index_copy(0, dest, w_sorted)
             rows = torch.cat([x, x.new_zeros(1, H)]).index_select(0, src)  # padding slots read the zero row
             offs = ends.to(torch.int32)
-            offs[-1] = cap  # the last group takes the trailing slots too (zero rows)
+            offs[-1:].fill_(cap)  # the last group takes the trailing slots too (zero rows); no host copy
         else:
             src, w_slot = tok, w_sorted
             rows = x.index_select(0, tok)
