@@ -43,13 +43,14 @@ struct Options {
   double skew = 1.0;  // Zipf exponent of the experts' popularity
   int hop = 0;        // > 0: time the hand-off alone, this many calls per round
   std::string policy = "feplb", out;
+  std::string settings = "both";  // both, off or on: which settings run (fewer streams with one)
 };
 
 // One rank's setting: its runtime and layers, on its own stream.
 struct Setting {
   std::unique_ptr<EpRuntime> rt;
   std::vector<std::unique_ptr<MoeLayer>> layers;
-  Stream stream;
+  std::unique_ptr<Stream> stream;  // made with the runtime (a setting not run makes none)
 };
 
 double ms_since(Clock::time_point t0) {
@@ -177,6 +178,9 @@ int run(const Options& o) {
   c.expert_gemm = ExpertGemm::kGrouped;  // both settings: the call thread runs grouped GEMMs only
   c.staging_slots = c.topo.experts_per_rank();  // every local expert may be split onto helpers
   const char* names[2] = {"off", "on"};
+  const std::vector<int> ms = o.settings == "off"  ? std::vector<int>{0}
+                              : o.settings == "on" ? std::vector<int>{1}
+                                                   : std::vector<int>{0, 1};
   std::vector<std::unique_ptr<InProcessGroup>> groups;
   for (int m = 0; m < 2; ++m) groups.push_back(std::make_unique<InProcessGroup>(o.ranks));
   // [setting][step][rank]
@@ -219,10 +223,11 @@ int run(const Options& o) {
     FEPLB_CUDA_CHECK(cudaMemcpy(idx.get(), hidx.data(), idx.bytes(), cudaMemcpyHostToDevice));
     FEPLB_CUDA_CHECK(cudaMemcpy(wt.get(), hwt.data(), wt.bytes(), cudaMemcpyHostToDevice));
     Setting s[2];
-    for (int m = 0; m < 2; ++m) {
+    for (int m : ms) {
       RuntimeConfig cm = c;
       cm.call_thread = m == 1 ? CallThread::kOn : CallThread::kOff;
       cm.name = std::string("bench.") + names[m];
+      s[m].stream = std::make_unique<Stream>();
       s[m].rt = std::make_unique<EpRuntime>(cm, groups[m]->endpoint(r));
       for (int l = 0; l < o.layers; ++l) {
         s[m].layers.push_back(
@@ -233,22 +238,22 @@ int run(const Options& o) {
     // A rank's buffers are freed only after every rank's last call: freeing device memory waits
     // for the whole GPU, other virtual ranks' queued calls included.
     for (int i = -o.warmup; i < o.steps; ++i) {
-      for (int m = 0; m < 2; ++m) {
+      for (int m : ms) {
         Setting& st = s[m];
         sync_point.arrive_and_wait();
         const auto t0 = Clock::now();
         std::vector<MicroBatch> mbs;
         for (int l = 0; l < o.layers; ++l) {
           mbs.push_back(st.layers[l]->forward(w.params(), x.get(), idx.get(), wt.get(), o.tokens,
-                                              out[l].get(), st.stream.get()));
+                                              out[l].get(), st.stream->get()));
         }
         for (int l = o.layers - 1; l >= 0; --l) {
           st.layers[l]->backward(std::move(mbs[l]), w.params(), go.get(), wt.get(), gx[l].get(),
-                                 gw.get(), w.grad_views(), GradMode::kAccumulate, st.stream.get());
+                                 gw.get(), w.grad_views(), GradMode::kAccumulate, st.stream->get());
         }
-        for (auto& layer : st.layers) layer->sync_gradients(st.stream.get());
+        for (auto& layer : st.layers) layer->sync_gradients(st.stream->get());
         const double enqueue_ms = ms_since(t0);
-        st.rt->synchronize(st.stream.get());
+        st.rt->synchronize(st.stream->get());
         const double step_ms = ms_since(t0);
         if (i >= 0) {
           host[m][i][r] = enqueue_ms;
@@ -266,7 +271,7 @@ int run(const Options& o) {
       if (r == 0 && (i + 1) % 10 == 0) std::fprintf(stderr, "  step %d of %d\n", i + 1, o.steps);
     }
     if (r == 0) {
-      for (int m = 0; m < 2; ++m) {
+      for (int m : ms) {
         plan_mode[m] = s[m].layers[0]->last_plan().mode;
         for (auto& layer : s[m].layers) copies[m] += layer->last_forward_stats().copies;
       }
@@ -287,7 +292,7 @@ int run(const Options& o) {
   const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   doc["call_handoff"] = handoff ? handoff : "host";
   doc["cuda_device_max_connections"] = connections ? connections : "";
-  for (int m = 0; m < 2; ++m) {
+  for (int m : ms) {
     doc["settings"][names[m]] = {{"caller_host", summary(host[m])},
                                  {"step", summary(step[m])},
                                  {"rank0_plan_mode", plan_mode[m]},
@@ -343,6 +348,9 @@ int main(int argc, char** argv) {
   app.add_option("--policy", o.policy, "the layers' planner");
   app.add_option("--hop", o.hop, "time the hand-off alone: calls per round")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--settings", o.settings,
+                 "which settings run: both, off or on (each its own runtimes)")
+      ->check(CLI::IsMember({"both", "off", "on"}));
   app.add_option("--out", o.out, "JSON results")->required();
   CLI11_PARSE(app, argc, argv);
   try {
