@@ -11,7 +11,9 @@ hf_swap.py: the graphed ones captured after three warm-up steps on a side stream
 by the graph), interleaved in rotated order:
   1. phases timed with CUDA events after a synchronize, median of --reps: the forward + backward
      (eager: zero_grad + forward + backward; graphed: the replay) and the AdamW step after it;
-  2. one step under torch.profiler (CUDA activity, after a warm-up step): GPU time summed per
+  2. how the model called scaled_dot_product_attention, eagerly and while a stream was being
+     captured: with an explicit attention mask or is_causal (a mask rules out the flash kernels);
+  3. one step under torch.profiler (CUDA activity, after a warm-up step): GPU time summed per
      kernel name, the kernel count and the summed time per phase; then, for each pair eager /
      graphed of the same model, the kernels whose summed time differs most.
 """
@@ -79,6 +81,24 @@ def kernel_profile(fwd_bwd, opt_step):
     return dict(per_kernel), count
 
 
+def probe_sdpa():
+    """Counts scaled_dot_product_attention calls by (capturing, mask given, is_causal)."""
+    import torch.nn.functional as F
+
+    calls = collections.Counter()
+    inner = F.scaled_dot_product_attention
+
+    def sdpa(*args, **kwargs):
+        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+        key = ("capturing" if torch.cuda.is_current_stream_capturing() else "eager",
+               "mask" if mask is not None else "no mask", f"is_causal={bool(kwargs.get('is_causal', False))}")
+        calls[key] += 1
+        return inner(*args, **kwargs)
+
+    F.scaled_dot_product_attention = sdpa
+    return calls
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="graph-step-profile.json")
@@ -100,6 +120,7 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("graph_step_profile: no CUDA device")
     t0 = time.time()
+    sdpa_calls = probe_sdpa()
     base, tf_version = hf_swap.build(a)
     if not hasattr(base, "set_experts_implementation"):
         sys.exit(f"transformers {tf_version} has no set_experts_implementation (no grouped_mm backend)")
@@ -133,7 +154,9 @@ def main():
                         "phases and kernels", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "transformers": tf_version, "model": a.model, "experts": a.experts, "layers": a.layers,
            "hidden": a.hidden, "ffn": a.ffn, "top_k": a.top_k, "tokens": a.batch * a.seq, "reps": a.reps,
-           "loss_rel_err": loss_err, "phases": {}, "kernels": {}, "pairs": {}}
+           "loss_rel_err": loss_err, "phases": {}, "kernels": {}, "pairs": {},
+           "sdpa_calls": {" / ".join(k): v for k, v in sorted(sdpa_calls.items())}}
+    print("scaled_dot_product_attention calls: " + "; ".join(f"{k}: {v}" for k, v in doc["sdpa_calls"].items()))
     print(f"\n{'variant':<20} {'fwd+bwd ms':>11} {'AdamW ms':>9} {'kernels':>8} {'kernel ms':>10}")
     for n in names:
         per_kernel, count = kernel_profile(*variants[n])
