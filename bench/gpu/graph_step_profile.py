@@ -41,9 +41,9 @@ def phases_eager(model, opt, ids):
     return fwd_bwd, opt.step
 
 
-def phases_graphed(model, ids):
-    run, err = hf_swap.capture_step(model, ids)
-    graph, _loss, opt, _model = run.keep
+def phases_graphed(model, ids, attention):
+    run, err = hf_swap.capture_step(model, ids, attention)
+    graph, _loss, opt, _model, _causal = run.keep
     return graph.replay, opt.step, run, err
 
 
@@ -115,6 +115,8 @@ def main():
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--graphed-attention", choices=("causal", "as_is"), default="as_is",
+                    help="attention in the graphs (hf_swap.py's option): as_is = transformers' mask under capture")
     ap.add_argument("--top", type=int, default=15, help="kernels listed per eager / graphed pair")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -136,7 +138,7 @@ def main():
     keep, loss_err = [], {}
     for name, make in (("graphed_grouped_mm", lambda: hf_swap.graphed_grouped_mm_model(base)),
                        ("graphed_feplb", lambda: hf_swap.graphed_feplb_model(base, a))):
-        fwd_bwd, opt_step, run, err = phases_graphed(make(), ids)
+        fwd_bwd, opt_step, run, err = phases_graphed(make(), ids, a.graphed_attention)
         variants[name] = (fwd_bwd, opt_step)
         keep.append(run)
         loss_err[name] = err
@@ -154,6 +156,7 @@ def main():
                         "phases and kernels", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "transformers": tf_version, "model": a.model, "experts": a.experts, "layers": a.layers,
            "hidden": a.hidden, "ffn": a.ffn, "top_k": a.top_k, "tokens": a.batch * a.seq, "reps": a.reps,
+           "graphed_attention": a.graphed_attention,
            "loss_rel_err": loss_err, "phases": {}, "kernels": {}, "pairs": {},
            "sdpa_calls": {" / ".join(k): v for k, v in sorted(sdpa_calls.items())}}
     print("scaled_dot_product_attention calls: " + "; ".join(f"{k}: {v}" for k, v in doc["sdpa_calls"].items()))

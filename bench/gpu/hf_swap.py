@@ -22,7 +22,11 @@ them), then per step the replay and the AdamW step (outside the graph); feplb's 
 runtime with expert_gemm "grouped" (a captured layer counts its rows on the GPU), transformers'
 with its "grouped_mm" backend. Before timing, the first replay's loss against the same model's
 eager loss (relative error, reported). A capture that fails is recorded with its error.
-`graphed_feplb_over_graphed_grouped_mm`: the ratio of their median step times.
+`graphed_feplb_over_graphed_grouped_mm`: the ratio of their median step times. Attention in the
+graphs (--graphed-attention): by default as in the eager step (is_causal, the flash kernels;
+transformers builds an explicit causal mask when a stream is being captured, which would rule them
+out: CausalInCapture checks that mask after the first replay and does not use it); `as_is` keeps
+that mask (the memory-efficient kernels, 11 ms more per step at the default shape on an H100).
 
 Profile (--profile N; after the timing, so it does not disturb it). Per variant, N more steps
 with marks: host time (perf_counter) and a CUDA event on the current stream at the step's start
@@ -60,6 +64,7 @@ How to read it for feplb's extra time over the grouped_mm backend:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -418,6 +423,10 @@ def main():
     ap.add_argument("--impls", default="eager,grouped_mm", help="transformers experts backends to time")
     ap.add_argument("--graphed", action="store_true",
                     help="also time feplb's and transformers' grouped_mm model with forward + backward in a CUDA graph")
+    ap.add_argument("--graphed-attention", choices=("causal", "as_is"), default="causal",
+                    help="graphed variants: causal = attention as in the eager step (is_causal, flash kernels; the "
+                         "explicit causal mask transformers builds under capture is checked, not used), as_is = with "
+                         "that mask (memory-efficient kernels)")
     a = ap.parse_args()
     if a.configs is None:
         doc = run_one(a)
@@ -437,6 +446,7 @@ def main():
             if a.graphed:
                 entry["graphed_feplb_over_graphed_grouped_mm"] = one.get("graphed_feplb_over_graphed_grouped_mm")
                 entry["graphed_errors"] = one.get("graphed_errors", {})
+                entry["graphed_attention"] = a.graphed_attention
             for k in ("device", "torch", "transformers", "method", "reps", "warmup"):
                 doc[k] = one[k]
             doc["configs"].append(entry)
@@ -506,7 +516,7 @@ def run_one(a) -> dict:
         for name, make in (("graphed_feplb", lambda: graphed_feplb_model(base, a)),
                            ("graphed_transformers_grouped_mm", lambda: graphed_grouped_mm_model(base))):
             try:
-                run, err = capture_step(make(), ids)
+                run, err = capture_step(make(), ids, a.graphed_attention)
                 cases[name] = (lambda: None, run)
                 graphed_loss_err[name] = err
                 print(f"{name}: captured; first replay's loss vs eager, relative error {err:.2e}", flush=True)
@@ -544,6 +554,7 @@ def run_one(a) -> dict:
     if a.graphed:
         doc["graphed_errors"] = graphed_errors
         doc["graphed_loss_rel_err"] = graphed_loss_err
+        doc["graphed_attention"] = a.graphed_attention
         g, t = stats.get("graphed_feplb"), stats.get("graphed_transformers_grouped_mm")
         doc["graphed_feplb_over_graphed_grouped_mm"] = g["median_ms"] / t["median_ms"] if g and t else None
     if a.profile > 0:
@@ -577,9 +588,57 @@ def graphed_grouped_mm_model(base):
     return model
 
 
-def capture_step(model, ids):
+class CausalInCapture:
+    """Attention inside a capture as in the eager step. Eagerly, transformers calls
+    scaled_dot_product_attention with is_causal=True and no mask (the flash kernels); while a stream
+    is being captured it builds an explicit causal mask and passes that instead, which rules out
+    the flash kernels: the memory-efficient ones took 11 ms more per step than flash at Qwen3-MoE's
+    attention shape, 4 layers x 4096 tokens on an H100 (bench/gpu/graph_step_profile.py). Inside
+    this context a call under capture with a mask, is_causal False and queries as long as keys is
+    made with is_causal=True and no mask; the masks are kept, and check() (after a replay has
+    computed them) raises unless each is the causal mask: True (or 0) on and below the diagonal,
+    False (or a large negative value) above."""
+
+    def __init__(self):
+        self.masks = []
+
+    def __enter__(self):
+        import torch.nn.functional as F
+
+        self._inner = inner = F.scaled_dot_product_attention
+
+        def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
+            if (attn_mask is not None and not is_causal and torch.cuda.is_current_stream_capturing()
+                    and query.shape[-2] == key.shape[-2]):
+                self.masks.append(attn_mask)
+                return inner(query, key, value, None, dropout_p, True, *args, **kwargs)
+            return inner(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
+
+        F.scaled_dot_product_attention = sdpa
+        return self
+
+    def __exit__(self, *exc):
+        import torch.nn.functional as F
+
+        F.scaled_dot_product_attention = self._inner
+        return False
+
+    def check(self):
+        for m in self.masks:
+            n = m.shape[-1]
+            causal = torch.ones(n, n, dtype=torch.bool, device=m.device).tril()
+            allowed = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
+            if not bool((allowed == causal).all()):
+                raise RuntimeError("the attention mask built under capture is not the causal mask: "
+                                   "--graphed-attention causal does not apply to this model")
+        return len(self.masks)
+
+
+def capture_step(model, ids, attention="causal"):
     """`model`'s forward (labels) + backward captured in a CUDA graph; returns a step (replay, then
-    the AdamW step outside the graph) and the first replay's loss against an eager forward's."""
+    the AdamW step outside the graph) and the first replay's loss against an eager forward's.
+    attention: "causal" captures attention as the eager step runs it (CausalInCapture), "as_is"
+    with the explicit mask transformers builds under capture."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -590,10 +649,14 @@ def capture_step(model, ids):
     torch.cuda.current_stream().wait_stream(side)
     opt.zero_grad(set_to_none=True)  # the graph allocates the gradients and owns them from here on
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+    causal = CausalInCapture() if attention == "causal" else None
+    with causal or contextlib.nullcontext():
+        with torch.cuda.graph(graph):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
     graph.replay()
+    if causal is not None:
+        causal.check()
     with torch.no_grad():
         eager = model(input_ids=ids, labels=ids).loss
     err = abs(loss.item() - eager.item()) / max(abs(eager.item()), 1e-12)
@@ -602,7 +665,7 @@ def capture_step(model, ids):
         graph.replay()
         opt.step()
 
-    run.keep = (graph, loss, opt, model)  # alive as long as the step
+    run.keep = (graph, loss, opt, model, causal)  # alive as long as the step
     return run, err
 
 
