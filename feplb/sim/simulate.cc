@@ -270,7 +270,7 @@ void run_epoch(const PolicyRun& run, const std::string& name, const Epoch& epoch
     const Topology& topo = topos[k];
     if (!run.ts.warmup(i)) {
       PlannerClock& clock = clocks[step.layer];
-      planner.set_recent_plan_us(clock.recent_us());
+      planner.set_recent_plan_us(charged_us > 0 ? charged_us : clock.recent_us());
       const double us = timed_plan_us(planner, step, plan, run.config.knobs);
       clock.add(plan.mode, us);
       validate(plan, topo, step, run.config.shape, planner.limits());
