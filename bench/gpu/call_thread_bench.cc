@@ -235,6 +235,7 @@ int run(const Options& o) {
                                        make_gpu_planner(*s[m].rt, o.policy)));
       }
     }
+    if (r == 0) std::fprintf(stderr, "  runtimes and layers made\n");
     // A rank's buffers are freed only after every rank's last call: freeing device memory waits
     // for the whole GPU, other virtual ranks' queued calls included.
     for (int i = -o.warmup; i < o.steps; ++i) {
@@ -268,6 +269,10 @@ int run(const Options& o) {
           }
         }
       }
+      // Progress: every warm-up step (a stall seen so far came in the first steps), then every
+      // 10th.
+      if (r == 0 && i < 0)
+        std::fprintf(stderr, "  warm-up step %d of %d\n", i + o.warmup + 1, o.warmup);
       if (r == 0 && (i + 1) % 10 == 0) std::fprintf(stderr, "  step %d of %d\n", i + 1, o.steps);
     }
     if (r == 0) {
