@@ -23,10 +23,11 @@ runtime with expert_gemm "grouped" (a captured layer counts its rows on the GPU)
 with its "grouped_mm" backend. Before timing, the first replay's loss against the same model's
 eager loss (relative error, reported). A capture that fails is recorded with its error.
 `graphed_feplb_over_graphed_grouped_mm`: the ratio of their median step times. Attention in the
-graphs (--graphed-attention): by default as in the eager step (is_causal, the flash kernels;
-transformers builds an explicit causal mask when a stream is being captured, which would rule them
-out: CausalInCapture checks that mask after the first replay and does not use it); `as_is` keeps
-that mask (the memory-efficient kernels, 11 ms more per step at the default shape on an H100).
+graphs (--graphed-attention): by default `as_is`, with the explicit causal mask transformers builds
+when a stream is being captured (eagerly it passes is_causal=True and no mask), which rules out the
+flash kernels: the memory-efficient ones took 11 ms more per step at the default shape on an H100
+(bench/gpu/graph_step_profile.py); `causal` captures attention as the eager step runs it
+(CausalInCapture checks the mask after the first replay and does not use it; not yet run on a GPU).
 
 Profile (--profile N; after the timing, so it does not disturb it). Per variant, N more steps
 with marks: host time (perf_counter) and a CUDA event on the current stream at the step's start
@@ -423,10 +424,10 @@ def main():
     ap.add_argument("--impls", default="eager,grouped_mm", help="transformers experts backends to time")
     ap.add_argument("--graphed", action="store_true",
                     help="also time feplb's and transformers' grouped_mm model with forward + backward in a CUDA graph")
-    ap.add_argument("--graphed-attention", choices=("causal", "as_is"), default="causal",
-                    help="graphed variants: causal = attention as in the eager step (is_causal, flash kernels; the "
-                         "explicit causal mask transformers builds under capture is checked, not used), as_is = with "
-                         "that mask (memory-efficient kernels)")
+    ap.add_argument("--graphed-attention", choices=("as_is", "causal"), default="as_is",
+                    help="graphed variants: as_is = with the explicit causal mask transformers builds under capture "
+                         "(memory-efficient kernels), causal = attention as in the eager step (is_causal, flash "
+                         "kernels; that mask is checked, not used; not yet run on a GPU)")
     a = ap.parse_args()
     if a.configs is None:
         doc = run_one(a)
@@ -634,7 +635,7 @@ class CausalInCapture:
         return len(self.masks)
 
 
-def capture_step(model, ids, attention="causal"):
+def capture_step(model, ids, attention="as_is"):
     """`model`'s forward (labels) + backward captured in a CUDA graph; returns a step (replay, then
     the AdamW step outside the graph) and the first replay's loss against an eager forward's.
     attention: "causal" captures attention as the eager step runs it (CausalInCapture), "as_is"
