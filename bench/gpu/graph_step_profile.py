@@ -74,7 +74,10 @@ def kernel_profile(fwd_bwd, opt_step):
     per_kernel = collections.defaultdict(float)
     count = 0
     for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CUDA:
+        # GPU activity only: kernels, copies, memsets (not the GPU-side ranges of annotations such
+        # as "Optimizer.step#AdamW.step", which span the kernels they hold)
+        if ev.device_type != torch.autograd.DeviceType.CUDA or getattr(ev, "is_user_annotation", False) \
+                or "#" in ev.name:
             continue
         per_kernel[ev.name[:120]] += ev.time_range.end - ev.time_range.start
         count += 1
