@@ -105,17 +105,7 @@ def probe_sdpa():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="graph-step-profile.json")
-    ap.add_argument("--model", default="qwen3_moe", choices=list(hf_swap.MODELS))
-    ap.add_argument("--experts", type=int, default=32)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--ffn", type=int, default=768)
-    ap.add_argument("--top-k", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=32768)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--seq", type=int, default=4096)
+    hf_swap.add_model_args(ap)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--graphed-attention", choices=("causal", "as_is"), default="as_is",

@@ -400,9 +400,8 @@ def parse_configs(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="hf-swap.json")
+def add_model_args(ap):
+    """The model's options (build() reads them): its kind, shape, vocabulary and tokens per step."""
     ap.add_argument("--model", default="qwen3_moe", choices=list(MODELS))
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=2048)
@@ -414,6 +413,12 @@ def main():
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=4096)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="hf-swap.json")
+    add_model_args(ap)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--profile", type=int, default=0, help="profiled steps per variant after the timing (0: none)")
