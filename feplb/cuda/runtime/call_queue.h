@@ -11,8 +11,11 @@
 // with `done` in host memory stalled twice at 4 virtual ranks (docs/gpu-results.md, "The call
 // thread"). FEPLB_CALL_HANDOFF (a measurement switch, read when the queue is made): `host` puts
 // `done` in pinned host memory; `memops` also orders Q after S by a device word that S writes
-// instead of the event. The wait on S works whatever the order the two threads enqueue in; the
-// event is recorded before the call is queued.
+// instead of the event; `event` (a diagnostic: every hand-off visible to CUDA's scheduler) makes
+// the caller's thread wait until the call thread has enqueued the call, then S waits on an event
+// recorded after the body, so the caller's thread waits for counts and plan again. The wait on S
+// works whatever the order the two threads enqueue in; the event is recorded before the call is
+// queued.
 // A call's body that throws stores the error (every later call is skipped), its outputs and
 // those of the calls skipped are written NaN (`poison`), and `done` is written all the same, so
 // S never waits forever; raise() rethrows it on the caller's thread.
@@ -64,6 +67,7 @@ class CallQueue {
   struct Slot {
     CallQueue* queue = nullptr;
     Event inputs;
+    Event done;           // recorded after the body with the `event` hand-off
     uint32_t ticket = 0;  // 0: host work
     bool after_caller = true;
     Body body, poison;
@@ -79,6 +83,7 @@ class CallQueue {
   Stream stream_;
   bool device_flags_ = true;     // `done` (and `inputs_`) in device memory
   bool inputs_by_flag_ = false;  // Q waits inputs_ >= ticket (S writes it) instead of the event
+  bool done_by_event_ = false;   // S waits on the slot's `done` event once the call is enqueued
   PinnedBuffer<uint32_t> done_host_{1};
   DeviceBuffer<uint32_t> flags_dev_;  // [done, inputs] with device_flags_
   uint32_t* done_dev_ = nullptr;
