@@ -93,8 +93,9 @@ def probe_sdpa():
 
     def sdpa(*args, **kwargs):
         mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+        causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)  # either way
         key = ("capturing" if torch.cuda.is_current_stream_capturing() else "eager",
-               "mask" if mask is not None else "no mask", f"is_causal={bool(kwargs.get('is_causal', False))}")
+               "mask" if mask is not None else "no mask", f"is_causal={bool(causal)}")
         calls[key] += 1
         return inner(*args, **kwargs)
 
