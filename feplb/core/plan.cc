@@ -13,6 +13,7 @@ void Plan::clear(int num_experts) {
   resident.clear();
   planned_before_dispatch = false;
   reserve_us = -1;
+  extra_plans = 0;
   schedule.clear();
   mode.clear();
   dynamic.assign(static_cast<size_t>(num_experts), 0);

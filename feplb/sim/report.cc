@@ -263,6 +263,15 @@ ojson policy_json(const PolicyResult& p) {
       {"guest_slots_max", s.guest_slots_max},
       {"transport", data_movement_json(p.movement)},
   };
+  // Each measured step, in order: what the summary above aggregates.
+  ojson steps = ojson::array();
+  for (const StepMetrics& m : p.steps) {
+    steps.push_back({{"token_straggler", m.token_straggler},
+                     {"gemm_straggler_ms", m.gemm_straggler_ms},
+                     {"exposed_ms", m.exposed_ms()},
+                     {"planner_us", m.planner_us}});
+  }
+  j["steps"] = steps;
   if (s.modes.empty()) return j;
   ojson modes = ojson::object();
   for (const auto& [mode, count] : s.modes) modes[mode] = count;

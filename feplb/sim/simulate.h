@@ -117,7 +117,9 @@ PolicySummary summarise_steps(const std::vector<StepMetrics>& steps);
 void apply_reductions(std::vector<PolicySummary*> summaries, const PolicySummary& base);
 
 // Plans `step` into `plan` and returns the planner latency to charge it (us): the median of
-// knobs.planner_reps timed runs, or knobs.planner_time_us where that is set (>= 0).
+// knobs.planner_reps timed runs, or knobs.planner_time_us where that is set (>= 0), once for the
+// plan and once for each plan it made besides (Plan::extra_plans, of the first run: the later
+// runs of the same counts may make none).
 double timed_plan_us(Planner& planner, const RoutingStep& step, Plan& plan, const Knobs& knobs);
 
 // Throws InputError on an impossible configuration (unknown policy, topology mismatch).

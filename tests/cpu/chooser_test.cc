@@ -314,10 +314,12 @@ TEST(FeplbChooser, MovesToAModeThatIsFarBetter) {
   }
 }
 
-// The planner's first plan, before any history: every candidate planned on its counts, the best
-// one kept. On the workload above it is one hop at once, and costs less than half of what the
-// rule's two-phase first plan costs (GEMM straggler + exposed time, the plan's latency at the
-// reserve); a second layer then starts in the mode the first one's exploration found.
+// The planner's first plan, before any history: the rule's mode and the rule's choice on the
+// other path planned on its counts, the better one kept, and the plan says it took one plan more
+// (Plan::extra_plans, which a charged simulation charges). On the workload above it is one hop at
+// once, and costs less than half of what the rule's two-phase first plan costs (GEMM straggler +
+// exposed time, the plan's latency at the reserve); a second layer then starts in the mode the
+// first one's exploration found, planned once.
 TEST(FeplbChooser, TheFirstPlanIsTheBestCandidateOnItsCounts) {
   const int R = 72, E = 288;
   const Bench b(R, R, E, Knobs{});
@@ -334,6 +336,9 @@ TEST(FeplbChooser, TheFirstPlanIsTheBestCandidateOnItsCounts) {
   by_rule->plan(steps[0], ruled);
   validate(first, b.topo, steps[0], b.shape, planner->limits());
   EXPECT_EQ(chooser->mode_of(0).path, FeplbPath::kOneHop) << first.mode;
+  EXPECT_EQ(first.mode, chooser->mode_of(0).label());
+  EXPECT_EQ(first.extra_plans, 1);
+  EXPECT_EQ(ruled.extra_plans, 1);  // two two-phase candidates: the rule's first and next
   const StepMetrics m = measure_plan(first, b.topo, *b.cost, reserve_us);
   const StepMetrics r = measure_plan(ruled, b.topo, *b.cost, reserve_us);
   EXPECT_LT(2 * (m.gemm_straggler_ms + m.exposed_ms()), r.gemm_straggler_ms + r.exposed_ms())
@@ -345,6 +350,26 @@ TEST(FeplbChooser, TheFirstPlanIsTheBestCandidateOnItsCounts) {
   planner->plan(second, next);
   EXPECT_EQ(chooser->mode_of(1).label(), chooser->mode_of(0).label());
   EXPECT_EQ(next.mode, chooser->mode_of(1).label());
+  EXPECT_EQ(next.extra_plans, 0);
+}
+
+// The first plan's kept candidate is the plan the chooser makes in that mode: byte for byte what
+// a chooser that starts there (its mode fixed by the knobs) plans on the same counts.
+TEST(FeplbChooser, TheFirstPlanKeepsTheCandidatesPlanAsMade) {
+  const int R = 72, E = 288;
+  const Bench b(R, R, E, Knobs{});
+  auto planner = b.make("feplb");
+  const auto* chooser = dynamic_cast<const FeplbChooser*>(planner.get());
+  ASSERT_NE(chooser, nullptr);
+  const std::vector<RoutingStep> steps = steps_of(lognormal_prior(E, 13.0, 1, 3), R, 1, 3);
+  Plan first, again;
+  planner->plan(steps[0], first);
+  ASSERT_EQ(first.extra_plans, 1);
+  // The same counts again (no observe(): the layer's mode now set, planned once).
+  planner->plan(steps[0], again);
+  EXPECT_EQ(again.extra_plans, 0);
+  EXPECT_EQ(again.mode, first.mode);
+  EXPECT_EQ(serialize(again), serialize(first));
 }
 
 // Every rank runs its own chooser on the same counts: the same plans and moves, bit for bit.

@@ -57,5 +57,23 @@ TEST(Smoke, TheSimulatorTellsTheDefaultItsLayersPlannerTime) {
   EXPECT_GT(slow.find("feplb")->summary.exposed_ms, 1.0);
 }
 
+// A charged planner time is charged once per plan made on the counts: the chooser's first plan,
+// which plans two candidates, is charged twice, the later plans once.
+TEST(Smoke, AChargedPlannerTimeCountsThePlansAPlanTook) {
+  const Trace trace = read_trace(std::string(FEPLB_DATA_DIR) + "/traces/default.json");
+  const TableCostModel table =
+      read_gemm_table(std::string(FEPLB_DATA_DIR) + "/cost/h200-glm5.json");
+  SimulationConfig cfg;
+  cfg.policies = {"feplb"};
+  cfg.shape = *trace.expert_shape;
+  cfg.cost = &table;
+  cfg.knobs.planner_time_us = 30;
+  const SimulationResult r = simulate(trace, cfg);
+  const std::vector<StepMetrics>& steps = r.find("feplb")->steps;
+  ASSERT_GT(steps.size(), 2u);
+  EXPECT_EQ(steps[0].planner_us, 60.0);
+  for (size_t i = 1; i < steps.size(); ++i) EXPECT_EQ(steps[i].planner_us, 30.0) << "step " << i;
+}
+
 }  // namespace
 }  // namespace feplb

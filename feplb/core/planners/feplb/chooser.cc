@@ -167,17 +167,19 @@ void FeplbChooser::keep_rows_via_homes() {
   }
 }
 
-int FeplbChooser::first_mode() const {
+int FeplbChooser::rule_score(int mode) const {
+  // Lower is preferred: the path the rule names, prefetch on, time where allowed (the candidates
+  // hold it only where it is), copies as the path suggests (the candidates' own).
   const bool one_hop = ctx_.topo.experts_per_rank() <= kOneHopExpertsMax;
-  const auto score = [&](const FeplbConfig& m) {
-    // Lower is preferred: the path the rule names, prefetch on, time where allowed (the
-    // candidates hold it only where it is), copies as the path suggests (the candidates' own).
-    return (m.path == (one_hop ? FeplbPath::kOneHop : FeplbPath::kTwoPhase) ? 0 : 4) +
-           (m.prefetch == FeplbPrefetch::kOn ? 0 : 2) + (m.balance == FeplbBalance::kRows ? 1 : 0);
-  };
+  const FeplbConfig& m = modes_[static_cast<size_t>(mode)];
+  return (m.path == (one_hop ? FeplbPath::kOneHop : FeplbPath::kTwoPhase) ? 0 : 4) +
+         (m.prefetch == FeplbPrefetch::kOn ? 0 : 2) + (m.balance == FeplbBalance::kRows ? 1 : 0);
+}
+
+int FeplbChooser::first_mode() const {
   int best = 0;
   for (int i = 1; i < static_cast<int>(modes_.size()); ++i) {
-    if (score(modes_[static_cast<size_t>(i)]) < score(modes_[static_cast<size_t>(best)])) best = i;
+    if (rule_score(i) < rule_score(best)) best = i;
   }
   return best;
 }
@@ -229,26 +231,48 @@ void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   update_host_scale(l);
   const double unbalanced = unbalanced_straggler(routing);
   l.budget = time_budget_now(unbalanced);
-  if (explored_ == 0 && l.planned < 0 && modes_.size() > 1) {
-    // The planner's first plan, no layer explored yet: the counts are here, so every candidate
-    // is planned on them and the best one kept (once: a plan that takes the candidates' time).
-    l.mode = first_plan_mode(l, routing, bound_ * unbalanced);
+  if (explored_ == 0 && l.seen == 0 && l.planned < 0 && modes_.size() > 1) {
+    // The planner's first plan, no micro-batch seen: its counts are here, so the rule's mode and
+    // its choice on the other path are planned on them and the better one kept (the plan takes
+    // both candidates' time, once; a layer met later starts where the explored ones point).
+    l.mode = first_plan_mode(l, routing, bound_ * unbalanced, out);
+    l.planned = l.mode;
+    out.mode = labels_[static_cast<size_t>(l.mode)];
+    out.extra_plans = 1;
+    return;
   }
   l.planned = l.mode;
   engine_.plan_with(mode_at(l.mode, l.budget), routing, out);
   out.mode = labels_[static_cast<size_t>(l.mode)];
 }
 
-int FeplbChooser::first_plan_mode(const Layer& l, const RoutingStep& routing, double bound) {
-  const auto n = modes_.size();
-  first_cost_.assign(n, 0.0);
-  first_over_.assign(n, 0.0);
-  for (size_t m = 0; m < n; ++m) {
-    const PlanCost c = cost_of(static_cast<int>(m), l.budget, routing, candidate_);
-    first_cost_[m] = c.layer_ms;
-    first_over_[m] = c.token_straggler > bound ? 1.0 : 0.0;
+std::pair<int, int> FeplbChooser::first_candidates() const {
+  const int n = static_cast<int>(modes_.size());
+  // The rule's mode, and the one it prefers on the other path (the path is where the rule misses
+  // by far), or its next where every candidate has one path.
+  const int rule = first_mode();
+  const FeplbPath path = modes_[static_cast<size_t>(rule)].path;
+  int other = -1, next = -1;
+  for (int m = 0; m < n; ++m) {
+    if (m == rule) continue;
+    const bool same = modes_[static_cast<size_t>(m)].path == path;
+    int& slot = same ? next : other;
+    if (slot < 0 || rule_score(m) < rule_score(slot)) slot = m;
   }
-  return best_of(first_cost_, first_over_, 0.5);
+  return {rule, other >= 0 ? other : next};
+}
+
+int FeplbChooser::first_plan_mode(const Layer& l, const RoutingStep& routing, double bound,
+                                  Plan& out) {
+  const auto [a, b] = first_candidates();
+  const PlanCost ca = cost_of(a, l.budget, routing, out);
+  const PlanCost cb = cost_of(b, l.budget, routing, candidate_);
+  const double over_a = ca.token_straggler > bound ? 1.0 : 0.0;
+  const double over_b = cb.token_straggler > bound ? 1.0 : 0.0;
+  const double cost[2] = {ca.layer_ms, cb.layer_ms}, over[2] = {over_a, over_b};
+  if (!better(cost, over, 0.5, 1, 0, 0.0)) return a;
+  std::swap(out, candidate_);  // b's plan (both planned as make_plan plans them)
+  return b;
 }
 
 bool FeplbChooser::prime_plan(int64_t layer, Plan& out) {
@@ -345,8 +369,12 @@ void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost&
   const double weight = pool();
   const double half = 0.5 * static_cast<double>(layers_.size());
   const int best = best_of(pooled_cost_, pooled_over_, half);
+  // The layer's first explored micro-batch moves it without a margin: its mode was a guess (the
+  // rule's, or the better of two candidates), so a layer planned from its first micro-batch and
+  // one observed first end in the same mode.
   const double margin =
-      std::max(kMoveMargin * pooled_cost_[static_cast<size_t>(l.mode)], 2e-3 * weight);
+      l.seen == 1 ? 0.0
+                  : std::max(kMoveMargin * pooled_cost_[static_cast<size_t>(l.mode)], 2e-3 * weight);
   if (best != l.mode && better(pooled_cost_, pooled_over_, half, best, l.mode, margin))
     l.mode = best;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "feplb/core/copy_links.h"
@@ -50,15 +51,17 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    the bound (time_budget_now); copies hidden, or late by the busiest too with one hop and,
 //    over several domains of at most kLateTwoPhaseDomainMax GPUs, with two phases;
 //  - the first mode of a layer first met by a plan (no history of its own): where other layers
-//    were explored, the candidate their pooled sums rank best (below); before any, for the
-//    planner's very first plan, every candidate planned on its counts and costed (plan_cost), the
-//    best kept (that one plan takes the candidates' time; the counts are known, and a rule misses
-//    by far: at EP=32 with 4 experts per GPU (an OLMoE prior), two-phase left 68% of the token
-//    straggler where one hop removed 99%); a layer first met by observe() (a history before its
-//    plans) starts in the rule's mode and is explored at once: one-hop where a GPU has at most
-//    kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the dispatch, into
-//    windows one or two static experts do not leave), else two-phase; prefetch on; time where
-//    allowed, else rows; copies hidden (two-phase) or late (one-hop);
+//    were explored, the candidate their pooled sums rank best (below), planned once; before any,
+//    for the planner's very first plan, the rule's mode and the rule's choice on the other path
+//    planned on its counts and costed (plan_cost), the better kept (that plan takes two plans'
+//    time, Plan::extra_plans; the path is where the rule misses by far: at EP=32 with 4 experts
+//    per GPU (an OLMoE prior), two-phase left 68% of the token straggler where one hop removed
+//    99%; every candidate, 12 plans' time on the critical path, cost more than a better mode saves
+//    on traces of two micro-batches per layer, docs/planners.md); a layer first met by observe()
+//    (a history before its plans) starts in the rule's mode and is explored at once: one-hop where
+//    a GPU has at most kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the
+//    dispatch, into windows one or two static experts do not leave), else two-phase; prefetch on;
+//    time where allowed, else rows; copies hidden (two-phase) or late (one-hop);
 //  - revision, off the critical path (observe(), after the copies are issued): on every
 //    micro-batch up to kExploreAllGpusMax GPUs (its plans take microseconds), else on a layer's
 //    first kExploreFirst micro-batches and every kExploreEvery-th after, its counts are planned
@@ -71,7 +74,8 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    costs vary between micro-batches far more than their means differ), it plans in the
 //    candidate that passed the bound least, then cost least, and moves off its mode only for one
 //    that passed it less often (by half a micro-batch per layer), or cost kMoveMargin less (and
-//    2 us per explored micro-batch). Deterministic: every rank sees the same counts (and the
+//    2 us per explored micro-batch); at a layer's first explored micro-batch without the margin
+//    (its mode was a guess). Deterministic: every rank sees the same counts (and the
 //    same planner time) and makes the same moves.
 class FeplbChooser final : public Planner {
  public:
@@ -157,6 +161,8 @@ class FeplbChooser final : public Planner {
   double total_weight(const Layer& l) const;
   const Layer* find_layer(int64_t layer) const;
   int first_mode() const;
+  // The rule's preference for candidate `mode` (lower first): first_mode() is the lowest.
+  int rule_score(int mode) const;
   // Sets the candidates (modes_), their labels and each one's order of tries.
   void set_modes(std::vector<FeplbConfig> modes);
   // On an explored micro-batch: every candidate planned on `routing` at the layer's budget and
@@ -171,9 +177,13 @@ class FeplbChooser final : public Planner {
   static bool better(std::span<const double> cost, std::span<const double> over, double half, int a,
                      int b, double margin);
   int best_of(std::span<const double> cost, std::span<const double> over, double half) const;
-  // The planner's first plan, before any exploration: every candidate planned on `routing` at
-  // the layer's budget and costed; the best (`bound`: the token-straggler bound in rows).
-  int first_plan_mode(const Layer& l, const RoutingStep& routing, double bound);
+  // The planner's first plan: the two candidates of first_candidates() planned on `routing` at
+  // the layer's budget and costed; the better one, its plan left in `out` (`bound`: the
+  // token-straggler bound in rows).
+  int first_plan_mode(const Layer& l, const RoutingStep& routing, double bound, Plan& out);
+  // The two candidates the planner's first plan tries: the rule's mode (first_mode()) and the
+  // rule's choice on the other path (its next where every candidate has one path).
+  std::pair<int, int> first_candidates() const;
   // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it.
   PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch);
   // Candidate `mode` with its time budget at `budget` (where the chooser sets the balance).
@@ -208,7 +218,6 @@ class FeplbChooser final : public Planner {
   std::vector<int64_t> rows_scratch_;
   std::vector<int64_t> home_scratch_;
   std::vector<double> pooled_cost_, pooled_over_;  // pool(): every layer's sums, summed
-  std::vector<double> first_cost_, first_over_;    // first_plan_mode()'s costs
   int64_t explored_ = 0;                           // micro-batches explored so far, every layer's
 };
 
