@@ -373,8 +373,9 @@ void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost&
   // rule's, or the better of two candidates), so a layer planned from its first micro-batch and
   // one observed first end in the same mode.
   const double margin =
-      l.seen == 1 ? 0.0
-                  : std::max(kMoveMargin * pooled_cost_[static_cast<size_t>(l.mode)], 2e-3 * weight);
+      l.seen == 1
+          ? 0.0
+          : std::max(kMoveMargin * pooled_cost_[static_cast<size_t>(l.mode)], 2e-3 * weight);
   if (best != l.mode && better(pooled_cost_, pooled_over_, half, best, l.mode, margin))
     l.mode = best;
 }
