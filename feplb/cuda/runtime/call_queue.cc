@@ -20,11 +20,13 @@ CallQueue::CallQueue() : thread_(/*spin_us=*/200.0, kCapacity) {
   const char* handoff = std::getenv("FEPLB_CALL_HANDOFF");
   if (handoff != nullptr && *handoff != '\0') {
     FEPLB_CHECK(std::strcmp(handoff, "host") == 0 || std::strcmp(handoff, "device") == 0 ||
-                    std::strcmp(handoff, "memops") == 0 || std::strcmp(handoff, "event") == 0,
-                "FEPLB_CALL_HANDOFF is '{}': host, device, memops or event", handoff);
+                    std::strcmp(handoff, "memops") == 0 || std::strcmp(handoff, "event") == 0 ||
+                    std::strcmp(handoff, "warm") == 0,
+                "FEPLB_CALL_HANDOFF is '{}': host, device, memops, event or warm", handoff);
     device_flags_ = std::strcmp(handoff, "host") != 0;
     inputs_by_flag_ = std::strcmp(handoff, "memops") == 0;
     done_by_event_ = std::strcmp(handoff, "event") == 0;
+    warm_by_event_ = std::strcmp(handoff, "warm") == 0;
   }
   *done_host_.get() = 0;
   if (device_flags_) {
@@ -58,10 +60,12 @@ void CallQueue::submit(cudaStream_t caller, Body body, Body poison, bool after_c
   s.body = std::move(body);
   s.poison = std::move(poison);
   s.after_caller = after_caller;
+  s.by_event = done_by_event_ || (warm_by_event_ && calls_ < kWarmCalls);
+  ++calls_;
   if (after_caller && inputs_by_flag_) stream_write_u32(caller, inputs_dev_, s.ticket);
   if (after_caller && !inputs_by_flag_) s.inputs.record(caller);
   thread_.post(&CallQueue::run, &s);
-  if (!done_by_event_) return stream_wait_u32_geq(caller, done_dev_, s.ticket);
+  if (!s.by_event) return stream_wait_u32_geq(caller, done_dev_, s.ticket);
   thread_.drain();  // the call is enqueued: its `done` event recorded
   FEPLB_CUDA_CHECK(cudaStreamWaitEvent(caller, s.done.get(), 0));
 }
@@ -125,7 +129,7 @@ void CallQueue::run_call(Slot& s) {
   }
   try {
     stream_write_u32(q, done_dev_, s.ticket);
-    if (done_by_event_) s.done.record(q);
+    if (s.by_event) s.done.record(q);
   } catch (...) {
     fail(std::current_exception());
     write_done_from_host(s.ticket);

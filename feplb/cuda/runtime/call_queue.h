@@ -13,9 +13,10 @@
 // `done` in pinned host memory; `memops` also orders Q after S by a device word that S writes
 // instead of the event; `event` (a diagnostic: every hand-off visible to CUDA's scheduler) makes
 // the caller's thread wait until the call thread has enqueued the call, then S waits on an event
-// recorded after the body, so the caller's thread waits for counts and plan again. The wait on S
-// works whatever the order the two threads enqueue in; the event is recorded before the call is
-// queued.
+// recorded after the body, so the caller's thread waits for counts and plan again; `warm` does
+// that for the queue's first kWarmCalls calls only, then waits as `device` does (every stall of
+// the 4-rank bench seen came in its first step). The wait on S works whatever the order the two
+// threads enqueue in; the event is recorded before the call is queued.
 // A call's body that throws stores the error (every later call is skipped), its outputs and
 // those of the calls skipped are written NaN (`poison`), and `done` is written all the same, so
 // S never waits forever; raise() rethrows it on the caller's thread.
@@ -39,7 +40,8 @@ namespace feplb::cuda {
 class CallQueue {
  public:
   using Body = std::function<void(cudaStream_t)>;
-  static constexpr int kCapacity = 32;  // calls queued at once; the caller waits beyond
+  static constexpr int kCapacity = 32;        // calls queued at once; the caller waits beyond
+  static constexpr uint32_t kWarmCalls = 16;  // FEPLB_CALL_HANDOFF=warm: calls by events
 
   // On the current device: the stream, the flag, and every kernel of feplb loaded now (a kernel
   // loaded lazily on the call thread while a caller's stream waits would never return).
@@ -67,8 +69,9 @@ class CallQueue {
   struct Slot {
     CallQueue* queue = nullptr;
     Event inputs;
-    Event done;           // recorded after the body with the `event` hand-off
-    uint32_t ticket = 0;  // 0: host work
+    Event done;             // recorded after the body where S waits on it (by_event)
+    bool by_event = false;  // the `event` hand-off, or `warm`'s first calls
+    uint32_t ticket = 0;    // 0: host work
     bool after_caller = true;
     Body body, poison;
     std::function<void()> host;
@@ -84,6 +87,8 @@ class CallQueue {
   bool device_flags_ = true;     // `done` (and `inputs_`) in device memory
   bool inputs_by_flag_ = false;  // Q waits inputs_ >= ticket (S writes it) instead of the event
   bool done_by_event_ = false;   // S waits on the slot's `done` event once the call is enqueued
+  bool warm_by_event_ = false;   // ... for the first kWarmCalls calls only
+  uint32_t calls_ = 0;           // calls submitted (under post_mu_)
   PinnedBuffer<uint32_t> done_host_{1};
   DeviceBuffer<uint32_t> flags_dev_;  // [done, inputs] with device_flags_
   uint32_t* done_dev_ = nullptr;
