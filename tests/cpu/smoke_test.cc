@@ -33,12 +33,9 @@ int64_t rows_mode_steps(const SimulationResult& r) {
   return n;
 }
 
-// With every plan charged 10 ms (--planner-time-us), the layer's clock tells its chooser that
-// the host is hundreds of times slower than its rule's reserve: the time modes' copies (40 us
-// reserved) then land later than the rows modes' (20 us), and it moves to rows. At 0 us (or
-// without the clock) it balances time on this trace in every step. The choice is the clock's:
-// the chooser reads no other knob of the charged time.
-TEST(Smoke, TheSimulatorTellsTheDefaultItsLayersPlannerTime) {
+// The bundled trace with the default policy alone and the measured H200 table, every plan
+// charged `planner_us` (--planner-time-us).
+SimulationResult default_policy_charged(double planner_us) {
   const Trace trace = read_trace(std::string(FEPLB_DATA_DIR) + "/traces/default.json");
   const TableCostModel table =
       read_gemm_table(std::string(FEPLB_DATA_DIR) + "/cost/h200-glm5.json");
@@ -46,12 +43,20 @@ TEST(Smoke, TheSimulatorTellsTheDefaultItsLayersPlannerTime) {
   cfg.policies = {"feplb"};
   cfg.shape = *trace.expert_shape;
   cfg.cost = &table;
-  cfg.knobs.planner_time_us = 0;
-  const SimulationResult fast = simulate(trace, cfg);
-  cfg.knobs.planner_time_us = 10000;
-  const SimulationResult slow = simulate(trace, cfg);
+  cfg.knobs.planner_time_us = planner_us;
+  return simulate(trace, cfg);
+}
+
+// With every plan charged 10 ms (--planner-time-us), the layer's clock tells its chooser that
+// the host is hundreds of times slower than its rule's reserve: the time modes' copies (40 us
+// reserved) then land later than the rows modes' (20 us), and it moves to rows. At 0 us (or
+// without the clock) it balances time on this trace in every step. The choice is the clock's:
+// the chooser reads no other knob of the charged time.
+TEST(Smoke, TheSimulatorTellsTheDefaultItsLayersPlannerTime) {
+  const SimulationResult fast = default_policy_charged(0);
+  const SimulationResult slow = default_policy_charged(10000);
   EXPECT_EQ(rows_mode_steps(fast), 0);
-  EXPECT_GT(rows_mode_steps(slow), static_cast<int64_t>(trace.steps.size()) / 2);
+  EXPECT_GT(rows_mode_steps(slow), static_cast<int64_t>(slow.find("feplb")->steps.size()) / 2);
   // What it pays for that choice is charged: every plan's 10 ms delays its copies.
   EXPECT_EQ(fast.find("feplb")->summary.exposed_ms, 0.0);
   EXPECT_GT(slow.find("feplb")->summary.exposed_ms, 1.0);
@@ -60,15 +65,7 @@ TEST(Smoke, TheSimulatorTellsTheDefaultItsLayersPlannerTime) {
 // A charged planner time is charged once per plan made on the counts: the chooser's first plan,
 // which plans two candidates, is charged twice, the later plans once.
 TEST(Smoke, AChargedPlannerTimeCountsThePlansAPlanTook) {
-  const Trace trace = read_trace(std::string(FEPLB_DATA_DIR) + "/traces/default.json");
-  const TableCostModel table =
-      read_gemm_table(std::string(FEPLB_DATA_DIR) + "/cost/h200-glm5.json");
-  SimulationConfig cfg;
-  cfg.policies = {"feplb"};
-  cfg.shape = *trace.expert_shape;
-  cfg.cost = &table;
-  cfg.knobs.planner_time_us = 30;
-  const SimulationResult r = simulate(trace, cfg);
+  const SimulationResult r = default_policy_charged(30);
   const std::vector<StepMetrics>& steps = r.find("feplb")->steps;
   ASSERT_GT(steps.size(), 2u);
   EXPECT_EQ(steps[0].planner_us, 60.0);
