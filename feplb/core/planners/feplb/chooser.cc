@@ -231,7 +231,7 @@ void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   update_host_scale(l);
   const double unbalanced = unbalanced_straggler(routing);
   l.budget = time_budget_now(unbalanced);
-  if (explored_ == 0 && l.seen == 0 && l.planned < 0 && modes_.size() > 1) {
+  if (explored_ == 0 && l.planned < 0 && modes_.size() > 1) {
     // The planner's first plan, no micro-batch seen: its counts are here, so the rule's mode and
     // its choice on the other path are planned on them and the better one kept (the plan takes
     // both candidates' time, once; a layer met later starts where the explored ones point).
