@@ -85,7 +85,7 @@ struct Plan {
   // -1: the knobs' (planner_reserve_us). Not part of serialize().
   double reserve_us = -1;
   // Plans made besides this one, on the same counts before it was ready (feplb's chooser costs
-  // every candidate on a layer's first counts): its latency includes theirs, and a simulation
+  // two candidates on its very first counts): its latency includes theirs, and a simulation
   // that charges a time per plan charges each of them too. Not part of serialize().
   int32_t extra_plans = 0;
   // The mode it was planned in, in a few words (feplb: FeplbConfig::label(); empty for the other

@@ -60,8 +60,7 @@ void CallQueue::submit(cudaStream_t caller, Body body, Body poison, bool after_c
   s.body = std::move(body);
   s.poison = std::move(poison);
   s.after_caller = after_caller;
-  s.by_event = done_by_event_ || (warm_by_event_ && calls_ < kWarmCalls);
-  ++calls_;
+  s.by_event = done_by_event_ || (warm_by_event_ && s.ticket <= kWarmCalls);  // tickets from 1
   if (after_caller && inputs_by_flag_) stream_write_u32(caller, inputs_dev_, s.ticket);
   if (after_caller && !inputs_by_flag_) s.inputs.record(caller);
   thread_.post(&CallQueue::run, &s);

@@ -88,7 +88,6 @@ class CallQueue {
   bool inputs_by_flag_ = false;  // Q waits inputs_ >= ticket (S writes it) instead of the event
   bool done_by_event_ = false;   // S waits on the slot's `done` event once the call is enqueued
   bool warm_by_event_ = false;   // ... for the first kWarmCalls calls only
-  uint32_t calls_ = 0;           // calls submitted (under post_mu_)
   PinnedBuffer<uint32_t> done_host_{1};
   DeviceBuffer<uint32_t> flags_dev_;  // [done, inputs] with device_flags_
   uint32_t* done_dev_ = nullptr;
