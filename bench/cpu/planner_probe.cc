@@ -1,7 +1,9 @@
 // A planner's plan() calls on the probes' workload (planner_workload.h), one process per setting:
 // their wall time (median, p90), optionally with the caches evicted before each call (--evict-mib),
 // and their instructions under callgrind (--callgrind: only the measured calls are instrumented);
-// with --first-plans N, the first plan() of N fresh planners (no history) instead.
+// with --first-plans N, the first plan() of N fresh planners (no history) instead; with
+// --new-layers N, after the usual warm-up the first plans of N layers never seen before (what
+// planner_threads plans side by side), the first of them apart (a side thread's tables grow then).
 //   feplb_planner_probe --ranks 72 --experts 288 --skew 5 --domain 72 [--plans 96] [--evict-mib 64]
 //                       [--knob one_hop=0 --knob time_balance_budget=0.05 ...]
 //   valgrind --tool=callgrind --instr-atstart=no build/bin/feplb_planner_probe ... --callgrind
@@ -9,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -49,12 +52,40 @@ int time_first_plans(const feplb::bench::ProbeSpec& spec, int first_plans) {
       feplb::quantile_of(us, 0.9), mode);
   return 0;
 }
+// After the warm-up, the first plans of `layers` layers never seen before, timed.
+int time_new_layers(const feplb::bench::ProbeSpec& spec, int layers) {
+  feplb::bench::ProbeWorkload w(spec);
+  for (int i = 0; i < feplb::bench::ProbeWorkload::kSteps; ++i) w.plan_next([](auto&& f) { f(); });
+  std::vector<double> us;
+  double first = 0;
+  int32_t extra = 0;
+  for (int i = 0; i < layers; ++i) {
+    w.plan_new_layer(1000 + i, [&](auto&& f) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      const double t =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (i == 0)
+        first = t;
+      else
+        us.push_back(t);
+    });
+    extra = std::max(extra, w.last_plan().extra_plans);
+  }
+  fmt::print(
+      "{} R={} E={} D={}: first plans of {} new layers, the first {:.1f} us, the others median "
+      "{:.1f} us, p90 {:.1f} us, plans in series besides {}, last mode {}\n",
+      spec.planner, spec.ranks, spec.experts, spec.domain, layers, first,
+      us.empty() ? 0.0 : feplb::quantile_of(us, 0.5), us.empty() ? 0.0 : feplb::quantile_of(us, 0.9),
+      extra, w.last_plan().mode);
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace feplb;
   bench::ProbeSpec spec;
-  int plans = 96, evict_mib = 0, first_plans = 0;
+  int plans = 96, evict_mib = 0, first_plans = 0, new_layers = 0;
   bool callgrind = false;
   CLI::App app{"feplb_planner_probe: a planner's plan() calls on a synthetic workload, timed"};
   app.add_option("--ranks", spec.ranks, "GPUs")->check(CLI::Range(2, 4096));
@@ -72,6 +103,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65536));
   app.add_option("--first-plans", first_plans, "time the first plan() of this many fresh planners")
       ->check(CLI::Range(1, 100000));
+  app.add_option("--new-layers", new_layers,
+                 "time the first plans of this many new layers after the warm-up")
+      ->check(CLI::Range(2, 100000));
   app.add_flag("--callgrind", callgrind, "instrument the measured calls only (under valgrind)");
   CLI11_PARSE(app, argc, argv);
   if (callgrind && !FEPLB_HAVE_CALLGRIND) {
@@ -85,6 +119,7 @@ int main(int argc, char** argv) {
                         spec.ranks, spec.domain, spec.experts);
     for (const std::string& k : knobs) spec.knobs.push_back(parse_knob_override(k));
     if (first_plans > 0) return time_first_plans(spec, first_plans);
+    if (new_layers > 0) return time_new_layers(spec, new_layers);
     bench::ProbeWorkload w(spec);
     for (int i = 0; i < bench::ProbeWorkload::kSteps; ++i) w.plan_next([](auto&& f) { f(); });
     std::vector<char> junk(static_cast<size_t>(evict_mib) << 20, 1);

@@ -60,6 +60,16 @@ class ProbeWorkload {
     planner_->observe(step);
     if (++next_ == steps_.size()) next_ = kObserved;
   }
+  // As plan_next(), the micro-batch's counts given to a layer never seen before (`layer`): that
+  // layer's first plan.
+  template <typename Around>
+  void plan_new_layer(int64_t layer, Around&& around) {
+    RoutingStep step = steps_[next_];
+    step.layer = layer;
+    around([&] { planner_->plan(step, plan_); });
+    planner_->observe(step);
+    if (++next_ == steps_.size()) next_ = kObserved;
+  }
   const Plan& last_plan() const { return plan_; }
 
  private:

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,12 +19,18 @@ class GemmCostModel {
   virtual ~GemmCostModel() = default;
   // Milliseconds to run one expert's FFN over `rows` rows on one GPU (0 rows -> 0).
   virtual double expert_ms(int64_t rows) const = 0;
+  // A copy another thread may use meanwhile (expert_ms fills caches), or null where the model
+  // cannot be copied (a planner then makes its side plans in series: feplb's chooser).
+  virtual std::unique_ptr<GemmCostModel> clone() const { return nullptr; }
 };
 
 class RooflineCostModel final : public GemmCostModel {
  public:
   RooflineCostModel(const ExpertShape& shape, const Knobs& knobs);
   double expert_ms(int64_t rows) const override;
+  std::unique_ptr<GemmCostModel> clone() const override {
+    return std::make_unique<RooflineCostModel>(*this);
+  }
   // One GEMM [m, k] x [k, n] in bf16, in ms: max(wave-quantised compute, memory) + launch.
   double gemm_ms(int64_t m, int64_t n, int64_t k) const;
 
@@ -45,6 +52,9 @@ class TableCostModel final : public GemmCostModel {
   TableCostModel(std::vector<int64_t> rows, std::vector<double> ms, ExpertShape shape,
                  std::string device);
   double expert_ms(int64_t rows) const override;
+  std::unique_ptr<GemmCostModel> clone() const override {
+    return std::make_unique<TableCostModel>(*this);
+  }
   const ExpertShape& shape() const { return shape_; }
   const std::string& device() const { return device_; }
   const std::vector<int64_t>& rows() const { return rows_; }

@@ -314,16 +314,18 @@ TEST(FeplbChooser, MovesToAModeThatIsFarBetter) {
   }
 }
 
-// The planner's first plan, before any history: the rule's mode and the rule's choice on the
-// other path planned on its counts, the better one kept, and the plan says it took one plan more
-// (Plan::extra_plans, which a charged simulation charges). On the workload above it is one hop at
-// once, and costs less than half of what the rule's two-phase first plan costs (GEMM straggler +
-// exposed time, the plan's latency at the reserve); a second layer then starts in the mode the
-// first one's exploration found, planned once.
+// With one planner thread, the planner's first plan, before any history: the rule's mode and the
+// rule's choice on the other path planned on its counts, the better one kept, and the plan says
+// it took one plan more (Plan::extra_plans, which a charged simulation charges). On the workload
+// above it is one hop at once, and costs less than half of what the rule's two-phase first plan
+// costs (GEMM straggler + exposed time, the plan's latency at the reserve); a second layer then
+// starts in the mode the first one's exploration found, planned once.
 TEST(FeplbChooser, TheFirstPlanIsTheBestCandidateOnItsCounts) {
   const int R = 72, E = 288;
-  const Bench b(R, R, E, Knobs{});
-  Knobs two_phase;
+  Knobs one_thread;
+  one_thread.planner_threads = 1;
+  const Bench b(R, R, E, one_thread);
+  Knobs two_phase = one_thread;
   two_phase.one_hop = 0;  // the rule's first mode here: the other switches left to the chooser
   const Bench rule(R, R, E, two_phase);
   auto planner = b.make("feplb"), by_rule = rule.make("feplb");
@@ -353,8 +355,8 @@ TEST(FeplbChooser, TheFirstPlanIsTheBestCandidateOnItsCounts) {
   EXPECT_EQ(next.extra_plans, 0);
 }
 
-// The first plan's kept candidate is the plan the chooser makes in that mode: byte for byte what
-// a chooser that starts there (its mode fixed by the knobs) plans on the same counts.
+// The first plan's kept candidate (planned on a side thread's engine, or the caller's) is the
+// plan the chooser makes in that mode: byte for byte what it plans on the same counts again.
 TEST(FeplbChooser, TheFirstPlanKeepsTheCandidatesPlanAsMade) {
   const int R = 72, E = 288;
   const Bench b(R, R, E, Knobs{});
@@ -364,12 +366,55 @@ TEST(FeplbChooser, TheFirstPlanKeepsTheCandidatesPlanAsMade) {
   const std::vector<RoutingStep> steps = steps_of(lognormal_prior(E, 13.0, 1, 3), R, 1, 3);
   Plan first, again;
   planner->plan(steps[0], first);
-  ASSERT_EQ(first.extra_plans, 1);
+  ASSERT_EQ(first.extra_plans, 0);  // its candidates side by side, one per planner thread
   // The same counts again (no observe(): the layer's mode now set, planned once).
   planner->plan(steps[0], again);
   EXPECT_EQ(again.extra_plans, 0);
   EXPECT_EQ(again.mode, first.mode);
   EXPECT_EQ(serialize(again), serialize(first));
+}
+
+// A cost model that cannot be copied for another thread (GemmCostModel::clone null): a chooser
+// over it plans the first plan's candidates one after the other, on the caller's thread.
+class NoCopies final : public GemmCostModel {
+ public:
+  explicit NoCopies(const GemmCostModel& m) : m_(m) {}
+  double expert_ms(int64_t rows) const override { return m_.expert_ms(rows); }
+
+ private:
+  const GemmCostModel& m_;
+};
+
+// With planner_threads 4, every layer's first plan tries 4 candidates: side by side (one round,
+// extra_plans 0), or in series where the cost model cannot be copied (extra_plans 3); the same
+// plans and modes, bit for bit, either way, on several layers and micro-batches. On the workload
+// where one hop is far better, the first plan is one hop.
+TEST(FeplbChooser, EveryLayersFirstPlanTriesItsCandidatesSideBySide) {
+  const int R = 72, E = 288;
+  const Bench b(R, R, E, Knobs{});
+  ASSERT_EQ(b.knobs.planner_threads, 4);
+  const NoCopies serial_cost(*b.cost);
+  auto side = b.make("feplb");
+  auto serial = make_planner("feplb", PlannerContext{b.topo, b.shape, b.knobs, &serial_cost});
+  const auto* chooser = dynamic_cast<const FeplbChooser*>(side.get());
+  ASSERT_NE(chooser, nullptr);
+  const std::vector<RoutingStep> steps = steps_of(lognormal_prior(E, 13.0, 1, 3), R, 6, 3);
+  Plan ps, pq;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    RoutingStep s = steps[i];
+    s.layer = static_cast<int64_t>(i % 3);  // three layers, two micro-batches each
+    side->plan(s, ps);
+    serial->plan(s, pq);
+    validate(ps, b.topo, s, b.shape, side->limits());
+    ASSERT_EQ(serialize(ps), serialize(pq)) << "micro-batch " << i;
+    ASSERT_EQ(ps.mode, pq.mode);
+    const bool first = i < 3;
+    EXPECT_EQ(ps.extra_plans, 0) << "micro-batch " << i;
+    EXPECT_EQ(pq.extra_plans, first ? 3 : 0) << "micro-batch " << i;
+    if (i == 0) EXPECT_EQ(chooser->mode_of(0).path, FeplbPath::kOneHop) << ps.mode;
+    side->observe(s);
+    serial->observe(s);
+  }
 }
 
 // Every rank runs its own chooser on the same counts: the same plans and moves, bit for bit.

@@ -35,7 +35,7 @@ int64_t rows_mode_steps(const SimulationResult& r) {
 
 // The bundled trace with the default policy alone and the measured H200 table, every plan
 // charged `planner_us` (--planner-time-us).
-SimulationResult default_policy_charged(double planner_us) {
+SimulationResult default_policy_charged(double planner_us, int64_t planner_threads = 4) {
   const Trace trace = read_trace(std::string(FEPLB_DATA_DIR) + "/traces/default.json");
   const TableCostModel table =
       read_gemm_table(std::string(FEPLB_DATA_DIR) + "/cost/h200-glm5.json");
@@ -44,6 +44,7 @@ SimulationResult default_policy_charged(double planner_us) {
   cfg.shape = *trace.expert_shape;
   cfg.cost = &table;
   cfg.knobs.planner_time_us = planner_us;
+  cfg.knobs.planner_threads = planner_threads;
   return simulate(trace, cfg);
 }
 
@@ -62,14 +63,17 @@ TEST(Smoke, TheSimulatorTellsTheDefaultItsLayersPlannerTime) {
   EXPECT_GT(slow.find("feplb")->summary.exposed_ms, 1.0);
 }
 
-// A charged planner time is charged once per plan made on the counts: the chooser's first plan,
-// which plans two candidates, is charged twice, the later plans once.
+// A charged planner time is charged once per plan made in series on the counts: with one
+// planner thread the chooser's first plan, which plans two candidates, is charged twice, the
+// later plans once; with four, every layer's first plan (four candidates side by side) once.
 TEST(Smoke, AChargedPlannerTimeCountsThePlansAPlanTook) {
-  const SimulationResult r = default_policy_charged(30);
-  const std::vector<StepMetrics>& steps = r.find("feplb")->steps;
+  const SimulationResult one = default_policy_charged(30, 1);
+  const std::vector<StepMetrics>& steps = one.find("feplb")->steps;
   ASSERT_GT(steps.size(), 2u);
   EXPECT_EQ(steps[0].planner_us, 60.0);
   for (size_t i = 1; i < steps.size(); ++i) EXPECT_EQ(steps[i].planner_us, 30.0) << "step " << i;
+  const SimulationResult four = default_policy_charged(30, 4);
+  for (const StepMetrics& m : four.find("feplb")->steps) EXPECT_EQ(m.planner_us, 30.0);
 }
 
 }  // namespace

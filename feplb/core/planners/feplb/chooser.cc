@@ -139,6 +139,27 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
     }
   }
   set_modes(std::move(modes));
+  // The side threads, each with an engine of its own on its own copy of the cost model (a model
+  // that cannot be copied: the first plan's candidates in series, on the caller's thread).
+  main_.engine = &engine_;
+  int threads = static_cast<int>(k.planner_threads);
+  std::vector<std::unique_ptr<GemmCostModel>> costs;
+  for (int t = 1; t < threads && modes_.size() > 1; ++t) {
+    costs.push_back(ctx_.cost->clone());
+    if (!costs.back()) threads = 1;
+  }
+  if (modes_.size() == 1) threads = 1;
+  for (int t = 1; t < threads; ++t) {
+    auto lane = std::make_unique<Lane>();
+    lane->cost = std::move(costs[static_cast<size_t>(t - 1)]);
+    PlannerContext side = ctx_;
+    side.cost = lane->cost.get();
+    side.cost_owner = nullptr;
+    lane->own = std::make_unique<FeplbEngine>(side);
+    lane->engine = lane->own.get();
+    lanes_.push_back(std::move(lane));
+  }
+  side_ = std::make_unique<ForkJoin>(threads);
 }
 
 void FeplbChooser::set_modes(std::vector<FeplbConfig> modes) {
@@ -231,14 +252,16 @@ void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   update_host_scale(l);
   const double unbalanced = unbalanced_straggler(routing);
   l.budget = time_budget_now(unbalanced);
-  if (explored_ == 0 && l.planned < 0 && modes_.size() > 1) {
-    // The planner's first plan, no micro-batch seen: its counts are here, so the rule's mode and
-    // its choice on the other path are planned on them and the better one kept (the plan takes
-    // both candidates' time, once; a layer met later starts where the explored ones point).
-    l.mode = first_plan_mode(l, routing, bound_ * unbalanced, out);
+  const int threads = static_cast<int>(ctx_.knobs.planner_threads);
+  // A layer's first plan (its counts are here, no micro-batch of it seen): several candidates
+  // planned on them side by side, the best kept (with one thread, the planner's very first only:
+  // two, in series).
+  const bool first = l.planned < 0 && l.seen == 0 && modes_.size() > 1 &&
+                     (threads > 1 || explored_ == 0);
+  if (first) {
+    l.mode = first_plan_mode(l, routing, bound_ * unbalanced, std::max(threads, 2), out);
     l.planned = l.mode;
     out.mode = labels_[static_cast<size_t>(l.mode)];
-    out.extra_plans = 1;
     return;
   }
   l.planned = l.mode;
@@ -246,38 +269,65 @@ void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   out.mode = labels_[static_cast<size_t>(l.mode)];
 }
 
-std::pair<int, int> FeplbChooser::first_candidates() const {
+void FeplbChooser::first_candidates(int start, int count) {
   const int n = static_cast<int>(modes_.size());
-  // The rule's mode, and the one it prefers on the other path (the path is where the rule misses
-  // by far), or its next where every candidate has one path.
-  const int rule = first_mode();
-  const FeplbPath path = modes_[static_cast<size_t>(rule)].path;
-  int other = -1, next = -1;
+  // Each path's candidates in the rule's order (rule_score, then index), the start's path apart.
+  std::vector<int> same, other;
+  const FeplbPath path = modes_[static_cast<size_t>(start)].path;
   for (int m = 0; m < n; ++m) {
-    if (m == rule) continue;
-    const bool same = modes_[static_cast<size_t>(m)].path == path;
-    int& slot = same ? next : other;
-    if (slot < 0 || rule_score(m) < rule_score(slot)) slot = m;
+    if (m != start) (modes_[static_cast<size_t>(m)].path == path ? same : other).push_back(m);
   }
-  return {rule, other >= 0 ? other : next};
+  const auto by_rule = [&](int a, int b) {
+    return rule_score(a) != rule_score(b) ? rule_score(a) < rule_score(b) : a < b;
+  };
+  std::sort(same.begin(), same.end(), by_rule);
+  std::sort(other.begin(), other.end(), by_rule);
+  picks_.assign(1, start);
+  count = std::min(count, n);
+  for (size_t i = 0; static_cast<int>(picks_.size()) < count; ++i) {
+    if (i < other.size()) picks_.push_back(other[i]);
+    if (i < same.size() && static_cast<int>(picks_.size()) < count) picks_.push_back(same[i]);
+  }
 }
 
 int FeplbChooser::first_plan_mode(const Layer& l, const RoutingStep& routing, double bound,
-                                  Plan& out) {
-  const auto [a, b] = first_candidates();
-  const PlanCost ca = cost_of(a, l.budget, routing, out);
-  const PlanCost cb = cost_of(b, l.budget, routing, candidate_);
-  const double over_a = ca.token_straggler > bound ? 1.0 : 0.0;
-  const double over_b = cb.token_straggler > bound ? 1.0 : 0.0;
-  const double cost[2] = {ca.layer_ms, cb.layer_ms}, over[2] = {over_a, over_b};
-  if (!better(cost, over, 0.5, 1, 0, 0.0)) return a;
-  std::swap(out, candidate_);  // b's plan (both planned as make_plan plans them)
-  return b;
+                                  int count, Plan& out) {
+  first_candidates(l.mode, count);
+  const int k = static_cast<int>(picks_.size());
+  if (first_plans_.size() < picks_.size()) first_plans_.resize(picks_.size());
+  first_costs_.resize(picks_.size());
+  // The side engines hold no layer's history: a layer's first plan reads none (its prediction
+  // is empty), so every lane plans the bytes the caller's engine would.
+  FEPLB_CHECK(engine_.prefetch(routing.layer).empty(),
+              "feplb chooser: layer {}'s first plan has a prefetch history", routing.layer);
+  const double budget = l.budget;
+  auto task = [&](int t, int thread) {
+    const auto i = static_cast<size_t>(t);
+    first_costs_[i] = cost_on(lane(thread), picks_[i], budget, routing, first_plans_[i]);
+  };
+  side_->run(k, task);
+  // The best by the revision's order (fewer passes of the bound, then cost; the earlier pick on a
+  // tie), as a scan in pick order would find it.
+  std::vector<double> cost(picks_.size()), over(picks_.size());
+  for (size_t i = 0; i < picks_.size(); ++i) {
+    cost[i] = first_costs_[i].layer_ms;
+    over[i] = first_costs_[i].token_straggler > bound ? 1.0 : 0.0;
+  }
+  int best = 0;
+  for (int i = 1; i < k; ++i) {
+    if (better(cost, over, 0.5, i, best, 0.0)) best = i;
+  }
+  std::swap(out, first_plans_[static_cast<size_t>(best)]);
+  const int threads = side_->threads();
+  out.extra_plans = (k + threads - 1) / threads - 1;  // the rounds after the first
+  return picks_[static_cast<size_t>(best)];
 }
 
 bool FeplbChooser::prime_plan(int64_t layer, Plan& out) {
   const RoutingStep* recent = engine_.recent(layer);
   const Layer* l = find_layer(layer);
+  // A layer whose first plan is next: its side threads start polling for it.
+  if (l == nullptr || (l->planned < 0 && l->seen == 0)) side_->wake();
   if (recent == nullptr || l == nullptr) return false;
   engine_.prime_with(mode_at(l->mode, time_budget_now(unbalanced_straggler(*recent))), *recent,
                      out);
@@ -309,17 +359,17 @@ FeplbConfig FeplbChooser::mode_at(int mode, double budget) const {
   return m;
 }
 
-PlanCost FeplbChooser::cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch) {
-  engine_.plan_with(mode_at(mode, budget), routing, scratch);
-  writer_.write(scratch, ctx_.topo, ctx_.knobs, engine_.schedule_cost());
+PlanCost FeplbChooser::cost_on(Lane& lane, int mode, double budget, const RoutingStep& routing,
+                               Plan& scratch) const {
+  lane.engine->plan_with(mode_at(mode, budget), routing, scratch);
+  lane.writer.write(scratch, ctx_.topo, ctx_.knobs, lane.engine->schedule_cost());
   // At this host's speed: a one-hop plan delays the dispatch by its time (less than its reserve
   // on a faster host), a two-phase plan's copies start that much after the reserve it was made
   // for (never before it: they were planned from it).
   const double rule_ms = scratch.reserve_us >= 0 ? scratch.reserve_us * 1e-3 : reserve_ms_;
   const double delay_ms =
       scratch.planned_before_dispatch ? 0.0 : std::max(0.0, host_scale_ - 1) * rule_ms;
-  return plan_cost(scratch, ctx_.topo, rule_ms * host_scale_, gemm_scratch_, rows_scratch_,
-                   delay_ms);
+  return plan_cost(scratch, ctx_.topo, rule_ms * host_scale_, lane.gemm, lane.rows, delay_ms);
 }
 
 // This host's planner time over what the rule charges, from the mode the layer's recent plans

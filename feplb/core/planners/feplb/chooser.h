@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "feplb/core/copy_links.h"
+#include "feplb/core/fork_join.h"
 #include "feplb/core/plan.h"
 #include "feplb/core/planners/feplb/config.h"
 #include "feplb/core/planners/feplb/engine.h"
@@ -50,18 +52,23 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    chooser's plans take keeps the token straggler summed over its plans within kAimShare of
 //    the bound (time_budget_now); copies hidden, or late by the busiest too with one hop and,
 //    over several domains of at most kLateTwoPhaseDomainMax GPUs, with two phases;
-//  - the first mode of a layer first met by a plan (no history of its own): where other layers
-//    were explored, the candidate their pooled sums rank best (below), planned once; before any,
-//    for the planner's very first plan, the rule's mode and the rule's choice on the other path
-//    planned on its counts and costed (plan_cost), the better kept (that plan takes two plans'
-//    time, Plan::extra_plans; the path is where the rule misses by far: at EP=32 with 4 experts
-//    per GPU (an OLMoE prior), two-phase left 68% of the token straggler where one hop removed
-//    99%; every candidate, 12 plans' time on the critical path, cost more than a better mode saves
-//    on traces of two micro-batches per layer, docs/planners.md); a layer first met by observe()
-//    (a history before its plans) starts in the rule's mode and is explored at once: one-hop where
-//    a GPU has at most kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the
-//    dispatch, into windows one or two static experts do not leave), else two-phase; prefetch on;
-//    time where allowed, else rows; copies hidden (two-phase) or late (one-hop);
+//  - the first plan of a layer first met by a plan (no history of its own), on its counts: with
+//    planner_threads T > 1, T candidates planned side by side on T host threads (ForkJoin: the
+//    caller's and T - 1 that poll between jobs), each costed (plan_cost), the best kept, in one
+//    plan's time: the layer's start mode (where other layers were explored the candidate their
+//    pooled sums rank best, below; before any the rule's), then the rule's order alternating
+//    between the paths (first_candidates). With T = 1, the planner's very first plan tries the
+//    rule's mode and its choice on the other path one after the other (two plans' time,
+//    Plan::extra_plans), a later layer's first plan is its start mode alone. Why: the path is
+//    where the rule misses by far (at EP=32 with 4 experts per GPU, an OLMoE prior, two-phase
+//    left 68% of the token straggler where one hop removed 99%); every candidate in series, 12
+//    plans' time on the critical path, cost more than a better mode saves on traces of two
+//    micro-batches per layer; and the pooled best of the layers before is not every layer's own
+//    (docs/planners.md, "The first plan"). A layer first met by observe() (a history before its
+//    plans) starts in the rule's mode and is explored at once: one-hop where a GPU has at most
+//    kOneHopExpertsMax experts (two-phase moves a hot expert's rows after the dispatch, into
+//    windows one or two static experts do not leave), else two-phase; prefetch on; time where
+//    allowed, else rows; copies hidden (two-phase) or late (one-hop);
 //  - revision, off the critical path (observe(), after the copies are issued): on every
 //    micro-batch up to kExploreAllGpusMax GPUs (its plans take microseconds), else on a layer's
 //    first kExploreFirst micro-batches and every kExploreEvery-th after, its counts are planned
@@ -177,15 +184,35 @@ class FeplbChooser final : public Planner {
   static bool better(std::span<const double> cost, std::span<const double> over, double half, int a,
                      int b, double margin);
   int best_of(std::span<const double> cost, std::span<const double> over, double half) const;
-  // The planner's first plan: the two candidates of first_candidates() planned on `routing` at
-  // the layer's budget and costed; the better one, its plan left in `out` (`bound`: the
-  // token-straggler bound in rows).
-  int first_plan_mode(const Layer& l, const RoutingStep& routing, double bound, Plan& out);
-  // The two candidates the planner's first plan tries: the rule's mode (first_mode()) and the
-  // rule's choice on the other path (its next where every candidate has one path).
-  std::pair<int, int> first_candidates() const;
-  // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it.
-  PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch);
+  // What one host thread plans with: its engine (the chooser's own on the caller's thread, a
+  // copy with its own copy of the cost model on the others: their tables fill as they plan), its
+  // schedule writer and scratch.
+  struct Lane {
+    std::unique_ptr<GemmCostModel> cost;   // null on the caller's thread
+    std::unique_ptr<FeplbEngine> own;      // null on the caller's thread
+    FeplbEngine* engine = nullptr;
+    ScheduleWriter writer;
+    std::vector<double> gemm;
+    std::vector<int64_t> rows;
+  };
+  // A layer's first plan: `count` candidates of first_candidates() planned on `routing` at the
+  // layer's budget and costed, side by side on the lanes; the best one's plan left in `out`
+  // (`bound`: the token-straggler bound in rows), its plans made in series besides in
+  // out.extra_plans.
+  int first_plan_mode(const Layer& l, const RoutingStep& routing, double bound, int count,
+                      Plan& out);
+  // The `count` candidates a layer's first plan tries, into picks_: `start` (the layer's start
+  // mode), then the rule's order (rule_score, then index) alternating between the paths, the
+  // other path first (where the other path has none left, the start's).
+  void first_candidates(int start, int count);
+  // Plans `routing` in candidate `mode` (a time budget at `budget`) and costs it, on `lane`.
+  // Reads no chooser state a plan changes: the lanes run it side by side.
+  PlanCost cost_on(Lane& lane, int mode, double budget, const RoutingStep& routing,
+                   Plan& scratch) const;
+  PlanCost cost_of(int mode, double budget, const RoutingStep& routing, Plan& scratch) {
+    return cost_on(main_, mode, budget, routing, scratch);
+  }
+  Lane& lane(int thread) { return thread == 0 ? main_ : *lanes_[static_cast<size_t>(thread - 1)]; }
   // Candidate `mode` with its time budget at `budget` (where the chooser sets the balance).
   FeplbConfig mode_at(int mode, double budget) const;
   // What the rule charges candidate `mode`'s plans, us: its reserve, or the knobs' (one-hop).
@@ -212,10 +239,13 @@ class FeplbChooser final : public Planner {
   double recent_us_ = 0;   // set_recent_plan_us
   double host_scale_ = 1;  // this host's planner time over the rule's (start-up: at least 1)
   std::vector<Layer> layers_;
-  ScheduleWriter writer_;  // the schedules of the plans observe() costs
+  Lane main_;                                // the caller's thread: engine_, observe()'s plans
+  std::vector<std::unique_ptr<Lane>> lanes_;  // [planner_threads - 1] the side threads'
+  std::unique_ptr<ForkJoin> side_;           // planner_threads (1: no thread of its own)
+  std::vector<int> picks_;                   // first_candidates()
+  std::vector<Plan> first_plans_;            // [picks] a first plan's candidates
+  std::vector<PlanCost> first_costs_;        // [picks]
   Plan current_, candidate_;
-  std::vector<double> gemm_scratch_;
-  std::vector<int64_t> rows_scratch_;
   std::vector<int64_t> home_scratch_;
   std::vector<double> pooled_cost_, pooled_over_;  // pool(): every layer's sums, summed
   int64_t explored_ = 0;                           // micro-batches explored so far, every layer's

@@ -45,7 +45,9 @@ void synthetic_step(const Topology& topo, int64_t rows_per_rank, uint64_t seed, 
 std::vector<ModeTime> FeplbChooser::measure_mode_times(int64_t rows_per_rank) const {
   if (ctx_.knobs.planner_budget_us >= 0) return {};
   using Clock = std::chrono::steady_clock;
-  FeplbChooser probe(ctx_, left_);
+  PlannerContext one = ctx_;
+  one.knobs.planner_threads = 1;  // its plans are timed one by one, on this thread
+  FeplbChooser probe(one, left_);
   // Two-phase candidates only: a one-hop plan reserves nothing (the dispatch waits for it).
   std::vector<size_t> timed;
   for (size_t m = 0; m < probe.modes_.size(); ++m) {
@@ -92,7 +94,10 @@ std::vector<ModeTime> FeplbChooser::measure_mode_times(int64_t rows_per_rank) co
 }
 
 void FeplbChooser::warm(int64_t max_expert_rows) {
-  for (const FeplbConfig& mode : modes_) engine_.warm(mode, max_expert_rows);
+  for (const FeplbConfig& mode : modes_) {
+    engine_.warm(mode, max_expert_rows);
+    for (auto& lane : lanes_) lane->engine->warm(mode, max_expert_rows);
+  }
 }
 
 void FeplbChooser::set_host_times(std::span<const ModeTime> times) {
