@@ -76,8 +76,8 @@ int time_new_layers(const feplb::bench::ProbeSpec& spec, int layers) {
       "{} R={} E={} D={}: first plans of {} new layers, the first {:.1f} us, the others median "
       "{:.1f} us, p90 {:.1f} us, plans in series besides {}, last mode {}\n",
       spec.planner, spec.ranks, spec.experts, spec.domain, layers, first,
-      us.empty() ? 0.0 : feplb::quantile_of(us, 0.5), us.empty() ? 0.0 : feplb::quantile_of(us, 0.9),
-      extra, w.last_plan().mode);
+      us.empty() ? 0.0 : feplb::quantile_of(us, 0.5),
+      us.empty() ? 0.0 : feplb::quantile_of(us, 0.9), extra, w.last_plan().mode);
   return 0;
 }
 }  // namespace

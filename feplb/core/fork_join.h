@@ -32,7 +32,8 @@ class ForkJoin {
   // exception a task threw is rethrown here (after all tasks ended). From one thread at a time.
   template <class Task>
   void run(int count, Task& task) {
-    run_erased(count, [](void* f, int t, int th) { (*static_cast<Task*>(f))(t, th); }, &task);
+    run_erased(
+        count, [](void* f, int t, int th) { (*static_cast<Task*>(f))(t, th); }, &task);
   }
   // The threads start polling now (for kSpinUs), so that the next run() starts its tasks without
   // a wake-up: call it ahead of a job whose inputs are on the way.

@@ -256,8 +256,8 @@ void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   // A layer's first plan (its counts are here, no micro-batch of it seen): several candidates
   // planned on them side by side, the best kept (with one thread, the planner's very first only:
   // two, in series).
-  const bool first = l.planned < 0 && l.seen == 0 && modes_.size() > 1 &&
-                     (threads > 1 || explored_ == 0);
+  const bool first =
+      l.planned < 0 && l.seen == 0 && modes_.size() > 1 && (threads > 1 || explored_ == 0);
   if (first) {
     l.mode = first_plan_mode(l, routing, bound_ * unbalanced, std::max(threads, 2), out);
     l.planned = l.mode;

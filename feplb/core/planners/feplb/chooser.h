@@ -188,8 +188,8 @@ class FeplbChooser final : public Planner {
   // copy with its own copy of the cost model on the others: their tables fill as they plan), its
   // schedule writer and scratch.
   struct Lane {
-    std::unique_ptr<GemmCostModel> cost;   // null on the caller's thread
-    std::unique_ptr<FeplbEngine> own;      // null on the caller's thread
+    std::unique_ptr<GemmCostModel> cost;  // null on the caller's thread
+    std::unique_ptr<FeplbEngine> own;     // null on the caller's thread
     FeplbEngine* engine = nullptr;
     ScheduleWriter writer;
     std::vector<double> gemm;
@@ -239,12 +239,12 @@ class FeplbChooser final : public Planner {
   double recent_us_ = 0;   // set_recent_plan_us
   double host_scale_ = 1;  // this host's planner time over the rule's (start-up: at least 1)
   std::vector<Layer> layers_;
-  Lane main_;                                // the caller's thread: engine_, observe()'s plans
+  Lane main_;                                 // the caller's thread: engine_, observe()'s plans
   std::vector<std::unique_ptr<Lane>> lanes_;  // [planner_threads - 1] the side threads'
-  std::unique_ptr<ForkJoin> side_;           // planner_threads (1: no thread of its own)
-  std::vector<int> picks_;                   // first_candidates()
-  std::vector<Plan> first_plans_;            // [picks] a first plan's candidates
-  std::vector<PlanCost> first_costs_;        // [picks]
+  std::unique_ptr<ForkJoin> side_;            // planner_threads (1: no thread of its own)
+  std::vector<int> picks_;                    // first_candidates()
+  std::vector<Plan> first_plans_;             // [picks] a first plan's candidates
+  std::vector<PlanCost> first_costs_;         // [picks]
   Plan current_, candidate_;
   std::vector<int64_t> home_scratch_;
   std::vector<double> pooled_cost_, pooled_over_;  // pool(): every layer's sums, summed
