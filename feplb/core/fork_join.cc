@@ -1,10 +1,37 @@
 #include "feplb/core/fork_join.h"
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+#include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "feplb/core/error.h"
 
 namespace feplb {
+
+int ForkJoin::usable_cores() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+std::shared_ptr<ForkJoin> ForkJoin::shared(int threads) {
+  static std::mutex mutex;
+  static std::map<int, std::weak_ptr<ForkJoin>> sets;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::shared_ptr<ForkJoin> set = sets[threads].lock();
+  if (!set) {
+    set = std::make_shared<ForkJoin>(threads);
+    sets[threads] = set;
+  }
+  return set;
+}
 
 ForkJoin::ForkJoin(int threads) : threads_(threads) {
   FEPLB_REQUIRE_INPUT(threads >= 1, "ForkJoin: {} threads (at least 1)", threads);
@@ -35,7 +62,9 @@ void ForkJoin::publish(int count, Erased fn, void* context) {
 }
 
 void ForkJoin::wake() {
-  if (threads_ == 1 || pending_.load(std::memory_order_acquire) != 0) return;  // awake already
+  const std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
+  if (!lock.owns_lock() || threads_ == 1 || pending_.load(std::memory_order_acquire) != 0)
+    return;  // a job runs, or they are awake already
   publish(0, nullptr, nullptr);
 }
 

@@ -385,10 +385,10 @@ class NoCopies final : public GemmCostModel {
   const GemmCostModel& m_;
 };
 
-// With planner_threads 4, every layer's first plan tries 4 candidates: side by side (one round,
+// With planner_threads 4, a layer's first plan tries 4 candidates: side by side (one round,
 // extra_plans 0), or in series where the cost model cannot be copied (extra_plans 3); the same
-// plans and modes, bit for bit, either way, on several layers and micro-batches. On the workload
-// where one hop is far better, the first plan is one hop.
+// plans and modes, bit for bit, either way, on three layers of three micro-batches, the later
+// ones planned once. On the workload where one hop is far better, the first plan is one hop.
 TEST(FeplbChooser, EveryLayersFirstPlanTriesItsCandidatesSideBySide) {
   const int R = 72, E = 288;
   const Bench b(R, R, E, Knobs{});
@@ -398,11 +398,11 @@ TEST(FeplbChooser, EveryLayersFirstPlanTriesItsCandidatesSideBySide) {
   auto serial = make_planner("feplb", PlannerContext{b.topo, b.shape, b.knobs, &serial_cost});
   const auto* chooser = dynamic_cast<const FeplbChooser*>(side.get());
   ASSERT_NE(chooser, nullptr);
-  const std::vector<RoutingStep> steps = steps_of(lognormal_prior(E, 13.0, 1, 3), R, 6, 3);
+  const std::vector<RoutingStep> steps = steps_of(lognormal_prior(E, 13.0, 1, 3), R, 9, 3);
   Plan ps, pq;
   for (size_t i = 0; i < steps.size(); ++i) {
     RoutingStep s = steps[i];
-    s.layer = static_cast<int64_t>(i % 3);  // three layers, two micro-batches each
+    s.layer = static_cast<int64_t>(i % 3);  // three layers, three micro-batches each
     side->plan(s, ps);
     serial->plan(s, pq);
     validate(ps, b.topo, s, b.shape, side->limits());

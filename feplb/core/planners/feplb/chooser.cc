@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "feplb/core/error.h"
 
@@ -140,18 +141,16 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
   }
   set_modes(std::move(modes));
   // The side threads, each with an engine of its own on its own copy of the cost model (a model
-  // that cannot be copied: the first plan's candidates in series, on the caller's thread).
+  // that cannot be copied: the candidates in series, on the caller's thread), as many as the host
+  // lets this process run at once: the plans are the same either way, and a plan is charged as
+  // on a host with a core for each of planner_threads (Plan::extra_plans).
   main_.engine = &engine_;
-  int threads = static_cast<int>(k.planner_threads);
-  std::vector<std::unique_ptr<GemmCostModel>> costs;
-  for (int t = 1; t < threads && modes_.size() > 1; ++t) {
-    costs.push_back(ctx_.cost->clone());
-    if (!costs.back()) threads = 1;
-  }
-  if (modes_.size() == 1) threads = 1;
+  const bool copies = modes_.size() > 1 && ctx_.cost->clone() != nullptr;
+  side_charge_ = copies ? static_cast<int>(k.planner_threads) : 1;
+  const int threads = copies ? std::min(side_charge_, ForkJoin::usable_cores()) : 1;
   for (int t = 1; t < threads; ++t) {
     auto lane = std::make_unique<Lane>();
-    lane->cost = std::move(costs[static_cast<size_t>(t - 1)]);
+    lane->cost = ctx_.cost->clone();
     PlannerContext side = ctx_;
     side.cost = lane->cost.get();
     side.cost_owner = nullptr;
@@ -159,7 +158,7 @@ FeplbChooser::FeplbChooser(const PlannerContext& ctx, const FeplbAuto& left)
     lane->engine = lane->own.get();
     lanes_.push_back(std::move(lane));
   }
-  side_ = std::make_unique<ForkJoin>(threads);
+  if (threads > 1) side_ = ForkJoin::shared(threads);
 }
 
 void FeplbChooser::set_modes(std::vector<FeplbConfig> modes) {
@@ -253,11 +252,11 @@ void FeplbChooser::make_plan(const RoutingStep& routing, Plan& out) {
   const double unbalanced = unbalanced_straggler(routing);
   l.budget = time_budget_now(unbalanced);
   const int threads = static_cast<int>(ctx_.knobs.planner_threads);
-  // A layer's first plan (its counts are here, no micro-batch of it seen): several candidates
-  // planned on them side by side, the best kept (with one thread, the planner's very first only:
-  // two, in series).
-  const bool first =
-      l.planned < 0 && l.seen == 0 && modes_.size() > 1 && (threads > 1 || explored_ == 0);
+  // A layer's first kSidePlansPerLayer plans (its counts are here): several candidates planned on
+  // them side by side, the best kept (with one thread, the planner's very first plan only: two,
+  // in series).
+  const bool first = modes_.size() > 1 &&
+                     (threads > 1 ? l.seen < kSidePlansPerLayer : l.planned < 0 && explored_ == 0);
   if (first) {
     l.mode = first_plan_mode(l, routing, bound_ * unbalanced, std::max(threads, 2), out);
     l.planned = l.mode;
@@ -298,14 +297,22 @@ int FeplbChooser::first_plan_mode(const Layer& l, const RoutingStep& routing, do
   first_costs_.resize(picks_.size());
   // The side engines hold no layer's history: a layer's first plan reads none (its prediction
   // is empty), so every lane plans the bytes the caller's engine would.
-  FEPLB_CHECK(engine_.prefetch(routing.layer).empty(),
-              "feplb chooser: layer {}'s first plan has a prefetch history", routing.layer);
+  for (const auto& side : lanes_) {
+    FEPLB_CHECK(
+        side->engine->prefetch(routing.layer).size() == engine_.prefetch(routing.layer).size(),
+        "feplb chooser: layer {}'s side engines predict other copies", routing.layer);
+  }
   const double budget = l.budget;
   auto task = [&](int t, int thread) {
     const auto i = static_cast<size_t>(t);
     first_costs_[i] = cost_on(lane(thread), picks_[i], budget, routing, first_plans_[i]);
   };
-  side_->run(k, task);
+  // Side by side; in series on this thread while another planner of the process uses the side
+  // threads (the same plans, in more time).
+  const bool side = side_ && side_->try_run(k, task);
+  if (!side) {
+    for (int t = 0; t < k; ++t) task(t, 0);
+  }
   // The best by the revision's order (fewer passes of the bound, then cost; the earlier pick on a
   // tie), as a scan in pick order would find it.
   std::vector<double> cost(picks_.size()), over(picks_.size());
@@ -318,16 +325,16 @@ int FeplbChooser::first_plan_mode(const Layer& l, const RoutingStep& routing, do
     if (better(cost, over, 0.5, i, best, 0.0)) best = i;
   }
   std::swap(out, first_plans_[static_cast<size_t>(best)]);
-  const int threads = side_->threads();
-  out.extra_plans = (k + threads - 1) / threads - 1;  // the rounds after the first
+  // Charged as on a host with a core for each of planner_threads: the rounds after the first.
+  out.extra_plans = (k + side_charge_ - 1) / side_charge_ - 1;
   return picks_[static_cast<size_t>(best)];
 }
 
 bool FeplbChooser::prime_plan(int64_t layer, Plan& out) {
   const RoutingStep* recent = engine_.recent(layer);
   const Layer* l = find_layer(layer);
-  // A layer whose first plan is next: its side threads start polling for it.
-  if (l == nullptr || (l->planned < 0 && l->seen == 0)) side_->wake();
+  // A layer whose next plan is made side by side: the side threads start polling for it.
+  if (side_ && (l == nullptr || l->seen < kSidePlansPerLayer)) side_->wake();
   if (recent == nullptr || l == nullptr) return false;
   engine_.prime_with(mode_at(l->mode, time_budget_now(unbalanced_straggler(*recent))), *recent,
                      out);
@@ -399,6 +406,10 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   // Recorded after exploring: the candidates were costed with the weights this step had
   // prefetched (a prediction made from the step itself would favour the prefetch candidates).
   engine_.record(routing.layer, current_);
+  // The side engines predict the copies the caller's engine does, for the plans they still make.
+  if (l.seen < kSidePlansPerLayer) {
+    for (auto& side : lanes_) side->engine->record(routing.layer, current_);
+  }
 }
 
 void FeplbChooser::explore(Layer& l, const RoutingStep& routing, const PlanCost& now,

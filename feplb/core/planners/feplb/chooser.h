@@ -89,6 +89,9 @@ class FeplbChooser final : public Planner {
   static constexpr int kTimeGpusMax = 288;  // the most measured: one domain of 256, 4 of 72
   static constexpr int kAllTriesGpusMax = 16;
   static constexpr int kOneHopExpertsMax = 2;
+  // A layer's plans made side by side (its first): a second, measured (one more of 23 first-plan
+  // workloads met), would pick a mode its history cannot replay (docs/planners.md).
+  static constexpr int kSidePlansPerLayer = 1;
   static constexpr int kExploreFirst = 3;
   static constexpr int kExploreEvery = 8;
   static constexpr int kExploreAllGpusMax = 16;
@@ -241,10 +244,13 @@ class FeplbChooser final : public Planner {
   std::vector<Layer> layers_;
   Lane main_;                                 // the caller's thread: engine_, observe()'s plans
   std::vector<std::unique_ptr<Lane>> lanes_;  // [planner_threads - 1] the side threads'
-  std::unique_ptr<ForkJoin> side_;            // planner_threads (1: no thread of its own)
-  std::vector<int> picks_;                    // first_candidates()
-  std::vector<Plan> first_plans_;             // [picks] a first plan's candidates
-  std::vector<PlanCost> first_costs_;         // [picks]
+  std::shared_ptr<ForkJoin> side_;     // the process's planner_threads (null: 1, or no lanes)
+  // The threads a side-by-side plan is charged for (Plan::extra_plans): planner_threads, or 1
+  // where the cost model cannot be copied (its candidates always in series).
+  int side_charge_ = 1;
+  std::vector<int> picks_;             // first_candidates()
+  std::vector<Plan> first_plans_;      // [picks] a first plan's candidates
+  std::vector<PlanCost> first_costs_;  // [picks]
   Plan current_, candidate_;
   std::vector<int64_t> home_scratch_;
   std::vector<double> pooled_cost_, pooled_over_;  // pool(): every layer's sums, summed
