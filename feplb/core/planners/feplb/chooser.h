@@ -244,7 +244,7 @@ class FeplbChooser final : public Planner {
   std::vector<Layer> layers_;
   Lane main_;                                 // the caller's thread: engine_, observe()'s plans
   std::vector<std::unique_ptr<Lane>> lanes_;  // [planner_threads - 1] the side threads'
-  std::shared_ptr<ForkJoin> side_;     // the process's planner_threads (null: 1, or no lanes)
+  std::shared_ptr<ForkJoin> side_;  // the process's planner_threads (null: 1, or no lanes)
   // The threads a side-by-side plan is charged for (Plan::extra_plans): planner_threads, or 1
   // where the cost model cannot be copied (its candidates always in series).
   int side_charge_ = 1;
