@@ -54,11 +54,12 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    over several domains of at most kLateTwoPhaseDomainMax GPUs, with two phases;
 //  - the first plan of a layer first met by a plan (no history of its own), on its counts: with
 //    planner_threads T > 1, T candidates planned side by side on T host threads (ForkJoin: the
-//    caller's and T - 1 that poll between jobs), each costed (plan_cost), the best kept, in one
-//    plan's time: the layer's start mode (where other layers were explored the candidate their
-//    pooled sums rank best, below; before any the rule's), then the rule's order alternating
-//    between the paths (first_candidates). With T = 1, the planner's very first plan tries the
-//    rule's mode and its choice on the other path one after the other (two plans' time,
+//    caller's and T - 1 of the process's, which poll between jobs; fewer where the process may
+//    run on fewer cores, charged as T: Plan::extra_plans), each costed (plan_cost), the best
+//    kept, in one plan's time: the layer's start mode (where other layers were explored the
+//    candidate their pooled sums rank best, below; before any the rule's), then the rule's order
+//    alternating between the paths (first_candidates). With T = 1, the planner's very first plan
+//    tries the rule's mode and its choice on the other path one after the other (two plans' time,
 //    Plan::extra_plans), a later layer's first plan is its start mode alone. Why: the path is
 //    where the rule misses by far (at EP=32 with 4 experts per GPU, an OLMoE prior, two-phase
 //    left 68% of the token straggler where one hop removed 99%); every candidate in series, 12
