@@ -411,7 +411,9 @@ TEST(FeplbChooser, EveryLayersFirstPlanTriesItsCandidatesSideBySide) {
     const bool first = i < 3;
     EXPECT_EQ(ps.extra_plans, 0) << "micro-batch " << i;
     EXPECT_EQ(pq.extra_plans, first ? 3 : 0) << "micro-batch " << i;
-    if (i == 0) EXPECT_EQ(chooser->mode_of(0).path, FeplbPath::kOneHop) << ps.mode;
+    if (i == 0) {
+      EXPECT_EQ(chooser->mode_of(0).path, FeplbPath::kOneHop) << ps.mode;
+    }
     side->observe(s);
     serial->observe(s);
   }

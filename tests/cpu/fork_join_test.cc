@@ -29,11 +29,11 @@ TEST(ForkJoin, RunsEveryTaskOnceOnItsThread) {
     for (int t = 0; t < count; ++t) {
       EXPECT_EQ(runs[static_cast<size_t>(t)], 1) << "task " << t << " of " << count;
       // One task runs on the caller's thread (0); with more tasks each on thread t % 4.
-      if (count > 1) EXPECT_EQ(thread_of[static_cast<size_t>(t)], t % 4);
-      if (thread_of[static_cast<size_t>(t)] == 0)
-        EXPECT_EQ(ids[static_cast<size_t>(t)], std::this_thread::get_id());
-      else
-        EXPECT_NE(ids[static_cast<size_t>(t)], std::this_thread::get_id());
+      if (count > 1) {
+        EXPECT_EQ(thread_of[static_cast<size_t>(t)], t % 4);
+      }
+      const bool on_caller = thread_of[static_cast<size_t>(t)] == 0;
+      EXPECT_EQ(ids[static_cast<size_t>(t)] == std::this_thread::get_id(), on_caller);
     }
   }
 }
