@@ -14,6 +14,7 @@ void Plan::clear(int num_experts) {
   planned_before_dispatch = false;
   reserve_us = -1;
   extra_plans = 0;
+  candidates = 1;
   schedule.clear();
   mode.clear();
   dynamic.assign(static_cast<size_t>(num_experts), 0);

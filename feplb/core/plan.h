@@ -88,6 +88,10 @@ struct Plan {
   // two candidates on its very first counts): its latency includes theirs, and a simulation
   // that charges a time per plan charges each of them too. Not part of serialize().
   int32_t extra_plans = 0;
+  // The candidate modes it was chosen from, itself included (feplb's chooser plans a layer's first
+  // counts in several, side by side): its time is theirs and their hand-off, not one plan of its
+  // mode's (PlannerClock passes it over). Not part of serialize().
+  int32_t candidates = 1;
   // The mode it was planned in, in a few words (feplb: FeplbConfig::label(); empty for the other
   // planners). Not part of serialize().
   std::string mode;

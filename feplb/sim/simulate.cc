@@ -278,7 +278,7 @@ void run_epoch(const PolicyRun& run, const std::string& name, const Epoch& epoch
       PlannerClock& clock = clocks[step.layer];
       planner.set_recent_plan_us(charged_us > 0 ? charged_us : clock.recent_us());
       const double us = timed_plan_us(planner, step, plan, run.config.knobs);
-      clock.add(plan.mode, us);
+      clock.add(plan.mode, us, plan.candidates);
       validate(plan, topo, step, run.config.shape, planner.limits());
       GpuLoads loads;
       pr.steps.push_back(measure_plan(plan, topo, run.cost, us, &loads));

@@ -6,7 +6,8 @@
 
 namespace feplb {
 
-int32_t PlannerClock::add(const std::string& mode, double us) {
+int32_t PlannerClock::add(const std::string& mode, double us, int32_t candidates) {
+  if (candidates > 1) return recent_us_;
   if (mode != mode_) {
     mode_ = mode;
     count_ = next_ = 0;

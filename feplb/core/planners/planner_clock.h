@@ -15,8 +15,10 @@ class PlannerClock {
   static constexpr int kPlans = 64;    // the plans it remembers
   static constexpr int kOutliers = 2;  // the longest ones it passes over
 
-  // After a plan in `mode` that took `us`. Returns recent_us().
-  int32_t add(const std::string& mode, double us);
+  // After a plan in `mode` that took `us`, chosen from `candidates` modes (Plan::candidates: more
+  // than one, its time is several plans', not one of its mode's, and is passed over). Returns
+  // recent_us().
+  int32_t add(const std::string& mode, double us, int32_t candidates);
   // The third longest of the last kPlans plans in the mode of the last one (about their p97; the
   // longest while there are fewer than three), whole us; 0 before any plan. A change of mode
   // starts again (modes take different times); a spike of milliseconds (the host's, or a table

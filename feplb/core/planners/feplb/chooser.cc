@@ -327,6 +327,7 @@ int FeplbChooser::first_plan_mode(const Layer& l, const RoutingStep& routing, do
   std::swap(out, first_plans_[static_cast<size_t>(best)]);
   // Charged as on a host with a core for each of planner_threads: the rounds after the first.
   out.extra_plans = (k + side_charge_ - 1) / side_charge_ - 1;
+  out.candidates = k;
   return picks_[static_cast<size_t>(best)];
 }
 
