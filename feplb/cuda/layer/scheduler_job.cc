@@ -160,7 +160,8 @@ void MoeLayer::Impl::plan_job() {
   h.stats.prime_overtaken = job.prime_overtaken;
   if (r.cfg.measure_planner) {
     std::atomic_ref<int32_t>(*planner_us.get())
-        .store(clock.add(h.plan.mode, h.stats.plan_us, h.plan.candidates), std::memory_order_relaxed);
+        .store(clock.add(h.plan.mode, h.stats.plan_us, h.plan.candidates),
+               std::memory_order_relaxed);
   }
   h.stats.plan_reserve_us =
       h.plan.planned_before_dispatch ? 0.0 : h.plan.schedule.copy_start_ms * 1e3;
