@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "feplb/core/error.h"
 
@@ -295,8 +294,9 @@ int FeplbChooser::first_plan_mode(const Layer& l, const RoutingStep& routing, do
   const int k = static_cast<int>(picks_.size());
   if (first_plans_.size() < picks_.size()) first_plans_.resize(picks_.size());
   first_costs_.resize(picks_.size());
-  // The side engines hold no layer's history: a layer's first plan reads none (its prediction
-  // is empty), so every lane plans the bytes the caller's engine would.
+  // Every lane predicts the copies the caller's engine does (a layer's first plan: none; the side
+  // engines record the plans of a layer that still plans side by side), so each plans the bytes
+  // the caller's engine would.
   for (const auto& side : lanes_) {
     FEPLB_CHECK(
         side->engine->prefetch(routing.layer).size() == engine_.prefetch(routing.layer).size(),
