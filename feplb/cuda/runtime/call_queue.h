@@ -14,9 +14,10 @@
 // instead of the event; `event` (a diagnostic: every hand-off visible to CUDA's scheduler) makes
 // the caller's thread wait until the call thread has enqueued the call, then S waits on an event
 // recorded after the body, so the caller's thread waits for counts and plan again; `warm` does
-// that for the queue's first kWarmCalls calls only, then waits as `device` does (every stall of
-// the 4-rank bench seen came in its first step). The wait on S works whatever the order the two
-// threads enqueue in; the event is recorded before the call is queued.
+// that for the queue's first kWarmCalls calls only, then waits as `device` does (a diagnostic:
+// the 4-rank bench stalled as often, in the step where its queues passed their 16th call;
+// docs/gpu-results.md). The wait on S works whatever the order the two threads enqueue in; the
+// event is recorded before the call is queued.
 // A call's body that throws stores the error (every later call is skipped), its outputs and
 // those of the calls skipped are written NaN (`poison`), and `done` is written all the same, so
 // S never waits forever; raise() rethrows it on the caller's thread.
