@@ -402,14 +402,30 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   unbalanced_sum_ = kTokenDecay * unbalanced_sum_ + unbalanced;
   straggler_sum_ = kTokenDecay * straggler_sum_ + now.token_straggler;
   const int64_t seen = l.seen++;
+  const int planned = l.mode;
+  const double budget = l.budget;
   if (n > 1 && explores(seen)) explore(l, routing, now, bound_ * unbalanced);
   l.budget = -1;  // set by the next plan, or by the next observe() without one
-  // Recorded after exploring: the candidates were costed with the weights this step had
-  // prefetched (a prediction made from the step itself would favour the prefetch candidates).
-  engine_.record(routing.layer, current_);
+  // The prefetch history learns from the pairs the step's plan would use with every weight in
+  // place: its plan again with copy time ignored. A plan held to its copy rule moves an expert
+  // only where its weights land in time, so once a hot expert is missing from the prediction no
+  // plan moves it and no prediction brings it back (one-hop + prefetch + time on the real priors
+  // at EP=64 in one domain, 8 per GPU: a layer kept 5,000-6,600 rows of token straggler for
+  // 8 micro-batches against 800-1,300 without that lock). Recorded after exploring: the
+  // candidates were costed with the weights this step had prefetched (a prediction made from the
+  // step itself would favour the prefetch candidates).
+  const Plan* learned = &current_;
+  if (modes_[static_cast<size_t>(planned)].prefetch == FeplbPrefetch::kOn &&
+      modes_[static_cast<size_t>(planned)].copy_rule != FeplbCopyRule::kIgnore) {
+    FeplbConfig free_copies = mode_at(planned, budget);
+    free_copies.copy_rule = FeplbCopyRule::kIgnore;
+    engine_.plan_with(free_copies, routing, candidate_);
+    learned = &candidate_;
+  }
+  engine_.record(routing.layer, *learned);
   // The side engines predict the copies the caller's engine does, for the plans they still make.
   if (l.seen < kSidePlansPerLayer) {
-    for (auto& side : lanes_) side->engine->record(routing.layer, current_);
+    for (auto& side : lanes_) side->engine->record(routing.layer, *learned);
   }
 }
 

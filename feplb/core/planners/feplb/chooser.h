@@ -75,7 +75,8 @@ PlanCost plan_cost(const Plan& plan, const Topology& topo, double plan_latency_m
 //    first kExploreFirst micro-batches and every kExploreEvery-th after, its counts are planned
 //    in every candidate and each plan costed (plan_cost, at this host's planner speed:
 //    set_recent_plan_us): the same counts and the same prefetched weights for all (the history
-//    records the step's plan after), so the candidates are compared pair by pair. The layer
+//    records the step's plan after, made again with copy time ignored: the pairs it would use
+//    with every weight in place), so the candidates are compared pair by pair. The layer
 //    keeps, per candidate, its cost and how often its token straggler passed token_bound x the
 //    unbalanced one, over those micro-batches (each new one weighs 1, the older ones kDecay
 //    times less per explored micro-batch). Summed over the layers (pooled: the candidates'
