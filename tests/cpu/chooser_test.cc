@@ -1,13 +1,16 @@
 // feplb's mode chooser (feplb/core/planners/feplb/chooser.h): which switches the knobs leave to
 // it, its candidates and first modes, the move rule on workloads where one mode is far better,
-// determinism, and its cost model against the metrics'.
+// determinism, its cost model against the metrics', and what its prefetch history learns from.
 #include "feplb/core/planners/feplb/chooser.h"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <utility>
+#include <vector>
 
 #include "feplb/core/metrics.h"
+#include "feplb/core/planners/feplb/engine.h"
 #include "feplb/sim/prior.h"
 #include "feplb/sim/workload.h"
 #include "test_util.h"
@@ -372,6 +375,47 @@ TEST(FeplbChooser, TheFirstPlanKeepsTheCandidatesPlanAsMade) {
   EXPECT_EQ(again.extra_plans, 0);
   EXPECT_EQ(again.mode, first.mode);
   EXPECT_EQ(serialize(again), serialize(first));
+}
+
+// The chooser's prefetch history learns from the step's plan made again with copy time ignored
+// (the pairs it would use with every weight in place), not from the plan held to its copy rule:
+// after a layer's first micro-batch, observed in the rule's mode, the prediction is the one an
+// engine makes from that mode's copy-free plan of the counts, and not the one from its plan.
+TEST(FeplbChooser, ThePrefetchHistoryLearnsFromTheCopyFreePlan) {
+  const int R = 72, E = 288;
+  Knobs k;
+  k.prefetch = 1;
+  k.copy_timing = 1;
+  k.time_balance_budget = 0;  // rows: the mode's plan does not depend on the chooser's budget
+  k.prefetch_window_us = prefetch_window_us(testing::glm5(), 4096, k);  // as the simulator sets it
+  const Bench b(R, R, E, k);
+  auto planner = b.make("feplb");
+  const auto* chooser = dynamic_cast<const FeplbChooser*>(planner.get());
+  ASSERT_NE(chooser, nullptr);
+  const std::vector<RoutingStep> steps = steps_of(lognormal_prior(E, 13.0, 1, 3), R, 1, 3);
+  const FeplbConfig observed_in = chooser->mode_of(0);  // the rule's: the layer is new
+  ASSERT_EQ(observed_in.prefetch, FeplbPrefetch::kOn);
+  ASSERT_EQ(observed_in.copy_rule, FeplbCopyRule::kHidden);
+  planner->observe(steps[0]);
+  // What an engine of the same context predicts after recording either plan of these counts.
+  const auto predicted = [&](FeplbCopyRule rule) {
+    FeplbEngine engine(PlannerContext{b.topo, b.shape, b.knobs, b.cost.get()});
+    FeplbConfig mode = observed_in;
+    mode.copy_rule = rule;
+    Plan plan;
+    engine.plan_with(mode, steps[0], plan);
+    engine.record(0, plan);
+    std::vector<std::pair<int, int>> pairs;
+    for (const Copy& c : engine.prefetch(0)) pairs.emplace_back(c.expert, c.dst_gpu);
+    return pairs;
+  };
+  std::vector<std::pair<int, int>> learned;
+  for (const Copy& c : chooser->prefetch(0)) learned.emplace_back(c.expert, c.dst_gpu);
+  const auto copy_free = predicted(FeplbCopyRule::kIgnore);
+  const auto held = predicted(FeplbCopyRule::kHidden);
+  ASSERT_NE(copy_free, held);  // the workload tells the two apart
+  EXPECT_FALSE(learned.empty());
+  EXPECT_EQ(learned, copy_free);
 }
 
 // A cost model that cannot be copied for another thread (GemmCostModel::clone null): a chooser
