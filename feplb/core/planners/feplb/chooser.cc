@@ -410,8 +410,8 @@ void FeplbChooser::observe(const RoutingStep& routing) {
   // place: its plan again with copy time ignored. A plan held to its copy rule moves an expert
   // only where its weights land in time, so once a hot expert is missing from the prediction no
   // plan moves it and no prediction brings it back (one-hop + prefetch + time on the real priors
-  // at EP=64 in one domain, 8 per GPU: a layer kept 5,000-6,600 rows of token straggler for
-  // 8 micro-batches against 800-1,300 without that lock). Recorded after exploring: the
+  // at EP=64 in one domain, 8 per GPU: a layer kept 4,200-6,600 rows of token straggler on 7 of
+  // 8 micro-batches against 770-2,140 without that lock). Recorded after exploring: the
   // candidates were costed with the weights this step had prefetched (a prediction made from the
   // step itself would favour the prefetch candidates).
   const Plan* learned = &current_;
